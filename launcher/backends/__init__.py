@@ -1,0 +1,23 @@
+"""Where a leg runs. One interface (`base.Backend`), three implementations:
+local (the embedded default), docker and sky. Backends other than local import
+their SDKs lazily, inside the backend."""
+
+from __future__ import annotations
+
+from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec
+from launcher.errors import BadInput
+
+BACKENDS = ("local", "docker", "sky")
+
+__all__ = ["BACKENDS", "Backend", "LegHandle", "LegResult", "LegSpec", "get_backend"]
+
+
+def get_backend(name: str, **options: object) -> Backend:
+    """The backend called `name`; unknown or unavailable names are bad input."""
+    if name == "local":
+        from launcher.backends.local import LocalBackend
+
+        return LocalBackend(**options)  # type: ignore[arg-type]
+    if name in BACKENDS:
+        raise BadInput(f"backend {name!r} is not available in this version (use --backend local)")
+    raise BadInput(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")

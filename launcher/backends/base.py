@@ -1,0 +1,85 @@
+"""The Backend interface every leg runner implements.
+
+A leg is one instance's life: a fresh, empty disk; the reviewed files staged
+onto it (the image's job on docker/sky); the DESIGN.md leg environment; stdout
+streamed to the host log; an exit code. `kill` is what losing the instance
+looks like: the process and its disk are gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+from launcher.config import GpuSpec
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A reviewed file placed on the leg's disk; its bytes must hash to sha256."""
+
+    source: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LegSpec:
+    """Everything a backend needs to start one leg."""
+
+    run_id: str
+    leg: int
+    rung: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    """The leg environment (LAUNCHER_*): recorded in the ledger."""
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """Passed to the leg's environment; never recorded or logged."""
+    files: Mapping[str, StagedFile] = field(default_factory=dict)
+    """Relative path on the leg's disk -> reviewed file."""
+    log_path: Path = Path("leg.log")
+    gpus: GpuSpec | None = None
+
+
+@dataclass
+class LegHandle:
+    """A started leg. `instance` names what holds it: a dir, container or cluster."""
+
+    spec: LegSpec
+    instance: str
+    started_at: float
+    command: tuple[str, ...]
+    """The argv actually executed on the instance (what the ledger records)."""
+
+
+@dataclass(frozen=True)
+class LegResult:
+    """How a leg ended."""
+
+    exit_code: int | None
+    """The leg's own exit code; negative for a signal (-9 after kill)."""
+    started_at: float
+    ended_at: float
+    killed: bool
+    """True when the launcher killed it (drill, budget overrun)."""
+    end_reason: str
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+
+class Backend(Protocol):
+    name: str
+
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+        """Start the leg on a fresh instance; stream each output line to the host
+        log and to `on_line`."""
+
+    def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
+        """Block until the leg ends (None if `timeout` passed first)."""
+
+    def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
+        """Kill the leg and destroy its disk, as a lost instance would."""

@@ -1,0 +1,139 @@
+"""Local backend (the embedded default): a leg is a subprocess in a fresh temp dir.
+
+The temp dir is the instance's disk: created empty for each leg, holding only
+the staged reviewed files, deleted when the leg ends or is killed. The leg runs
+in its own process group, so `kill` takes the whole tree (torchrun workers
+included) with SIGKILL, as a lost instance would.
+
+The "image" here is the launcher's own environment: a command starting with
+`python`/`python3` runs under the launcher's interpreter, and `torchrun` under
+the one beside it, so a leg sees the same packages as the host checks did.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink
+from launcher.manifest import stage_files
+
+PYTHON_NAMES = ("python", "python3")
+
+
+def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """The argv the local backend executes: `python`/`torchrun` bound to this environment."""
+    argv = list(argv)
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = sys.executable
+    elif argv and argv[0] == "torchrun":
+        beside = Path(sys.executable).parent / "torchrun"
+        if beside.exists():
+            argv[0] = str(beside)
+    return argv
+
+
+def leg_process_env(spec: LegSpec) -> dict[str, str]:
+    """The host environment minus any stale LAUNCHER_* or secret, plus the leg's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_") and k not in spec.secrets}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    env.update(spec.secrets)
+    return env
+
+
+@dataclass
+class _LocalHandle(LegHandle):
+    workdir: Path | None = None
+    proc: subprocess.Popen[str] | None = None
+    pump: threading.Thread | None = None
+    log: IO[str] | None = None
+    early_exit: int | None = None
+
+
+class LocalBackend:
+    """Legs as subprocesses in fresh temp dirs on this machine."""
+
+    name = "local"
+
+    def __init__(self, root: Path | None = None, keep_dirs: bool | None = None) -> None:
+        self.root = root or Path(tempfile.gettempdir()) / "preflight-legs"
+        self.keep_dirs = bool(os.environ.get("LAUNCHER_KEEP_LEG_DIRS")) if keep_dirs is None else keep_dirs
+
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+        self.root.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
+        try:
+            stage_files({rel: f.source for rel, f in spec.files.items()},
+                        {rel: f.sha256 for rel, f in spec.files.items()}, workdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = spec.log_path.open("w", encoding="utf-8")
+        argv = resolve_command(spec.command)
+        handle = _LocalHandle(spec, str(workdir), time.time(), tuple(argv), workdir=workdir, log=log)
+        try:
+            handle.proc = subprocess.Popen(
+                argv, cwd=workdir, env=leg_process_env(spec), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+                start_new_session=True)
+        except OSError as err:  # e.g. the program does not exist: the leg ran and failed
+            line = f"launcher: cannot start {spec.command[0]!r}: {err.strerror or err}\n"
+            log.write(line)
+            log.flush()
+            if on_line:
+                on_line(line)
+            handle.early_exit = 127
+            return handle
+        handle.pump = threading.Thread(target=self._pump, args=(handle, on_line), daemon=True)
+        handle.pump.start()
+        return handle
+
+    @staticmethod
+    def _pump(handle: _LocalHandle, on_line: LineSink | None) -> None:
+        assert handle.proc is not None and handle.proc.stdout is not None and handle.log is not None
+        for line in handle.proc.stdout:
+            handle.log.write(line)
+            handle.log.flush()
+            if on_line:
+                on_line(line)
+
+    def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
+        if handle.pump is not None:
+            handle.pump.join(timeout=30)
+        if handle.log is not None and not handle.log.closed:
+            handle.log.close()
+        if handle.workdir is not None and (killed or not self.keep_dirs):
+            shutil.rmtree(handle.workdir, ignore_errors=True)
+        return LegResult(rc, handle.started_at, time.time(), killed, reason)
+
+    def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
+        assert isinstance(handle, _LocalHandle)
+        if handle.proc is None:
+            return self._finish(handle, handle.early_exit, False, "failed to start")
+        try:
+            rc = handle.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._finish(handle, rc, False, "exited")
+
+    def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
+        assert isinstance(handle, _LocalHandle)
+        rc = handle.early_exit
+        if handle.proc is not None:
+            try:
+                os.killpg(handle.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone
+            rc = handle.proc.wait()
+        return self._finish(handle, rc, True, reason)

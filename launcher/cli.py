@@ -1,0 +1,154 @@
+"""The `launcher` command: parses, calls one function, renders, maps errors to exit codes.
+
+Exit codes (DESIGN.md): 0 ok, 1 the rung ran and its answer is "no",
+2 bad input, 3 refused by a guard, 70 internal error (a bug: please report it).
+Errors print one line and the next command to run; LAUNCHER_DEBUG=1 adds the
+traceback. Heavy imports (torch never, skypilot/docker lazily) stay out of
+`launcher --help` and `launcher ledger`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from launcher.errors import BadInput, LauncherError
+
+EXIT_INTERNAL = 70
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Walk a GPU training run up the preflight ladder, record every leg, then run it.")
+
+CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
+JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
+
+
+def _load(config: Path):  # noqa: ANN202 - Config, imported lazily
+    from launcher.config import load_config
+
+    return load_config(config)
+
+
+@app.command()
+def init(directory: Path = typer.Argument(Path("."), help="Project dir to write into (created if missing)."),
+         force: bool = typer.Option(False, "--force", help="Overwrite an existing launcher.yaml/train.py.")) -> None:
+    """Write a commented starter launcher.yaml and the reference trainer (train.py)."""
+    from launcher.init import init_project
+    from launcher.render import console
+
+    written = init_project(directory, force=force)
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print(f"next: cd {directory} && launcher review && launcher up static")
+
+
+@app.command()
+def review(config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Record the sha256 of the reviewed files: the bytes every leg will run."""
+    from launcher.ledger import Ledger
+    from launcher.manifest import record_review
+    from launcher.render import console, print_json
+
+    cfg = _load(config)
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        rec = record_review(cfg, ledger)
+    finally:
+        ledger.close()
+    if json_out:
+        print_json({"review_id": rec.id, "digest": rec.digest, "files": rec.files})
+        return
+    for path, sha in rec.files.items():
+        console.print(f"{sha}  {path}")
+    console.print(f"review #{rec.id}: {len(rec.files)} files, digest {rec.digest[:16]}")
+
+
+@app.command()
+def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe | run"),
+       gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
+       backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
+       config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Run one rung of the ladder on fresh instances and record it in the ledger."""
+    from launcher.render import LegPrinter, console, err_console, print_checks, print_json
+    from launcher.up import up as run_up
+
+    cfg = _load(config)
+    steps = cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0
+    printer = LegPrinter(err_console if json_out else console, every=max(1, steps // 10))
+    outcome = run_up(cfg, config, rung, backend, gpus, printer)
+    if json_out:
+        print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
+                    "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})
+    else:
+        print_checks(console, f"rung {outcome.rung}: run {outcome.run_id}", outcome.checks)
+        verdict = "[green]yes[/green]" if outcome.ok else "[red]no[/red]"
+        console.print(f"answer: {verdict}  ({outcome.seconds:.1f} s; `launcher ledger {outcome.run_id}` for the record)")
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
+           limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
+           config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Show recorded runs and legs: command lines, file hashes, exit codes, GPU-hours."""
+    from launcher.ledger import Ledger
+    from launcher.render import console, print_json, print_ledger
+
+    cfg = _load(config)
+    db = Ledger.open_existing(cfg.state_path / "ledger.db")
+    runs = [] if db is None else db.runs(limit=None if run_id else limit, run_id=run_id)
+    if db is not None:
+        db.close()
+    if run_id and not runs:
+        raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
+    if json_out:
+        print_json(runs)
+    elif not runs:
+        console.print(f"no runs recorded yet (ledger: {cfg.state_path / 'ledger.db'})")
+    else:
+        print_ledger(console, runs)
+
+
+def _print_error(message: str, hint: str | None = None) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    if hint:
+        sys.stderr.write(f"  next: {hint}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app, turn every failure into one line and an exit code."""
+    from typer._click import exceptions as click_exc  # the click typer vendors (pinned version)
+
+    try:
+        result = app(args=argv, prog_name="launcher", standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except typer.Exit as done:
+        code = done.exit_code
+    except LauncherError as err:
+        if os.environ.get("LAUNCHER_DEBUG"):
+            traceback.print_exc()
+        _print_error(err.message, err.hint)
+        code = err.exit_code
+    except click_exc.ClickException as err:
+        _print_error(err.format_message(), "add --help for usage")
+        code = BadInput.exit_code if isinstance(err, click_exc.UsageError) else err.exit_code
+    except (click_exc.Abort, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        code = 130
+    except Exception as err:  # noqa: BLE001 - a bug: one line unless debugging
+        if os.environ.get("LAUNCHER_DEBUG"):
+            traceback.print_exc()
+        _print_error(f"internal error: {type(err).__name__}: {err}", "set LAUNCHER_DEBUG=1 for the traceback")
+        code = EXIT_INTERNAL
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Checks with evidence: every claim points at an event line (leg + line number).
+
+The host reads the legs' host-side logs (never the instance's disk, which is
+gone) through the same parser the runtime's printer defines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.events import iter_events
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """Where a claim's evidence is: leg, log file, 1-based line, the line itself."""
+
+    leg: int
+    log: str
+    line: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"leg": self.leg, "log": self.log, "line": self.line, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pass/fail answer with the numbers it rests on."""
+
+    name: str
+    ok: bool
+    detail: str
+    evidence: tuple[Pointer, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail,
+                "evidence": [p.to_json() for p in self.evidence]}
+
+
+@dataclass
+class LegEvents:
+    """The events of one leg's log, in order, each with its line number."""
+
+    leg: int
+    log: Path
+    items: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, leg: int, log: Path) -> "LegEvents":
+        if not log.is_file():
+            return cls(leg, log)
+        with log.open(encoding="utf-8", errors="replace") as fh:
+            return cls(leg, log, list(iter_events(fh)))
+
+    def all(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        return [(n, e) for n, e in self.items if e["event"] == name]
+
+    def first(self, name: str) -> tuple[int, dict[str, Any]] | None:
+        found = self.all(name)
+        return found[0] if found else None
+
+    def last(self, name: str) -> tuple[int, dict[str, Any]] | None:
+        found = self.all(name)
+        return found[-1] if found else None
+
+    def pointer(self, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointer, ...]:
+        if item is None:
+            return ()
+        lineno, event = item
+        return (Pointer(self.leg, str(self.log), lineno, json.dumps(event)),)

@@ -1,0 +1,54 @@
+"""The preflight ladder: cheapest evidence first, each rung a different question.
+
+The rung table here is the one in DESIGN.md and the README; `launcher up RUNG`
+looks rungs up by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the ladder."""
+
+    name: str
+    index: int
+    where: str
+    """Where its legs run: the host, a CPU leg, or a GPU instance."""
+    question: str
+    """The one question the rung answers."""
+    needs_gpu: bool
+    """Whether the rung's answer needs the accelerator."""
+    legs: int
+    """Legs a rung launches (0: runs on the host, no leg)."""
+    proofs: tuple[int, ...]
+    """Which of DESIGN.md's eight proofs the rung feeds."""
+    available: bool = True
+    """False for rungs this version cannot run yet (refused with exit 2)."""
+
+
+RUNGS: tuple[Rung, ...] = (
+    Rung("static", 0, "host, seconds", "Does it import? Does the launch command line parse? "
+         "Do the hashes of the files about to run match the reviewed ones?", False, 0, ()),
+    Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
+         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 2, (1, 2, 3, 8)),
+    Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
+         "one real optimizer step, one push, one verified resume?", True, 2, (1, 3)),
+    Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
+         "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
+         (1, 2, 3, 4, 5, 6, 7, 8), available=False),
+    Rung("run", 4, "fresh instance(s)", "The run itself.", True, 1, (5,), available=False),
+)
+
+
+def rung_named(name: str) -> Rung:
+    """Look a rung up by name; an unknown name is bad input (exit 2)."""
+    for rung in RUNGS:
+        if rung.name == name:
+            return rung
+    names = ", ".join(r.name for r in RUNGS)
+    raise BadInput(f"unknown rung {name!r} (rungs: {names})")

@@ -1,0 +1,215 @@
+"""The SQLite ledger: every run, leg, reviewed-file hash, command line and
+billed GPU-hour.
+
+WAL mode, one transaction per fact: a kill -9 at any moment leaves either no
+row or a complete one (SQLite's atomic commit does the work; nothing here
+writes a row in two steps). A run row is complete when inserted: it holds every
+launch fact; its end columns stay NULL until the run ends, which is how a run
+whose launcher died reads ("running", never ended).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS reviews (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at  REAL NOT NULL,
+    digest      TEXT NOT NULL,
+    files       TEXT NOT NULL              -- JSON {path: sha256}
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id          TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    rung        TEXT NOT NULL,
+    backend     TEXT NOT NULL,
+    gpu_name    TEXT,
+    gpu_count   INTEGER NOT NULL,
+    nodes       INTEGER NOT NULL,
+    store_uri   TEXT NOT NULL,
+    review_id   INTEGER REFERENCES reviews(id),
+    files_digest TEXT NOT NULL,
+    config_sha256 TEXT NOT NULL,
+    started_at  REAL NOT NULL,
+    ended_at    REAL,
+    exit_code   INTEGER,
+    verdict     TEXT,                      -- pass | fail | error (NULL while running)
+    billed_gpu_hours REAL,
+    cost_usd    REAL,
+    cost_source TEXT                       -- config prices | catalog | none
+);
+CREATE TABLE IF NOT EXISTS run_files (
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    path        TEXT NOT NULL,
+    sha256      TEXT NOT NULL,
+    PRIMARY KEY (run_id, path)
+);
+CREATE TABLE IF NOT EXISTS legs (
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    leg         INTEGER NOT NULL,
+    backend     TEXT NOT NULL,
+    instance    TEXT NOT NULL,             -- local dir / container / cluster name
+    command     TEXT NOT NULL,             -- JSON list: the exact argv
+    env         TEXT NOT NULL,             -- JSON {name: value}, secrets redacted
+    log_path    TEXT NOT NULL,
+    started_at  REAL NOT NULL,
+    ended_at    REAL,
+    exit_code   INTEGER,
+    killed      INTEGER NOT NULL DEFAULT 0,
+    end_reason  TEXT,
+    billed_gpu_hours REAL,
+    cost_usd    REAL,
+    PRIMARY KEY (run_id, leg)
+);
+CREATE TABLE IF NOT EXISTS checks (
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    seq         INTEGER NOT NULL,
+    name        TEXT NOT NULL,
+    ok          INTEGER NOT NULL,
+    detail      TEXT NOT NULL,
+    evidence    TEXT NOT NULL,             -- JSON list of pointers {leg, line, text}
+    PRIMARY KEY (run_id, seq)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Review:
+    """A recorded `launcher review`: the reviewed files and their sha256."""
+
+    id: int
+    created_at: float
+    digest: str
+    files: dict[str, str]
+
+
+class Ledger:
+    """The project's ledger at `<state_dir>/ledger.db`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"ledger {path} has schema v{version}; this launcher reads v{SCHEMA_VERSION}")
+        with self.transaction():
+            for stmt in filter(str.strip, SCHEMA.split(";")):
+                self._db.execute(stmt)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @classmethod
+    def open_existing(cls, path: Path) -> "Ledger | None":
+        """Open the ledger if one exists; reading never creates one."""
+        return cls(path) if path.is_file() else None
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT: all of it lands, or none of it."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- reviews -------------------------------------------------------------
+
+    def record_review(self, digest: str, files: dict[str, str]) -> int:
+        with self.transaction() as db:
+            cur = db.execute("INSERT INTO reviews (created_at, digest, files) VALUES (?, ?, ?)",
+                             (time.time(), digest, json.dumps(files, sort_keys=True)))
+            return int(cur.lastrowid)
+
+    def latest_review(self) -> Review | None:
+        row = self._db.execute("SELECT * FROM reviews ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        return Review(row["id"], row["created_at"], row["digest"], json.loads(row["files"]))
+
+    # --- runs and legs -------------------------------------------------------
+
+    def begin_run(self, run: dict[str, Any], files: dict[str, str]) -> None:
+        """Insert the run row and the hash of every file it runs, atomically."""
+        cols = ", ".join(run)
+        marks = ", ".join("?" for _ in run)
+        with self.transaction() as db:
+            db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(run.values()))
+            db.executemany("INSERT INTO run_files (run_id, path, sha256) VALUES (?, ?, ?)",
+                           [(run["id"], p, h) for p, h in sorted(files.items())])
+
+    def begin_leg(self, leg: dict[str, Any]) -> None:
+        row = dict(leg, command=json.dumps(leg["command"]), env=json.dumps(leg["env"], sort_keys=True))
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self.transaction() as db:
+            db.execute(f"INSERT INTO legs ({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def end_leg(self, run_id: str, leg: int, *, ended_at: float, exit_code: int | None, killed: bool,
+                end_reason: str, billed_gpu_hours: float, cost_usd: float | None) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?"
+                " WHERE run_id=? AND leg=?",
+                (ended_at, exit_code, int(killed), end_reason, billed_gpu_hours, cost_usd, run_id, leg))
+
+    def add_checks(self, run_id: str, checks: list[dict[str, Any]]) -> None:
+        with self.transaction() as db:
+            start = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM checks WHERE run_id=?", (run_id,)).fetchone()[0]
+            db.executemany(
+                "INSERT INTO checks (run_id, seq, name, ok, detail, evidence) VALUES (?, ?, ?, ?, ?, ?)",
+                [(run_id, start + i, c["name"], int(c["ok"]), c["detail"], json.dumps(c.get("evidence", [])))
+                 for i, c in enumerate(checks)])
+
+    def end_run(self, run_id: str, *, ended_at: float, exit_code: int, verdict: str, cost_source: str) -> None:
+        """Close the run; its billed GPU-hours and cost are the sum of its legs'."""
+        with self.transaction() as db:
+            billed, cost = db.execute(
+                "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?",
+                (run_id,)).fetchone()
+            db.execute("UPDATE runs SET ended_at=?, exit_code=?, verdict=?, billed_gpu_hours=?, cost_usd=?,"
+                       " cost_source=? WHERE id=?",
+                       (ended_at, exit_code, verdict, billed, cost, cost_source, run_id))
+
+    # --- reading -------------------------------------------------------------
+
+    def runs(self, limit: int | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first, each with its legs, files and checks."""
+        sql, args = "SELECT * FROM runs", ()
+        if run_id is not None:
+            sql, args = sql + " WHERE id=?", (run_id,)
+        sql += " ORDER BY started_at DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        out = []
+        for row in self._db.execute(sql, args).fetchall():
+            run = dict(row)
+            rid = run["id"]
+            run["files"] = {r["path"]: r["sha256"] for r in
+                            self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}
+            run["legs"] = [dict(r, command=json.loads(r["command"]), env=json.loads(r["env"]), killed=bool(r["killed"]))
+                           for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
+            run["checks"] = [dict(r, ok=bool(r["ok"]), evidence=json.loads(r["evidence"]))
+                             for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
+            out.append(run)
+        return out
+
+    def integrity_ok(self) -> bool:
+        return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,122 @@
+"""Running one leg: its environment, its ledger rows, its budget.
+
+The leg environment is DESIGN.md's, identical on every backend:
+LAUNCHER_RUN_ID, LAUNCHER_LEG, LAUNCHER_RUNG, LAUNCHER_STORE,
+LAUNCHER_MAX_STEPS, LAUNCHER_DEADLINE. Secrets travel separately and are never
+recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets as pysecrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from launcher.backends.base import Backend, LegResult, LegSpec, StagedFile
+from launcher.config import Config, GpuSpec
+from launcher.evidence import LegEvents
+from launcher.ladder import Rung
+from launcher.ledger import Ledger
+
+SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY", re.IGNORECASE)
+REDACTED = "<redacted>"
+GRACE_FRACTION = 0.1
+MIN_GRACE_SECONDS = 60.0
+
+
+def new_run_id(project: str, rung: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{project}-{rung}-{stamp}-{pysecrets.token_hex(2)}"
+
+
+def redact(env: dict[str, str], secret_names: list[str]) -> dict[str, str]:
+    """The environment as it may be written down: secret values replaced."""
+    return {k: (REDACTED if k in secret_names or SECRET_LIKE.search(k) else v) for k, v in env.items()}
+
+
+@dataclass
+class RunContext:
+    """What every leg of one run shares."""
+
+    cfg: Config
+    rung: Rung
+    backend: Backend
+    ledger: Ledger
+    run_id: str
+    store_uri: str
+    files: dict[str, StagedFile]
+    gpus: GpuSpec | None
+    show: Callable[[int, str], None]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.state_path / "runs" / self.run_id
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus.count if self.gpus else 0
+
+    def leg_env(self, leg: int, max_steps: int, deadline: float) -> dict[str, str]:
+        return {
+            "LAUNCHER_RUN_ID": self.run_id,
+            "LAUNCHER_LEG": str(leg),
+            "LAUNCHER_RUNG": self.rung.name,
+            "LAUNCHER_STORE": self.store_uri,
+            "LAUNCHER_MAX_STEPS": str(max_steps),
+            "LAUNCHER_DEADLINE": str(int(deadline)),
+        }
+
+    def secrets(self) -> dict[str, str]:
+        return {name: os.environ[name] for name in self.cfg.secrets if name in os.environ}
+
+    def billed(self, wall_seconds: float) -> tuple[float, float | None]:
+        """(GPU-hours, USD) for a local leg: wall time x GPUs, priced from the config."""
+        hours = wall_seconds / 3600.0 * self.gpu_count
+        price = self.cfg.prices.get(self.gpus.name) if self.gpus else None
+        return hours, (hours * price if price is not None else (0.0 if self.gpu_count == 0 else None))
+
+
+@dataclass
+class LegOutcome:
+    result: LegResult
+    events: LegEvents
+
+
+def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
+    """Launch one leg on a fresh instance, wait within its budget, record it."""
+    budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
+    deadline = time.time() + budget_s
+    log_path = ctx.run_dir / f"leg-{leg}.log"
+    spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
+                   ctx.leg_env(leg, max_steps, deadline), ctx.secrets(), ctx.files, log_path, ctx.gpus)
+    handle = ctx.backend.launch(spec, on_line=lambda line: ctx.show(leg, line))
+    ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
+                          "instance": handle.instance, "command": list(handle.command),
+                          "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
+                          "started_at": handle.started_at})
+    result = None
+    try:
+        grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
+        result = ctx.backend.wait(handle, timeout=budget_s + grace)
+        if result is None:
+            result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
+    finally:
+        if result is None:  # interrupted (Ctrl-C) or the launcher failed: the instance must not outlive us
+            result = ctx.backend.kill(handle, reason="launcher interrupted")
+        hours, cost = ctx.billed(result.wall_seconds)
+        ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
+                           killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
+                           cost_usd=cost)
+    return LegOutcome(result, LegEvents.read(leg, log_path))
+
+
+def ledger_run_row(ctx: RunContext, review_id: int, files_digest: str, config_sha: str) -> dict[str, Any]:
+    return {"id": ctx.run_id, "project": ctx.cfg.project, "rung": ctx.rung.name, "backend": ctx.backend.name,
+            "gpu_name": ctx.gpus.name if ctx.gpus else None, "gpu_count": ctx.gpu_count, "nodes": 1,
+            "store_uri": ctx.store_uri, "review_id": review_id, "files_digest": files_digest,
+            "config_sha256": config_sha, "started_at": time.time()}

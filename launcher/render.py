@@ -1,0 +1,119 @@
+"""Rendering: live leg lines, check tables, the ledger table, JSON.
+
+One place decides how things look, so every listing command has the same
+table style and the same `--json` shape.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from launcher.evidence import Check
+from runtime.events import parse_line
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def _mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def event_summary(e: dict[str, Any]) -> str:
+    """One compact line per event for the live view (the log keeps the full line)."""
+    kind = e["event"]
+    if kind == "step":
+        return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e['tok_s']:,.0f} tok/s"
+    if kind == "resume":
+        return (f"resume from {e['checkpoint']} (step {e['from_step']}, sample {e['sample_index']}, "
+                f"batch {e['batch_hash'][:12]}, lr {e['lr']:.3e} vs schedule {e['lr_expected']:.3e})")
+    if kind == "push":
+        return f"push {e['name']}  {_mb(e['bytes'])} in {e['seconds']:.2f} s"
+    if kind == "verify":
+        state = "ok" if e["ok"] else "FAILED " + "; ".join(e.get("failures", []))
+        return f"verify {e['name']} {state}  ({e['windows']} windows, {_mb(e['bytes_read'])} read, {e['seconds']:.2f} s)"
+    if kind == "delete_local":
+        return f"delete local {e['name']}  freed {_mb(e['bytes_freed'])}, {_mb(e['free_bytes'])} free"
+    if kind == "prune":
+        return f"prune  deleted {e['deleted'] or 'nothing'}, kept {e['kept']}"
+    if kind == "start":
+        return f"start  device {e.get('device')}, {e.get('params', 0):,} params, max_steps {e.get('max_steps')}"
+    rest = {k: v for k, v in e.items() if k not in ("event", "t", "rank")}
+    return f"{kind}  {rest}"
+
+
+class LegPrinter:
+    """Streams leg output: events summarized, other lines as they are; thins step lines."""
+
+    def __init__(self, out: Console, every: int = 1) -> None:
+        self.out = out
+        self.every = max(1, every)
+
+    def __call__(self, leg: int, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            self.out.print(f"[dim]leg{leg} |[/dim] {escape(line.rstrip())}")
+        elif event["event"] != "step" or event["step"] == 1 or event["step"] % self.every == 0:
+            self.out.print(f"[cyan]leg{leg}[/cyan] {escape(event_summary(event))}")
+
+
+def print_checks(out: Console, title: str, checks: list[Check]) -> None:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("evidence", overflow="fold")
+    for check in checks:
+        mark = "[green]PASS[/green]" if check.ok else "[red]FAIL[/red]"
+        where = "".join(f"\n  leg {p.leg} line {p.line}" for p in check.evidence[:2])
+        table.add_row(escape(check.name), mark, escape(check.detail) + where)
+    out.print(table)
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
+    table = Table(title="ledger: runs and legs (newest first)", title_justify="left")
+    for col in ("run", "rung", "backend", "leg", "started (UTC)", "wall s", "exit", "GPU-h", "USD", "command"):
+        table.add_column(col, overflow="fold")
+    for run in runs:
+        verdict = run["verdict"] or "running"
+        legs = run["legs"] or [None]
+        for leg in legs:
+            wall = f"{leg['ended_at'] - leg['started_at']:.1f}" if leg and leg["ended_at"] else "-"
+            exit_code = "-" if not leg or leg["exit_code"] is None else str(leg["exit_code"])
+            if leg and leg["killed"]:
+                exit_code += " (killed)"
+            table.add_row(
+                f"{run['id']}\n[dim]{verdict}[/dim]", run["rung"], run["backend"],
+                "-" if leg is None else str(leg["leg"]), _when(leg["started_at"] if leg else run["started_at"]),
+                wall, exit_code, "-" if not leg or leg["billed_gpu_hours"] is None else f"{leg['billed_gpu_hours']:.4f}",
+                "-" if not leg or leg["cost_usd"] is None else f"{leg['cost_usd']:.4f}",
+                escape(" ".join(leg["command"])) if leg else "")
+    out.print(table)
+    digests: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        entry = digests.setdefault(run["files_digest"], {"files": run["files"], "runs": []})
+        entry["runs"].append(run["id"])
+    for digest, entry in digests.items():
+        files = Table(title=f"files hashed at launch, digest {digest[:16]} (runs: {', '.join(entry['runs'])})",
+                      title_justify="left")
+        files.add_column("file")
+        files.add_column("sha256")
+        for path, sha in entry["files"].items():
+            files.add_row(escape(path), sha)
+        out.print(files)
+    total = sum(r["billed_gpu_hours"] or 0.0 for r in runs)
+    out.print(f"{len(runs)} runs, {sum(len(r['legs']) for r in runs)} legs, {total:.4f} GPU-hours billed")

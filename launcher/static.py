@@ -1,0 +1,65 @@
+"""Rung 0, static: seconds on the host, no GPU.
+
+Does it import? Does the launch command line parse? Do the hashes of the files
+about to run match the reviewed ones? The import and the parse run in the
+trainer's interpreter (`runtime.static_check`), inside a temp dir holding
+exactly the reviewed files, as a leg would see them: a module the trainer
+imports but nobody reviewed fails here, not on a billed GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from launcher.backends.local import resolve_command
+from launcher.evidence import Check, Pointer
+from launcher.legs import RunContext
+from launcher.manifest import HashComparison, stage_files
+
+STATIC_TIMEOUT_S = 300
+
+
+def leg_command_line(ctx: RunContext) -> str:
+    """The exact argv a local leg executes, and the environment names it is given."""
+    names = ", ".join(ctx.leg_env(0, 0, 0.0))
+    return f"{shlex.join(resolve_command(ctx.cfg.trainer.command))}  (per-leg env: {names})"
+
+
+def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
+    """The rung-0 checks, each with its evidence; writes the check log as leg 0's log."""
+    log_path = ctx.run_dir / "leg-0.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    checks = [Check("hashes match review", True,
+                    f"{len(cmp.current)} files match review #{cmp.review.id} "
+                    f"(digest {cmp.review.digest[:16]})")]
+    command_line = leg_command_line(ctx)
+    checks.append(Check("command line", True, command_line))
+
+    argv = [sys.executable, "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
+    for module in ctx.cfg.trainer.modules:
+        argv += ["--module", module]
+    argv += ["--", *resolve_command(ctx.cfg.trainer.command)]
+    with tempfile.TemporaryDirectory(prefix=f"{ctx.run_id}-static-") as tmp:
+        stage_files({rel: f.source for rel, f in ctx.files.items()},
+                    {rel: f.sha256 for rel, f in ctx.files.items()}, Path(tmp))
+        try:
+            proc = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=STATIC_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired:
+            out, err, rc = "", f"static check timed out after {STATIC_TIMEOUT_S} s", 124
+    log_path.write_text(f"$ {shlex.join(argv)}\n{err}{out}")
+    result_line = len(log_path.read_text().splitlines())
+    try:
+        reported = json.loads(out.strip().splitlines()[-1])["checks"]
+    except (IndexError, KeyError, json.JSONDecodeError):
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return checks + [Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}")]
+    pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
+    checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer) for c in reported]
+    return checks

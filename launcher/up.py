@@ -1,0 +1,105 @@
+"""`launcher up RUNG`: validate, guard, record, run the rung, answer.
+
+Order matters: everything that can be bad input is checked before the ledger
+is touched (no half-written row), then the hash guard (exit 3), then the run
+row is written complete, then the rung runs, and the run row is closed even
+when the launcher is interrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from launcher.backends import get_backend
+from launcher.backends.base import StagedFile
+from launcher.config import Config, GpuSpec, parse_gpus, store_uri
+from launcher.errors import BadInput
+from launcher.evidence import Check
+from launcher.ladder import Rung, rung_named
+from launcher.ledger import Ledger
+from launcher.legs import RunContext, ledger_run_row, new_run_id
+from launcher.manifest import guard_hashes, reviewed_paths
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What `up` answers: the run, its checks, and the exit code they imply."""
+
+    run_id: str
+    rung: str
+    checks: list[Check]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+
+def validate_request(rung_name: str, gpus_text: str | None) -> tuple[Rung, GpuSpec | None]:
+    """Bad input is refused here, before the ledger is opened."""
+    rung = rung_named(rung_name)
+    if not rung.available:
+        raise BadInput(f"rung {rung.name!r} is not available in this version (available: static, rehearsal, smoke)")
+    gpus = parse_gpus(gpus_text) if gpus_text is not None else None
+    if rung.needs_gpu and gpus is None:
+        raise BadInput(f"rung {rung.name!r} runs on a GPU: give --gpus, e.g. --gpus T4:1")
+    if not rung.needs_gpu and gpus is not None:
+        raise BadInput(f"rung {rung.name!r} runs without a GPU: drop --gpus {gpus}")
+    return rung, gpus
+
+
+def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
+       show: Callable[[int, str], None]) -> Outcome:
+    """Run one rung of the ladder and record it."""
+    rung, gpus = validate_request(rung_name, gpus_text)
+    backend = get_backend(backend_name) if rung.legs else None
+    uri = store_uri(cfg)
+    paths = reviewed_paths(cfg, strict=False)
+
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
+        files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
+        ctx = RunContext(cfg, rung, backend or _HostBackend(), ledger, new_run_id(cfg.project, rung.name), uri,
+                         files, gpus, show)
+        config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
+        ledger.begin_run(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), cmp.current)
+        began = time.time()
+        checks: list[Check] = []
+        verdict, exit_code = "error", 1
+        try:
+            checks = _run_rung(ctx, cmp)
+            outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
+            verdict, exit_code = ("pass" if outcome.ok else "fail"), outcome.exit_code
+            return outcome
+        finally:
+            ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
+            source = "config prices" if gpus and gpus.name in cfg.prices else "none"
+            ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
+                           cost_source=source)
+    finally:
+        ledger.close()
+
+
+def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison
+    if ctx.rung.name == "static":
+        from launcher.static import run_static
+
+        return run_static(ctx, cmp)
+    from launcher.rehearsal import run_two_legs
+
+    return run_two_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
+
+
+class _HostBackend:
+    """Rung 0 runs on the host: recorded with backend 'host', it launches nothing."""
+
+    name = "host"

@@ -1,0 +1,84 @@
+"""Exact data position: the order is a pure function of (seed, epoch), so a
+resume seeks in O(1) instead of replaying consumed batches.
+
+Sample `g` (a global index that only grows) lives in epoch g // n and is the
+window `permute(g % n)` of the token file, where `permute` is a seeded affine
+bijection of range(n) chosen per epoch. The cursor saved with a checkpoint
+records the next sample index and the sha256 of the batch there; a resume
+recomputes that hash and refuses on mismatch instead of training on other data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+CURSOR_VERSION = 1
+
+
+class CursorMismatch(RuntimeError):
+    """The saved cursor does not describe this data/batch geometry."""
+
+
+def _affine(n: int, seed: int, epoch: int) -> tuple[int, int]:
+    rng = random.Random(seed * 1_000_003 + epoch)
+    while True:
+        a = rng.randrange(1, max(2, n))
+        if math.gcd(a, n) == 1:
+            return a, rng.randrange(0, n)
+
+
+@dataclass(frozen=True)
+class DataOrder:
+    """Which token window each global sample index reads."""
+
+    n_tokens: int
+    block: int
+    batch: int
+    seed: int
+
+    @property
+    def n_samples(self) -> int:
+        return (self.n_tokens - 1) // self.block
+
+    def sample_window(self, g: int) -> int:
+        n = self.n_samples
+        a, b = _affine(n, self.seed, g // n)
+        return (a * (g % n) + b) % n
+
+    def batch_at(self, tokens: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(x, y, first sample index) of the batch a run reads at `step`."""
+        first = step * self.batch
+        rows = [self.sample_window(g) * self.block for g in range(first, first + self.batch)]
+        x = np.stack([tokens[r:r + self.block] for r in rows]).astype(np.int64)
+        y = np.stack([tokens[r + 1:r + 1 + self.block] for r in rows]).astype(np.int64)
+        return x, y, first
+
+    def batch_hash(self, tokens: np.ndarray, step: int) -> str:
+        x, _, _ = self.batch_at(tokens, step)
+        return hashlib.sha256(x.astype("<i8").tobytes()).hexdigest()
+
+    def cursor(self, tokens: np.ndarray, next_step: int) -> dict[str, Any]:
+        """The cursor a checkpoint taken after `next_step` steps records."""
+        g = next_step * self.batch
+        return {"version": CURSOR_VERSION, **asdict(self), "next_step": next_step, "sample_index": g,
+                "epoch": g // self.n_samples, "tokens_consumed": g * self.block,
+                "next_batch_sha256": self.batch_hash(tokens, next_step)}
+
+    def check_cursor(self, tokens: np.ndarray, saved: dict[str, Any]) -> dict[str, Any]:
+        """Refuse a cursor saved under other facts, or whose next batch hashes differently."""
+        if saved.get("version") != CURSOR_VERSION:
+            raise CursorMismatch(f"cursor version {saved.get('version')!r}, expected {CURSOR_VERSION}")
+        for key, value in asdict(self).items():
+            if saved.get(key) != value:
+                raise CursorMismatch(f"cursor was saved with {key}={saved.get(key)!r}, this run has {value!r}")
+        now = self.batch_hash(tokens, saved["next_step"])
+        if now != saved["next_batch_sha256"]:
+            raise CursorMismatch(f"batch at sample {saved['sample_index']} hashes {now[:12]}, "
+                                 f"checkpoint recorded {saved['next_batch_sha256'][:12]}")
+        return saved

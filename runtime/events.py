@@ -1,0 +1,62 @@
+"""Structured event lines: the evidence the launcher, the ledger and the report read.
+
+One JSON object per line on stdout, always starting with `{"event": ` so a line
+can be found inside mixed output (torchrun or SkyPilot prefixes included):
+
+    {"event": "step", "t": 1764500000.123, "rank": 0, "step": 120, "loss": 3.1, ...}
+
+Events (DESIGN.md): start, resume, step, push, verify, delete_local, prune,
+stop, done. Every rank prints its own lines (a rank-0-only logger turns a crash
+into silence); `rank` says whose line it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Iterable, Iterator
+
+MARKER = '{"event": '
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/inf: say so explicitly rather than emit invalid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def emit(event: str, **fields: Any) -> dict[str, Any]:
+    """Print one event line (flushed: a killed leg must not lose its last lines)."""
+    record = {"event": event, "t": round(time.time(), 3), "rank": _rank()}
+    record.update({k: _clean(v) for k, v in fields.items()})
+    sys.stdout.write(json.dumps(record, separators=(", ", ": ")) + "\n")
+    sys.stdout.flush()
+    return record
+
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """The event on this line, or None when the line carries none."""
+    start = line.find(MARKER)
+    if start < 0:
+        return None
+    try:
+        record = json.loads(line[start:])
+    except json.JSONDecodeError:
+        return None  # a line cut short by a kill
+    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
+
+
+def iter_events(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, event) for each event line."""
+    for lineno, line in enumerate(lines, start=1):
+        record = parse_line(line)
+        if record is not None:
+            yield lineno, record
