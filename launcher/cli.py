@@ -24,6 +24,20 @@ EXIT_INTERNAL = 70
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Walk a GPU training run up the preflight ladder, record every leg, then run it.")
 
+def _version(value: bool) -> None:
+    if value:
+        from launcher import __version__
+
+        typer.echo(f"preflight launcher {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Walk a GPU training run up the preflight ladder, record every leg, then run it."""
+
+
 CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
 
@@ -134,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         _print_error(err.message, err.hint)
         code = err.exit_code
+    except click_exc.NoArgsIsHelpError:
+        code = BadInput.exit_code  # the help is already printed
     except click_exc.ClickException as err:
         _print_error(err.format_message(), "add --help for usage")
         code = BadInput.exit_code if isinstance(err, click_exc.UsageError) else err.exit_code
-    except (click_exc.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         code = 130
     except Exception as err:  # noqa: BLE001 - a bug: one line unless debugging

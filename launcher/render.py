@@ -18,8 +18,10 @@ from rich.table import Table
 from launcher.evidence import Check
 from runtime.events import parse_line
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Piped output (CI logs, `| less`) gets a wide page instead of rich's 80 columns.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(highlight=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 
 def print_json(data: Any) -> None:
@@ -85,30 +87,30 @@ def _when(ts: float | None) -> str:
 
 
 def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
-    table = Table(title="ledger: runs and legs (newest first)", title_justify="left")
-    for col in ("run", "rung", "backend", "leg", "started (UTC)", "wall s", "exit", "GPU-h", "USD", "command"):
+    table = Table(title="ledger: runs and their legs, newest first", title_justify="left")
+    for col in ("run / leg", "rung", "backend", "result", "started (UTC)", "wall s", "GPU-h", "USD", "command"):
         table.add_column(col, overflow="fold")
     for run in runs:
         verdict = run["verdict"] or "running"
-        legs = run["legs"] or [None]
-        for leg in legs:
-            wall = f"{leg['ended_at'] - leg['started_at']:.1f}" if leg and leg["ended_at"] else "-"
-            exit_code = "-" if not leg or leg["exit_code"] is None else str(leg["exit_code"])
-            if leg and leg["killed"]:
-                exit_code += " (killed)"
-            table.add_row(
-                f"{run['id']}\n[dim]{verdict}[/dim]", run["rung"], run["backend"],
-                "-" if leg is None else str(leg["leg"]), _when(leg["started_at"] if leg else run["started_at"]),
-                wall, exit_code, "-" if not leg or leg["billed_gpu_hours"] is None else f"{leg['billed_gpu_hours']:.4f}",
-                "-" if not leg or leg["cost_usd"] is None else f"{leg['cost_usd']:.4f}",
-                escape(" ".join(leg["command"])) if leg else "")
+        table.add_row(f"[bold]{run['id']}[/bold]", run["rung"], run["backend"], verdict, _when(run["started_at"]),
+                      f"{run['ended_at'] - run['started_at']:.1f}" if run["ended_at"] else "-",
+                      _num(run["billed_gpu_hours"]), _num(run["cost_usd"]),
+                      f"files {run['files_digest'][:16]}", end_section=not run["legs"])
+        for i, leg in enumerate(run["legs"]):
+            exit_code = "-" if leg["exit_code"] is None else f"exit {leg['exit_code']}"
+            if leg["killed"]:
+                exit_code += f" (killed: {leg['end_reason']})"
+            table.add_row(f"  leg {leg['leg']}", "", leg["backend"], exit_code, _when(leg["started_at"]),
+                          f"{leg['ended_at'] - leg['started_at']:.1f}" if leg["ended_at"] else "-",
+                          _num(leg["billed_gpu_hours"]), _num(leg["cost_usd"]), escape(" ".join(leg["command"])),
+                          end_section=i == len(run["legs"]) - 1)
     out.print(table)
     digests: dict[str, dict[str, Any]] = {}
     for run in runs:
         entry = digests.setdefault(run["files_digest"], {"files": run["files"], "runs": []})
         entry["runs"].append(run["id"])
     for digest, entry in digests.items():
-        files = Table(title=f"files hashed at launch, digest {digest[:16]} (runs: {', '.join(entry['runs'])})",
+        files = Table(title=f"files {digest[:16]}: sha256 at launch (runs: {', '.join(entry['runs'])})",
                       title_justify="left")
         files.add_column("file")
         files.add_column("sha256")
@@ -117,3 +119,7 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
         out.print(files)
     total = sum(r["billed_gpu_hours"] or 0.0 for r in runs)
     out.print(f"{len(runs)} runs, {sum(len(r['legs']) for r in runs)} legs, {total:.4f} GPU-hours billed")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from launcher.backends.local import resolve_command
@@ -44,6 +45,9 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     for module in ctx.cfg.trainer.modules:
         argv += ["--module", module]
     argv += ["--", *resolve_command(ctx.cfg.trainer.command)]
+    started = time.time()
+    ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": 0, "backend": "host", "instance": "host",
+                          "command": argv, "env": {}, "log_path": str(log_path), "started_at": started})
     with tempfile.TemporaryDirectory(prefix=f"{ctx.run_id}-static-") as tmp:
         stage_files({rel: f.source for rel, f in ctx.files.items()},
                     {rel: f.sha256 for rel, f in ctx.files.items()}, Path(tmp))
@@ -54,6 +58,8 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         except subprocess.TimeoutExpired:
             out, err, rc = "", f"static check timed out after {STATIC_TIMEOUT_S} s", 124
     log_path.write_text(f"$ {shlex.join(argv)}\n{err}{out}")
+    ctx.ledger.end_leg(ctx.run_id, 0, ended_at=time.time(), exit_code=rc, killed=False,
+                       end_reason="timed out" if rc == 124 else "exited", billed_gpu_hours=0.0, cost_usd=0.0)
     result_line = len(log_path.read_text().splitlines())
     try:
         reported = json.loads(out.strip().splitlines()[-1])["checks"]

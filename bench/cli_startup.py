@@ -1,0 +1,62 @@
+"""Wall time of host commands that must not pay for torch/skypilot, against the
+baseline they beat: the same command with torch imported eagerly (what the CLI
+would cost if launcher/ imported torch at module level), and bare Python.
+
+    .venv/bin/python bench/cli_startup.py [--runs 15]
+
+Prints a markdown table (median and min of N runs each, one process per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAUNCHER = Path(sys.executable).with_name("launcher")
+
+
+def timed(argv: list[str], cwd: Path, runs: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples), min(samples)
+
+
+def eager(args: list[str]) -> list[str]:
+    code = f"import torch, sys; from launcher.cli import main; main({args!r})"
+    return [sys.executable, "-c", code]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=15)
+    ns = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / "proj"
+        for args in (["init", str(project)], ["review"], ["up", "static"]):
+            subprocess.run([str(LAUNCHER), *args], cwd=project if args[0] != "init" else tmp,
+                           stdout=subprocess.DEVNULL, check=True)
+        cases = [
+            ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
+            ("launcher --help", [str(LAUNCHER), "--help"]),
+            ("baseline: --help with torch imported eagerly", eager(["--help"])),
+            ("launcher ledger", [str(LAUNCHER), "ledger"]),
+            ("baseline: ledger with torch imported eagerly", eager(["ledger"])),
+            ("launcher ledger --json", [str(LAUNCHER), "ledger", "--json"]),
+        ]
+        print(f"| command | median s | min s |  ({ns.runs} runs each, {sys.platform}, Python {sys.version.split()[0]})")
+        print("|---|---|---|")
+        for label, argv in cases:
+            med, best = timed(argv, project, ns.runs)
+            print(f"| {label} | {med:.3f} | {best:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Shared fixtures: a fresh project made by `launcher init`, and a CLI runner.
+
+The CLI runs as a subprocess (the real console script), so exit codes,
+stdout/stderr and imports are exactly what a user gets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+LAUNCHER = Path(sys.executable).with_name("launcher")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+    full_env = dict(os.environ)
+    full_env.pop("LAUNCHER_DEBUG", None)
+    full_env.update(env or {})
+    proc = subprocess.run([str(LAUNCHER), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def leg_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Legs' fresh dirs go under this test's tmp (TMPDIR is what mkdtemp uses)."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setenv("TMPDIR", str(path))
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path, leg_tmp: Path) -> Path:
+    """A project written by `launcher init`, reviewed."""
+    root = tmp_path / "proj"
+    res = run_cli(["init", str(root)], cwd=tmp_path)
+    assert res.code == 0, res.err
+    res = run_cli(["review"], cwd=root)
+    assert res.code == 0, res.err
+    return root
+
+
+def run_rows(project: Path) -> int:
+    """How many runs the project's ledger holds (0 when there is no ledger)."""
+    db = project / ".launcher" / "ledger.db"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+
+def assert_one_line_error(res: Result, code: int, *needles: str) -> None:
+    """Exit `code`, an `error:` line naming the needles, and never a traceback."""
+    assert res.code == code, (res.code, res.out, res.err)
+    assert "Traceback" not in res.err + res.out
+    first = res.err.strip().splitlines()[0]
+    assert first.startswith("error: "), res.err
+    for needle in needles:
+        assert needle in first, (needle, first)

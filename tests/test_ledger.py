@@ -1,0 +1,134 @@
+"""The ledger under kill -9: no half-written rows, always readable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from launcher.ledger import Ledger
+from tests.conftest import LAUNCHER, run_cli
+
+ASSETS = Path(__file__).parent / "assets"
+N_FILES = 40
+
+HAMMER = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+from launcher.ledger import Ledger
+ledger = Ledger(__import__('pathlib').Path(sys.argv[1]))
+i = 0
+while True:
+    rid = f"r{{i}}"
+    ledger.begin_run({{"id": rid, "project": "p", "rung": "rehearsal", "backend": "local", "gpu_name": None,
+                      "gpu_count": 0, "nodes": 1, "store_uri": "file:///s", "review_id": None,
+                      "files_digest": "d", "config_sha256": "c", "started_at": time.time()}},
+                     {{f"f{{k}}.py": "0" * 64 for k in range({N_FILES})}})
+    ledger.begin_leg({{"run_id": rid, "leg": 0, "backend": "local", "instance": "/tmp/x", "command": ["python"],
+                      "env": {{}}, "log_path": "l", "started_at": time.time()}})
+    ledger.end_leg(rid, 0, ended_at=time.time(), exit_code=0, killed=False, end_reason="exited",
+                   billed_gpu_hours=0.0, cost_usd=0.0)
+    ledger.end_run(rid, ended_at=time.time(), exit_code=0, verdict="pass", cost_source="none")
+    i += 1
+    if i == 20:
+        print("writing", flush=True)
+"""
+
+
+def test_kill_9_mid_write_leaves_no_partial_row(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    proc = subprocess.Popen([sys.executable, "-c", HAMMER, str(db)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ledger = Ledger(db)  # opens, recovering the WAL
+    assert ledger.integrity_ok()
+    runs = ledger.runs()
+    assert len(runs) >= 20
+    for run in runs:  # every run row came with all of its file hashes, or not at all
+        assert len(run["files"]) == N_FILES
+        if run["verdict"] is not None:
+            assert run["legs"] and run["legs"][0]["ended_at"] is not None
+    ledger.close()
+
+
+def leg_pids(root: Path) -> list[int]:
+    """Processes whose working directory is a leg's disk under `root`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(root) in os.readlink(proc / "cwd"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def wait_for_line(log: Path, needle: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if log.exists() and needle in log.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} never appeared in {log}")
+
+
+def test_leg_killed_mid_write_is_recorded(project: Path, leg_tmp: Path) -> None:
+    shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"].update(command="python train.py --write-mb 400", modules=[])
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli(["review"], cwd=project).code == 0
+    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    log = next_log(project)
+    wait_for_line(log, '"event": "writing"')
+    time.sleep(0.2)
+    for pid in leg_pids(leg_tmp / "preflight-legs"):
+        os.kill(pid, signal.SIGKILL)
+    assert launcher.wait(timeout=60) == 1  # the rung ran; its answer is no
+    res = run_cli(["ledger", "--json"], cwd=project)
+    assert res.code == 0
+    run = res.json()[0]
+    assert run["verdict"] == "fail"
+    assert run["legs"][0]["exit_code"] == -9 and run["legs"][0]["ended_at"] is not None
+    assert len(run["legs"]) == 1  # nothing to resume from: leg 1 was not launched
+
+
+def next_log(project: Path, leg: int = 0, timeout: float = 60) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        logs = sorted((project / ".launcher" / "runs").glob(f"*/leg-{leg}.log"))
+        if logs:
+            return logs[-1]
+        time.sleep(0.05)
+    raise AssertionError("no leg log appeared")
+
+
+def test_launcher_killed_mid_run_leaves_a_readable_running_row(project: Path, leg_tmp: Path) -> None:
+    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    wait_for_line(next_log(project), '"event": "step"')
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    for pid in leg_pids(leg_tmp / "preflight-legs"):  # the orphaned leg: an instance left running
+        os.kill(pid, signal.SIGKILL)
+    res = run_cli(["ledger", "--json"], cwd=project)
+    assert res.code == 0, res.err
+    run = res.json()[0]
+    assert run["verdict"] is None and run["ended_at"] is None  # reads as "running", never ended
+    assert run["files"] and run["legs"][0]["command"][1] == "train.py"
+    assert run["legs"][0]["ended_at"] is None
+    with sqlite3.connect(project / ".launcher" / "ledger.db") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    table = run_cli(["ledger"], cwd=project)
+    assert table.code == 0 and "running" in table.out

@@ -1,0 +1,139 @@
+"""The local backend: a fresh empty disk per leg, the leg environment, kill = lost instance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends.base import LegSpec, StagedFile
+from launcher.backends.local import LocalBackend
+from launcher.errors import Refused
+from launcher.legs import redact
+
+PROBE = """
+import json, os, pathlib, sys
+here = pathlib.Path('.')
+print(json.dumps({"event": "probe", "cwd": os.getcwd(),
+                  "files": sorted(str(p) for p in here.rglob('*')),
+                  "env": {k: v for k, v in os.environ.items() if k.startswith('LAUNCHER_') or k == 'HF_TOKEN'}}))
+pathlib.Path('leftover.bin').write_bytes(b'x' * 1000)
+pathlib.Path('ckpt').mkdir()
+pathlib.Path('ckpt/step-00000010').write_text('local copy')
+sys.exit(int(os.environ.get('EXIT_WITH', '0')))
+"""
+
+
+def staged(tmp_path: Path) -> dict[str, StagedFile]:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    return {"probe.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
+
+
+def spec(tmp_path: Path, leg: int, command: tuple[str, ...] = ("python", "probe.py"), **kw) -> LegSpec:  # noqa: ANN003
+    env = {"LAUNCHER_RUN_ID": "r1", "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
+           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": "10",
+           "LAUNCHER_DEADLINE": str(int(time.time()) + 60)}
+    env.update(kw.pop("extra_env", {}))
+    files = kw.pop("files", None) or staged(tmp_path)
+    return LegSpec("r1", leg, "rehearsal", command, env, kw.pop("secrets", {}), files,
+                   tmp_path / "logs" / f"leg-{leg}.log", None)
+
+
+def probe_event(log: Path) -> dict:
+    return next(json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"event": "probe"'))
+
+
+def test_leg_1_cannot_see_leg_0_files(tmp_path: Path) -> None:
+    backend = LocalBackend(root=tmp_path / "legs")
+    results, probes = [], []
+    for leg in (0, 1):
+        s = spec(tmp_path, leg)
+        handle = backend.launch(s)
+        results.append(backend.wait(handle, timeout=60))
+        probes.append(probe_event(s.log_path))
+        assert not Path(handle.instance).exists(), "the leg's disk outlived the leg"
+    assert [r.exit_code for r in results] == [0, 0]
+    # Each leg started on a disk holding only the staged, reviewed files.
+    assert probes[0]["files"] == probes[1]["files"] == ["probe.py"]
+    assert probes[0]["cwd"] != probes[1]["cwd"]
+
+
+def test_leg_environment_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAUNCHER_STALE", "from the host")  # must not leak into a leg
+    s = spec(tmp_path, 0, secrets={"HF_TOKEN": "hf_secret_value"})
+    backend = LocalBackend(root=tmp_path / "legs")
+    backend.wait(backend.launch(s), timeout=60)
+    env = probe_event(s.log_path)["env"]
+    assert env["LAUNCHER_LEG"] == "0" and env["LAUNCHER_RUN_ID"] == "r1"
+    assert set(env) == {"LAUNCHER_RUN_ID", "LAUNCHER_LEG", "LAUNCHER_RUNG", "LAUNCHER_STORE",
+                        "LAUNCHER_MAX_STEPS", "LAUNCHER_DEADLINE", "HF_TOKEN"}
+    assert env["HF_TOKEN"] == "hf_secret_value"  # the leg gets it...
+    recorded = redact(dict(s.env) | {"HF_TOKEN": "hf_secret_value", "MY_API_KEY": "k"}, ["HF_TOKEN"])
+    assert recorded["HF_TOKEN"] == recorded["MY_API_KEY"] == "<redacted>"  # ...nothing written down does
+
+
+def test_exit_code_is_the_legs_own(tmp_path: Path) -> None:
+    s = spec(tmp_path, 0, extra_env={"EXIT_WITH": "7"})
+    backend = LocalBackend(root=tmp_path / "legs")
+    assert backend.wait(backend.launch(s), timeout=60).exit_code == 7
+
+
+def test_kill_takes_the_process_group_and_the_disk(tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import subprocess, sys, time, pathlib\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n")
+    files = {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
+    backend = LocalBackend(root=tmp_path / "legs")
+    lines: list[str] = []
+    handle = backend.launch(spec(tmp_path, 0, ("python", "sleeper.py"), files=files), on_line=lines.append)
+    deadline = time.time() + 30
+    while "ready\n" not in lines and time.time() < deadline:
+        time.sleep(0.05)
+    assert backend.wait(handle, timeout=0.1) is None  # still running
+    result = backend.kill(handle, reason="drill")
+    assert result.killed and result.exit_code == -9 and result.end_reason == "drill"
+    assert not Path(handle.instance).exists()
+    pid = int(child_pid.read_text())
+    for _ in range(100):  # the grandchild dies with the group
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("a child of the killed leg survived")
+
+
+def test_staging_refuses_bytes_that_changed(tmp_path: Path) -> None:
+    files = staged(tmp_path)
+    (tmp_path / "probe.py").write_text(PROBE + "\n# edited after the guard\n")
+    backend = LocalBackend(root=tmp_path / "legs")
+    with pytest.raises(Refused, match="probe.py changed"):
+        backend.launch(spec(tmp_path, 0, files=files))
+    assert list((tmp_path / "legs").iterdir()) == []  # no disk left behind
+
+
+def test_missing_program_is_a_failed_leg(tmp_path: Path) -> None:
+    backend = LocalBackend(root=tmp_path / "legs")
+    s = spec(tmp_path, 0, ("no-such-program-xyz",))
+    result = backend.wait(backend.launch(s), timeout=10)
+    assert result.exit_code == 127
+    assert "cannot start" in s.log_path.read_text()
+
+
+def test_python_runs_under_the_launchers_interpreter(tmp_path: Path) -> None:
+    from launcher.backends.local import resolve_command
+
+    assert resolve_command(("python", "train.py"))[0] == sys.executable
+    assert resolve_command(("bash", "x.sh")) == ["bash", "x.sh"]

@@ -1,0 +1,51 @@
+"""Rung 1 end to end on the embedded default: the real trainer, two legs, a resume from the store."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import run_cli
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env={"HF_TOKEN": "hf_test_secret_value"})
+    assert res.code == 0, res.out + res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert "resumed from step-00000010 at step 10; leg 0 pushed step 10" in checks["leg 1 resumed from the store"]["detail"]
+    assert "leg 1 resumed at sample 80 and read from 80" in checks["data position continues"]["detail"]
+
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["rung"] == "rehearsal" and run["verdict"] == "pass" and run["exit_code"] == 0
+    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0]
+    assert run["legs"][0]["command"][1:] == ["train.py", "--ckpt-every", "5"]
+    assert run["legs"][0]["env"]["LAUNCHER_MAX_STEPS"] == "10" and run["legs"][1]["env"]["LAUNCHER_MAX_STEPS"] == "20"
+    assert set(run["files"]) == {"train.py"} and len(run["files"]["train.py"]) == 64
+    assert run["billed_gpu_hours"] == 0.0  # CPU legs bill no GPU time
+    assert run["legs"][0]["instance"] != run["legs"][1]["instance"]
+
+    # The secret reached the legs' environment but was written down nowhere.
+    state = project / ".launcher"
+    assert "hf_test_secret_value" not in res.out + res.err
+    assert "hf_test_secret_value" not in (state / "ledger.db").read_bytes().decode("latin-1")
+    for log in (state / "runs").rglob("*.log"):
+        assert "hf_test_secret_value" not in log.read_text()
+
+
+def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
+    shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"]["modules"] = []
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project)
+    assert res.code == 1
+    failed = [c["name"] for c in res.json()["checks"] if not c["ok"]]
+    assert "leg 1 resumed from the store" in failed
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["verdict"] == "fail" and run["exit_code"] == 1

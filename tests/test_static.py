@@ -1,0 +1,96 @@
+"""Rung 0: imports, command-line parse with the trainer's own parser, hash guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import assert_one_line_error, run_cli, run_rows
+
+
+def set_command(project: Path, command: str) -> None:
+    path = project / "launcher.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["trainer"]["command"] = command
+    path.write_text(yaml.safe_dump(data))
+
+
+def checks_of(res) -> dict[str, dict]:  # noqa: ANN001
+    return {c["name"]: c for c in res.json()["checks"]}
+
+
+def test_static_passes_and_reports_evidence(project: Path) -> None:
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.err
+    checks = checks_of(res)
+    assert all(c["ok"] for c in checks.values())
+    assert "train.py --ckpt-every 5" in checks["command line"]["detail"]
+    assert '"ckpt_every": 5' in checks["parse"]["detail"]
+    pointer = checks["parse"]["evidence"][0]
+    log_lines = Path(pointer["log"]).read_text().splitlines()
+    assert log_lines[pointer["line"] - 1] == pointer["text"]  # the pointer points at the evidence
+    assert run_rows(project) == 1
+
+
+def test_flag_typo_fails_on_host_with_exit_1(project: Path) -> None:
+    set_command(project, "python train.py --ckpt-evry 5")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    parse = checks_of(res)["parse"]
+    assert not parse["ok"] and "unrecognized arguments: --ckpt-evry" in parse["detail"]
+
+
+def test_torchrun_handed_the_interpreter_fails(project: Path) -> None:
+    set_command(project, "torchrun --nproc_per_node=2 python train.py")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    shape = checks_of(res)["command shape"]
+    assert not shape["ok"] and "interpreter" in shape["detail"]
+
+
+def test_torchrun_command_parses_script_args(project: Path) -> None:
+    set_command(project, "torchrun --nproc_per_node=2 train.py --ckpt-every 5")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+
+
+def test_unreviewed_import_fails_in_staged_dir(project: Path) -> None:
+    """train.py imports a helper that is not in the reviewed set: a leg would not have it."""
+    (project / "helper.py").write_text("VALUE = 1\n")
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\nimport helper  # noqa: E402\n")
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    imp = checks_of(res)["import entry"]
+    assert not imp["ok"] and "No module named 'helper'" in imp["detail"]
+
+
+def test_hash_mismatch_refused_exit_3_lists_file(project: Path) -> None:
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\n# edited after review\n")
+    for rung in ("static", "rehearsal"):
+        res = run_cli(["up", rung], cwd=project)
+        assert_one_line_error(res, 3, "changed: train.py")
+        assert "launcher review" in res.err
+    assert run_rows(project) == 0
+
+
+def test_missing_reviewed_file_refused(project: Path) -> None:
+    (project / "train.py").unlink()
+    res = run_cli(["up", "static"], cwd=project)
+    assert_one_line_error(res, 3, "missing: train.py")
+
+
+def test_no_review_refused(tmp_path: Path, leg_tmp: Path) -> None:
+    assert run_cli(["init", "p"], cwd=tmp_path).code == 0
+    res = run_cli(["up", "static"], cwd=tmp_path / "p")
+    assert_one_line_error(res, 3, "no review")
+
+
+def test_review_then_accepts_edit(project: Path) -> None:
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\n# reviewed edit\n")
+    assert run_cli(["review"], cwd=project).code == 0
+    assert run_cli(["up", "static"], cwd=project).code == 0
