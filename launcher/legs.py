@@ -115,7 +115,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
     return LegOutcome(result, LegEvents.read(leg, log_path))
 
 
-def ledger_run_row(ctx: RunContext, review_id: int, files_digest: str, config_sha: str) -> dict[str, Any]:
+def ledger_run_row(ctx: RunContext, review_id: int | None, files_digest: str, config_sha: str) -> dict[str, Any]:
     return {"id": ctx.run_id, "project": ctx.cfg.project, "rung": ctx.rung.name, "backend": ctx.backend.name,
             "gpu_name": ctx.gpus.name if ctx.gpus else None, "gpu_count": ctx.gpu_count, "nodes": 1,
             "store_uri": ctx.store_uri, "review_id": review_id, "files_digest": files_digest,

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from launcher.backends import get_backend
+from launcher.backends import BACKENDS, get_backend
 from launcher.backends.base import StagedFile
 from launcher.config import Config, GpuSpec, parse_gpus, store_uri
-from launcher.errors import BadInput
+from launcher.errors import BadInput, LauncherError, Refused
 from launcher.evidence import Check
 from launcher.ladder import Rung, rung_named
 from launcher.ledger import Ledger
@@ -43,9 +43,11 @@ class Outcome:
         return 0 if self.ok else 1
 
 
-def validate_request(rung_name: str, gpus_text: str | None) -> tuple[Rung, GpuSpec | None]:
+def validate_request(rung_name: str, backend_name: str, gpus_text: str | None) -> tuple[Rung, GpuSpec | None]:
     """Bad input is refused here, before the ledger is opened."""
     rung = rung_named(rung_name)
+    if backend_name not in BACKENDS:
+        raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if not rung.available:
         raise BadInput(f"rung {rung.name!r} is not available in this version (available: static, rehearsal, smoke)")
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
@@ -59,7 +61,7 @@ def validate_request(rung_name: str, gpus_text: str | None) -> tuple[Rung, GpuSp
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
        show: Callable[[int, str], None]) -> Outcome:
     """Run one rung of the ladder and record it."""
-    rung, gpus = validate_request(rung_name, gpus_text)
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text)
     backend = get_backend(backend_name) if rung.legs else None
     uri = store_uri(cfg)
     paths = reviewed_paths(cfg, strict=False)
@@ -80,6 +82,12 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
             outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
             verdict, exit_code = ("pass" if outcome.ok else "fail"), outcome.exit_code
             return outcome
+        except LauncherError as err:
+            verdict, exit_code = ("refused" if isinstance(err, Refused) else "error"), err.exit_code
+            raise
+        except KeyboardInterrupt:
+            verdict, exit_code = "interrupted", 130
+            raise
         finally:
             ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
             source = "config prices" if gpus and gpus.name in cfg.prices else "none"

@@ -52,6 +52,16 @@ def prune(store: Store, anchor: str, keep: int) -> tuple[list[str], list[str]]:
     return deleted, [c.name for c in listing if c.name not in deleted]
 
 
+def _clear_unverified(store: Store, name: str) -> None:
+    """An earlier leg may have pushed this step and died before verifying it: that
+    copy never counted, so it is replaced. A verified one is never overwritten."""
+    for info in store.list():
+        if info.name == name:
+            if info.verified:
+                raise StoreError(f"{name} is already verified in {store.uri}; refusing to overwrite it")
+            store.delete(name)
+
+
 @dataclass
 class CycleResult:
     manifest: Manifest
@@ -65,6 +75,7 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
     """One push through the whole cycle, emitting push/verify/delete_local/prune events."""
     extra = extra or {}
     began = time.perf_counter()
+    _clear_unverified(store, manifest.name)
     store.push(local_dir, manifest)
     push_s = time.perf_counter() - began
     events.emit("push", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,

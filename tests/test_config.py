@@ -86,6 +86,8 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "rehearsal", "--gpus", "T4:1"], "drop --gpus"),
     (["up", "warmup"], "unknown rung"),
     (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
+    (["up", "static", "--backend", "azure"], "unknown backend"),
+    (["up", "rehearsal", "--backend", "docker"], "not available"),
     (["up"], "Missing argument"),
     (["frobnicate"], "frobnicate"),
 ])

@@ -137,3 +137,19 @@ def test_fetch_and_delete(store: LocalDirStore, tmp_path: Path) -> None:
     assert store.list() == []
     with pytest.raises(FileNotFoundError):
         store.fetch(manifest.name, tmp_path / "again")
+
+
+def test_cycle_replaces_an_unverified_copy_never_a_verified_one(store: LocalDirStore, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from runtime.cycle import run_cycle
+    from runtime.store import StoreError
+
+    folder, manifest = make_checkpoint(tmp_path / "dead-leg", 10)
+    store.push(folder, manifest)  # pushed by a leg killed before it verified
+    folder, manifest = make_checkpoint(tmp_path / "next-leg", 10)
+    result = run_cycle(store, folder, manifest, keep=2)
+    assert result.verified and [c.verified for c in store.list()] == [True]
+    assert not folder.exists()  # deleted locally once verified
+    folder, manifest = make_checkpoint(tmp_path / "third-leg", 10)
+    with pytest.raises(StoreError, match="already verified"):
+        run_cycle(store, folder, manifest, keep=2)
+    assert "verify" in capsys.readouterr().out

@@ -1,0 +1,79 @@
+"""Leg bookkeeping: the budget kill, Ctrl-C, billing, and the smoke rung's honest "no" without CUDA."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import legs
+from launcher.backends.base import StagedFile
+from launcher.backends.local import LocalBackend
+from launcher.config import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
+from launcher.ladder import rung_named
+from launcher.ledger import Ledger
+from tests.conftest import LAUNCHER, run_cli
+from tests.test_ledger import leg_pids, next_log, wait_for_line
+
+
+def test_leg_over_budget_is_killed_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(legs, "MIN_GRACE_SECONDS", 0.5)
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
+    cfg = Config(project="t", trainer=TrainerConfig(command=["python", "sleeper.py"]), reviewed=["sleeper.py"],
+                 rungs=RungsConfig(rehearsal=RungConfig(steps=2, budget_minutes=0.01)), root=tmp_path)
+    ledger = Ledger(tmp_path / "ledger.db")
+    ctx = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(root=tmp_path / "legs"), ledger, "r1",
+                          "file:///s", {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
+                          None, lambda leg, line: None)
+    ledger.begin_run(legs.ledger_run_row(ctx, None, "d", "c"), {})
+    began = time.time()
+    out = legs.run_leg(ctx, 0, max_steps=2)
+    assert time.time() - began < 30
+    assert out.result.killed and out.result.exit_code == -9 and "over budget" in out.result.end_reason
+    leg = ledger.runs()[0]["legs"][0]
+    assert leg["killed"] and "over budget" in leg["end_reason"] and leg["ended_at"] is not None
+
+
+def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> None:
+    cfg = Config(project="t", prices={"T4": 0.35}, root=tmp_path)
+    ctx = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
+                          parse_gpus("T4:2"), lambda leg, line: None)
+    hours, cost = ctx.billed(1800.0)
+    assert hours == pytest.approx(1.0) and cost == pytest.approx(0.35)
+    cpu = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
+                          None, lambda leg, line: None)
+    assert cpu.billed(1800.0) == (0.0, 0.0)
+    unpriced = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
+                               parse_gpus("H200:1"), lambda leg, line: None)
+    assert unpriced.billed(3600.0) == (1.0, None)  # unknown price: no made-up cost
+
+
+def test_ctrl_c_kills_the_leg_and_closes_the_run(project: Path, leg_tmp: Path) -> None:
+    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    wait_for_line(next_log(project), '"event": "step"')
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=60) == 130
+    assert leg_pids(leg_tmp / "preflight-legs") == []  # no instance outlives the launcher
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["verdict"] == "interrupted" and run["exit_code"] == 130 and run["ended_at"] is not None
+    assert run["legs"][0]["killed"] and run["legs"][0]["end_reason"] == "launcher interrupted"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_smoke_without_cuda_answers_no_and_bills_the_gpus(project: Path) -> None:
+    res = run_cli(["up", "smoke", "--gpus", "T4:1", "--json"], cwd=project)
+    assert res.code == 1
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert not checks["leg 0 ran on the accelerator"]["ok"] and "'cpu'" in checks["leg 0 ran on the accelerator"]["detail"]
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    wall = sum(leg["ended_at"] - leg["started_at"] for leg in run["legs"])
+    assert run["gpu_name"] == "T4" and run["gpu_count"] == 1
+    assert run["billed_gpu_hours"] == pytest.approx(wall / 3600, rel=1e-6)
+    assert run["cost_usd"] == pytest.approx(run["billed_gpu_hours"] * 0.35, rel=1e-6)
+    assert run["cost_source"] == "config prices"
