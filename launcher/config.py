@@ -20,6 +20,7 @@ from launcher.errors import BadInput, ConfigError
 CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
 SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+HF_URI = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 GPU_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
@@ -159,6 +160,10 @@ class Config:
     prices: dict[str, float] = field(default_factory=dict)
     """USD per GPU-hour by accelerator name, used when no catalog price is known."""
 
+    leg_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for every leg, e.g. HF_HUB_DISABLE_XET: "1". Not for
+    secrets: these values are recorded in the ledger. LAUNCHER_* is reserved."""
+
     secrets: list[str] = field(default_factory=lambda: ["HF_TOKEN"])
     """Environment variable names passed to legs as secrets: never written to
     the ledger, a log, a YAML or a report."""
@@ -178,6 +183,11 @@ class Config:
         for name in self.secrets:
             if not SECRET_NAME.match(name):
                 raise ConfigError("secrets", f"{name!r} is not an environment variable name")
+        for name in self.leg_env:
+            if not SECRET_NAME.match(name):
+                raise ConfigError(f"leg_env.{name}", "is not an environment variable name")
+            if name.startswith("LAUNCHER_") or name in self.secrets:
+                raise ConfigError(f"leg_env.{name}", "is reserved (LAUNCHER_*) or a secret; secrets go in `secrets`")
         store_uri(self)  # validates the scheme
 
     @property
@@ -199,7 +209,9 @@ def store_uri(cfg: Config) -> str:
             raise ConfigError("store", f"file:// URIs must be absolute, got {cfg.store!r}")
         return path.as_uri()
     if cfg.store.startswith("hf://"):
-        raise ConfigError("store", "hf:// stores are not supported by this version yet; use a file:// store")
+        if not HF_URI.match(cfg.store):
+            raise ConfigError("store", f"expected hf://owner/repo[@revision], got {cfg.store!r}")
+        return cfg.store
     if "://" in cfg.store:
         raise ConfigError("store", f"unknown scheme in {cfg.store!r} (expected file:// or a path)")
     return (cfg.root / cfg.store).resolve().as_uri()

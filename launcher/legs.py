@@ -62,7 +62,7 @@ class RunContext:
         return self.gpus.count if self.gpus else 0
 
     def leg_env(self, leg: int, max_steps: int, deadline: float) -> dict[str, str]:
-        return {
+        return {**self.cfg.leg_env,
             "LAUNCHER_RUN_ID": self.run_id,
             "LAUNCHER_LEG": str(leg),
             "LAUNCHER_RUNG": self.rung.name,

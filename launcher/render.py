@@ -40,6 +40,8 @@ def event_summary(e: dict[str, Any]) -> str:
     if kind == "resume":
         return (f"resume from {e['checkpoint']} (step {e['from_step']}, sample {e['sample_index']}, "
                 f"batch {e['batch_hash'][:12]}, lr {e['lr']:.3e} vs schedule {e['lr_expected']:.3e})")
+    if kind == "save":
+        return f"save step {e['step']}  {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
     if kind == "push":
         return f"push {e['name']}  {_mb(e['bytes'])} in {e['seconds']:.2f} s"
     if kind == "verify":

@@ -27,7 +27,7 @@ STATIC_TIMEOUT_S = 300
 
 def leg_command_line(ctx: RunContext) -> str:
     """The exact argv a local leg executes, and the environment names it is given."""
-    names = ", ".join(ctx.leg_env(0, 0, 0.0))
+    names = ", ".join(k for k in ctx.leg_env(0, 0, 0.0) if k.startswith("LAUNCHER_"))
     return f"{shlex.join(resolve_command(ctx.cfg.trainer.command))}  (per-leg env: {names})"
 
 

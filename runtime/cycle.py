@@ -9,7 +9,9 @@ relative to one that is not verified.
 
 from __future__ import annotations
 
+import queue
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,3 +101,62 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
     deleted, kept = prune(store, manifest.name, keep)
     events.emit("prune", step=manifest.step, anchor=manifest.name, deleted=deleted, kept=kept)
     return CycleResult(manifest, True, push_s, result.seconds)
+
+
+class Pusher:
+    """Runs the cycle off the training loop's critical path, in one background thread.
+
+    Policy (never skip a push): one push uploads while at most one more waits
+    in the queue; a third `submit` blocks the training loop until a slot frees,
+    and says so in a `push_wait` event with the seconds it waited. Pushes run in
+    order, so prune always anchors on the newest verified checkpoint.
+    """
+
+    def __init__(self, store: Store, *, keep: int = 2, verify_budget: int = DEFAULT_BUDGET_BYTES,
+                 max_waiting: int = 1) -> None:
+        self.store = store
+        self.keep = keep
+        self.verify_budget = verify_budget
+        self.queue: queue.Queue[tuple[Path, Manifest] | None] = queue.Queue(maxsize=max_waiting)
+        self.results: list[CycleResult] = []
+        self.failures: list[tuple[int, str]] = []
+        self.last_cycle_s = 0.0
+        self._thread = threading.Thread(target=self._work, name="pusher", daemon=True)
+        self._thread.start()
+
+    def submit(self, local_dir: Path, manifest: Manifest) -> float:
+        """Queue a checkpoint for the cycle; returns the seconds the caller was blocked."""
+        if self.queue.full():
+            began = time.perf_counter()
+            self.queue.put((local_dir, manifest))
+            waited = time.perf_counter() - began
+            events.emit("push_wait", step=manifest.step, seconds=round(waited, 4),
+                        reason="previous push still uploading and another queued")
+            return waited
+        self.queue.put((local_dir, manifest))
+        return 0.0
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            local_dir, manifest = item
+            began = time.perf_counter()
+            try:
+                self.results.append(run_cycle(self.store, local_dir, manifest, keep=self.keep,
+                                              verify_budget=self.verify_budget))
+            except Exception as err:  # noqa: BLE001 - reported as an event; training goes on
+                self.failures.append((manifest.step, f"{type(err).__name__}: {err}"))
+                events.emit("push_failed", step=manifest.step, name=manifest.name,
+                            error=f"{type(err).__name__}: {err}")
+            finally:
+                self.last_cycle_s = time.perf_counter() - began
+                self.queue.task_done()
+        self.queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until every submitted push has gone through its cycle, then stop the worker."""
+        self.queue.put(None)
+        self._thread.join()
+
+    def verified(self, step: int) -> bool:
+        """Whether the checkpoint of `step` went through the whole cycle verified."""
+        return any(r.manifest.step == step and r.verified for r in self.results)

@@ -16,10 +16,12 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any, Iterable, Iterator
 
 MARKER = '{"event": '
+_lock = threading.Lock()  # the background pusher emits too: one whole line at a time
 
 
 def _rank() -> int:
@@ -37,8 +39,10 @@ def emit(event: str, **fields: Any) -> dict[str, Any]:
     """Print one event line (flushed: a killed leg must not lose its last lines)."""
     record = {"event": event, "t": round(time.time(), 3), "rank": _rank()}
     record.update({k: _clean(v) for k, v in fields.items()})
-    sys.stdout.write(json.dumps(record, separators=(", ", ": ")) + "\n")
-    sys.stdout.flush()
+    line = json.dumps(record, separators=(", ", ": ")) + "\n"
+    with _lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
     return record
 
 

@@ -33,7 +33,7 @@ import torch
 from runtime import events
 from runtime.checkpoint import load_local, save_local
 from runtime.cursor import CursorMismatch, DataOrder
-from runtime.cycle import newest_verified, run_cycle
+from runtime.cycle import Pusher, newest_verified
 from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.model import GPT, GPTConfig
 from runtime.store import open_store
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-steps", type=int, default=1000, help="schedule length (the whole run, not a leg)")
     p.add_argument("--ckpt-every", type=int, default=10, help="push a checkpoint every N steps")
     p.add_argument("--keep", type=int, default=2, help="verified checkpoints prune keeps")
-    p.add_argument("--verify-bytes", type=int, default=4 << 20, help="read-back budget per verify")
+    p.add_argument("--verify-bytes", type=int, default=2 << 20, help="read-back budget per verify (bytes)")
     p.add_argument("--data-tokens", type=int, default=200_000, help="size of the generated corpus")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -140,18 +140,25 @@ def main(argv: list[str] | None = None) -> int:
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("sigterm"))
 
-    def push(at_step: int) -> bool:
+    pusher = Pusher(store, keep=args.keep, verify_budget=args.verify_bytes)
+
+    def checkpoint(at_step: int) -> None:
+        """Serialize the state now (on the critical path, so it is consistent), then hand
+        the storage cycle to the background pusher: training goes on while it uploads."""
+        began = time.perf_counter()
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "rng": rng_state(), "step": at_step, "cursor": order.cursor(tokens, at_step)}
         folder, manifest = save_local(state, work / "ckpt", at_step, {"run_id": run_id, "params": n_params})
-        return run_cycle(store, folder, manifest, keep=args.keep, verify_budget=args.verify_bytes).verified
+        blocked = pusher.submit(folder, manifest)
+        events.emit("save", step=at_step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
+                    blocked_s=round(blocked, 4))
 
     # --- train ---------------------------------------------------------------
     model.train()
-    reason, last_push_ok, cycle_s, step_s = "max_steps", True, 0.0, 0.0
-    pushed_at = step  # the newest step the store holds for this run
+    reason, step_s = "max_steps", 0.0
+    resumed_at = pushed_at = step  # the newest step the store holds for this run
     while step < max_steps:
-        if time.time() + max(5.0, 2 * cycle_s + 3 * step_s) >= deadline:
+        if time.time() + max(5.0, 2 * pusher.last_cycle_s + 3 * step_s) >= deadline:
             reason = "deadline"
             break
         began = time.perf_counter()
@@ -174,15 +181,16 @@ def main(argv: list[str] | None = None) -> int:
             reason = stop_requested[0]
             break
         if step % args.ckpt_every == 0:
-            began = time.perf_counter()
-            last_push_ok, pushed_at = push(step), step
-            cycle_s = time.perf_counter() - began
+            checkpoint(step)
+            pushed_at = step
 
-    if step > pushed_at:  # final checkpoint: whatever stopped us, the work is kept
-        last_push_ok = push(step)
     events.emit("stop", reason=reason, step=step)
-    events.emit("done", step=step, final_checkpoint_verified=last_push_ok)
-    return 0 if last_push_ok else EXIT_VERIFY_FAILED
+    if step > pushed_at:  # final checkpoint: whatever stopped us, the work is kept
+        checkpoint(step)
+    pusher.drain()  # the leg ends only once every push went through its cycle
+    final_ok = step == resumed_at or pusher.verified(step)
+    events.emit("done", step=step, final_checkpoint_verified=final_ok)
+    return 0 if final_ok else EXIT_VERIFY_FAILED
 
 
 if __name__ == "__main__":

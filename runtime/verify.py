@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.store.base import Manifest, Store
+from runtime.store.base import Manifest, Store, StoreAuthError, StoreError
 
-DEFAULT_BUDGET_BYTES = 4 << 20
+DEFAULT_BUDGET_BYTES = 2 << 20  # 0.8 % of a 256 MiB checkpoint; less of anything bigger
 DEFAULT_RANDOM_WINDOWS = 8
 
 
@@ -48,6 +48,15 @@ def plan_windows(size: int, window: int, k: int, rng: random.Random) -> list[tup
     return [(s, window) for s in sorted(starts)]
 
 
+def git_blob_id(path: Path) -> str:
+    """The git object id of a file's content: what the Hub reports for non-LFS files."""
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _local_bytes(path: Path, start: int, length: int) -> bytes:
     with path.open("rb") as fh:
         fh.seek(start)
@@ -61,7 +70,7 @@ def verify_checkpoint(store: Store, manifest: Manifest, local_dir: Path, *,
     began = time.perf_counter()
     result = VerifyResult(ok=True)
     rng = random.Random(seed)
-    remote = store.remote_files(manifest.name)
+    remote = store.remote_files(manifest.name, [f.path for f in manifest.files])
     for entry in manifest.files:
         got = remote.get(entry.path)
         if got is None:
@@ -70,6 +79,8 @@ def verify_checkpoint(store: Store, manifest: Manifest, local_dir: Path, *,
             result.failures.append(f"{entry.path}: store size {got.size} != manifest {entry.size}")
         elif got.sha256 is not None and got.sha256 != entry.sha256:
             result.failures.append(f"{entry.path}: store sha256 {got.sha256[:12]} != manifest {entry.sha256[:12]}")
+        elif got.git_oid is not None and got.git_oid != git_blob_id(local_dir / entry.path):
+            result.failures.append(f"{entry.path}: store git blob id {got.git_oid[:12]} != the local file's")
     if result.failures:
         result.ok = False
         result.seconds = time.perf_counter() - began
@@ -80,8 +91,14 @@ def verify_checkpoint(store: Store, manifest: Manifest, local_dir: Path, *,
     for entry in manifest.files:
         local = local_dir / entry.path
         for start, length in plan_windows(entry.size, window, k, rng):
-            data = store.read_range(manifest.name, entry.path, start, length)
             result.windows += 1
+            try:
+                data = store.read_range(manifest.name, entry.path, start, length)
+            except StoreAuthError:
+                raise  # not a verdict on the bytes: the caller must see the auth error
+            except (StoreError, OSError) as err:
+                result.failures.append(f"{entry.path}[{start}:+{length}]: {err}")
+                continue
             result.bytes_read += len(data)
             want = hashlib.sha256(_local_bytes(local, start, length)).hexdigest()
             if len(data) != length:

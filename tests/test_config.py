@@ -54,6 +54,9 @@ BAD_CONFIGS = [
     ("relative file store", lambda d: d.update(store="file://rel/dir"), "store"),
     ("unknown store scheme", lambda d: d.update(store="s3://bucket"), "store"),
     ("secret name", lambda d: d.update(secrets=["hf token"]), "secrets"),
+    ("reserved leg env", lambda d: d["leg_env"].update(LAUNCHER_LEG="9"), "leg_env.LAUNCHER_LEG"),
+    ("leg env value type", lambda d: d["leg_env"].update(OMP_NUM_THREADS=4), "leg_env.OMP_NUM_THREADS"),
+    ("bad hf uri", lambda d: d.update(store="hf://just-a-name"), "store"),
 ]
 
 

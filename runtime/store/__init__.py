@@ -19,4 +19,8 @@ def open_store(uri: str, namespace: str = "") -> Store:
         from runtime.store.local import LocalDirStore
 
         return LocalDirStore(Path(unquote(parsed.path)), namespace)
-    raise StoreError(f"unsupported store URI {uri!r} (this version supports file:///abs/dir)")
+    if parsed.scheme == "hf":
+        from runtime.store.hub import HubStore
+
+        return HubStore(uri, namespace)
+    raise StoreError(f"unsupported store URI {uri!r} (expected file:///abs/dir or hf://owner/repo[@revision])")

@@ -91,10 +91,12 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """What the store itself reports for a stored file (sha256 when it knows it)."""
+    """What the store itself reports for a stored file: its size, and a hash
+    where it keeps one (LFS sha256, or the git blob id of a regular file)."""
 
     size: int
-    sha256: str | None
+    sha256: str | None = None
+    git_oid: str | None = None
 
 
 class Store(Protocol):
@@ -108,8 +110,8 @@ class Store(Protocol):
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         """Upload the files of `local_dir` plus the manifest, atomically."""
 
-    def remote_files(self, name: str) -> dict[str, RemoteFile]:
-        """Size (and sha256 if known) of each stored file of checkpoint `name`."""
+    def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
+        """What the store reports for each of `paths` in checkpoint `name`; absent paths are left out."""
 
     def read_range(self, name: str, path: str, start: int, length: int) -> bytes:
         """Exactly bytes [start, start+length) of a stored file, or raise."""

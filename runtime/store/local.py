@@ -84,16 +84,11 @@ class LocalDirStore:
             shutil.rmtree(incoming, ignore_errors=True)
             raise
 
-    def remote_files(self, name: str) -> dict[str, RemoteFile]:
+    def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
         folder = self._ckpt(name)
         if not (folder / MANIFEST).is_file():
             raise FileNotFoundError(f"{name} is not in {self.uri}")
-        out = {}
-        for path in sorted(folder.rglob("*")):
-            rel = path.relative_to(folder).as_posix()
-            if path.is_file() and rel not in (MANIFEST, VERIFIED):
-                out[rel] = RemoteFile(path.stat().st_size, None)
-        return out
+        return {p: RemoteFile((folder / p).stat().st_size) for p in paths if (folder / p).is_file()}
 
     def read_range(self, name: str, path: str, start: int, length: int) -> bytes:
         target = self._ckpt(name) / path
