@@ -75,3 +75,26 @@ def assert_one_line_error(res: Result, code: int, *needles: str) -> None:
     assert first.startswith("error: "), res.err
     for needle in needles:
         assert needle in first, (needle, first)
+
+
+@pytest.fixture
+def hub_server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """A loopback Hub (tests/hub_server.py) for the real huggingface_hub client."""
+    from huggingface_hub import constants
+
+    from hub_server import HubServer
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # uploads go through LFS, not xet
+    with HubServer(token="hf_good") as server:
+        yield server
+
+
+def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", timeout_s: float = 10.0,  # noqa: ANN001
+              repo: str = "tester/ckpts"):
+    """A HubStore on the loopback server, with retries short enough for tests."""
+    from runtime.store.hub import HubStore
+    from runtime.store.retry import RetryPolicy
+
+    return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
+                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10))

@@ -80,8 +80,10 @@ def classify(err: BaseException, what: str) -> BaseException:
         return StoreError(f"{what}: HTTP {status}")
     if isinstance(err, httpx.HTTPStatusError):
         return classify_status(err.response.status_code, what)
-    if isinstance(err, (httpx.TimeoutException, httpx.TransportError)):
+    if isinstance(err, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)):
         return TransientStoreError(f"{what}: {type(err).__name__}: {err}")
+    if isinstance(err, httpx.HTTPError):  # a local protocol or URL error: a retry will not fix it
+        return StoreError(f"{what}: {type(err).__name__}: {err}")
     return err
 
 
@@ -113,11 +115,12 @@ class HubStore:
         self.repo_id, self.revision = parse_hf_uri(uri)
         self.prefix = f"{namespace.strip('/')}/" if namespace.strip("/") else ""
         self.uri = f"hf://{self.repo_id}@{self.revision}/{self.prefix}".rstrip("/")
-        self.token = token if token is not None else os.environ.get("HF_TOKEN")
+        # None: take HF_TOKEN; "" (or no HF_TOKEN): anonymous, never a token file lying around.
+        self.token = (os.environ.get("HF_TOKEN") if token is None else token) or None
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
-        self.api = HfApi(endpoint=self.endpoint, token=self.token)
+        self.api = HfApi(endpoint=self.endpoint, token=self.token or False)
         self._repo_ready = False
         configure_session(timeout_s)
 
@@ -129,7 +132,7 @@ class HubStore:
                 return fn()
             except (HfHubHTTPError, httpx.HTTPError) as err:
                 raise classify(err, what) from err
-        return with_retry(attempt, what=what, policy=self.retry)
+        return with_retry(attempt, policy=self.retry)
 
     def _path(self, name: str, path: str = "") -> str:
         if step_of(name) is None:

@@ -25,7 +25,7 @@ class RetryPolicy:
     """No new attempt starts later than this after the first."""
 
 
-def with_retry(fn: Callable[[], T], *, what: str, policy: RetryPolicy,
+def with_retry(fn: Callable[[], T], *, policy: RetryPolicy,
                sleep: Callable[[float], None] = time.sleep) -> T:
     began = time.monotonic()
     for attempt in range(1, policy.attempts + 1):
@@ -37,7 +37,7 @@ def with_retry(fn: Callable[[], T], *, what: str, policy: RetryPolicy,
             if attempt == policy.attempts or out_of_time:
                 raise TransientStoreError(f"{err} (gave up after {attempt} attempts, "
                                           f"{time.monotonic() - began:.1f} s)") from err
-            print(f"store: {what}: {err}; retry {attempt}/{policy.attempts - 1} in {backoff:.1f} s",
+            print(f"store: {err}; retry {attempt}/{policy.attempts - 1} in {backoff:.1f} s",
                   file=sys.stderr, flush=True)
             sleep(backoff)
     raise AssertionError("unreachable")
