@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -73,7 +74,7 @@ def main() -> None:
         server = None
         if ns.store == "hub":
             os.environ["HF_HUB_DISABLE_XET"] = "1"
-            from tests.hub_server import HubServer
+            from hub_server import HubServer
 
             server = HubServer(token="hf_bench")
             server.start()

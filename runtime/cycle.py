@@ -9,6 +9,7 @@ relative to one that is not verified.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import threading
@@ -103,6 +104,16 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
     return CycleResult(manifest, True, push_s, result.seconds)
 
 
+def _lower_priority(niceness: int = 10) -> None:
+    """Make the calling thread yield the CPU to the training loop when cores are short.
+
+    Linux applies nice per thread (task id); elsewhere this is a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except (AttributeError, OSError):
+        pass
+
+
 class Pusher:
     """Runs the cycle off the training loop's critical path, in one background thread.
 
@@ -137,6 +148,7 @@ class Pusher:
         return 0.0
 
     def _work(self) -> None:
+        _lower_priority()
         while (item := self.queue.get()) is not None:
             local_dir, manifest = item
             began = time.perf_counter()

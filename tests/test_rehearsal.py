@@ -49,3 +49,21 @@ def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
     assert "leg 1 resumed from the store" in failed
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["verdict"] == "fail" and run["exit_code"] == 1
+
+
+def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_server) -> None:  # noqa: ANN001
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["store"] = "hf://tester/ckpts"
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
+    assert res.code == 0, res.out + res.err
+    assert all(c["ok"] for c in res.json()["checks"])
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["store_uri"] == "hf://tester/ckpts"
+    # The checkpoints went through the Hub: LFS uploads on the second origin, ranged reads back.
+    puts = [r for r in hub_server.requests if r.method == "PUT" and r.origin == "lfs"]
+    assert len(puts) >= 4
+    repo = hub_server.repos["tester/ckpts"]
+    head = repo.commits[repo.branches["main"]]
+    assert f"runs/{run['id']}/step-00000020/verified.json" in head.files

@@ -123,6 +123,10 @@ class HubStore:
         self.api = HfApi(endpoint=self.endpoint, token=self.token or False)
         self._repo_ready = False
         configure_session(timeout_s)
+        # The runtime reports pushes as events; tqdm bars would only garble the leg log.
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
 
     # --- plumbing ------------------------------------------------------------
 
