@@ -22,9 +22,12 @@ def check_leg_exit(out: LegOutcome) -> Check:
     ev = out.events
     done = ev.last("done")
     ok = out.result.exit_code == 0 and done is not None and not out.result.killed
+    stop = ev.last("stop")
     detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) after "
               f"{out.result.wall_seconds:.1f} s" + (f", last step {done[1]['step']}" if done else ", no `done` event"))
-    return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or ev.last("stop")))
+    if stop and stop[1].get("error"):
+        detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
+    return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
 
 
 def check_pushed(leg0: LegEvents) -> tuple[Check, int | None]:

@@ -36,7 +36,7 @@ from runtime.cursor import CursorMismatch, DataOrder
 from runtime.cycle import Pusher, newest_verified
 from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.model import GPT, GPTConfig
-from runtime.store import open_store
+from runtime.store import StoreError, open_store
 
 EXIT_VERIFY_FAILED = 1
 EXIT_REFUSED = 3
@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- resume: only from the newest *verified* checkpoint in the store -----
     step = 0
-    latest = newest_verified(store)
+    try:
+        latest = newest_verified(store)
+    except StoreError as err:  # an auth error must not read as "nothing here": stop, say why
+        events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
+        return EXIT_REFUSED
     if latest is not None:
         folder = store.fetch(latest.name, work / "restore")
         state, manifest = load_local(folder, map_location=device)

@@ -67,3 +67,14 @@ def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_ser
     repo = hub_server.repos["tester/ckpts"]
     head = repo.commits[repo.branches["main"]]
     assert f"runs/{run['id']}/step-00000020/verified.json" in head.files
+
+
+def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server) -> None:  # noqa: ANN001
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["store"] = "hf://tester/ckpts"
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_wrong", "HF_HOME": str(project / "hf-home")}
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
+    assert res.code == 1
+    leg0 = next(c for c in res.json()["checks"] if c["name"] == "leg 0 finished")
+    assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
