@@ -56,15 +56,17 @@ class LegEvents:
         with log.open(encoding="utf-8", errors="replace") as fh:
             return cls(leg, log, list(iter_events(fh)))
 
-    def all(self, name: str) -> list[tuple[int, dict[str, Any]]]:
-        return [(n, e) for n, e in self.items if e["event"] == name]
+    def all(self, name: str, rank: int | None = 0) -> list[tuple[int, dict[str, Any]]]:
+        """Events called `name` printed by `rank` (None: every rank)."""
+        return [(n, e) for n, e in self.items
+                if e["event"] == name and (rank is None or e.get("rank", 0) == rank)]
 
-    def first(self, name: str) -> tuple[int, dict[str, Any]] | None:
-        found = self.all(name)
+    def first(self, name: str, rank: int | None = 0) -> tuple[int, dict[str, Any]] | None:
+        found = self.all(name, rank)
         return found[0] if found else None
 
-    def last(self, name: str) -> tuple[int, dict[str, Any]] | None:
-        found = self.all(name)
+    def last(self, name: str, rank: int | None = 0) -> tuple[int, dict[str, Any]] | None:
+        found = self.all(name, rank)
         return found[-1] if found else None
 
     def pointer(self, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointer, ...]:

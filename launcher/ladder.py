@@ -35,9 +35,9 @@ RUNGS: tuple[Rung, ...] = (
     Rung("static", 0, "host, seconds", "Does it import? Does the launch command line parse? "
          "Do the hashes of the files about to run match the reviewed ones?", False, 0, ()),
     Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
-         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 2, (1, 2, 3, 8)),
+         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8)),
     Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
-         "one real optimizer step, one push, one verified resume?", True, 2, (1, 3)),
+         "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8)),
     Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
          (1, 2, 3, 4, 5, 6, 7, 8), available=False),

@@ -8,6 +8,7 @@ recorded.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets as pysecrets
@@ -69,6 +70,8 @@ class RunContext:
             "LAUNCHER_STORE": self.store_uri,
             "LAUNCHER_MAX_STEPS": str(max_steps),
             "LAUNCHER_DEADLINE": str(int(deadline)),
+            # The runtime refuses to run bytes other than these (stale code on the instance).
+            "LAUNCHER_FILES_SHA256": json.dumps({rel: f.sha256 for rel, f in self.files.items()}, sort_keys=True),
         }
 
     def secrets(self) -> dict[str, str]:

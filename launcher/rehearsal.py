@@ -1,21 +1,26 @@
-"""Rungs 1 and 2 (rehearsal, smoke): train, push, then resume on a NEW empty disk.
+"""Rungs 1 and 2 (rehearsal, smoke): train, push, resume on a NEW empty disk — twice.
 
-Leg 0 trains to half the rung's steps and pushes a verified checkpoint; leg 1
-starts on a fresh instance and must resume solely from the store, at exactly
-the step leg 0 pushed, with the LR the schedule gives that step and the data
-position right after the last batch leg 0 consumed. Smoke adds: the legs ran
-on the accelerator.
+Three legs, each on a fresh instance: leg 0 trains a third of the rung's steps
+and pushes; legs 1 and 2 must each resume solely from the store (two
+sequential resumes, proof 8), at exactly the step the previous leg pushed,
+with the LR the schedule gives that step (proof 3), the loss where the previous
+leg's trend says (proof 4), and the data position right after the last batch
+consumed — never backwards, nothing read twice, nothing skipped (proof 2).
+Smoke adds: the legs ran on the accelerator.
 """
 
 from __future__ import annotations
 
 from launcher.evidence import Check, LegEvents
 from launcher.legs import LegOutcome, RunContext, run_leg
+from runtime.metrics import loss_continuity
+
+LEGS = 3
 
 
-def leg_plan(steps: int) -> list[int]:
-    """LAUNCHER_MAX_STEPS for each leg: half the rung, then all of it."""
-    return [steps // 2, steps]
+def leg_plan(steps: int, legs: int = LEGS) -> list[int]:
+    """LAUNCHER_MAX_STEPS for each leg: equal shares, the last reaching `steps`."""
+    return [steps * (i + 1) // legs for i in range(legs)]
 
 
 def check_leg_exit(out: LegOutcome) -> Check:
@@ -30,80 +35,119 @@ def check_leg_exit(out: LegOutcome) -> Check:
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
 
 
-def check_pushed(leg0: LegEvents) -> tuple[Check, int | None]:
-    verified = [(n, e) for n, e in leg0.all("verify") if e.get("ok")]
+def check_pushed(ev: LegEvents) -> tuple[Check, int | None]:
+    """The newest checkpoint this leg pushed AND verified: the only one a resume may use."""
+    name = f"leg {ev.leg} pushed a verified checkpoint"
+    verified = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
     if not verified:
-        return Check("leg 0 pushed a verified checkpoint", False, "no `verify` event with ok=true in leg 0"), None
+        return Check(name, False, f"no `verify` event with ok=true in leg {ev.leg}"), None
     item = verified[-1]
     e = item[1]
     detail = f"{e['name']} verified: {e['windows']} windows, {e['bytes_read']} bytes read in {e['seconds']} s"
-    return Check("leg 0 pushed a verified checkpoint", True, detail, leg0.pointer(item)), int(e["step"])
+    return Check(name, True, detail, ev.pointer(item)), int(e["step"])
 
 
-def check_resumed(leg1: LegEvents, pushed_step: int | None) -> Check:
-    resume = leg1.first("resume")
+def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
+    resume = ev.first("resume")
+    name = f"leg {ev.leg} resumed from the store"
     if resume is None:
-        return Check("leg 1 resumed from the store", False, "leg 1 printed no `resume` event: it started from scratch")
+        return Check(name, False, f"leg {ev.leg} printed no `resume` event: it started from scratch")
     e = resume[1]
     ok = pushed_step is not None and e["from_step"] == pushed_step
-    return Check("leg 1 resumed from the store", ok,
-                 f"resumed from {e['checkpoint']} at step {e['from_step']}; leg 0 pushed step {pushed_step}",
-                 leg1.pointer(resume))
+    ranks = {r["from_step"] for _, r in ev.all("resume", rank=None)}
+    if len(ranks) > 1:
+        ok = False
+    return Check(name, ok, f"resumed from {e['checkpoint']} at step {e['from_step']}; leg {ev.leg - 1} pushed "
+                 f"step {pushed_step}" + (f"; ranks disagree: {sorted(ranks)}" if len(ranks) > 1 else ""),
+                 ev.pointer(resume))
 
 
-def check_lr(leg1: LegEvents) -> Check:
-    resume = leg1.first("resume")
+def check_lr(ev: LegEvents) -> Check:
+    resume = ev.first("resume")
+    name = f"leg {ev.leg}: LR restored"
     if resume is None or "lr_expected" not in resume[1]:
-        return Check("LR restored", False, "no `resume` event with lr and lr_expected")
+        return Check(name, False, "no `resume` event with lr and lr_expected")
     e = resume[1]
-    return Check("LR restored", e["lr"] == e["lr_expected"],
+    return Check(name, e["lr"] == e["lr_expected"],
                  f"first resumed LR {e['lr']!r}, schedule says {e['lr_expected']!r} at step {e['from_step']}",
-                 leg1.pointer(resume))
+                 ev.pointer(resume))
 
 
-def check_position(leg0: LegEvents, leg1: LegEvents, pushed_step: int | None) -> Check:
-    """The first batch leg 1 reads starts right after the last one leg 0 consumed
+def check_position(before: LegEvents, after: LegEvents, pushed_step: int | None) -> Check:
+    """The first batch the resumed leg reads starts right after the last one consumed
     up to the pushed step: never backwards, nothing skipped."""
-    steps0 = {e["step"]: (n, e) for n, e in leg0.all("step")}
-    first1 = leg1.first("step")
-    resume = leg1.first("resume")
+    name = f"leg {after.leg}: data position continues"
+    steps0 = {e["step"]: (n, e) for n, e in before.all("step")}
+    first1, resume = after.first("step"), after.first("resume")
     if pushed_step is None or pushed_step not in steps0 or first1 is None or resume is None:
-        return Check("data position continues", False, "missing step events around the resume")
+        return Check(name, False, "missing step events around the resume")
     last0 = steps0[pushed_step][1]
     prev = steps0.get(pushed_step - 1)
-    # The per-step stride in samples, from leg 0's own last two steps.
-    batch = last0["sample_index"] - prev[1]["sample_index"] if prev else None
-    expected = last0["sample_index"] + batch if batch else None
+    stride = last0["sample_index"] - prev[1]["sample_index"] if prev else None  # samples per step
+    expected = last0["sample_index"] + stride if stride else None
     got = first1[1]["sample_index"]
-    ok = batch is not None and batch > 0 and got == expected == resume[1]["sample_index"]
-    return Check("data position continues", ok,
-                 f"leg 0 step {pushed_step} read samples from {last0['sample_index']} (batch {batch}); "
-                 f"leg 1 resumed at sample {resume[1]['sample_index']} and read from {got} (expected {expected})",
-                 leg0.pointer(steps0[pushed_step]) + leg1.pointer(first1))
+    ok = stride is not None and stride > 0 and got == expected == resume[1]["sample_index"]
+    return Check(name, ok,
+                 f"leg {before.leg} step {pushed_step} read from sample {last0['sample_index']} (stride {stride}); "
+                 f"leg {after.leg} resumed at sample {resume[1]['sample_index']} and read from {got} "
+                 f"(expected {expected}); batch {resume[1]['batch_hash'][:12]}",
+                 before.pointer(steps0[pushed_step]) + after.pointer(first1))
+
+
+def check_continuity(before: LegEvents, after: LegEvents) -> Check:
+    name = f"leg {after.leg}: loss continuity"
+    pre = [e["loss"] for _, e in before.all("step")]
+    post = [e["loss"] for _, e in after.all("step")]
+    result = loss_continuity(pre, post)
+    if result is None:
+        return Check(name, False, "too few steps on one side of the restart to measure")
+    return Check(name, result.ok,
+                 f"loss {pre[-1]:.5f} -> {post[0]:.5f} across the restart ({result.delta:+.5f}); band "
+                 f"+-{result.band:.5f} (1.5 x the largest step-to-step jump of the last {result.window} steps)",
+                 after.pointer(after.first("step")))
+
+
+def check_no_reread(outs: list[LegOutcome]) -> Check:
+    """Across every leg, in order: each step reads the samples right after the previous step's."""
+    seq = [(o.events.leg, e["step"], e["sample_index"]) for o in outs for _, e in o.events.all("step")]
+    name = f"no sample read twice or skipped ({len(outs)} legs, {len(seq)} steps)"
+    if len(seq) < 2:
+        return Check(name, False, "fewer than two step events")
+    stride = seq[1][2] - seq[0][2]
+    bad = [(a, b) for a, b in zip(seq, seq[1:]) if b[2] - a[2] != stride or b[1] != a[1] + 1]
+    if bad or stride <= 0:
+        a, b = bad[0] if bad else (seq[0], seq[1])
+        return Check(name, False, f"leg {a[0]} step {a[1]} read sample {a[2]}, then leg {b[0]} step {b[1]} read "
+                     f"sample {b[2]} (stride {stride})")
+    return Check(name, True, f"samples {seq[0][2]}..{seq[-1][2] + stride - 1} read once each, in order, "
+                 f"stride {stride}, legs {[o.events.leg for o in outs]}")
 
 
 def check_device(out: LegOutcome) -> Check:
     start = out.events.first("start")
     device = start[1].get("device") if start else None
-    return Check(f"leg {out.events.leg} ran on the accelerator", device == "cuda",
+    return Check(f"leg {out.events.leg} ran on the accelerator", str(device).startswith("cuda"),
                  f"device {device!r}", out.events.pointer(start))
 
 
-def run_two_legs(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
-    """Leg 0 trains and pushes; leg 1 resumes on a fresh disk. Returns the checks."""
+def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEGS) -> list[Check]:
+    """Leg 0 trains and pushes; every later leg resumes on a fresh disk. Returns the checks."""
     checks: list[Check] = []
-    plan = leg_plan(steps)
-    leg0 = run_leg(ctx, 0, plan[0])
-    checks.append(check_leg_exit(leg0))
-    pushed, pushed_step = check_pushed(leg0.events)
-    checks.append(pushed)
-    if need_gpu:
-        checks.append(check_device(leg0))
-    if not (checks[0].ok and pushed.ok):
-        return checks  # nothing to resume from: leg 1 would only repeat the failure
-    leg1 = run_leg(ctx, 1, plan[1])
-    checks += [check_leg_exit(leg1), check_resumed(leg1.events, pushed_step), check_lr(leg1.events),
-               check_position(leg0.events, leg1.events, pushed_step)]
-    if need_gpu:
-        checks.append(check_device(leg1))
+    outs: list[LegOutcome] = []
+    pushed_step: int | None = None
+    for leg, max_steps in enumerate(leg_plan(steps, legs)):
+        out = run_leg(ctx, leg, max_steps)
+        outs.append(out)
+        checks.append(check_leg_exit(out))
+        if need_gpu:
+            checks.append(check_device(out))
+        if leg > 0:
+            before = outs[-2].events
+            checks += [check_resumed(out.events, pushed_step), check_lr(out.events),
+                       check_position(before, out.events, pushed_step), check_continuity(before, out.events)]
+        pushed, pushed_step = check_pushed(out.events)
+        checks.append(pushed)
+        if not (checks[-1].ok and out.result.exit_code == 0):
+            return checks  # nothing sound to resume from: the next leg would only repeat the failure
+    checks.append(check_no_reread(outs))
     return checks

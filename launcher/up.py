@@ -102,9 +102,9 @@ def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashCompar
         from launcher.static import run_static
 
         return run_static(ctx, cmp)
-    from launcher.rehearsal import run_two_legs
+    from launcher.rehearsal import run_resume_legs
 
-    return run_two_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
+    return run_resume_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
 
 
 class _HostBackend:

@@ -35,12 +35,18 @@ def _affine(n: int, seed: int, epoch: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class DataOrder:
-    """Which token window each global sample index reads."""
+    """Which token window each global sample index reads.
+
+    A step consumes `batch * world_size` consecutive global sample indices;
+    rank r reads the r-th slice of `batch` of them. The saved cursor records
+    the world size it assumed, and a resume under another one is refused
+    rather than silently re-slicing (and re-reading or skipping) data."""
 
     n_tokens: int
     block: int
     batch: int
     seed: int
+    world_size: int = 1
 
     @property
     def n_samples(self) -> int:
@@ -51,21 +57,32 @@ class DataOrder:
         a, b = _affine(n, self.seed, g // n)
         return (a * (g % n) + b) % n
 
-    def batch_at(self, tokens: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(x, y, first sample index) of the batch a run reads at `step`."""
-        first = step * self.batch
+    @property
+    def global_batch(self) -> int:
+        return self.batch * self.world_size
+
+    def first_sample(self, step: int, rank: int = 0) -> int:
+        return step * self.global_batch + rank * self.batch
+
+    def batch_at(self, tokens: np.ndarray, step: int, rank: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+        """(x, y, first sample index) of rank `rank`'s slice of the batch at `step`: O(batch), any step."""
+        first = self.first_sample(step, rank)
         rows = [self.sample_window(g) * self.block for g in range(first, first + self.batch)]
         x = np.stack([tokens[r:r + self.block] for r in rows]).astype(np.int64)
         y = np.stack([tokens[r + 1:r + 1 + self.block] for r in rows]).astype(np.int64)
         return x, y, first
 
     def batch_hash(self, tokens: np.ndarray, step: int) -> str:
-        x, _, _ = self.batch_at(tokens, step)
-        return hashlib.sha256(x.astype("<i8").tobytes()).hexdigest()
+        """sha256 of the token ids of the whole global batch at `step` (every rank computes the same)."""
+        digest = hashlib.sha256()
+        for rank in range(self.world_size):
+            x, _, _ = self.batch_at(tokens, step, rank)
+            digest.update(x.astype("<i8").tobytes())
+        return digest.hexdigest()
 
     def cursor(self, tokens: np.ndarray, next_step: int) -> dict[str, Any]:
         """The cursor a checkpoint taken after `next_step` steps records."""
-        g = next_step * self.batch
+        g = next_step * self.global_batch
         return {"version": CURSOR_VERSION, **asdict(self), "next_step": next_step, "sample_index": g,
                 "epoch": g // self.n_samples, "tokens_consumed": g * self.block,
                 "next_batch_sha256": self.batch_hash(tokens, next_step)}

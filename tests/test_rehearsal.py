@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,17 +18,23 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
     assert res.code == 0, res.out + res.err
     checks = {c["name"]: c for c in res.json()["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
-    assert "resumed from step-00000010 at step 10; leg 0 pushed step 10" in checks["leg 1 resumed from the store"]["detail"]
-    assert "leg 1 resumed at sample 80 and read from 80" in checks["data position continues"]["detail"]
+    # Three legs, two sequential resumes, each at the step the previous leg pushed.
+    assert "resumed from step-00000006 at step 6; leg 0 pushed step 6" in checks["leg 1 resumed from the store"]["detail"]
+    assert "resumed from step-00000013 at step 13; leg 1 pushed step 13" in checks["leg 2 resumed from the store"]["detail"]
+    assert "leg 1 resumed at sample 48 and read from 48" in checks["leg 1: data position continues"]["detail"]
+    assert "leg 2 resumed at sample 104 and read from 104" in checks["leg 2: data position continues"]["detail"]
+    assert "samples 0..159 read once each" in checks["no sample read twice or skipped (3 legs, 20 steps)"]["detail"]
+    assert checks["leg 2: loss continuity"]["ok"]
 
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "rehearsal" and run["verdict"] == "pass" and run["exit_code"] == 0
-    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0]
+    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0, 0]
     assert run["legs"][0]["command"][1:] == ["train.py", "--ckpt-every", "5"]
-    assert run["legs"][0]["env"]["LAUNCHER_MAX_STEPS"] == "10" and run["legs"][1]["env"]["LAUNCHER_MAX_STEPS"] == "20"
+    assert [leg["env"]["LAUNCHER_MAX_STEPS"] for leg in run["legs"]] == ["6", "13", "20"]
+    assert json.loads(run["legs"][0]["env"]["LAUNCHER_FILES_SHA256"]) == run["files"]
     assert set(run["files"]) == {"train.py"} and len(run["files"]["train.py"]) == 64
     assert run["billed_gpu_hours"] == 0.0  # CPU legs bill no GPU time
-    assert run["legs"][0]["instance"] != run["legs"][1]["instance"]
+    assert len({leg["instance"] for leg in run["legs"]}) == 3  # a fresh disk per leg
 
     # The secret reached the legs' environment but was written down nowhere.
     state = project / ".launcher"

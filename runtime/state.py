@@ -1,0 +1,47 @@
+"""What a checkpoint holds besides the model: RNG streams, and the stale-code guard.
+
+RNG state is per rank (each rank's CUDA generator, and python/numpy/torch CPU
+streams, can differ): a checkpoint stores the list of every rank's state and a
+resume restores each rank's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def stale_files(expected_json: str | None, root: Path) -> list[str]:
+    """Files whose bytes differ from the reviewed sha256 the launcher passed
+    (LAUNCHER_FILES_SHA256, JSON {path: sha256}); [] when none was passed."""
+    if not expected_json:
+        return []
+    stale = []
+    for rel, sha in sorted(json.loads(expected_json).items()):
+        path = root / rel
+        if not path.is_file():
+            stale.append(f"{rel} (missing)")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            stale.append(rel)
+    return stale
