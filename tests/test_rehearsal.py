@@ -85,3 +85,18 @@ def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server
     assert res.code == 1
     leg0 = next(c for c in res.json()["checks"] if c["name"] == "leg 0 finished")
     assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
+
+
+def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"]["command"] = "torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5"
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project)
+    assert res.code == 0, res.out + res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
+    assert "stride 16" in checks["no sample read twice or skipped (3 legs, 20 steps)"]["detail"]  # 2 ranks x 8
+    logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
+    ranks = {json.loads(line[line.find('{"event": '):])["rank"] for line in logs[-1].read_text().splitlines()
+             if '"event": "resume"' in line}
+    assert ranks == {0, 1}

@@ -1,0 +1,83 @@
+"""Two CPU processes with gloo under torchrun: resume on both ranks at the same cursor,
+memory MAX across ranks, rank-tagged diagnostics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def torchrun(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[dict]]:
+    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
+    full.pop("WORLD_SIZE", None)
+    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300)
+    events = []
+    for line in proc.stdout.splitlines():
+        start = line.find('{"event": ')
+        if start >= 0:
+            events.append(json.loads(line[start:]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.returncode, events
+
+
+def leg(tmp_path: Path, name: str, max_steps: int) -> tuple[int, list[dict]]:
+    work = tmp_path / name
+    work.mkdir()
+    env = {"LAUNCHER_RUN_ID": "ddp", "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
+           "LAUNCHER_MAX_STEPS": str(max_steps)}
+    return torchrun(["-m", "runtime.trainer", "--ckpt-every", "3", "--data-tokens", "20000",
+                     "--metrics-every", "3"], work, env)
+
+
+def test_two_ranks_resume_at_the_same_cursor(tmp_path: Path) -> None:
+    code0, first = leg(tmp_path, "leg0", 6)
+    assert code0 == 0, first[-3:]
+    code1, second = leg(tmp_path, "leg1", 9)
+    assert code1 == 0, second[-3:]
+    resumes = {e["rank"]: e for e in second if e["event"] == "resume"}
+    assert set(resumes) == {0, 1}  # every rank says where it resumed, in its own line
+    keys = ("from_step", "checkpoint", "sample_index", "batch_hash", "lr")
+    assert {k: resumes[0][k] for k in keys} == {k: resumes[1][k] for k in keys}
+    assert resumes[0]["from_step"] == 6 and resumes[0]["sample_index"] == 6 * 16  # 2 ranks x batch 8
+    assert resumes[1]["rank_sample_index"] - resumes[0]["rank_sample_index"] == 8
+    # Each rank read its own slice; together they read every sample once.
+    read = sorted(e["sample_index"] + k for e in first + second if e["event"] == "step" for k in range(8))
+    assert read == list(range(9 * 16))
+    # Only rank 0 pushes; both ranks finish with the same verdict.
+    assert {e["rank"] for e in first + second if e["event"] == "push"} == {0}
+    assert [e["final_checkpoint_verified"] for e in second if e["event"] == "done"] == [True, True]
+    memory = [e for e in second if e["event"] == "memory"]
+    assert {e["rank"] for e in memory} == {0, 1}
+    for step in {e["step"] for e in memory}:
+        at = [e for e in memory if e["step"] == step]
+        assert len({e["peak_max"] for e in at}) == 1 and at[0]["peak_max"] == max(e["peak"] for e in at)
+
+
+BALLAST = r"""
+import json, sys, torch
+from runtime.dist import init_world
+from runtime.trainer import device_memory
+world = init_world("cpu")
+ballast = torch.ones(80_000_000, dtype=torch.float32) if world.rank == 1 else None  # ~320 MB on rank 1
+_, _, peak = device_memory("cpu")
+line = json.dumps({"event": "mem", "rank": world.rank, "peak": peak, "max": world.max(peak)})
+sys.stdout.write(line + "\n")  # one write per line: two ranks share this pipe
+sys.stdout.flush()
+world.close()
+"""
+
+
+def test_memory_max_reflects_the_larger_rank(tmp_path: Path) -> None:
+    (tmp_path / "ballast.py").write_text(BALLAST)
+    code, events = torchrun(["ballast.py"], tmp_path, {})
+    assert code == 0
+    by_rank = {e["rank"]: e for e in events}
+    assert by_rank[1]["peak"] > by_rank[0]["peak"] + 250_000_000
+    assert by_rank[0]["max"] == by_rank[1]["max"] == by_rank[1]["peak"]  # rank 0 reports rank 1's peak
