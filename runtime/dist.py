@@ -46,7 +46,9 @@ class World:
         if not self.distributed:
             return
         try:
-            tdist.monitored_barrier(group=self.ctrl, timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+            # An async barrier waited on with a timeout bounds every rank's wait;
+            # monitored_barrier bounds only rank 0's.
+            tdist.barrier(group=self.ctrl, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
         except RuntimeError as err:
             raise RankTimeout(f"rank {self.rank} waited {timeout_s:.0f} s for {what}: {err}") from err
 

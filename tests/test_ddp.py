@@ -81,3 +81,29 @@ def test_memory_max_reflects_the_larger_rank(tmp_path: Path) -> None:
     by_rank = {e["rank"]: e for e in events}
     assert by_rank[1]["peak"] > by_rank[0]["peak"] + 250_000_000
     assert by_rank[0]["max"] == by_rank[1]["max"] == by_rank[1]["peak"]  # rank 0 reports rank 1's peak
+
+
+WAITER = r"""
+import json, sys, time
+from runtime.dist import RankTimeout, init_world
+world = init_world("cpu")
+if world.rank == 0:
+    time.sleep(6)  # rank 0 is busy (pushing, say) past rank 1's patience
+try:
+    world.barrier("rank 0 finishing its pushes", timeout_s=2)
+    outcome = "passed"
+except RankTimeout as err:
+    outcome = str(err)
+sys.stdout.write(json.dumps({"event": "barrier", "rank": world.rank, "outcome": outcome}) + "\n")
+sys.stdout.flush()
+"""
+
+
+def test_a_barrier_timeout_names_what_was_waited_for(tmp_path: Path) -> None:
+    (tmp_path / "waiter.py").write_text(WAITER)
+    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "waiter.py"], cwd=tmp_path,
+                          env=full, capture_output=True, text=True, timeout=120)
+    lines = [json.loads(ln[ln.find('{"event": '):]) for ln in proc.stdout.splitlines() if '{"event": ' in ln]
+    rank1 = next(e for e in lines if e["rank"] == 1)
+    assert rank1["outcome"].startswith("rank 1 waited 2 s for rank 0 finishing its pushes"), rank1

@@ -74,3 +74,22 @@ def test_memory_and_rate_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     rate = [e for e in events if e["event"] == "rate"][-1]
     assert rate["step"] == 30 and rate["window_first"] == 21 and rate["tok_s"] > 0
     assert rate["eta_s"] == pytest.approx((1000 - 30) * 8 * 64 / rate["tok_s"], rel=0.01)
+
+
+def test_a_tampered_cursor_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    import torch
+
+    run_leg(tmp_path / "a", tmp_path / "store", 4, monkeypatch, capsys)
+    folder = tmp_path / "store" / "runs" / "t1" / "step-00000004"
+    state = torch.load(folder / "state.pt", weights_only=False)
+    state["cursor"]["next_batch_sha256"] = "0" * 64  # a cursor that points at other data
+    torch.save(state, folder / "state.pt")
+    manifest = json.loads((folder / "manifest.json").read_text())  # consistent bytes: only the cursor lies
+    for entry in manifest["files"]:
+        data = (folder / entry["path"]).read_bytes()
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    code, events = run_leg(tmp_path / "b", tmp_path / "store", 8, monkeypatch, capsys)
+    assert code == trainer.EXIT_REFUSED
+    assert events[-1]["reason"] == "cursor_mismatch" and "checkpoint recorded 000000000000" in events[-1]["error"]
+    assert not [e for e in events if e["event"] == "step"]  # refused before training on the wrong data
