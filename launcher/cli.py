@@ -128,6 +128,69 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
         print_ledger(console, runs)
 
 
+image_app = typer.Typer(help="Build and push the leg image (docker and sky backends).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(base: Optional[str] = typer.Option(None, "--base", help="Base image (default: digest-pinned)."),
+                gpu: bool = typer.Option(False, "--gpu", help="CUDA torch base + docker/gpu.lock."),
+                config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Build the image from the reviewed files; record its id and baked hashes in the ledger."""
+    from launcher import image
+    from launcher.ledger import Ledger
+    from launcher.render import console, err_console, print_json
+
+    cfg = _load(config)
+    say = (err_console if json_out else console).print
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        built = image.build(cfg, ledger, base or cfg.image.base, gpu, say)
+    finally:
+        ledger.close()
+    if json_out:
+        print_json({"tag": built.tag, "image_id": built.image_id, "seconds": round(built.seconds, 1)})
+    else:
+        console.print(f"built {built.tag} = {built.image_id} in {built.seconds:.0f} s")
+
+
+@image_app.command("push")
+def image_push(repository: Optional[str] = typer.Option(None, "--repository", help="Overrides image.repository."),
+               config: Path = CONFIG) -> None:
+    """Tag and push the image built from the reviewed files; record repo@sha256 for the sky backend."""
+    from launcher import image
+    from launcher.ledger import Ledger
+    from launcher.render import console
+
+    cfg = _load(config)
+    repo = repository or cfg.image.repository
+    if repo is None:
+        raise BadInput("no registry repository to push to", hint="set image.repository in launcher.yaml or pass --repository")
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        ref = image.push(cfg, ledger, repo, console.print)
+    finally:
+        ledger.close()
+    console.print(f"pushed {ref}")
+
+
+@image_app.command("list")
+def image_list(config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Images built for this project, newest first."""
+    from launcher.ledger import Ledger
+    from launcher.render import console, print_images, print_json
+
+    cfg = _load(config)
+    db = Ledger.open_existing(cfg.state_path / "ledger.db")
+    rows = [] if db is None else db.images()
+    if db is not None:
+        db.close()
+    if json_out:
+        print_json(rows)
+    else:
+        print_images(console, rows)
+
+
 def _print_error(message: str, hint: str | None = None) -> None:
     sys.stderr.write(f"error: {message}\n")
     if hint:

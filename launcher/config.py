@@ -130,6 +130,22 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True)
+class ImageConfig:
+    """The leg image (`launcher image build|push`)."""
+
+    base: str | None = None
+    """Base image for `image build` (default: the digest-pinned Debian Python base,
+    or the CUDA torch base with --gpu)."""
+
+    repository: str | None = None
+    """Registry repository `image push` pushes to, e.g. ghcr.io/you/trainer."""
+
+    def __post_init__(self) -> None:
+        if self.repository is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._/:-]*[a-z0-9]", self.repository):
+            raise ConfigError("image.repository", f"not a repository name: {self.repository!r}")
+
+
+@dataclass(frozen=True)
 class Config:
     """A project's launcher.yaml."""
 
@@ -159,6 +175,9 @@ class Config:
 
     prices: dict[str, float] = field(default_factory=dict)
     """USD per GPU-hour by accelerator name, used when no catalog price is known."""
+
+    image: ImageConfig = field(default_factory=ImageConfig)
+    """The leg image for the docker and sky backends."""
 
     leg_env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every leg, e.g. HF_HUB_DISABLE_XET: "1". Not for

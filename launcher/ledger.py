@@ -18,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Forward migrations, applied in order to ledgers written by older versions.
+MIGRATIONS = {
+    2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
+}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS reviews (
@@ -45,7 +49,21 @@ CREATE TABLE IF NOT EXISTS runs (
     verdict     TEXT,                      -- pass | fail | error (NULL while running)
     billed_gpu_hours REAL,
     cost_usd    REAL,
-    cost_source TEXT                       -- config prices | catalog | none
+    cost_source TEXT,                      -- config prices | catalog | none
+    image       TEXT                       -- image id (sha256:...) the legs ran, docker/sky backends
+);
+CREATE TABLE IF NOT EXISTS images (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    tag         TEXT NOT NULL,
+    image_id    TEXT NOT NULL,             -- sha256:... as the engine names it
+    base        TEXT NOT NULL,
+    lock        TEXT NOT NULL,
+    files_digest TEXT NOT NULL,
+    files       TEXT NOT NULL,             -- JSON {path: sha256}: what is baked into /app
+    runtime_digest TEXT NOT NULL,
+    built_at    REAL NOT NULL,
+    seconds     REAL NOT NULL,
+    pushed_ref  TEXT                       -- repo@sha256:... once pushed
 );
 CREATE TABLE IF NOT EXISTS run_files (
     run_id      TEXT NOT NULL REFERENCES runs(id),
@@ -107,6 +125,11 @@ class Ledger:
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"ledger {path} has schema v{version}; this launcher reads v{SCHEMA_VERSION}")
         with self.transaction():
+            fresh = self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name='runs'").fetchone()[0] == 0
+            if not fresh:
+                for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+                    for stmt in MIGRATIONS[target]:
+                        self._db.execute(stmt)
             for stmt in filter(str.strip, SCHEMA.split(";")):
                 self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -210,6 +233,27 @@ class Ledger:
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)
         return out
+
+    # --- images --------------------------------------------------------------
+
+    def record_image(self, image: dict[str, Any]) -> int:
+        row = dict(image, files=json.dumps(image["files"], sort_keys=True))
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self.transaction() as db:
+            return int(db.execute(f"INSERT INTO images ({cols}) VALUES ({marks})", tuple(row.values())).lastrowid)
+
+    def set_pushed(self, image_row: int, ref: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE images SET pushed_ref=? WHERE id=?", (ref, image_row))
+
+    def images(self, files_digest: str | None = None) -> list[dict[str, Any]]:
+        """Built images, newest first (only those baked from `files_digest` if given)."""
+        sql, args = "SELECT * FROM images", ()
+        if files_digest is not None:
+            sql, args = sql + " WHERE files_digest=?", (files_digest,)
+        rows = self._db.execute(sql + " ORDER BY id DESC", args).fetchall()
+        return [dict(r, files=json.loads(r["files"])) for r in rows]
 
     def integrity_ok(self) -> bool:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

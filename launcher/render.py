@@ -125,3 +125,16 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def print_images(out: Console, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        out.print("no images built yet (`launcher image build`)")
+        return
+    table = Table(title="images, newest first", title_justify="left")
+    for col in ("tag", "image id", "built (UTC)", "build s", "files", "base", "pushed"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["tag"], r["image_id"][:19], _when(r["built_at"]), f"{r['seconds']:.0f}",
+                      f"{len(r['files'])} ({r['files_digest'][:12]})", r["base"], r["pushed_ref"] or "-")
+    out.print(table)

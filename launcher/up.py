@@ -62,18 +62,32 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
        show: Callable[[int, str], None]) -> Outcome:
     """Run one rung of the ladder and record it."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text)
-    backend = get_backend(backend_name) if rung.legs else None
+    if rung.legs and backend_name == "docker":
+        from launcher.image import docker_cli
+
+        docker_cli()  # bad input (exit 2) before anything is recorded
     uri = store_uri(cfg)
     paths = reviewed_paths(cfg, strict=False)
 
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
+        image = None
+        backend = None
+        if rung.legs:
+            if backend_name == "docker":
+                from launcher.image import image_for_launch
+
+                image = image_for_launch(cfg, ledger, cmp.current)  # exit 3 unless built from these files
+                backend = get_backend("docker", image=image)
+            else:
+                backend = get_backend(backend_name)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend or _HostBackend(), ledger, new_run_id(cfg.project, rung.name), uri,
                          files, gpus, show)
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
-        ledger.begin_run(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), cmp.current)
+        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
+                         cmp.current)
         began = time.time()
         checks: list[Check] = []
         verdict, exit_code = "error", 1

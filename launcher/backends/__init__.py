@@ -18,6 +18,10 @@ def get_backend(name: str, **options: object) -> Backend:
         from launcher.backends.local import LocalBackend
 
         return LocalBackend(**options)  # type: ignore[arg-type]
+    if name == "docker":
+        from launcher.backends.docker import DockerBackend
+
+        return DockerBackend(**options)  # type: ignore[arg-type]
     if name in BACKENDS:
         raise BadInput(f"backend {name!r} is not available in this version (use --backend local)")
     raise BadInput(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")

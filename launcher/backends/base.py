@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import IO, Callable, Iterable, Mapping, Protocol
 
 from launcher.config import GpuSpec
 
@@ -83,3 +83,13 @@ class Backend(Protocol):
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Kill the leg and destroy its disk, as a lost instance would."""
+
+
+def pump_lines(lines: Iterable[str], log: IO[str], on_line: LineSink | None) -> None:
+    """Copy a leg's output to its host-side log (flushed per line: a killed leg
+    keeps every line it printed) and to the live view."""
+    for line in lines:
+        log.write(line)
+        log.flush()
+        if on_line:
+            on_line(line)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink
+from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.manifest import stage_files
 
 PYTHON_NAMES = ("python", "python3")
@@ -95,18 +95,9 @@ class LocalBackend:
                 on_line(line)
             handle.early_exit = 127
             return handle
-        handle.pump = threading.Thread(target=self._pump, args=(handle, on_line), daemon=True)
+        handle.pump = threading.Thread(target=pump_lines, args=(handle.proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
         return handle
-
-    @staticmethod
-    def _pump(handle: _LocalHandle, on_line: LineSink | None) -> None:
-        assert handle.proc is not None and handle.proc.stdout is not None and handle.log is not None
-        for line in handle.proc.stdout:
-            handle.log.write(line)
-            handle.log.flush()
-            if on_line:
-                on_line(line)
 
     def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
         if handle.pump is not None:

@@ -1,0 +1,111 @@
+"""Docker backend: every leg is a NEW container from the pinned image.
+
+No container is reused and no volume holds the instance's disk: the trainer's
+writes land in the container's own layer, gone when it is removed. The store is
+reached the way a cloud instance would reach it: a `file://` store's directory
+is bind-mounted at the same path (standing in for a network filesystem or
+bucket), a `hf://` store over the network. Secrets are passed as `-e NAME` with
+the value only in the docker CLI's environment, so no argv, log or ledger row
+holds it. `kill` = `docker kill` + `docker rm`: a lost instance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+from urllib.parse import unquote, urlparse
+
+from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.image import docker, docker_cli
+
+
+def container_name(spec: LegSpec) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"preflight-{spec.run_id}-leg{spec.leg}")[:120]
+
+
+def store_mounts(env: dict[str, str]) -> list[str]:
+    """A file:// store is mounted at its own path, so LAUNCHER_STORE means the same inside."""
+    uri = env.get("LAUNCHER_STORE", "")
+    if not uri.startswith("file://"):
+        return []
+    path = Path(unquote(urlparse(uri).path))
+    path.mkdir(parents=True, exist_ok=True)
+    return ["-v", f"{path}:{path}"]
+
+
+def run_argv(spec: LegSpec, image: str, network: str) -> list[str]:
+    """The `docker run` argv for a leg (secret names only, never their values)."""
+    argv = [docker_cli(), "run", "--name", container_name(spec), "--network", network, "--init"]
+    if spec.gpus is not None:
+        argv += ["--gpus", "all"]
+    for key, value in spec.env.items():
+        argv += ["-e", f"{key}={value}"]
+    for key in spec.secrets:
+        argv += ["-e", key]
+    return argv + store_mounts(dict(spec.env)) + [image, *spec.command]
+
+
+@dataclass
+class _DockerHandle(LegHandle):
+    proc: subprocess.Popen[str] | None = None
+    pump: threading.Thread | None = None
+    log: IO[str] | None = None
+
+
+class DockerBackend:
+    """Legs as fresh containers of one image on the local engine."""
+
+    name = "docker"
+
+    def __init__(self, image: str, network: str = "host") -> None:
+        self.image = image
+        self.network = network
+
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+        name = container_name(spec)
+        docker("rm", "-f", name, check=False)  # a leftover of a crashed launcher must not be reused
+        argv = run_argv(spec, self.image, self.network)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = spec.log_path.open("w", encoding="utf-8")
+        env = {**os.environ, **spec.secrets}
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+                                start_new_session=True)
+        handle = _DockerHandle(spec, name, time.time(), tuple(argv), proc=proc, log=log)
+        handle.pump = threading.Thread(target=pump_lines, args=(proc.stdout, log, on_line), daemon=True)
+        handle.pump.start()
+        return handle
+
+    def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
+        if handle.pump is not None:
+            handle.pump.join(timeout=30)
+        if handle.log is not None and not handle.log.closed:
+            handle.log.close()
+        docker("rm", "-f", handle.instance, check=False)  # the instance and its disk are gone
+        return LegResult(rc, handle.started_at, time.time(), killed, reason)
+
+    def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
+        assert isinstance(handle, _DockerHandle) and handle.proc is not None
+        try:
+            rc = handle.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._finish(handle, rc, False, "exited")
+
+    def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
+        assert isinstance(handle, _DockerHandle) and handle.proc is not None
+        docker("kill", handle.instance, check=False)
+        try:
+            handle.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            handle.proc.kill()
+            handle.proc.wait()
+        # `docker run` returns 137 for a SIGKILLed container; the ledger says -9 like a local kill.
+        return self._finish(handle, -9, True, reason)
+

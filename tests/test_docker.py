@@ -1,0 +1,135 @@
+"""The pinned image and the docker backend, built and run for real.
+
+`make test` installs and starts the engine (scripts/docker-engine.sh) and builds
+a local base image with debootstrap (scripts/make-base-image.sh), since no
+registry can be reached here. If the engine cannot be had, these tests FAIL,
+loudly; PREFLIGHT_SKIP_DOCKER=1 skips them on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends.base import LegSpec
+from launcher.backends.docker import DockerBackend
+from tests.conftest import assert_one_line_error, run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = "preflight-base:bookworm"
+
+
+def test_default_base_is_digest_pinned_and_hadolint_clean() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
+    assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", default), default
+    hadolint = Path(os.sys.executable).with_name("hadolint")
+    proc = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def engine() -> None:
+    if os.environ.get("PREFLIGHT_SKIP_DOCKER") == "1":
+        pytest.skip("PREFLIGHT_SKIP_DOCKER=1")
+    for script in ("docker-engine.sh", "make-base-image.sh"):
+        proc = subprocess.run(["bash", str(REPO / "scripts" / script)], capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            pytest.fail(f"{script} failed: {proc.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, engine: None) -> Path:
+    """A project with its image built from the local base."""
+    root = tmp_path_factory.mktemp("docker") / "proj"
+    assert run_cli(["init", str(root)], cwd=root.parent).code == 0
+    assert run_cli(["review"], cwd=root).code == 0
+    res = run_cli(["image", "build", "--base", BASE, "--json"], cwd=root, timeout=1800)
+    assert res.code == 0, res.err[-3000:]
+    return root
+
+
+def containers(prefix: str) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-a", "--filter", f"name={prefix}", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def test_image_is_labelled_with_the_reviewed_files(built: Path) -> None:
+    [row] = run_cli(["image", "list", "--json"], cwd=built).json()
+    review = run_cli(["review", "--json"], cwd=built).json()
+    assert row["files"] == review["files"] and row["image_id"].startswith("sha256:")
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", row["image_id"], "--format",
+                                        "{{json .Config.Labels}}"], capture_output=True, text=True).stdout)
+    assert json.loads(labels["org.preflight.files"]) == review["files"]
+    assert labels["org.preflight.base"] == BASE
+
+
+def test_rehearsal_in_fresh_containers(built: Path) -> None:
+    res = run_cli(["up", "rehearsal", "--backend", "docker", "--json"], cwd=built)
+    assert res.code == 0, res.out[-3000:] + res.err[-2000:]
+    assert all(c["ok"] for c in res.json()["checks"])
+    run = run_cli(["ledger", "--json"], cwd=built).json()[0]
+    image = run_cli(["image", "list", "--json"], cwd=built).json()[0]["image_id"]
+    assert run["backend"] == "docker" and run["image"] == image  # the ledger carries the image digest
+    assert len({leg["instance"] for leg in run["legs"]}) == 3  # a new container per leg
+    assert all(leg["command"][1] == "run" and image in leg["command"] for leg in run["legs"])
+    assert containers(f"preflight-{run['id']}") == []  # every instance is gone
+
+
+def test_cold_resume_across_a_killed_container(built: Path, tmp_path: Path) -> None:
+    image = run_cli(["image", "list", "--json"], cwd=built).json()[0]["image_id"]
+    store = tmp_path / "store"
+    backend = DockerBackend(image)
+
+    def spec(leg: int, max_steps: int) -> LegSpec:
+        env = {"LAUNCHER_RUN_ID": "cold", "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
+               "LAUNCHER_STORE": store.as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps),
+               "LAUNCHER_DEADLINE": str(int(time.time()) + 600)}
+        return LegSpec("cold", leg, "rehearsal", ("python", "train.py", "--ckpt-every", "5"), env,
+                       log_path=tmp_path / f"leg-{leg}.log")
+
+    verified: list[int] = []
+
+    def watch(line: str) -> None:
+        if '"event": "verify"' in line and '"ok": true' in line:
+            verified.append(json.loads(line)["step"])
+
+    handle = backend.launch(spec(0, 10_000), on_line=watch)
+    deadline = time.time() + 120
+    while not verified and time.time() < deadline:
+        time.sleep(0.1)
+    assert verified, (tmp_path / "leg-0.log").read_text()[-2000:]
+    killed = backend.kill(handle, reason="drill")
+    assert killed.killed and containers(handle.instance) == []  # the instance and its disk are gone
+
+    second = backend.launch(spec(1, 30))
+    result = backend.wait(second, timeout=300)
+    assert result is not None and result.exit_code == 0
+    events = [json.loads(ln) for ln in (tmp_path / "leg-1.log").read_text().splitlines() if ln.startswith("{")]
+    resume = next(e for e in events if e["event"] == "resume")
+    assert resume["from_step"] >= verified[0] and resume["from_step"] % 5 == 0
+    assert resume["lr"] == resume["lr_expected"]
+    assert second.instance != handle.instance and containers(second.instance) == []  # a new container, gone too
+
+
+def test_changed_file_after_build_is_refused(built: Path) -> None:
+    train = built / "train.py"
+    original = train.read_text()
+    try:
+        train.write_text(original + "\n# edited after the image was built\n")
+        res = run_cli(["up", "rehearsal", "--backend", "docker"], cwd=built)
+        assert_one_line_error(res, 3, "changed: train.py")
+        assert run_cli(["review"], cwd=built).code == 0  # accepted, but not baked into any image
+        res = run_cli(["up", "rehearsal", "--backend", "docker"], cwd=built)
+        assert_one_line_error(res, 3, "train.py differ")
+        assert "launcher image build" in res.err
+    finally:
+        train.write_text(original)
+        assert run_cli(["review"], cwd=built).code == 0
