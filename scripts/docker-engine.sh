@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Make a Docker engine answer on this machine: install Debian's docker.io and
-# debootstrap if missing (needs root), start dockerd if it is not running, wait.
+# Make a Docker engine answer on this machine: install Debian's docker.io,
+# debootstrap and docker-registry (a loopback registry for `image push` tests) if
+# missing (needs root), start dockerd if it is not running, wait.
 # Used by `make test` so the docker-backend tests run for real on a fresh machine.
 set -euo pipefail
-if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+missing=0
+for tool in dockerd debootstrap docker-registry; do
+  command -v "$tool" >/dev/null 2>&1 || missing=1
+done
+if [ "$missing" = 1 ]; then
   if [ "$(id -u)" != 0 ]; then
-    echo "docker.io and debootstrap are missing and this is not root: install them, or set PREFLIGHT_SKIP_DOCKER=1" >&2
+    echo "docker.io, debootstrap or docker-registry is missing and this is not root: install them, or set PREFLIGHT_SKIP_DOCKER=1" >&2
     exit 1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap docker-registry >/dev/null
 fi
 if docker info >/dev/null 2>&1; then
   exit 0

@@ -133,3 +133,44 @@ def test_changed_file_after_build_is_refused(built: Path) -> None:
     finally:
         train.write_text(original)
         assert run_cli(["review"], cwd=built).code == 0
+
+
+@pytest.fixture
+def registry(tmp_path: Path, engine: None):  # noqa: ANN201
+    """A loopback registry (Debian's docker-registry), standing in for the cloud registry."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'blobs'}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_push_records_repo_at_digest(built: Path, registry: str) -> None:
+    repository = f"{registry}/preflight/demo"
+    res = run_cli(["image", "push", "--repository", repository], cwd=built, timeout=900)
+    assert res.code == 0, res.err[-2000:]
+    ref = run_cli(["image", "list", "--json"], cwd=built).json()[0]["pushed_ref"]
+    assert re.fullmatch(re.escape(repository) + r"@sha256:[0-9a-f]{64}", ref), ref
+    assert ref in res.out
+
+
+def test_push_without_a_repository_is_bad_input(built: Path) -> None:
+    res = run_cli(["image", "push"], cwd=built)
+    assert_one_line_error(res, 2, "no registry repository")

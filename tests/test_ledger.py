@@ -132,3 +132,23 @@ def test_launcher_killed_mid_run_leaves_a_readable_running_row(project: Path, le
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     table = run_cli(["ledger"], cwd=project)
     assert table.code == 0 and "running" in table.out
+
+
+def test_a_v1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(db) as conn:  # the runs table as version 1 wrote it
+        conn.executescript("""
+            CREATE TABLE runs (id TEXT PRIMARY KEY, project TEXT NOT NULL, rung TEXT NOT NULL,
+                backend TEXT NOT NULL, gpu_name TEXT, gpu_count INTEGER NOT NULL, nodes INTEGER NOT NULL,
+                store_uri TEXT NOT NULL, review_id INTEGER, files_digest TEXT NOT NULL,
+                config_sha256 TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL, exit_code INTEGER,
+                verdict TEXT, billed_gpu_hours REAL, cost_usd REAL, cost_source TEXT);
+            INSERT INTO runs VALUES ('old', 'p', 'static', 'host', NULL, 0, 1, 'file:///s', NULL, 'd', 'c',
+                1.0, 2.0, 0, 'pass', 0.0, 0.0, 'none');
+            PRAGMA user_version=1;
+        """)
+    ledger = Ledger(db)
+    [run] = ledger.runs()
+    assert run["id"] == "old" and run["image"] is None
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    ledger.close()
