@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from launcher.backends import BACKENDS, get_backend
+from launcher.backends import BACKENDS, Backend, get_backend
 from launcher.backends.base import StagedFile
 from launcher.config import Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
@@ -72,19 +72,9 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
-        image = None
-        backend = None
-        if rung.legs:
-            if backend_name == "docker":
-                from launcher.image import image_for_launch
-
-                image = image_for_launch(cfg, ledger, cmp.current)  # exit 3 unless built from these files
-                backend = get_backend("docker", image=image)
-            else:
-                backend = get_backend(backend_name)
+        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
-        ctx = RunContext(cfg, rung, backend or _HostBackend(), ledger, new_run_id(cfg.project, rung.name), uri,
-                         files, gpus, show)
+        ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show)
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
         ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
                          cmp.current)
@@ -109,6 +99,20 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
                            cost_source=source)
     finally:
         ledger.close()
+
+
+def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
+                 reviewed: dict[str, str]) -> tuple[Backend, str | None]:
+    """The backend the rung's legs run on, and the image they run (docker: exit 3
+    unless an image was built from exactly the reviewed files)."""
+    if not rung.legs:
+        return _HostBackend(), None
+    if name == "docker":
+        from launcher.image import image_for_launch
+
+        image = image_for_launch(cfg, ledger, reviewed)
+        return get_backend("docker", image=image), image
+    return get_backend(name), None
 
 
 def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison

@@ -90,7 +90,7 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "warmup"], "unknown rung"),
     (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
     (["up", "static", "--backend", "azure"], "unknown backend"),
-    (["up", "rehearsal", "--backend", "docker"], "not available"),
+    (["up", "rehearsal", "--backend", "sky"], "not available"),
     (["up"], "Missing argument"),
     (["frobnicate"], "frobnicate"),
 ])
