@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an open range would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg.
+	$(PY) -m pip install -q -e '.[dev,sky]'
 	touch $(STAMP)
 
 demo: $(STAMP)

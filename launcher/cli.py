@@ -86,15 +86,25 @@ def review(config: Path = CONFIG, json_out: bool = JSON) -> None:
 def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe | run"),
        gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
        backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
+       nodes: int = typer.Option(1, "--nodes", help="Nodes per leg (sky backend)."),
+       dry_run: bool = typer.Option(False, "--dry-run", help="Print what would launch and the quota arithmetic."),
        config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.render import LegPrinter, console, err_console, print_checks, print_json
+    from launcher.up import dry_run as describe_dry_run
     from launcher.up import up as run_up
 
     cfg = _load(config)
+    if dry_run:
+        text = describe_dry_run(cfg, rung, backend, gpus, nodes)
+        if json_out:
+            print_json({"dry_run": True, "text": text})
+        else:
+            sys.stdout.write(text + "\n")
+        return
     steps = cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0
     printer = LegPrinter(err_console if json_out else console, every=max(1, steps // 10))
-    outcome = run_up(cfg, config, rung, backend, gpus, printer)
+    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})

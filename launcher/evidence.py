@@ -74,3 +74,19 @@ class LegEvents:
             return ()
         lineno, event = item
         return (Pointer(self.leg, str(self.log), lineno, json.dumps(event)),)
+
+
+# The runtime's stop reasons and the exit codes they mean (runtime/trainer.py).
+REFUSED_REASONS = {"stale_code", "cursor_mismatch", "store_error"}
+
+
+def exit_code_from_events(events: LegEvents) -> int | None:
+    """The leg's own verdict, read from its events: for backends whose transport
+    reports something else (SkyPilot's tail_logs returns a JobExitCode)."""
+    done = events.last("done")
+    if done is not None:
+        return 0 if done[1].get("final_checkpoint_verified", True) else 1
+    stop = events.last("stop")
+    if stop is not None and stop[1].get("reason") in REFUSED_REASONS:
+        return 3
+    return 1 if stop is not None else None

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
+    3: ["ALTER TABLE legs ADD COLUMN task_sha256 TEXT"],
 }
 
 SCHEMA = """
@@ -86,6 +87,7 @@ CREATE TABLE IF NOT EXISTS legs (
     end_reason  TEXT,
     billed_gpu_hours REAL,
     cost_usd    REAL,
+    task_sha256 TEXT,                      -- the rendered SkyPilot task YAML (sky backend)
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS checks (
@@ -129,7 +131,10 @@ class Ledger:
             if not fresh:
                 for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
                     for stmt in MIGRATIONS[target]:
-                        self._db.execute(stmt)
+                        table = stmt.split()[2]  # ALTER TABLE <table> ...: a missing table is created whole below
+                        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                            (table,)).fetchone():
+                            self._db.execute(stmt)
             for stmt in filter(str.strip, SCHEMA.split(";")):
                 self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -53,6 +53,7 @@ class RunContext:
     files: dict[str, StagedFile]
     gpus: GpuSpec | None
     show: Callable[[int, str], None]
+    nodes: int = 1
 
     @property
     def run_dir(self) -> Path:
@@ -78,7 +79,7 @@ class RunContext:
         return {name: os.environ[name] for name in self.cfg.secrets if name in os.environ}
 
     def billed(self, wall_seconds: float) -> tuple[float, float | None]:
-        """(GPU-hours, USD) for a local leg: wall time x GPUs, priced from the config."""
+        """(GPU-hours, USD): instance-seconds x GPUs per node, priced from the config."""
         hours = wall_seconds / 3600.0 * self.gpu_count
         price = self.cfg.prices.get(self.gpus.name) if self.gpus else None
         return hours, (hours * price if price is not None else (0.0 if self.gpu_count == 0 else None))
@@ -101,7 +102,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
     ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
                           "instance": handle.instance, "command": list(handle.command),
                           "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
-                          "started_at": handle.started_at})
+                          "started_at": handle.started_at,
+                          "task_sha256": getattr(getattr(handle, "task", None), "sha256", None)})
     result = None
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
@@ -111,7 +113,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
     finally:
         if result is None:  # interrupted (Ctrl-C) or the launcher failed: the instance must not outlive us
             result = ctx.backend.kill(handle, reason="launcher interrupted")
-        hours, cost = ctx.billed(result.wall_seconds)
+        hours, cost = ctx.billed(result.billed_seconds if result.billed_seconds is not None else result.wall_seconds)
         ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
                            killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
                            cost_usd=cost)
@@ -120,6 +122,6 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
 
 def ledger_run_row(ctx: RunContext, review_id: int | None, files_digest: str, config_sha: str) -> dict[str, Any]:
     return {"id": ctx.run_id, "project": ctx.cfg.project, "rung": ctx.rung.name, "backend": ctx.backend.name,
-            "gpu_name": ctx.gpus.name if ctx.gpus else None, "gpu_count": ctx.gpu_count, "nodes": 1,
+            "gpu_name": ctx.gpus.name if ctx.gpus else None, "gpu_count": ctx.gpu_count, "nodes": ctx.nodes,
             "store_uri": ctx.store_uri, "review_id": review_id, "files_digest": files_digest,
             "config_sha256": config_sha, "started_at": time.time()}

@@ -43,12 +43,17 @@ class Outcome:
         return 0 if self.ok else 1
 
 
-def validate_request(rung_name: str, backend_name: str, gpus_text: str | None) -> tuple[Rung, GpuSpec | None]:
+def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, nodes: int = 1,
+                     dry_run: bool = False) -> tuple[Rung, GpuSpec | None]:
     """Bad input is refused here, before the ledger is opened."""
     rung = rung_named(rung_name)
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
-    if not rung.available:
+    if nodes < 1:
+        raise BadInput(f"--nodes must be at least 1, got {nodes}")
+    if nodes > 1 and backend_name != "sky":
+        raise BadInput(f"--nodes {nodes}: only the sky backend launches several nodes")
+    if not rung.available and not dry_run:
         raise BadInput(f"rung {rung.name!r} is not available in this version (available: static, rehearsal, smoke)")
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     if rung.needs_gpu and gpus is None:
@@ -58,10 +63,31 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None) -
     return rung, gpus
 
 
+def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int) -> str:
+    """What `up` would launch, and the quota arithmetic; launches and records nothing."""
+    from launcher.dryrun import describe
+    from launcher.manifest import compare_with_review
+
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True)
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        cmp = compare_with_review(cfg, ledger)
+        image = None
+        if rung.legs and backend_name == "docker":
+            rows = ledger.images(cmp.review.digest)
+            image = rows[0]["image_id"] if rows else None
+        text = describe(cfg, ledger, rung, backend_name, gpus, nodes, cmp.current, image)
+        if not cmp.ok:
+            text += f"\nguard: a real launch would be REFUSED: reviewed files differ ({cmp.describe()})"
+        return text
+    finally:
+        ledger.close()
+
+
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
-       show: Callable[[int, str], None]) -> Outcome:
+       show: Callable[[int, str], None], nodes: int = 1) -> Outcome:
     """Run one rung of the ladder and record it."""
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text)
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes)
     if rung.legs and backend_name == "docker":
         from launcher.image import docker_cli
 
@@ -72,9 +98,10 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
-        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current)
+        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
-        ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show)
+        ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
+                         nodes)
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
         ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
                          cmp.current)
@@ -102,7 +129,7 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
 
 
 def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
-                 reviewed: dict[str, str]) -> tuple[Backend, str | None]:
+                 reviewed: dict[str, str], nodes: int) -> tuple[Backend, str | None]:
     """The backend the rung's legs run on, and the image they run (docker: exit 3
     unless an image was built from exactly the reviewed files)."""
     if not rung.legs:
@@ -112,6 +139,14 @@ def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
 
         image = image_for_launch(cfg, ledger, reviewed)
         return get_backend("docker", image=image), image
+    if name == "sky":
+        from launcher.dryrun import sky_image_ref
+
+        if not store_uri(cfg).startswith("hf://"):
+            raise BadInput("the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
+                           f"(not {store_uri(cfg)}, which exists only on this machine)")
+        ref = sky_image_ref(cfg, ledger, reviewed, dry_run=False)
+        return get_backend("sky", cfg=cfg, image_ref=ref, nodes=nodes), ref
     return get_backend(name), None
 
 

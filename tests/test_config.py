@@ -90,7 +90,9 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "warmup"], "unknown rung"),
     (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
     (["up", "static", "--backend", "azure"], "unknown backend"),
-    (["up", "rehearsal", "--backend", "sky"], "not available"),
+    (["up", "rehearsal", "--nodes", "2"], "only the sky backend"),
+    (["up", "rehearsal", "--nodes", "0"], "--nodes"),
+    (["up", "probe", "--gpus", "T4:2"], "not available"),
     (["up"], "Missing argument"),
     (["frobnicate"], "frobnicate"),
 ])

@@ -150,5 +150,5 @@ def test_a_v1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
     ledger = Ledger(db)
     [run] = ledger.runs()
     assert run["id"] == "old" and run["image"] is None
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 3
     ledger.close()

@@ -22,6 +22,8 @@ def get_backend(name: str, **options: object) -> Backend:
         from launcher.backends.docker import DockerBackend
 
         return DockerBackend(**options)  # type: ignore[arg-type]
-    if name in BACKENDS:
-        raise BadInput(f"backend {name!r} is not available in this version (use --backend local)")
+    if name == "sky":
+        from launcher.backends.sky import SkyBackend
+
+        return SkyBackend(**options)  # type: ignore[arg-type]
     raise BadInput(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")

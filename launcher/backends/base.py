@@ -65,6 +65,9 @@ class LegResult:
     killed: bool
     """True when the launcher killed it (drill, budget overrun)."""
     end_reason: str
+    billed_seconds: float | None = None
+    """Instance-seconds the provider bills (nodes x rounded time) where it differs
+    from the wall time of one machine; None: the wall time."""
 
     @property
     def wall_seconds(self) -> float:

@@ -1,0 +1,74 @@
+"""`launcher up ... --dry-run`: what would be launched and what it may cost; launches nothing."""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from launcher.config import Config, GpuSpec, store_uri
+from launcher.ladder import Rung
+from launcher.ledger import Ledger
+from launcher.manifest import files_digest
+from launcher.spend import project
+
+PLACEHOLDER_RUN = "dry-run"
+
+
+def leg0_env(cfg: Config, rung: Rung, reviewed: dict[str, str]) -> dict[str, str]:
+    import json
+
+    steps = cfg.rung(rung.name).steps if rung.name != "static" else 0
+    budget = cfg.rung(rung.name).budget_minutes if rung.name != "static" else 0
+    return {**cfg.leg_env, "LAUNCHER_RUN_ID": PLACEHOLDER_RUN, "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": rung.name,
+            "LAUNCHER_STORE": store_uri(cfg), "LAUNCHER_MAX_STEPS": str(steps),
+            "LAUNCHER_DEADLINE": str(int(time.time() + budget * 60)),
+            "LAUNCHER_FILES_SHA256": json.dumps(reviewed, sort_keys=True)}
+
+
+def sky_image_ref(cfg: Config, ledger: Ledger, reviewed: dict[str, str], dry_run: bool) -> str:
+    """The pushed repo@sha256 of the image baked from the reviewed files."""
+    from launcher.errors import Refused
+
+    rows = ledger.images(files_digest(reviewed))
+    pushed = next((r["pushed_ref"] for r in rows if r["pushed_ref"]), None)
+    if pushed:
+        return pushed
+    if dry_run:
+        return f"preflight/{cfg.project}:{files_digest(reviewed)[:12]}"
+    raise Refused("no pushed image was built from the reviewed files: a cloud instance could not pull it",
+                  hint="run `launcher image build --gpu` and `launcher image push`")
+
+
+def describe(cfg: Config, ledger: Ledger, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
+             reviewed: dict[str, str], image: str | None) -> str:
+    """The rendered leg-0 launch and the quota arithmetic, as text."""
+    out = [f"dry run: rung {rung.name} on {backend}, {rung.legs} legs, nothing launched or recorded"]
+    env = leg0_env(cfg, rung, reviewed)
+    if not rung.legs:
+        out.append("rung static runs on the host in seconds: nothing to launch")
+    elif backend == "sky":
+        from launcher.skytask import render
+
+        ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            task = render(cfg, rung.name, gpus=gpus, nodes=nodes, image_ref=ref, leg_env=env,
+                          out=Path(tmp) / "leg-0.sky.yaml")
+        out += [f"# leg 0 task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
+        if not env["LAUNCHER_STORE"].startswith("hf://"):
+            out.append(f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
+                       "(set store: hf://owner/repo)")
+    elif backend == "docker":
+        from launcher.backends.base import LegSpec
+        from launcher.backends.docker import run_argv
+
+        spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, gpus=gpus)
+        out.append("$ " + shlex.join(run_argv(spec, image or "<image>", "host")))
+    else:
+        from launcher.backends.local import resolve_command
+
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        out.append(f"$ cd <fresh empty dir> && {assigns} {shlex.join(resolve_command(cfg.trainer.command))}")
+    out.append("quota: " + project(cfg, ledger, rung, gpus, nodes).describe())
+    return "\n".join(out)

@@ -1,0 +1,137 @@
+"""Render a rung's SkyPilot task YAML for one leg, check it, and validate it with SkyPilot.
+
+The templates live in `sky/<rung>.yaml` (a project's own `sky/` overrides the
+launcher's). Per leg this fills in what only the launcher knows — accelerators,
+nodes, the pinned image, the leg environment, the secret names — writes the
+result next to the leg's log, and validates it with `sky.Task.from_yaml` before
+anything launches. SkyPilot's validation is weak in places (it accepts `T44:2`
+and a missing local mount source), so those are checked here first.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config, GpuSpec
+from launcher.errors import BadInput
+
+SOURCE_SKY = Path(__file__).resolve().parent.parent / "sky"
+# Accelerator names SkyPilot's catalogs use (case-insensitive). SkyPilot itself
+# accepts any name and fails only when it looks for a cloud offering it.
+KNOWN_ACCELERATORS = {
+    "T4", "L4", "L40", "L40S", "A10", "A10G", "A40", "A100", "A100-80GB", "H100", "H100-MEGA", "H100-SXM",
+    "H200", "B200", "GH200", "V100", "V100-32GB", "P100", "P4", "K80", "M60", "RTX4090", "RTX3090",
+    "RTXA4000", "RTXA5000", "RTXA6000", "MI300X", "A6000", "A5000", "A4000",
+    "tpu-v2-8", "tpu-v3-8", "tpu-v4-8", "tpu-v5e-8", "tpu-v5p-8", "tpu-v6e-8",
+}
+IMAGE_REF = re.compile(r"^docker:[\w./:-]+(@sha256:[0-9a-f]{64})?$")
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    path: Path
+    sha256: str
+    yaml_text: str
+
+
+def template_path(cfg: Config, rung: str) -> Path:
+    own = cfg.root / "sky" / f"{rung}.yaml"
+    path = own if own.is_file() else SOURCE_SKY / f"{rung}.yaml"
+    if not path.is_file():
+        raise BadInput(f"no SkyPilot task template for rung {rung!r} ({path})")
+    return path
+
+
+def check_accelerator(gpus: GpuSpec) -> None:
+    if gpus.name.lower() not in {a.lower() for a in KNOWN_ACCELERATORS}:
+        raise BadInput(f"--gpus: unknown accelerator {gpus.name!r}: SkyPilot would accept it and fail at launch "
+                       f"(known: {', '.join(sorted(KNOWN_ACCELERATORS)[:12])}, ...)")
+
+
+def train_args(command: list[str]) -> str:
+    """The script and its arguments from the trainer command: the sky YAML's
+    `run` starts torchrun itself, across nodes and GPUs."""
+    argv = list(command)
+    if argv and Path(argv[0]).name.startswith("python"):
+        argv = argv[1:]
+    elif argv and Path(argv[0]).name == "torchrun":
+        argv = argv[1:]
+        while argv and argv[0].startswith("-") and argv[0] not in ("-m", "--module"):
+            argv = argv[1:] if "=" in argv[0] or argv[0] == "--standalone" else argv[2:]
+    return shlex.join(argv)
+
+
+def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
+           leg_env: dict[str, str], out: Path) -> RenderedTask:
+    """Fill the rung's template for one leg and write it to `out`."""
+    import yaml
+
+    template = yaml.safe_load(template_path(cfg, rung).read_text()) or {}
+    task: dict[str, Any] = copy.deepcopy(template)
+    resources = task.setdefault("resources", {})
+    if gpus is not None:
+        check_accelerator(gpus)
+        resources["accelerators"] = f"{gpus.name}:{gpus.count}"
+    else:
+        resources.pop("accelerators", None)
+    if not IMAGE_REF.match(f"docker:{image_ref}"):
+        raise BadInput(f"image reference {image_ref!r} is not repo[:tag][@sha256:<digest>]")
+    resources["image_id"] = f"docker:{image_ref}"
+    task["num_nodes"] = nodes
+    task["envs"] = {**(task.get("envs") or {}), **leg_env, "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
+    task["secrets"] = {name: None for name in cfg.secrets}  # names only: values come at launch
+    check_mounts(task, cfg.root)
+    text = yaml.dump(task, Dumper=_block_dumper(), sort_keys=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    validate(out)
+    return RenderedTask(out, hashlib.sha256(text.encode()).hexdigest(), text)
+
+
+def _block_dumper() -> type:
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        """Multi-line strings (setup, run) as literal blocks, as a person writes them."""
+
+    def str_block(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    BlockDumper.add_representer(str, str_block)
+    return BlockDumper
+
+
+def check_mounts(task: dict[str, Any], root: Path) -> None:
+    """A local file_mounts source must exist (SkyPilot only finds out at launch)."""
+    for target, source in (task.get("file_mounts") or {}).items():
+        if isinstance(source, str) and "://" not in source:
+            path = Path(source).expanduser()
+            path = path if path.is_absolute() else root / path
+            if not path.exists():
+                raise BadInput(f"sky task file_mounts.{target}: local source {source} does not exist")
+
+
+def sky_module() -> Any:
+    try:
+        import sky
+    except ImportError:
+        raise BadInput("skypilot is not installed",
+                       hint="pip install 'preflight-launcher[sky]' (skypilot 0.14.1)") from None
+    return sky
+
+
+def validate(path: Path) -> None:
+    """SkyPilot's own parser must accept the rendered file; its reason, in one line, if not."""
+    sky = sky_module()
+    try:
+        sky.Task.from_yaml(str(path))
+    except Exception as err:  # noqa: BLE001 - any rejection is bad input, in SkyPilot's words
+        reason = " ".join(str(err).split())[:300]
+        raise BadInput(f"SkyPilot rejects {path.name}: {reason}") from None
