@@ -115,6 +115,35 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
     raise typer.Exit(outcome.exit_code)
 
 
+drill_app = typer.Typer(help="Kill-and-relaunch drills.", no_args_is_help=True)
+app.add_typer(drill_app, name="drill")
+
+
+@drill_app.command("cold-resume")
+def drill_cold_resume(
+        backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
+        kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
+        at: str = typer.Option("after-push", "--at", help="after-push | mid-push | mid-verify | mid-step | random"),
+        seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
+        config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
+    from launcher.render import LegPrinter, console, err_console, print_checks, print_json
+    from launcher.up import drill as run_drill
+
+    cfg = _load(config)
+    printer = LegPrinter(err_console if json_out else console, every=max(1, cfg.rungs.drill.steps // 10))
+    outcome = run_drill(cfg, config, backend, gpus, kills, at, printer, seed)
+    if json_out:
+        print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
+                    "checks": [c.to_json() for c in outcome.checks]})
+    else:
+        print_checks(console, f"drill cold-resume: run {outcome.run_id}", outcome.checks)
+        failed = [c.name for c in outcome.checks if not c.ok]
+        console.print("answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})")
+    raise typer.Exit(outcome.exit_code)
+
+
 @app.command()
 def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
            limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),

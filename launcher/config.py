@@ -100,6 +100,8 @@ class RungsConfig:
     smoke: RungConfig = field(default_factory=lambda: RungConfig(steps=30, budget_minutes=10))
     probe: RungConfig = field(default_factory=lambda: RungConfig(steps=2000, budget_minutes=90))
     run: RungConfig = field(default_factory=lambda: RungConfig(steps=100_000, budget_minutes=24 * 60))
+    drill: RungConfig = field(default_factory=lambda: RungConfig(steps=40, budget_minutes=10))
+    """`launcher drill cold-resume`: steps the run trains in all, budget per leg."""
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,9 @@ def rung_named(name: str) -> Rung:
             return rung
     names = ", ".join(r.name for r in RUNGS)
     raise BadInput(f"unknown rung {name!r} (rungs: {names})")
+
+
+DRILL = Rung("drill", -1, "the chosen backend", "Does the run survive losing its instance at the worst "
+             "moment: resumed solely from the store, at the newest verified checkpoint, exactly?", False, 3,
+             (1, 2, 3, 4, 6, 8))
+"""Not a rung of the ladder: `launcher drill cold-resume`, recorded like one."""

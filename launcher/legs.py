@@ -12,13 +12,14 @@ import json
 import os
 import re
 import secrets as pysecrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.backends.base import Backend, LegResult, LegSpec, StagedFile
+from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
 from launcher.config import Config, GpuSpec
 from launcher.evidence import LegEvents
 from launcher.ladder import Rung
@@ -91,14 +92,30 @@ class LegOutcome:
     events: LegEvents
 
 
-def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
-    """Launch one leg on a fresh instance, wait within its budget, record it."""
+def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str], bool] | None = None,
+            at_kill: Callable[[], str] | None = None) -> LegOutcome:
+    """Launch one leg on a fresh instance, wait within its budget, record it.
+
+    Drills pass `kill_when`: on the first output line it accepts, the leg is
+    frozen where it stands (if the backend can freeze), `at_kill` runs (it
+    returns the kill's reason) and the instance is killed."""
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
     deadline = time.time() + budget_s
     log_path = ctx.run_dir / f"leg-{leg}.log"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
                    ctx.leg_env(leg, max_steps, deadline), ctx.secrets(), ctx.files, log_path, ctx.gpus)
-    handle = ctx.backend.launch(spec, on_line=lambda line: ctx.show(leg, line))
+    trigger = threading.Event()
+    started: list[LegHandle] = []
+
+    def on_line(line: str) -> None:
+        ctx.show(leg, line)
+        if kill_when is not None and not trigger.is_set() and kill_when(line):
+            if started and hasattr(ctx.backend, "freeze"):
+                ctx.backend.freeze(started[0])  # stop it right at this line: the kill lands here
+            trigger.set()
+
+    handle = ctx.backend.launch(spec, on_line=on_line)
+    started.append(handle)
     ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
                           "instance": handle.instance, "command": list(handle.command),
                           "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
@@ -107,9 +124,17 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int) -> LegOutcome:
     result = None
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
-        result = ctx.backend.wait(handle, timeout=budget_s + grace)
-        if result is None:
-            result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
+        give_up = time.time() + budget_s + grace
+        while result is None:
+            if trigger.is_set():
+                if hasattr(ctx.backend, "freeze"):
+                    ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
+                result = ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
+                break
+            step = 0.1 if kill_when is not None else max(0.0, give_up - time.time())
+            result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
+            if result is None and time.time() >= give_up:
+                result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
     finally:
         if result is None:  # interrupted (Ctrl-C) or the launcher failed: the instance must not outlive us
             result = ctx.backend.kill(handle, reason="launcher interrupted")

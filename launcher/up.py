@@ -8,11 +8,12 @@ when the launcher is interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from launcher.backends import BACKENDS, Backend, get_backend
 from launcher.backends.base import StagedFile
@@ -88,6 +89,32 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
        show: Callable[[int, str], None], nodes: int = 1) -> Outcome:
     """Run one rung of the ladder and record it."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes)
+    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung)
+
+
+def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
+          show: Callable[[int, str], None], seed: int = 0) -> Outcome:
+    """`launcher drill cold-resume`: recorded like a rung, run by launcher.drill."""
+    from launcher.drill import MOMENTS, run_drill
+    from launcher.ladder import DRILL
+
+    if backend_name not in BACKENDS:
+        raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
+    if kills < 1:
+        raise BadInput(f"--kills must be at least 1, got {kills}")
+    if moment not in (*MOMENTS, "random"):
+        raise BadInput(f"--at must be one of {', '.join((*MOMENTS, 'random'))}, got {moment!r}")
+    gpus = parse_gpus(gpus_text) if gpus_text is not None else None
+    rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
+    steps = cfg.rungs.drill.steps
+    return execute(cfg, config_path, rung, backend_name, gpus, show, 1,
+                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed))
+
+
+def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,
+            show: Callable[[int, str], None], nodes: int,
+            runner: Callable[[RunContext, Any], list[Check]]) -> Outcome:
+    """Guard, record, run `runner`, close the record (also when interrupted)."""
     if rung.legs and backend_name == "docker":
         from launcher.image import docker_cli
 
@@ -109,7 +136,7 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
         checks: list[Check] = []
         verdict, exit_code = "error", 1
         try:
-            checks = _run_rung(ctx, cmp)
+            checks = runner(ctx, cmp)
             outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
             verdict, exit_code = ("pass" if outcome.ok else "fail"), outcome.exit_code
             return outcome

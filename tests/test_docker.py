@@ -174,3 +174,12 @@ def test_push_records_repo_at_digest(built: Path, registry: str) -> None:
 def test_push_without_a_repository_is_bad_input(built: Path) -> None:
     res = run_cli(["image", "push"], cwd=built)
     assert_one_line_error(res, 2, "no registry repository")
+
+
+def test_drill_in_containers(built: Path) -> None:
+    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--json"], cwd=built, timeout=900)
+    out = res.json()
+    assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
+    run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]
+    assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False]
+    assert containers(f"preflight-{run['id']}") == []

@@ -118,6 +118,15 @@ class LocalBackend:
             return None
         return self._finish(handle, rc, False, "exited")
 
+    def freeze(self, handle: LegHandle) -> None:
+        """SIGSTOP the leg's process group: it stops at this instant (a drill kills it next)."""
+        assert isinstance(handle, _LocalHandle)
+        if handle.proc is not None:
+            try:
+                os.killpg(handle.proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         assert isinstance(handle, _LocalHandle)
         rc = handle.early_exit
