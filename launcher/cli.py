@@ -88,6 +88,7 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
        backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
        nodes: int = typer.Option(1, "--nodes", help="Nodes per leg (sky backend)."),
        dry_run: bool = typer.Option(False, "--dry-run", help="Print what would launch and the quota arithmetic."),
+       allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
        config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.render import LegPrinter, console, err_console, print_checks, print_json
@@ -104,7 +105,7 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
         return
     steps = cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0
     printer = LegPrinter(err_console if json_out else console, every=max(1, steps // 10))
-    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes)
+    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes, allow_overdraft)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})
@@ -126,6 +127,7 @@ def drill_cold_resume(
         kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
         at: str = typer.Option("after-push", "--at", help="after-push | mid-push | mid-verify | mid-step | random"),
         seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
+        allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
     from launcher.render import LegPrinter, console, err_console, print_checks, print_json
@@ -133,7 +135,7 @@ def drill_cold_resume(
 
     cfg = _load(config)
     printer = LegPrinter(err_console if json_out else console, every=max(1, cfg.rungs.drill.steps // 10))
-    outcome = run_drill(cfg, config, backend, gpus, kills, at, printer, seed)
+    outcome = run_drill(cfg, config, backend, gpus, kills, at, printer, seed, allow_overdraft)
     if json_out:
         print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
                     "checks": [c.to_json() for c in outcome.checks]})
@@ -142,6 +144,28 @@ def drill_cold_resume(
         failed = [c.name for c in outcome.checks if not c.ok]
         console.print("answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})")
     raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for the next-rung arithmetic."),
+          nodes: int = typer.Option(1, "--nodes"), config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """GPU-hours and USD used / reserved / remaining this period, by rung, and what each rung would cost."""
+    from launcher.config import parse_gpus
+    from launcher.ledger import Ledger
+    from launcher.render import console, print_json, print_spend
+    from launcher.spend import summary
+
+    cfg = _load(config)
+    spec = parse_gpus(gpus)
+    ledger_db = Ledger(cfg.state_path / "ledger.db")
+    try:
+        data = summary(cfg, ledger_db, spec, nodes)
+    finally:
+        ledger_db.close()
+    if json_out:
+        print_json(data)
+    else:
+        print_spend(console, data)
 
 
 @app.command()

@@ -118,7 +118,11 @@ class QuotaConfig:
     """Day a weekly period starts (UTC)."""
 
     budget_usd: float | None = None
-    """Total USD budget (null: none)."""
+    """USD budget per period (null: none)."""
+
+    session_hours: float | None = None
+    """Longest a single leg may run, e.g. 9 for Kaggle's sessions (null: none);
+    legs get LAUNCHER_DEADLINE no later than this."""
 
     def __post_init__(self) -> None:
         if self.gpu_hours is not None and self.gpu_hours < 0:
@@ -129,6 +133,8 @@ class QuotaConfig:
             raise ConfigError("quota.reset_weekday", f"must be a weekday name, got {self.reset_weekday!r}")
         if self.budget_usd is not None and self.budget_usd < 0:
             raise ConfigError("quota.budget_usd", f"must be >= 0, got {self.budget_usd}")
+        if self.session_hours is not None and not self.session_hours > 0:
+            raise ConfigError("quota.session_hours", f"must be positive, got {self.session_hours}")
 
 
 @dataclass(frozen=True)

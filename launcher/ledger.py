@@ -53,6 +53,22 @@ CREATE TABLE IF NOT EXISTS runs (
     cost_source TEXT,                      -- config prices | catalog | none
     image       TEXT                       -- image id (sha256:...) the legs ran, docker/sky backends
 );
+CREATE TABLE IF NOT EXISTS reservations (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      TEXT NOT NULL,
+    rung        TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    host        TEXT NOT NULL,
+    pid         INTEGER NOT NULL,          -- the launcher holding it: a dead pid = a stale reservation
+    gpu_hours   REAL NOT NULL,
+    usd         REAL NOT NULL,
+    overdraft   INTEGER NOT NULL DEFAULT 0,
+    arithmetic  TEXT NOT NULL,             -- the guard's line, as printed
+    settled_at  REAL,
+    settled_gpu_hours REAL,
+    settled_usd REAL,
+    settled_how TEXT                       -- billed | reconciled (launcher died)
+);
 CREATE TABLE IF NOT EXISTS images (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     tag         TEXT NOT NULL,
@@ -146,6 +162,11 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, for read-only queries (writes go through `transaction`)."""
+        return self._db
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

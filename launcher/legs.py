@@ -55,6 +55,17 @@ class RunContext:
     gpus: GpuSpec | None
     show: Callable[[int, str], None]
     nodes: int = 1
+    quota_left_hours: float | None = None
+    """GPU-hours the quota still allows this run (None: no cap): bounds each leg's deadline."""
+
+    def leg_deadline(self, budget_s: float) -> float:
+        """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
+        limits = [budget_s]
+        if self.cfg.quota.session_hours is not None:
+            limits.append(self.cfg.quota.session_hours * 3600)
+        if self.quota_left_hours is not None and self.gpu_count:
+            limits.append(self.quota_left_hours / (self.gpu_count * self.nodes) * 3600)
+        return time.time() + max(0.0, min(limits))
 
     @property
     def run_dir(self) -> Path:
@@ -100,7 +111,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     frozen where it stands (if the backend can freeze), `at_kill` runs (it
     returns the kill's reason) and the instance is killed."""
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
-    deadline = time.time() + budget_s
+    deadline = ctx.leg_deadline(budget_s)
     log_path = ctx.run_dir / f"leg-{leg}.log"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
                    ctx.leg_env(leg, max_steps, deadline), ctx.secrets(), ctx.files, log_path, ctx.gpus)

@@ -138,3 +138,27 @@ def print_images(out: Console, rows: list[dict[str, Any]]) -> None:
         table.add_row(r["tag"], r["image_id"][:19], _when(r["built_at"]), f"{r['seconds']:.0f}",
                       f"{len(r['files'])} ({r['files_digest'][:12]})", r["base"], r["pushed_ref"] or "-")
     out.print(table)
+
+
+def print_spend(out: Console, d: dict[str, Any]) -> None:
+    quota = "no quota" if d["quota_gpu_hours"] is None else f"quota {d['quota_gpu_hours']:g} GPU-h"
+    since = d["period_from"][:10] if d["period_from"] else "all time"
+    remaining = "-" if d["remaining_gpu_hours"] is None else f"{d['remaining_gpu_hours']:.2f}"
+    out.print(f"period: {d['period']} from {since}; {quota}: used {d['used_gpu_hours']:.2f}, reserved "
+              f"{d['reserved_gpu_hours']:.2f}, remaining {remaining} GPU-h; USD used {d['used_usd']:.2f}"
+              + (f" of {d['budget_usd']:g}" if d["budget_usd"] is not None else ""))
+    if d["reconciled_now"]:
+        out.print(f"reconciled {d['reconciled_now']} reservation(s) left by a launcher that died")
+    table = Table(title="this period, by rung", title_justify="left")
+    for col in ("rung", "runs", "GPU-h", "USD"):
+        table.add_column(col)
+    for rung, row in d["by_rung"].items():
+        table.add_row(rung, str(row["runs"]), f"{row['gpu_hours']:.4f}", f"{row['usd']:.4f}")
+    out.print(table)
+    nxt = Table(title="what the next rung would cost", title_justify="left")
+    for col in ("rung", "GPU-h at most", "USD", "fits", "arithmetic"):
+        nxt.add_column(col, overflow="fold")
+    for row in d["next"]:
+        nxt.add_row(row["rung"], f"{row['gpu_hours']:.2f}", "-" if row["usd"] is None else f"{row['usd']:.2f}",
+                    "yes" if row["fits"] else "[red]no[/red]", escape(row["arithmetic"]))
+    out.print(nxt)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from launcher.config import WEEKDAYS, Config, GpuSpec
 from launcher.ladder import Rung
@@ -55,10 +56,11 @@ class Projection:
 
 
 def used_gpu_hours(ledger: Ledger | None, since: datetime | None) -> float:
+    """Billed plus still-reserved GPU-hours in the period."""
     if ledger is None:
         return 0.0
-    start = since.timestamp() if since else 0.0
-    return sum(r["billed_gpu_hours"] or 0.0 for r in ledger.runs() if r["started_at"] >= start)
+    used, _, held, _ = period_totals(ledger.conn, since)
+    return used + held
 
 
 def project(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | None, nodes: int) -> Projection:
@@ -69,3 +71,147 @@ def project(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | None
     since = period_start(cfg)
     return Projection(hours, used_gpu_hours(ledger, since), cfg.quota.gpu_hours, since, rung.legs, minutes, count,
                       nodes)
+
+
+# --- the guard: check and reserve in one transaction ---------------------------
+
+@dataclass(frozen=True)
+class Reservation:
+    id: int
+    gpu_hours: float
+    usd: float
+    arithmetic: str
+    remaining_gpu_hours: float | None
+
+
+def _alive(host: str, pid: int) -> bool:
+    import os
+    import socket
+
+    if host != socket.gethostname():
+        return True  # another machine's launcher: not ours to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reconcile(db: Any) -> int:
+    """Settle reservations whose launcher died: with what its legs billed where they
+    ended, else with the full reservation (the instance may have run to its budget)."""
+    import time
+
+    stale = [r for r in db.execute("SELECT * FROM reservations WHERE settled_at IS NULL").fetchall()
+             if not _alive(r["host"], r["pid"])]
+    for r in stale:
+        legs = db.execute("SELECT ended_at, billed_gpu_hours, cost_usd FROM legs WHERE run_id=?",
+                          (r["run_id"],)).fetchall()
+        open_legs = [leg for leg in legs if leg["ended_at"] is None]
+        billed = sum(leg["billed_gpu_hours"] or 0.0 for leg in legs)
+        usd = sum(leg["cost_usd"] or 0.0 for leg in legs)
+        if open_legs:  # a leg never recorded its end: assume it ran to its budget
+            billed, usd = max(billed, r["gpu_hours"]), max(usd, r["usd"])
+        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
+                   "WHERE id=?", (time.time(), billed, usd, "reconciled (launcher died)", r["id"]))
+        db.execute("UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), cost_usd=COALESCE(cost_usd, ?), "
+                   "verdict=COALESCE(verdict, 'launcher died') WHERE id=?", (billed, usd, r["run_id"]))
+    return len(stale)
+
+
+def period_totals(db: Any, since: datetime | None) -> tuple[float, float, float, float]:
+    """(used GPU-h, used USD, reserved GPU-h, reserved USD) in the period."""
+    start = since.timestamp() if since else 0.0
+    used, used_usd = db.execute(
+        "SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM runs "
+        "WHERE started_at >= ? AND billed_gpu_hours IS NOT NULL", (start,)).fetchone()  # ended or reconciled
+    held, held_usd = db.execute(
+        "SELECT COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(usd), 0) FROM reservations WHERE settled_at IS NULL"
+    ).fetchone()
+    return float(used), float(used_usd), float(held), float(held_usd)
+
+
+def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projection, price: float | None,
+            allow_overdraft: bool) -> Reservation:
+    """The guard. Reconcile, check used + reserved + this rung against the quota and
+    the USD budget, and reserve — one BEGIN IMMEDIATE transaction, so concurrent
+    launchers never reserve more than the quota. Refuses with exit 3, arithmetic in one line."""
+    import os
+    import socket
+    import time
+
+    from launcher.errors import Refused
+
+    usd = proj.rung_gpu_hours * (price or 0.0)
+    with ledger.transaction() as db:
+        reconcile(db)
+        used, used_usd, held, held_usd = period_totals(db, proj.period_from)
+        total = used + held + proj.rung_gpu_hours
+        since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
+        line = (f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
+                f"({proj.legs} legs x {proj.budget_minutes:g} min x {proj.gpus} GPUs x {proj.nodes} nodes) "
+                f"= {total:.2f} GPU-h")
+        quota = cfg.quota.gpu_hours
+        over = []
+        if quota is not None and total > quota + 1e-9:
+            over.append(f"{line} > quota {quota:g} GPU-h (period from {since})")
+        budget = cfg.quota.budget_usd
+        if budget is not None and used_usd + held_usd + usd > budget + 1e-9:
+            over.append(f"${used_usd:.2f} + ${held_usd:.2f} + ${usd:.2f} = ${used_usd + held_usd + usd:.2f} "
+                        f"> budget ${budget:g}")
+        if over and not allow_overdraft:
+            raise Refused("quota: " + "; ".join(over), hint="wait for the next period, lower the rung's budget, "
+                          "or pass --allow-overdraft (recorded)")
+        arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
+        if over:
+            arithmetic = "OVERDRAFT: " + "; ".join(over)
+        rid = db.execute(
+            "INSERT INTO reservations (run_id, rung, created_at, host, pid, gpu_hours, usd, overdraft, arithmetic)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, rung, time.time(), socket.gethostname(), os.getpid(),
+             proj.rung_gpu_hours, usd, int(bool(over)), arithmetic)).lastrowid
+    remaining = None if quota is None else max(0.0, quota - used - held)
+    return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
+
+
+def settle(ledger: Ledger, reservation_id: int, run_id: str) -> None:
+    """Replace the reservation with what the run's legs billed."""
+    import time
+
+    with ledger.transaction() as db:
+        billed, usd = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM legs "
+                                 "WHERE run_id=?", (run_id,)).fetchone()
+        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how='billed' "
+                   "WHERE id=?", (time.time(), billed, usd, reservation_id))
+
+
+def summary(cfg: Config, ledger: Ledger, gpus: GpuSpec | None, nodes: int = 1) -> dict[str, Any]:
+    """`launcher spend`: the period's used / reserved / remaining, by rung, and what each rung would cost."""
+    from launcher.ladder import RUNGS
+
+    with ledger.transaction() as db:
+        reconciled = reconcile(db)
+    since = period_start(cfg)
+    used, used_usd, held, held_usd = period_totals(ledger.conn, since)
+    start = since.timestamp() if since else 0.0
+    by_rung = {r["rung"]: {"gpu_hours": r["h"], "usd": r["usd"], "runs": r["n"]} for r in ledger.conn.execute(
+        "SELECT rung, COALESCE(SUM(billed_gpu_hours), 0) AS h, COALESCE(SUM(cost_usd), 0) AS usd, COUNT(*) AS n "
+        "FROM runs WHERE started_at >= ? GROUP BY rung ORDER BY rung", (start,)).fetchall()}
+    quota = cfg.quota.gpu_hours
+    remaining = None if quota is None else quota - used - held
+    price = cfg.prices.get(gpus.name) if gpus else None
+    next_rungs = []
+    for rung in RUNGS[1:]:
+        spec = gpus if rung.needs_gpu else None
+        proj = project(cfg, ledger, rung, spec, nodes if rung.needs_gpu else 1)
+        next_rungs.append({"rung": rung.name, "gpu_hours": round(proj.rung_gpu_hours, 4),
+                           "usd": None if price is None else round(proj.rung_gpu_hours * price, 4),
+                           "fits": remaining is None or proj.rung_gpu_hours <= remaining + 1e-9,
+                           "arithmetic": proj.describe()})
+    return {"period": cfg.quota.period, "period_from": since.isoformat() if since else None,
+            "quota_gpu_hours": quota, "used_gpu_hours": round(used, 4), "reserved_gpu_hours": round(held, 4),
+            "remaining_gpu_hours": None if remaining is None else round(remaining, 4),
+            "budget_usd": cfg.quota.budget_usd, "used_usd": round(used_usd, 4), "reserved_usd": round(held_usd, 4),
+            "by_rung": by_rung, "next": next_rungs, "reconciled_now": reconciled}

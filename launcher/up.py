@@ -86,14 +86,14 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
 
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
-       show: Callable[[int, str], None], nodes: int = 1) -> Outcome:
+       show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False) -> Outcome:
     """Run one rung of the ladder and record it."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes)
-    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung)
+    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft)
 
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
-          show: Callable[[int, str], None], seed: int = 0) -> Outcome:
+          show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.drill."""
     from launcher.drill import MOMENTS, run_drill
     from launcher.ladder import DRILL
@@ -108,12 +108,12 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
     rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
     steps = cfg.rungs.drill.steps
     return execute(cfg, config_path, rung, backend_name, gpus, show, 1,
-                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed))
+                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed), allow_overdraft)
 
 
 def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,
             show: Callable[[int, str], None], nodes: int,
-            runner: Callable[[RunContext, Any], list[Check]]) -> Outcome:
+            runner: Callable[[RunContext, Any], list[Check]], allow_overdraft: bool = False) -> Outcome:
     """Guard, record, run `runner`, close the record (also when interrupted)."""
     if rung.legs and backend_name == "docker":
         from launcher.image import docker_cli
@@ -129,6 +129,11 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
                          nodes)
+        from launcher.spend import project, reserve, settle
+
+        held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
+                       cfg.prices.get(gpus.name) if gpus else None, allow_overdraft)  # exit 3 when over quota
+        ctx.quota_left_hours = held.remaining_gpu_hours
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
         ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
                          cmp.current)
@@ -151,6 +156,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
             source = "config prices" if gpus and gpus.name in cfg.prices else "none"
             ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
                            cost_source=source)
+            settle(ledger, held.id, ctx.run_id)
     finally:
         ledger.close()
 
