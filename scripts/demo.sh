@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (local backend, local store):
-# a fresh project from `launcher init`, reviewed, rung 0, rung 1, the ledger.
+# a fresh project from `launcher init`, reviewed, rung 0, rung 1, a cold-resume
+# drill killing legs mid-push, the quota, the ledger.
 set -euo pipefail
 dir=${DEMO_DIR:-.demo}
 rm -rf "$dir"
@@ -10,4 +11,6 @@ cd "$dir"
 step launcher review
 step launcher up static
 step launcher up rehearsal
+step launcher drill cold-resume --kills 2 --at mid-push
+step launcher spend
 step launcher ledger
