@@ -24,7 +24,7 @@ demo: $(STAMP)
 # PREFLIGHT_SKIP_DOCKER=1 skips them on purpose; otherwise a missing engine fails.
 test: $(STAMP)
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/docker-engine.sh && bash scripts/make-base-image.sh; fi
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --basetemp=$(CURDIR)/.pytest-tmp
 
 bench: $(STAMP)
 	$(PY) bench/cli_startup.py

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
 from launcher.config import Config, GpuSpec
 from launcher.evidence import LegEvents
+from launcher.errors import BadInput
 from launcher.ladder import Rung
 from launcher.ledger import Ledger
 
@@ -146,6 +147,9 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
             result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
             if result is None and time.time() >= give_up:
                 result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
+    except BadInput:  # the backend could not launch at all (sky: no cloud): nothing ran, nothing is billed
+        result = LegResult(None, handle.started_at, time.time(), False, "not launched", billed_seconds=0.0)
+        raise
     finally:
         if result is None:  # interrupted (Ctrl-C) or the launcher failed: the instance must not outlive us
             result = ctx.backend.kill(handle, reason="launcher interrupted")

@@ -25,12 +25,18 @@ import sky as real_sky
 JOB_FAILED = 100  # what SkyPilot's JobExitCode reports for a failed job: never the trainer's own code
 
 
+class NoCloudAccessError(Exception):
+    """Named like SkyPilot's own exception for "no cloud is enabled"."""
+
+
 class RecordingSky:
     Task = real_sky.Task
 
-    def __init__(self, trainer: Path, *, fail_setup: bool = False, job_exit: int = JOB_FAILED) -> None:
+    def __init__(self, trainer: Path, *, fail_setup: bool = False, job_exit: int = JOB_FAILED,
+                 no_cloud: bool = False) -> None:
         self.trainer = trainer
         self.fail_setup = fail_setup
+        self.no_cloud = no_cloud
         self.job_exit = job_exit
         self.calls: list[tuple[str, str]] = []
         self._requests: dict[str, tuple[str, Any, str]] = {}
@@ -56,6 +62,8 @@ class RecordingSky:
         self.calls.append(("stream_and_get", f"{kind}:{cluster}"))
         write = output_stream.write if output_stream is not None else (lambda _t: None)
         if kind == "launch":
+            if self.no_cloud:
+                raise NoCloudAccessError("No cloud access available for launching (stand-in)")
             if cluster in self._clusters:
                 raise RuntimeError(f"stand-in: cluster {cluster} reused: a leg must get a fresh one")
             disk = Path(tempfile.mkdtemp(prefix=f"standin-{cluster}-"))

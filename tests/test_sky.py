@@ -165,3 +165,16 @@ def test_kill_downs_the_cluster(sky_project, monkeypatch: pytest.MonkeyPatch, tm
     result = backend.kill(handle, reason="drill")
     assert result.killed and result.exit_code == -9 and result.end_reason == "drill"
     assert standin.clusters_of("down")[0] == handle.instance
+
+
+def test_no_cloud_is_exit_2_with_skypilots_reason_and_nothing_billed(sky_project, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    standin = RecordingSky(sky_project.root / "train.py", no_cloud=True)
+    with pytest.raises(BadInput, match="SkyPilot could not launch: NoCloudAccessError: No cloud access"):
+        run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
+    assert standin.clusters_of("down") == []  # nothing was provisioned, nothing to tear down
+    ledger = Ledger(sky_project.state_path / "ledger.db")
+    run = ledger.runs()[0]
+    held = ledger.conn.execute("SELECT settled_gpu_hours FROM reservations").fetchone()[0]
+    ledger.close()
+    assert run["exit_code"] == 2 and run["verdict"] == "error" and run["billed_gpu_hours"] == 0
+    assert [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0] and held == 0

@@ -23,10 +23,14 @@ from typing import IO, Any
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink
 from launcher.config import Config
+from launcher.errors import BadInput
 from launcher.evidence import LegEvents, exit_code_from_events
 from launcher.skytask import RenderedTask, render, sky_module
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)
+# SkyPilot's errors for "could not even ask a cloud": nothing was provisioned, nothing is billed.
+NOT_LAUNCHED = ("NoCloudAccessError", "ResourcesUnavailableError", "ApiServerConnectionError",
+                "CloudUserIdentityError", "NotSupportedError", "CatalogError")
 
 
 def cluster_name(spec: LegSpec) -> str:
@@ -92,15 +96,21 @@ class SkyBackend:
                 task = sky.Task.from_yaml(str(handle.task.path))
                 if spec.secrets and hasattr(task, "update_secrets"):
                     task.update_secrets(dict(spec.secrets))
-                job_id, _ = sky.stream_and_get(sky.launch(task, cluster_name=handle.instance),
-                                               output_stream=stream)
+                try:
+                    job_id, _ = sky.stream_and_get(sky.launch(task, cluster_name=handle.instance),
+                                                   output_stream=stream)
+                except Exception as err:
+                    if type(err).__name__ in NOT_LAUNCHED:
+                        out["not_launched"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                    raise
                 out["job_exit"] = sky.tail_logs(handle.instance, job_id, follow=True, output_stream=stream)
             except Exception as err:  # noqa: BLE001 - setup failures, lost clusters: recorded, then down
                 stream.write(f"launcher: sky leg failed: {type(err).__name__}: {err}\n")
                 out["error"] = f"{type(err).__name__}: {err}"
             finally:
                 try:
-                    sky.stream_and_get(sky.down(handle.instance), output_stream=stream)
+                    if "not_launched" not in out:  # nothing was provisioned when no cloud could be asked
+                        sky.stream_and_get(sky.down(handle.instance), output_stream=stream)
                     out["down"] = True
                 except Exception as err:  # noqa: BLE001 - a leaked cluster bills: say so loudly
                     stream.write(f"launcher: sky down {handle.instance} FAILED: {err}; check `sky status`\n")
@@ -108,6 +118,9 @@ class SkyBackend:
                 out["ended_at"] = time.time()
 
     def _result(self, handle: _SkyHandle) -> LegResult:
+        if "not_launched" in handle.outcome:  # no cloud could be asked: exit 2, nothing billed
+            raise BadInput(f"SkyPilot could not launch: {handle.outcome['not_launched']}",
+                           hint="`sky check` says which clouds are enabled")
         events = LegEvents.read(handle.spec.leg, handle.spec.log_path)
         code = exit_code_from_events(events)
         if code is None:
@@ -130,6 +143,8 @@ class SkyBackend:
         handle.killed = reason
         try:
             self.sky.stream_and_get(self.sky.down(handle.instance))
-        finally:
-            handle.thread.join(120)
+        except Exception as err:  # noqa: BLE001 - the leg thread's own `down` reports a real failure
+            handle.outcome.setdefault("kill_error", f"{type(err).__name__}: {err}")
+        handle.thread.join(120)
+        handle.outcome.pop("not_launched", None)  # killed on purpose: bill what ran
         return self._result(handle)
