@@ -38,7 +38,7 @@ def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project:
     code, checks, _ = drill(project, "--kills", "2", "--at", "mid-push")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
     # Killed while step S was uploading: an older step V was the newest verified, and leg 1 resumed there.
-    found = re.search(r'"save", "step": (\d+)\}; newest verified in store then: step (\d+)',
+    found = re.search(r'"save", "step": (\d+)\}; newest verified in store after the kill: step (\d+)',
                       checks["leg 0 killed mid-push"]["detail"])
     saving, verified = int(found.group(1)), int(found.group(2))
     assert verified < saving
