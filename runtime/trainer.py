@@ -184,7 +184,7 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
         step = state["step"]
         events.emit("resume", from_step=step, checkpoint=manifest.name, sample_index=cursor["sample_index"],
                     rank_sample_index=order.first_sample(step, world.rank),
-                    batch_hash=order.batch_hash(tokens, step), lr=opt.param_groups[0]["lr"],
+                    batch_hash=cursor["next_batch_sha256"], lr=opt.param_groups[0]["lr"],  # re-hashed by check_cursor
                     lr_expected=args.lr * lr_factor(step, args.warmup, args.total_steps, args.schedule),
                     tokens_consumed=cursor["tokens_consumed"], epoch=cursor["epoch"])
 
