@@ -52,7 +52,8 @@ def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None
     assert 'sched.load_state_dict(state["scheduler"])' in text
     train.write_text(text.replace('sched.load_state_dict(state["scheduler"])', "pass  # the bug: LR restarts"))
     assert run_cli(["review"], cwd=project).code == 0
-    res = run_cli(["drill", "cold-resume", "--kills", "1"], cwd=project, timeout=600)
+    # mid-step: the killed leg has run steps past the checkpoint, so the re-run shows their LR
+    res = run_cli(["drill", "cold-resume", "--kills", "1", "--at", "mid-step"], cwd=project, timeout=600)
     assert res.code == 1
     assert "leg 1: LR restored" in res.out.splitlines()[-1]  # the answer line names the failed check
 
