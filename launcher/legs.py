@@ -77,7 +77,10 @@ class RunContext:
         return self.gpus.count if self.gpus else 0
 
     def leg_env(self, leg: int, max_steps: int, deadline: float) -> dict[str, str]:
-        return {**self.cfg.leg_env,
+        # A CPU rung on a machine that has GPUs still runs on the CPU: it is the
+        # rehearsal of the CPU path, and it must not bill or depend on a GPU.
+        cpu_only = {} if self.gpus else {"CUDA_VISIBLE_DEVICES": ""}
+        return {**cpu_only, **self.cfg.leg_env,
             "LAUNCHER_RUN_ID": self.run_id,
             "LAUNCHER_LEG": str(leg),
             "LAUNCHER_RUNG": self.rung.name,

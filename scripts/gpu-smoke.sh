@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The lower ladder of the reference trainer on a machine that has GPUs, from a
+# checkout, with no install: the launcher runs under the machine's python3
+# (whose torch sees the GPUs), local backend, local store.
+#
+#   scripts/gpu-smoke.sh [WORK_DIR]        GPUS=H200:1 to name the GPUs yourself
+#
+# Runs: review, rung 0, rung 1 (rehearsal, forced onto the CPU), rung 2 (smoke,
+# on the GPUs), a cold-resume drill on the GPUs, then a longer leg of a
+# GPT-2-small-sized model for a sustained-rate figure; ends with the spend and
+# the ledger. WORK_DIR keeps the project and its .launcher state (ledger, leg
+# logs, store), which `launcher report` reads.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${1:-/tmp/gpu-smoke}
+if [ -z "${GPUS:-}" ]; then
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}')
+    GPUS="$name:$(nvidia-smi -L | wc -l)"
+fi
+bin=$(mktemp -d)
+printf '#!/bin/sh\nexec python3 -m launcher.cli "$@"\n' > "$bin/launcher"
+chmod +x "$bin/launcher"
+export PATH="$bin:$PATH" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+failed=0
+# Every step runs even if one before it said no: the point is the figures.
+step() { printf '\n$ %s\n' "$*"; "$@" || { echo "(exit $?)"; failed=$((failed + 1)); }; }
+
+rm -rf "$work"
+step nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+step python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
+step launcher init "$work"
+cd "$work"
+step launcher review
+step launcher up static
+step launcher up rehearsal
+step launcher up smoke --gpus "$GPUS"
+step launcher drill cold-resume --gpus "$GPUS" --kills 2 --at mid-push
+# A longer leg of a ~85M-parameter model (GPT-2 small's shape, block 512):
+# the reference trainer's sustained tokens/s and memory on this GPU.
+big="python train.py --ckpt-every 100 --n-layer 12 --n-head 12 --n-embd 768 --block 512 --batch 16 --total-steps 100000 --data-tokens 4000000"
+sed -i "s|^  command: .*|  command: $big|; s|^  smoke: .*|  smoke: {steps: ${BIG_STEPS:-300}, budget_minutes: 10}|" launcher.yaml
+step launcher review
+step launcher up smoke --gpus "$GPUS"
+step launcher spend
+step launcher ledger
+echo "steps that said no: $failed"
+exit $(( failed > 0 ))
