@@ -25,11 +25,19 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore this rank's streams. A checkpoint loaded with map_location='cuda:N'
+    brings the generator states back as CUDA tensors, and both torch setters
+    take only a CPU ByteTensor (found by the smoke rung on an H200: every
+    resume on a GPU died with "RNG state must be a torch.ByteTensor")."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_cpu_bytes(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_cpu_bytes(s) for s in state["cuda"]])
+
+
+def _cpu_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=torch.uint8)
 
 
 def stale_files(expected_json: str | None, root: Path) -> list[str]:

@@ -53,6 +53,17 @@ def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> N
     assert unpriced.billed(3600.0) == (1.0, None)  # unknown price: no made-up cost
 
 
+def test_cpu_rungs_hide_the_gpus_from_their_legs(tmp_path: Path) -> None:
+    # A rehearsal on a box that has GPUs must still rehearse the CPU path.
+    cfg = Config(project="t", root=tmp_path)
+    cpu = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
+                          None, lambda leg, line: None)
+    assert cpu.leg_env(0, 10, time.time())["CUDA_VISIBLE_DEVICES"] == ""
+    gpu = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
+                          parse_gpus("T4:1"), lambda leg, line: None)
+    assert "CUDA_VISIBLE_DEVICES" not in gpu.leg_env(0, 10, time.time())
+
+
 def test_ctrl_c_kills_the_leg_and_closes_the_run(project: Path, leg_tmp: Path) -> None:
     launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
