@@ -89,6 +89,9 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
        nodes: int = typer.Option(1, "--nodes", help="Nodes per leg (sky backend)."),
        dry_run: bool = typer.Option(False, "--dry-run", help="Print what would launch and the quota arithmetic."),
        allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
+       cpu: bool = typer.Option(False, "--cpu", help="Run a GPU rung's legs on the CPU: a dress rehearsal of "
+                                "the rung (no GPU checks; the report counts none of it as the target's)."),
+       steps: Optional[int] = typer.Option(None, "--steps", help="Steps for this rung, overriding the config."),
        config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.render import LegPrinter, console, err_console, print_checks, print_json
@@ -97,15 +100,15 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
 
     cfg = _load(config)
     if dry_run:
-        text = describe_dry_run(cfg, rung, backend, gpus, nodes)
+        text = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu)
         if json_out:
             print_json({"dry_run": True, "text": text})
         else:
             sys.stdout.write(text + "\n")
         return
-    steps = cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0
-    printer = LegPrinter(err_console if json_out else console, every=max(1, steps // 10))
-    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes, allow_overdraft)
+    shown = steps or (cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0)
+    printer = LegPrinter(err_console if json_out else console, every=max(1, shown // 10))
+    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes, allow_overdraft, cpu=cpu, steps=steps)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})
@@ -189,6 +192,44 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
         console.print(f"no runs recorded yet (ledger: {cfg.state_path / 'ledger.db'})")
     else:
         print_ledger(console, runs)
+
+
+@app.command()
+def report(run_ids: Optional[list[str]] = typer.Argument(
+               None, help="Runs to report (default: the newest run of each rung on the newest reviewed files)."),
+           out: Optional[Path] = typer.Option(None, "--out", help="Folder to write (default: "
+                                              "<state_dir>/reports/preflight-<UTC time>); must not exist or be empty."),
+           check_dir: Optional[Path] = typer.Option(None, "--check", help="Re-verify a report folder's signature "
+                                                    "instead (exit 1 if any file was edited, added or removed)."),
+           config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Write the signed preflight report: the eight proofs with evidence, the plan numbers, plots."""
+    from launcher.render import console, print_json
+
+    if check_dir is not None:
+        from launcher.report import check
+
+        if run_ids or out:
+            raise BadInput("--check DIR takes no run ids and no --out")
+        problems = check(check_dir)
+        if json_out:
+            print_json({"folder": str(check_dir), "intact": not problems, "problems": problems})
+        elif problems:
+            console.print(f"[red]report {check_dir} was changed after it was signed[/red]")
+            for line in problems:
+                console.print(f"  {line}")
+        else:
+            console.print(f"report {check_dir}: intact (every file matches signature.json)")
+        raise typer.Exit(1 if problems else 0)
+    from launcher.report import build
+
+    cfg = _load(config)
+    folder, data = build(cfg, list(run_ids or []), out)
+    if json_out:
+        print_json({"folder": str(folder), **data})
+        return
+    from launcher.render import print_report
+
+    print_report(console, folder, data)
 
 
 image_app = typer.Typer(help="Build and push the leg image (docker and sky backends).", no_args_is_help=True)

@@ -40,7 +40,7 @@ RUNGS: tuple[Rung, ...] = (
          "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8)),
     Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
-         (1, 2, 3, 4, 5, 6, 7, 8), available=False),
+         (1, 2, 3, 4, 5, 7)),
     Rung("run", 4, "fresh instance(s)", "The run itself.", True, 1, (5,), available=False),
 )
 

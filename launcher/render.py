@@ -162,3 +162,26 @@ def print_spend(out: Console, d: dict[str, Any]) -> None:
         nxt.add_row(row["rung"], f"{row['gpu_hours']:.2f}", "-" if row["usd"] is None else f"{row['usd']:.2f}",
                     "yes" if row["fits"] else "[red]no[/red]", escape(row["arithmetic"]))
     out.print(nxt)
+
+
+def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
+    """`launcher report`: the proofs' verdicts, then where the folder is."""
+    colors = {"PASS": "green", "FAIL": "red", "MISSING": "yellow"}
+    table = Table(title=f"preflight report: {report['project']}", title_justify="left")
+    table.add_column("#")
+    table.add_column("proof", overflow="fold")
+    table.add_column("status")
+    table.add_column("what it rests on", overflow="fold")
+    for p in report["proofs"]:
+        c = colors[p["status"]]
+        table.add_row(str(p["number"]), escape(p["title"]), f"[{c}]{p['status']}[/{c}]", escape(p["summary"]))
+    out.print(table)
+    plan = report["plan"]
+    if "eta_hours" in plan:
+        fits = "fits" if plan.get("fits", True) else "does NOT fit"
+        out.print(f"plan: {plan['tok_s']:,.0f} tok/s on {plan['gpus']} -> ETA {plan['eta_hours']:,.1f} h, "
+                  f"{plan['gpu_hours']:,.1f} GPU-h; quota remaining {plan['quota']['remaining_gpu_hours']}: {fits}")
+    else:
+        out.print("plan: no rate on the target GPU yet, so no ETA (proof 5 MISSING)")
+    out.print(f"written: {folder}/preflight.md (+ preflight.json, {len(report.get('plots', []))} plots, evidence/, "
+              f"signature.json); check it with `launcher report --check {folder}`")

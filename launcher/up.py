@@ -45,9 +45,21 @@ class Outcome:
 
 
 def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, nodes: int = 1,
-                     dry_run: bool = False) -> tuple[Rung, GpuSpec | None]:
-    """Bad input is refused here, before the ledger is opened."""
+                     dry_run: bool = False, cpu: bool = False, steps: int | None = None
+                     ) -> tuple[Rung, GpuSpec | None]:
+    """Bad input is refused here, before the ledger is opened. `cpu` runs a GPU
+    rung's legs on the CPU (a dress rehearsal of the rung: its GPU checks are
+    left out, and the report counts nothing it measures as the target's)."""
     rung = rung_named(rung_name)
+    if steps is not None and (steps < 2 or not rung.legs):
+        raise BadInput(f"--steps {steps}: give at least 2, and only to a rung that trains" if rung.legs
+                       else f"--steps: rung {rung.name!r} trains nothing")
+    if cpu:
+        if not rung.needs_gpu:
+            raise BadInput(f"--cpu: rung {rung.name!r} already runs on the CPU")
+        if gpus_text is not None:
+            raise BadInput(f"--cpu and --gpus {gpus_text}: pick one")
+        rung = dataclasses.replace(rung, needs_gpu=False)
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if nodes < 1:
@@ -55,21 +67,24 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     if nodes > 1 and backend_name != "sky":
         raise BadInput(f"--nodes {nodes}: only the sky backend launches several nodes")
     if not rung.available and not dry_run:
-        raise BadInput(f"rung {rung.name!r} is not available in this version (available: static, rehearsal, smoke)")
+        raise BadInput(f"rung {rung.name!r} is not available in this version "
+                       "(available: static, rehearsal, smoke, probe)")
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     if rung.needs_gpu and gpus is None:
-        raise BadInput(f"rung {rung.name!r} runs on a GPU: give --gpus, e.g. --gpus T4:1")
+        raise BadInput(f"rung {rung.name!r} runs on a GPU: give --gpus, e.g. --gpus T4:1 "
+                       "(or --cpu for a dress rehearsal of the rung on this machine's CPU)")
     if not rung.needs_gpu and gpus is not None:
         raise BadInput(f"rung {rung.name!r} runs without a GPU: drop --gpus {gpus}")
     return rung, gpus
 
 
-def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int) -> str:
+def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
+            cpu: bool = False) -> str:
     """What `up` would launch, and the quota arithmetic; launches and records nothing."""
     from launcher.dryrun import describe
     from launcher.manifest import compare_with_review
 
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True)
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu)
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
         cmp = compare_with_review(cfg, ledger)
@@ -86,9 +101,13 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
 
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
-       show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False) -> Outcome:
-    """Run one rung of the ladder and record it."""
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes)
+       show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False, cpu: bool = False,
+       steps: int | None = None) -> Outcome:
+    """Run one rung of the ladder and record it (`steps` overrides the config's)."""
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, rungs=dataclasses.replace(
+            cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
     return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft)
 
 
@@ -188,9 +207,14 @@ def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashCompar
         from launcher.static import run_static
 
         return run_static(ctx, cmp)
+    steps = ctx.cfg.rung(ctx.rung.name).steps
+    if ctx.rung.name == "probe":
+        from launcher.probe import run_probe
+
+        return run_probe(ctx, steps, need_gpu=ctx.rung.needs_gpu)
     from launcher.rehearsal import run_resume_legs
 
-    return run_resume_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
+    return run_resume_legs(ctx, steps, need_gpu=ctx.rung.needs_gpu)
 
 
 class _HostBackend:

@@ -265,7 +265,8 @@ def _emit_window(world: World, device: str, step: int, history: list[tuple[int, 
     """Per window: memory (cross-rank MAX by all-reduce) and the sustained rate + ETA."""
     allocated, reserved, peak = device_memory(device)
     peak_max = world.max(peak)
-    events.emit("memory", step=step, allocated=allocated, reserved=reserved, peak=peak,
+    events.emit("memory", step=step, kind="cuda" if device.startswith("cuda") else "host_rss",
+                allocated=allocated, reserved=reserved, peak=peak,
                 allocated_max=world.max(allocated), reserved_max=world.max(reserved), peak_max=peak_max)
     rate = sustained_rate(history)
     if rate is not None and world.is_main:

@@ -92,7 +92,7 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "static", "--backend", "azure"], "unknown backend"),
     (["up", "rehearsal", "--nodes", "2"], "only the sky backend"),
     (["up", "rehearsal", "--nodes", "0"], "--nodes"),
-    (["up", "probe", "--gpus", "T4:2"], "not available"),
+    (["up", "run", "--gpus", "T4:2"], "not available"),
     (["up"], "Missing argument"),
     (["frobnicate"], "frobnicate"),
 ])

@@ -1,0 +1,146 @@
+"""The probe's measurements, read from a leg's events: sustained rate, memory
+trend, checkpoint-cycle cost. The probe rung checks them; the report re-reads
+them from the logs (never trusting a number it cannot point at).
+
+Each function returns a plain dict of numbers plus the event lines they rest
+on, or None when the leg printed too little to say anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from launcher.evidence import Check, LegEvents, Pointer
+
+RATE_REL_ERR_MAX = 0.02
+"""The sustained rate must be known to within 2 % (one block standard error)."""
+MEMORY_TOLERANCE_FRACTION = 0.02
+MEMORY_TOLERANCE_BYTES = 4 << 20
+"""Growth between the early and late window below max(2 % of the early value,
+4 MiB) reads as flat: host RSS moves by that much without a leak."""
+CADENCE_OVERHEAD_MAX = 0.05
+"""Checkpoint work on the training loop's critical path, per step, at the
+configured cadence: at most 5 % of step time."""
+
+
+def tokens_per_step(ev: LegEvents) -> int | None:
+    for _, e in ev.all("step"):
+        if e.get("step") and e.get("tokens"):
+            return int(e["tokens"]) // int(e["step"])
+    return None
+
+
+def sustained(ev: LegEvents) -> dict[str, Any] | None:
+    """The leg's last `rate` event: the runtime's sustained window (warm-up excluded)."""
+    item = ev.last("rate")
+    if item is None:
+        return None
+    e = item[1]
+    return {"tok_s": float(e["tok_s"]), "rel_err": e.get("rel_err"), "window_first": int(e["window_first"]),
+            "window_last": int(e["window_last"]), "window_steps": int(e["window_last"]) - int(e["window_first"]) + 1,
+            "seconds": float(e["seconds"]), "tokens_per_step": tokens_per_step(ev),
+            "evidence": ev.pointer(item)}
+
+
+def check_sustained(ev: LegEvents) -> Check:
+    name = f"leg {ev.leg}: sustained rate measured"
+    s = sustained(ev)
+    if s is None:
+        return Check(name, False, "no `rate` event: the leg ran too few steps past the warm-up to measure")
+    rel = s["rel_err"]
+    ok = rel is not None and rel <= RATE_REL_ERR_MAX
+    err = "unknown (window too short for block errors)" if rel is None else f"+-{100 * rel:.2f} %"
+    return Check(name, ok, f"{s['tok_s']:,.1f} tok/s over steps {s['window_first']}..{s['window_last']} "
+                 f"({s['window_steps']} steps, {s['seconds']:.1f} s), standard error {err} "
+                 f"(needs <= {100 * RATE_REL_ERR_MAX:.0f} %)", s["evidence"])
+
+
+def memory_trend(ev: LegEvents) -> dict[str, Any] | None:
+    """Peak of the cross-rank MAX series, and its growth between an early window
+    (a quarter into the leg, past the allocator's warm-up) and the last one."""
+    items = ev.all("memory")
+    if len(items) < 2:
+        return None
+    early, late = items[max(1, len(items) // 4)] if len(items) > 2 else items[0], items[-1]
+    e0, e1 = early[1], late[1]
+    growth = int(e1["peak_max"]) - int(e0["peak_max"])
+    steps = int(e1["step"]) - int(e0["step"])
+    tolerance = max(MEMORY_TOLERANCE_FRACTION * int(e0["peak_max"]), MEMORY_TOLERANCE_BYTES)
+    return {"kind": e1.get("kind", "unknown"),
+            "peak_bytes": max(int(e["peak_max"]) for _, e in items),
+            "reserved_bytes": max(int(e.get("reserved_max", 0)) for _, e in items),
+            "early_step": int(e0["step"]), "early_bytes": int(e0["peak_max"]),
+            "late_step": int(e1["step"]), "late_bytes": int(e1["peak_max"]),
+            "growth_bytes": growth, "slope_bytes_per_step": growth / steps if steps else 0.0,
+            "tolerance_bytes": int(tolerance), "flat": growth <= tolerance,
+            "series": [(int(e["step"]), int(e["peak_max"])) for _, e in items],
+            "evidence": ev.pointer(early) + ev.pointer(late)}
+
+
+def check_memory(ev: LegEvents, run_steps: int) -> Check:
+    name = f"leg {ev.leg}: memory flat"
+    m = memory_trend(ev)
+    if m is None:
+        return Check(name, False, "fewer than two `memory` windows")
+    what = {"cuda": "GPU memory (peak allocated, max across ranks)", "host_rss": "host RSS (max across ranks)"}.get(
+        m["kind"], "memory (peak, max across ranks)")
+    detail = (f"{what}: {mib(m['early_bytes'])} at step {m['early_step']} -> {mib(m['late_bytes'])} at step "
+              f"{m['late_step']} ({m['growth_bytes'] / 2**20:+.1f} MiB; flat within {mib(m['tolerance_bytes'])})")
+    if not m["flat"]:
+        projected = m["slope_bytes_per_step"] * run_steps
+        detail += (f"; leaking {m['slope_bytes_per_step'] * 1000 / 2**20:.2f} MiB per 1000 steps: "
+                   f"+{projected / 2**30:.2f} GiB over the run's {run_steps:,} steps")
+    return Check(name, m["flat"], detail, m["evidence"])
+
+
+def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
+    """Seconds per checkpoint on the critical path (save) and off it (push, verify),
+    the cadence they ran at, and what cadence the numbers allow."""
+    saves = ev.all("save")
+    pushes = ev.all("push")
+    verifies = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
+    step_s = [float(e["step_s"]) for _, e in ev.all("step") if e.get("step_s")]
+    if not saves or not pushes or not verifies or len(step_s) < 2:
+        return None
+    save_steps = [int(e["step"]) for _, e in saves]
+    interval = min((b - a for a, b in zip(save_steps, save_steps[1:])), default=None)
+    step_time = statistics.median(step_s)
+    save_s = statistics.mean(float(e["seconds"]) for _, e in saves)
+    push_s = statistics.mean(float(e["seconds"]) for _, e in pushes)
+    verify_s = statistics.mean(float(e["seconds"]) for _, e in verifies)
+    waits = ev.all("push_wait")
+    overhead = save_s / (interval * step_time) if interval else None
+    return {"checkpoints": len(saves), "bytes": int(saves[-1][1]["bytes"]), "save_s": save_s, "push_s": push_s,
+            "verify_s": verify_s, "bytes_read": int(verifies[-1][1]["bytes_read"]), "step_s": step_time,
+            "interval_steps": interval, "overhead": overhead, "push_waits": len(waits),
+            "wait_s": sum(float(e["seconds"]) for _, e in waits),
+            # the cadence that keeps critical-path cost <= 1 %, and the one an upload needs to finish in time
+            "min_interval_1pct": max(1, int(-(-save_s // (0.01 * step_time)))) if step_time else None,
+            "min_interval_upload": max(1, int(-(-(push_s + verify_s) // step_time))) if step_time else None,
+            "evidence": ev.pointer(saves[-1]) + ev.pointer(pushes[-1]) + ev.pointer(verifies[-1])}
+
+
+def check_cadence(ev: LegEvents) -> Check:
+    name = f"leg {ev.leg}: checkpoint cadence affordable"
+    c = cycle_cost(ev)
+    if c is None:
+        return Check(name, False, "no complete save -> push -> verify cycle to measure")
+    if c["interval_steps"] is None:
+        return Check(name, False, f"one checkpoint only ({c['save_s']:.3f} s on the critical path): no cadence to "
+                     f"measure; under 1 % of step time needs a checkpoint every {c['min_interval_1pct']} steps or more",
+                     c["evidence"])
+    ok = c["overhead"] <= CADENCE_OVERHEAD_MAX and c["push_waits"] == 0
+    detail = (f"every {c['interval_steps']} steps: save {c['save_s']:.3f} s on the critical path = "
+              f"{100 * c['overhead']:.2f} % of {c['interval_steps']} x {c['step_s']:.4f} s steps "
+              f"(needs <= {100 * CADENCE_OVERHEAD_MAX:.0f} %); push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
+              f"off it; {c['push_waits']} push waits")
+    return Check(name, ok, detail, c["evidence"])
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def pointers_json(pointers: tuple[Pointer, ...]) -> list[dict[str, Any]]:
+    return [p.to_json() for p in pointers]

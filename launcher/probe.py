@@ -1,0 +1,47 @@
+"""Rung 3 (probe): does the config hold for hours?
+
+Two legs on fresh instances. Leg 0 trains most of the rung's steps and is
+measured: the sustained rate (warm-up excluded, with its standard error), the
+memory trend (flat or leaking), and the checkpoint cycle's cost at the
+configured cadence. Leg 1 is a cold resume from the store on an empty disk,
+checked like every resume (position, LR, loss continuity, no re-read).
+"""
+
+from __future__ import annotations
+
+from launcher.evidence import Check
+from launcher.legs import LegOutcome, RunContext, run_leg
+from launcher.measure import check_cadence, check_memory, check_sustained
+from launcher.rehearsal import (check_continuity, check_device, check_leg_exit, check_lr, check_no_reread,
+                                check_position, check_pushed, check_resumed)
+
+TAIL_FRACTION = 0.1
+"""The share of the rung's steps left to the cold-resumed leg."""
+
+
+def leg_plan(steps: int) -> list[int]:
+    first = max(1, steps - max(1, int(steps * TAIL_FRACTION)))
+    return [first, steps]
+
+
+def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
+    run_steps = ctx.cfg.rungs.run.steps
+    plan = leg_plan(steps)
+    first = run_leg(ctx, 0, plan[0])
+    checks = [check_leg_exit(first)]
+    if need_gpu:
+        checks.append(check_device(first))
+    checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]
+    pushed, pushed_step = check_pushed(first.events)
+    checks.append(pushed)
+    if not (pushed.ok and first.result.exit_code == 0):
+        return checks
+    second: LegOutcome = run_leg(ctx, 1, plan[1])
+    checks.append(check_leg_exit(second))
+    if need_gpu:
+        checks.append(check_device(second))
+    checks += [check_resumed(second.events, pushed_step), check_lr(second.events),
+               check_position(first.events, second.events, pushed_step),
+               check_continuity(first.events, second.events), check_pushed(second.events)[0],
+               check_no_reread([first, second])]
+    return checks

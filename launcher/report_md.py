@@ -1,0 +1,108 @@
+"""preflight.md: the report a reader without this project's history can check.
+
+Rendered from preflight.json alone, so the two never disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUOTE_CHARS = 400
+
+
+def render(r: dict[str, Any]) -> str:
+    proofs = r["proofs"]
+    counts = {s: sum(p["status"] == s for p in proofs) for s in ("PASS", "FAIL", "MISSING")}
+    out = [f"# Preflight report: {r['project']}", "",
+           f"Generated {r['generated_at']} by preflight launcher {r['launcher_version']} from the ledger and the "
+           "legs' host-side logs (copied under `evidence/`). Every file here is hashed in `signature.json`; "
+           "`launcher report --check <this folder>` re-verifies them (exit 1 if anything was edited).", "",
+           f"**{counts['PASS']} of 8 proofs PASS, {counts['FAIL']} FAIL, {counts['MISSING']} MISSING.** "
+           "A proof that cannot state a number is MISSING, never PASS.", "",
+           "| # | proof | status | what it rests on |", "|---|---|---|---|"]
+    for p in proofs:
+        out.append(f"| {p['number']} | {p['title']} | **{p['status']}** | {_cell(p['summary'])} |")
+    out += ["", "## The plan", ""] + _plan(r["plan"]) + ["", "## Proofs, with evidence", ""]
+    for p in proofs:
+        out += [f"### {p['number']}. {p['title']}: {p['status']}", "", p["summary"], ""]
+        for line in p["numbers"].get("each", [])[:12]:
+            out.append(f"- {line}")
+        if p["numbers"].get("each"):
+            more = len(p["numbers"]["each"]) - 12
+            out += ([f"- ... and {more} more (preflight.json)"] if more > 0 else []) + [""]
+        for e in p["evidence"]:
+            out += [f"`{e['log']}` line {e['line']} ({e['run']}, leg {e['leg']}):", "", "```json",
+                    _quote(e["text"]), "```", ""]
+    out += ["## Plots", ""]
+    for name in r.get("plots", []):
+        out += [f"![{name}]({name})", ""]
+    out += ["## Runs reported", "", "| run | rung | backend | on | verdict | GPU-h | USD | image |",
+            "|---|---|---|---|---|---|---|---|"]
+    for run in r["runs"]:
+        out.append(f"| {run['id']} | {run['rung']} | {run['backend']} | {run['gpus']} | {run['verdict']} | "
+                   f"{_num(run['billed_gpu_hours'], 4)} | {_num(run['cost_usd'], 4)} | {run['image'] or '-'} |")
+    out += ["", "Legs: " + "; ".join(
+        f"{run['id']} leg {leg['leg']} exit {leg['exit_code']}{' (killed)' if leg['killed'] else ''} "
+        f"on {leg['instance']}" for run in r["runs"] for leg in run["legs"]), ""]
+    out += ["## What ran", "", f"Reviewed files (sha256), as every run above recorded them at launch "
+            f"(files digest {r['runs'][0]['files_digest'] if r['runs'] else '-'}):", ""]
+    out += [f"- `{path}` {sha}" for path, sha in sorted(r["reviewed_files"].items())]
+    out += ["", f"Config sha256: {', '.join(sorted({run['config_sha256'] for run in r['runs']}))}",
+            f"Images: {', '.join(sorted(set(r['images'].values()))) or 'none (local backend: the launcher environment)'}",
+            f"Rendered SkyPilot task YAML sha256: {', '.join(r['task_yaml_sha256']) or 'none (no sky legs)'}", ""]
+    return "\n".join(out)
+
+
+def _plan(p: dict[str, Any]) -> list[str]:
+    lines = []
+    q = p["quota"]
+    if "tok_s" in p:
+        lines.append(f"- **Sustained throughput**: {p['tok_s']:,.1f} tokens/s on {p['gpus']} (proof 5's window).")
+        lines.append(f"- **ETA of the run**: {p['run_steps']:,} steps (rungs.run.steps) at that rate = "
+                     f"**{p['eta_hours']:,.2f} h**; the run rung's legs are {p['run_leg_budget_hours']:g} h each, so "
+                     f"it needs {p['legs_needed']} leg(s).")
+        usd = "no price configured" if p["usd"] is None else \
+            f"x {p['price_per_gpu_hour']:g} USD/GPU-h = **{p['usd']:,.2f} USD**"
+        lines.append(f"- **GPU-hours**: {p['eta_hours']:,.2f} h x {p['gpus']} = **{p['gpu_hours']:,.2f} GPU-h**; {usd}.")
+    else:
+        lines.append("- **Sustained throughput, ETA, GPU-hours**: MISSING: no rate was measured on the target GPU "
+                     "(proof 5), so no ETA can be stated.")
+    if q["quota_gpu_hours"] is None:
+        lines.append(f"- **Quota**: none configured; used {q['used_gpu_hours']:.4f} GPU-h.")
+    else:
+        since = (q["period_from"] or "")[:10]
+        arith = (f"{q['quota_gpu_hours']:g} GPU-h per {q['period']} (from {since}) - used {q['used_gpu_hours']:.4f} "
+                 f"- reserved {q['reserved_gpu_hours']:.4f} = **{q['remaining_gpu_hours']:.4f} GPU-h remaining**")
+        if "gpu_hours" in p:
+            verdict = "**fits**" if p["fits"] else "**does NOT fit**"
+            arith += f"; the run needs {p['gpu_hours']:,.2f}: {verdict}"
+        lines.append(f"- **Quota**: {arith} (the same figures as `launcher spend`).")
+    m = p.get("memory")
+    if m:
+        lines.append(f"- **Memory** ({m['run']} leg {m['leg']}, {m['on']}): peak {m['peak_bytes'] / 2**20:,.1f} MiB; "
+                     f"{m['verdict']}.")
+    c = p.get("checkpoint")
+    if c:
+        cadence = (f"At the configured cadence (every {c['interval_steps']} steps) that is "
+                   f"{100 * c['overhead']:.2f} % of step time ({'affordable' if c['ok'] else 'too costly'})"
+                   if c["interval_steps"] else "One checkpoint in the leg, so no cadence was measured")
+        lines.append(f"- **Checkpoint cycle** ({c['run']} leg {c['leg']}, {c['on']}, {c['bytes']:,} B): save "
+                     f"{c['save_s']:.3f} s on the critical path, push {c['push_s']:.3f} s and verify {c['verify_s']:.3f} s "
+                     f"in the background; median step {c['step_s']:.4f} s. {cadence}; keeping it under 1 % needs a checkpoint every "
+                     f"{c['min_interval_1pct']} steps or more, and an upload to finish before the next needs every "
+                     f"{c['min_interval_upload']} or more; {c['push_waits']} push waits.")
+    for key in ("memory", "checkpoint"):
+        for e in (p.get(key) or {}).get("evidence", []):
+            lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
+    return lines
+
+
+def _quote(text: str) -> str:
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + " ... (whole line in the log)"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -1,0 +1,78 @@
+"""The probe rung: its requests, and its measurements read from a leg's events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.evidence import LegEvents
+from launcher.measure import check_cadence, check_memory, check_sustained
+from tests.conftest import assert_one_line_error, run_cli, run_rows
+
+
+def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -> None:
+    assert_one_line_error(run_cli(["up", "probe"], cwd=project), 2, "--gpus", "--cpu")
+    assert_one_line_error(run_cli(["up", "probe", "--cpu", "--gpus", "T4:1"], cwd=project), 2, "pick one")
+    assert_one_line_error(run_cli(["up", "rehearsal", "--cpu"], cwd=project), 2, "already runs on the CPU")
+    assert_one_line_error(run_cli(["up", "probe", "--cpu", "--steps", "1"], cwd=project), 2, "--steps 1")
+    assert_one_line_error(run_cli(["up", "static", "--steps", "5"], cwd=project), 2, "trains nothing")
+    assert_one_line_error(run_cli(["up", "run", "--gpus", "T4:1"], cwd=project), 2, "not available")
+    assert run_rows(project) == 0
+    dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project)
+    assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out
+
+
+def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
+    res = run_cli(["up", "probe", "--cpu", "--steps", "80", "--json"], cwd=project)
+    assert res.code in (0, 1), res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
+        assert name in checks and checks[name]["evidence"], name
+    assert "tok/s over steps" in checks["leg 0: sustained rate measured"]["detail"]
+    for name in ("leg 1 resumed from the store", "leg 1: LR restored", "leg 1: data position continues",
+                 "no sample read twice or skipped (2 legs, 80 steps)"):
+        assert checks[name]["ok"], checks[name]
+    assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["rung"] == "probe" and run["gpu_count"] == 0 and run["billed_gpu_hours"] == 0
+
+
+def _leg(tmp_path: Path, events: list[dict]) -> LegEvents:
+    log = tmp_path / "leg-0.log"
+    log.write_text("".join(json.dumps(dict(e, rank=0)) + "\n" for e in events))
+    return LegEvents.read(0, log)
+
+
+def test_a_leak_is_named_with_its_projection_over_the_run(tmp_path: Path) -> None:
+    mib = 2**20
+    flat = [{"event": "memory", "step": s, "kind": "cuda", "peak_max": 1000 * mib + (s % 20) * 1024,
+             "reserved_max": 1200 * mib} for s in range(10, 210, 10)]
+    assert check_memory(_leg(tmp_path, flat), 100_000).ok
+    leak = [{"event": "memory", "step": s, "kind": "cuda", "peak_max": 1000 * mib + s * 512 * 1024,
+             "reserved_max": 1200 * mib} for s in range(10, 210, 10)]
+    check = check_memory(_leg(tmp_path, leak), 100_000)
+    assert not check.ok and "0.50 MiB per 1000 steps" not in check.detail
+    assert "leaking 500.00 MiB per 1000 steps" in check.detail and "+48.83 GiB over the run's 100,000 steps" in check.detail
+
+
+def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
+    def leg(save_s: float, wait: bool) -> LegEvents:
+        ev: list[dict] = []
+        for s in range(1, 41):
+            ev.append({"event": "step", "step": s, "step_s": 0.1, "tokens": s * 100})
+            if s % 10 == 0:
+                ev += [{"event": "save", "step": s, "bytes": 10, "seconds": save_s},
+                       {"event": "push", "step": s, "name": f"c{s}", "bytes": 10, "seconds": 0.5},
+                       {"event": "verify", "step": s, "name": f"c{s}", "ok": True, "seconds": 0.1, "windows": 1,
+                        "bytes_read": 10}]
+                if wait:
+                    ev.append({"event": "push_wait", "step": s, "seconds": 0.2})
+        return _leg(tmp_path, ev)
+
+    cheap = check_cadence(leg(0.02, False))
+    assert cheap.ok and "2.00 % of 10 x 0.1000 s steps" in cheap.detail
+    assert not check_cadence(leg(0.2, False)).ok  # 20 % of step time on the critical path
+    assert not check_cadence(leg(0.02, True)).ok  # uploads fall behind the cadence
+    assert "standard error" in check_sustained(_leg(tmp_path, [{"event": "rate", "step": 9, "tok_s": 5.0,
+                                                               "window_first": 2, "window_last": 9, "seconds": 1.0,
+                                                               "rel_err": None}])).detail

@@ -1,0 +1,183 @@
+"""`launcher report`: proofs re-derived from the logs, the plan arithmetic, plots,
+and the signature that `--check` re-verifies.
+
+One local ladder (static, rehearsal, a CPU dress rehearsal of the probe, a
+drill) is run once for the module; tests that doctor logs work on copies.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from launcher.config import Config, RungConfig, RungsConfig
+from launcher.evidence import LegEvents
+from launcher.report import RunData, proof_5, proof_7, Evidence
+from runtime.events import parse_line
+from tests.conftest import assert_one_line_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    base = tmp_path_factory.mktemp("report")
+    env = {"TMPDIR": str(base / "tmp")}
+    (base / "tmp").mkdir()
+    root = base / "proj"
+    for args, cwd in ((["init", str(root)], base), (["review"], root), (["up", "static"], root),
+                      (["up", "rehearsal"], root), (["up", "probe", "--cpu", "--steps", "80"], root),
+                      (["drill", "cold-resume", "--kills", "1", "--at", "mid-push"], root)):
+        res = run_cli(args, cwd=cwd, env=env)
+        assert res.code in (0, 1) and "Traceback" not in res.err, (args, res.out[-2000:], res.err[-2000:])
+    return root, env
+
+
+def clone(root: Path, dst: Path) -> Path:
+    """A copy of the project whose ledger points at the copy's logs."""
+    shutil.copytree(root, dst)
+    with sqlite3.connect(dst / ".launcher" / "ledger.db") as db:
+        db.execute("UPDATE legs SET log_path = replace(log_path, ?, ?)", (str(root), str(dst)))
+    return dst
+
+
+def report_json(project: Path, env: dict[str, str], out: Path) -> dict:
+    res = run_cli(["report", "--out", str(out), "--json"], cwd=project, env=env)
+    assert res.code == 0, res.err
+    return res.json()
+
+
+def proofs(data: dict) -> dict[int, dict]:
+    return {p["number"]: p for p in data["proofs"]}
+
+
+def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = ladder
+    data = report_json(root, env, tmp_path / "rep")
+    got = proofs(data)
+    assert {n: p["status"] for n, p in got.items()} == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING",
+                                                        6: "PASS", 7: "PASS", 8: "PASS"}
+    assert "no GPU rung ran" in got[5]["summary"]
+    assert got[7]["numbers"]["bytes_per_param"] == pytest.approx(12.3, abs=0.3)
+    assert got[7]["numbers"]["verify_bytes_read"] > 0 and got[7]["numbers"]["free_bytes_after"] > 0
+    assert got[6]["numbers"]["kills"][0]["fresh_instance"] is True
+    assert {r["rung"] for r in data["runs"]} == {"static", "rehearsal", "probe", "drill"}
+    folder = tmp_path / "rep"
+    for name in ("preflight.md", "preflight.json", "signature.json", "throughput.png", "memory.png"):
+        assert (folder / name).is_file(), name
+    assert (folder / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every PASS rests on numbers and on event lines that really are at the cited line of the copied log
+    for p in got.values():
+        if p["status"] == "PASS":
+            assert p["numbers"] and p["evidence"], p
+        for e in p["evidence"]:
+            line = (folder / e["log"]).read_text().splitlines()[e["line"] - 1]
+            assert parse_line(line) == json.loads(e["text"]), (p["number"], e)
+    md = (folder / "preflight.md").read_text()
+    assert "6 of 8 proofs PASS" not in md and "7 of 8 proofs PASS, 0 FAIL, 1 MISSING" in md
+
+
+def test_a_removed_verify_event_never_leaves_proof_7_passing(ladder: tuple[Path, dict[str, str]],
+                                                              tmp_path: Path) -> None:
+    root, env = ladder
+    copy = clone(root, tmp_path / "proj")
+    for log in (copy / ".launcher" / "runs").rglob("leg-*.log"):
+        lines = log.read_text().splitlines(keepends=True)
+        log.write_text("".join(ln for ln in lines if (parse_line(ln) or {}).get("event") != "verify"))
+    got = proofs(report_json(copy, env, tmp_path / "rep"))
+    assert got[7]["status"] in ("MISSING", "FAIL")
+    assert got[1]["status"] != "PASS"  # nothing verified: nothing was shown pulled back intact
+
+
+def test_check_refuses_an_edited_report(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = ladder
+    folder = tmp_path / "rep"
+    report_json(root, env, folder)
+    assert run_cli(["report", "--check", str(folder)], cwd=root).code == 0
+    md = folder / "preflight.md"
+    md.write_text(md.read_text().replace("PASS", "PASS ", 1))
+    res = run_cli(["report", "--check", str(folder)], cwd=root)
+    assert res.code == 1 and "edited: preflight.md" in res.out
+    md.write_text(md.read_text().replace("PASS ", "PASS", 1))
+    assert run_cli(["report", "--check", str(folder)], cwd=root).code == 0
+    log = next((folder / "evidence").rglob("leg-1.log"))
+    log.write_text(log.read_text() + "\n")  # one byte in an evidence file
+    res = run_cli(["report", "--check", str(folder), "--json"], cwd=root)
+    assert res.code == 1 and res.json()["problems"] == [f"edited: {log.relative_to(folder)}"]
+    (folder / "extra.txt").write_text("x")
+    assert "added: extra.txt" in run_cli(["report", "--check", str(folder)], cwd=root).out
+    assert_one_line_error(run_cli(["report", "--check", str(tmp_path)], cwd=root), 2, "not a report folder")
+
+
+def test_quota_arithmetic_matches_launcher_spend(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = ladder
+    quota = report_json(root, env, tmp_path / "rep")["plan"]["quota"]
+    spend = run_cli(["spend", "--json"], cwd=root, env=env).json()
+    for key in ("quota_gpu_hours", "used_gpu_hours", "reserved_gpu_hours", "remaining_gpu_hours", "period_from"):
+        assert quota[key] == spend[key], key
+    md = (tmp_path / "rep" / "preflight.md").read_text()
+    assert f"- used {spend['used_gpu_hours']:.4f}" in md and f"{spend['remaining_gpu_hours']:.4f} GPU-h remaining" in md
+
+
+def test_bad_report_requests_are_refused_whole(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = ladder
+    assert_one_line_error(run_cli(["report", "no-such-run"], cwd=root, env=env), 2, "no run 'no-such-run'")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    assert_one_line_error(run_cli(["report", "--out", str(full)], cwd=root, env=env), 2, "not empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no half-written folder beside it
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    # one named run: only it is reported, and what it cannot prove is MISSING
+    runs = run_cli(["ledger", "--json"], cwd=root, env=env).json()
+    static = next(r["id"] for r in runs if r["rung"] == "static")
+    got = proofs(report_json(root, env, tmp_path / "one"))
+    assert got[8]["status"] == "PASS"
+    only = proofs(run_cli(["report", static, "--out", str(tmp_path / "static"), "--json"], cwd=root, env=env).json())
+    assert {p["status"] for p in only.values()} == {"MISSING"}
+
+
+# --- the arithmetic on the target hardware, from a GPU leg's events --------------
+
+def _gpu_run(tmp_path: Path, events: list[dict], gpus: str = "T4", count: int = 2) -> RunData:
+    log = tmp_path / "leg-0.log"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    row = {"id": "r-probe", "rung": "probe", "gpu_name": gpus, "gpu_count": count, "nodes": 1,
+           "legs": [{"leg": 0, "log_path": str(log), "killed": False, "exit_code": 0, "instance": "i0"}]}
+    return RunData(row, [LegEvents.read(0, log)])
+
+
+def _steps(n: int, tokens: int = 4096, ckpt_bytes: int = 12 * 1000, params: int = 1000) -> list[dict]:
+    out: list[dict] = [{"event": "start", "rank": 0, "device": "cuda:0", "params": params}]
+    for s in range(1, n + 1):
+        out.append({"event": "step", "rank": 0, "step": s, "loss": 1.0, "lr": 1e-3, "sample_index": s * 8,
+                    "tokens": s * tokens, "tok_s": 2000.0, "step_s": 2.048})
+        if s == 5:
+            out += [{"event": "push", "rank": 0, "step": 5, "name": "step-00000005", "bytes": ckpt_bytes, "seconds": 1.0},
+                    {"event": "verify", "rank": 0, "step": 5, "name": "step-00000005", "windows": 1,
+                     "bytes_read": 100, "ok": True, "seconds": 0.1},
+                    {"event": "delete_local", "rank": 0, "step": 5, "name": "step-00000005", "bytes_freed": ckpt_bytes,
+                     "free_bytes": 10**10}]
+    out.append({"event": "rate", "rank": 0, "step": n, "tok_s": 2000.0, "window_first": 21, "window_last": n,
+                "seconds": 100.0, "rel_err": 0.004})
+    return out
+
+
+def test_proof_5_eta_is_the_run_steps_at_the_sustained_rate(tmp_path: Path) -> None:
+    cfg = Config(project="t", rungs=RungsConfig(run=RungConfig(steps=90_000, budget_minutes=1440)), root=tmp_path)
+    proof = proof_5([_gpu_run(tmp_path, _steps(60))], cfg, Evidence())
+    assert proof.status == "PASS"
+    assert proof.numbers["eta_s"] == pytest.approx(90_000 * 4096 / 2000.0)  # 51.2 h
+    assert "90,000 x 4,096 tokens / 2,000.0 tok/s = 51.2 h" in proof.summary
+    noisy = _steps(60)
+    noisy[-1]["rel_err"] = 0.08
+    assert proof_5([_gpu_run(tmp_path, noisy)], cfg, Evidence()).status == "FAIL"
+
+
+def test_proof_7_flags_a_checkpoint_smaller_than_the_model_and_optimizer(tmp_path: Path) -> None:
+    ok = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=12_300, params=1000))], Evidence())
+    assert ok.status == "PASS" and ok.numbers["bytes_per_param"] == 12.3
+    small = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=2_000, params=1000))], Evidence())
+    assert small.status == "FAIL" and "much smaller" in small.summary
