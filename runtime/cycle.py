@@ -85,14 +85,18 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
                 seconds=round(push_s, 4), **extra)
 
     result = verify_checkpoint(store, manifest, local_dir, budget_bytes=verify_budget)
+    if result.ok:
+        # Mark first, then say so: a `verify` ok line in a log means the store holds the
+        # checkpoint as verified (a kill between the two once left a log claiming step
+        # 15 verified while the store -- rightly -- resumed the next leg from step 10).
+        store.mark_verified(manifest.name, {"windows": result.windows, "bytes_read": result.bytes_read,
+                                            "verified_at": time.time()})
     events.emit("verify", step=manifest.step, name=manifest.name, windows=result.windows,
                 bytes_read=result.bytes_read, ok=result.ok, seconds=round(result.seconds, 4),
                 failures=result.failures[:5])
     if not result.ok:
         # Keep the local copy: it is the only good one. The stored one never counts.
         return CycleResult(manifest, False, push_s, result.seconds)
-    store.mark_verified(manifest.name, {"windows": result.windows, "bytes_read": result.bytes_read,
-                                        "verified_at": time.time()})
 
     freed = manifest.total_bytes
     shutil.rmtree(local_dir)

@@ -6,10 +6,9 @@
 #   scripts/gpu-smoke.sh [WORK_DIR]        GPUS=H200:1 to name the GPUs yourself
 #
 # Runs: review, rung 0, rung 1 (rehearsal, forced onto the CPU), rung 2 (smoke,
-# on the GPUs), a cold-resume drill on the GPUs, then a longer leg of a
-# GPT-2-small-sized model for a sustained-rate figure; ends with the spend and
-# the ledger. WORK_DIR keeps the project and its .launcher state (ledger, leg
-# logs, store), which `launcher report` reads.
+# on the GPUs), a cold-resume drill on the GPUs, then rung 3 (probe) of a
+# GPT-2-small-sized model for the sustained rate, memory and checkpoint cost;
+# ends with the spend, the ledger and the signed report (WORK_DIR/report).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/tmp/gpu-smoke}
@@ -35,13 +34,15 @@ step launcher up static
 step launcher up rehearsal
 step launcher up smoke --gpus "$GPUS"
 step launcher drill cold-resume --gpus "$GPUS" --kills 2 --at mid-push
-# A longer leg of a ~85M-parameter model (GPT-2 small's shape, block 512):
-# the reference trainer's sustained tokens/s and memory on this GPU.
-big="python train.py --ckpt-every 100 --n-layer 12 --n-head 12 --n-embd 768 --block 512 --batch 16 --total-steps 100000 --data-tokens 4000000"
-sed -i "s|^  command: .*|  command: $big|; s|^  smoke: .*|  smoke: {steps: ${BIG_STEPS:-300}, budget_minutes: 10}|" launcher.yaml
+# The probe of a ~85M-parameter model (GPT-2 small's shape, block 512): the
+# reference trainer's sustained tokens/s, memory and checkpoint cost on this GPU.
+big="${BIG_COMMAND:-python train.py --ckpt-every 200 --n-layer 12 --n-head 12 --n-embd 768 --block 512 --batch 16 --total-steps 100000 --data-tokens 4000000}"
+sed -i "s|^  command: .*|  command: $big|" launcher.yaml
 step launcher review
-step launcher up smoke --gpus "$GPUS"
+step launcher up probe --gpus "$GPUS" --steps "${PROBE_STEPS:-600}"
 step launcher spend
-step launcher ledger
+step launcher ledger --limit 3
+step launcher report --out report
+step launcher report --check report
 echo "steps that said no: $failed"
 exit $(( failed > 0 ))
