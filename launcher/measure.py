@@ -104,6 +104,9 @@ def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
     if not saves or not pushes or not verifies or len(step_s) < 2:
         return None
     save_steps = [int(e["step"]) for _, e in saves]
+    last_step = max((int(e["step"]) for _, e in ev.all("step")), default=None)
+    if len(save_steps) >= 3 and save_steps[-1] == last_step:
+        save_steps = save_steps[:-1]  # the leg's final save comes at its end, not at the cadence
     interval = min((b - a for a, b in zip(save_steps, save_steps[1:])), default=None)
     step_time = statistics.median(step_s)
     save_s = statistics.mean(float(e["seconds"]) for _, e in saves)

@@ -179,7 +179,8 @@ def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
     plan = report["plan"]
     if "eta_hours" in plan:
         fits = "fits" if plan.get("fits", True) else "does NOT fit"
-        out.print(f"plan: {plan['tok_s']:,.0f} tok/s on {plan['gpus']} -> ETA {plan['eta_hours']:,.1f} h, "
+        provisional = "" if plan.get("rate_status") == "PASS" else " (provisional: proof 5 not PASS)"
+        out.print(f"plan{provisional}: {plan['tok_s']:,.0f} tok/s on {plan['gpus']} -> ETA {plan['eta_hours']:,.1f} h, "
                   f"{plan['gpu_hours']:,.1f} GPU-h; quota remaining {plan['quota']['remaining_gpu_hours']}: {fits}")
     else:
         out.print("plan: no rate on the target GPU yet, so no ETA (proof 5 MISSING)")

@@ -421,7 +421,7 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
         hours = p5.numbers["eta_s"] / 3600.0
         gpu_hours = hours * gpu_n
         price = cfg.prices.get(gpus.name)
-        out.update({"rate_source": "target", "tok_s": p5.numbers["tok_s"], "eta_hours": hours, "gpus": run.gpus,
+        out.update({"rate_source": "target", "rate_status": p5.status, "tok_s": p5.numbers["tok_s"], "eta_hours": hours, "gpus": run.gpus,
                     "gpu_hours": gpu_hours, "usd": None if price is None else gpu_hours * price,
                     "price_per_gpu_hour": price,
                     "run_leg_budget_hours": cfg.rungs.run.budget_minutes / 60.0,

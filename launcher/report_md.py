@@ -56,7 +56,11 @@ def _plan(p: dict[str, Any]) -> list[str]:
     lines = []
     q = p["quota"]
     if "tok_s" in p:
-        lines.append(f"- **Sustained throughput**: {p['tok_s']:,.1f} tokens/s on {p['gpus']} (proof 5's window).")
+        provisional = "" if p.get("rate_status") == "PASS" else \
+            " **Provisional: proof 5 is not PASS (the rate is not known to within 2 %), so every figure below " \
+            "that rests on it is too.**"
+        lines.append(f"- **Sustained throughput**: {p['tok_s']:,.1f} tokens/s on {p['gpus']} (proof 5's window)."
+                     + provisional)
         lines.append(f"- **ETA of the run**: {p['run_steps']:,} steps (rungs.run.steps) at that rate = "
                      f"**{p['eta_hours']:,.2f} h**; the run rung's legs are {p['run_leg_budget_hours']:g} h each, so "
                      f"it needs {p['legs_needed']} leg(s).")

@@ -50,7 +50,12 @@ def _throughput(run: "RunData", ev: Any, s: dict[str, Any], folder: Path) -> str
     ax.axvspan(s["window_first"], s["window_last"], color=COLORS[2], alpha=0.12,
                label=f"sustained window: steps {s['window_first']}..{s['window_last']} (warm-up excluded)")
     err = "" if s["rel_err"] is None else f" +- {100 * s['rel_err']:.2f} %"
-    ax.axhline(s["tok_s"], color=COLORS[3], lw=1.5, ls="--", label=f"sustained: {s['tok_s']:,.0f} tokens/s{err}")
+    ax.axhline(s["tok_s"], color=COLORS[3], lw=1.5, ls="--",
+               label=f"sustained: {s['tok_s']:,.0f} tokens/s{err}\n(tokens / wall time, checkpoint saves included)")
+    saves = ev.all("save")
+    for i, (_, e) in enumerate(saves):
+        ax.axvline(e["step"], color=COLORS[4], lw=0.8, ls=":",
+                   label=f"checkpoint save, between steps ({len(saves)}; e.g. {e['seconds']:.2f} s)" if i == 0 else None)
     ax.set_title(f"Training throughput per step, leg {ev.leg}\n{_where(run)}", fontsize=11)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("throughput (tokens/s, all ranks)")
