@@ -153,3 +153,26 @@ def test_cycle_replaces_an_unverified_copy_never_a_verified_one(store: LocalDirS
     with pytest.raises(StoreError, match="already verified"):
         run_cycle(store, folder, manifest, keep=2)
     assert "verify" in capsys.readouterr().out
+
+
+def test_a_verify_line_is_printed_only_once_the_store_holds_it_verified(store: LocalDirStore, tmp_path: Path,
+                                                                       capsys, monkeypatch) -> None:  # noqa: ANN001
+    # A kill between the read-back and the mark must not leave a log claiming a
+    # verified checkpoint the store does not hold (the report's proof 6 relies on it).
+    from runtime.cycle import run_cycle
+
+    printed_before_mark: list[str] = []
+    real_mark = store.mark_verified
+
+    def mark(name: str, info: dict) -> None:
+        printed_before_mark.append(capsys.readouterr().out)
+        raise KeyboardInterrupt("killed between read-back and mark")
+
+    monkeypatch.setattr(store, "mark_verified", mark)
+    folder, manifest = make_checkpoint(tmp_path / "leg", 10)
+    with pytest.raises(KeyboardInterrupt):
+        run_cycle(store, folder, manifest, keep=2)
+    assert '"event": "push"' in printed_before_mark[0] and '"event": "verify"' not in printed_before_mark[0]
+    assert '"event": "verify"' not in capsys.readouterr().out
+    monkeypatch.setattr(store, "mark_verified", real_mark)
+    assert [c.verified for c in store.list()] == [False]
