@@ -195,6 +195,39 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
 
 
 @app.command()
+def status(run_id: Optional[str] = typer.Argument(None, help="The run (default: the newest running one, else the newest)."),
+           config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Where a run stands: step, rate and ETA, newest checkpoint, headroom, warnings, step-time breakdown."""
+    from launcher.render import console, print_json, print_status
+    from launcher.status import status as read_status
+
+    data = read_status(_load(config), run_id)
+    if json_out:
+        print_json(data)
+    else:
+        print_status(console, data)
+
+
+@app.command()
+def stop(run_id: str = typer.Argument(..., help="The run to stop."),
+         timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the final checkpoint before "
+                                       "killing the leg."),
+         config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """Stop a run gracefully: SIGTERM, final checkpoint verified and loadable, teardown; kill on timeout."""
+    from launcher.render import console, err_console, print_json
+    from launcher.stop import stop as do_stop
+
+    out = err_console if json_out else console
+    result = do_stop(_load(config), run_id, timeout, lambda line: out.print(line))
+    if json_out:
+        print_json(result)
+    else:
+        mark = "[green]clean[/green]" if result.get("clean") else "[yellow]not clean[/yellow]"
+        console.print(f"stop {run_id}: {result['outcome']} ({mark}) - {result.get('detail', '')}")
+    raise typer.Exit(0 if result.get("clean") or result["outcome"] == "no leg running" else 1)
+
+
+@app.command()
 def report(run_ids: Optional[list[str]] = typer.Argument(
                None, help="Runs to report (default: the newest run of each rung on the newest reviewed files)."),
            out: Optional[Path] = typer.Option(None, "--out", help="Folder to write (default: "

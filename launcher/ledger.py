@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
     3: ["ALTER TABLE legs ADD COLUMN task_sha256 TEXT"],
+    4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
 }
 
 SCHEMA = """
@@ -104,7 +105,22 @@ CREATE TABLE IF NOT EXISTS legs (
     billed_gpu_hours REAL,
     cost_usd    REAL,
     task_sha256 TEXT,                      -- the rendered SkyPilot task YAML (sky backend)
+    pid         INTEGER,                   -- local backend: the leg's process (group) id, for `launcher stop`
     PRIMARY KEY (run_id, leg)
+);
+CREATE TABLE IF NOT EXISTS stops (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    leg         INTEGER,                   -- the leg signalled (NULL: between legs)
+    requested_at REAL NOT NULL,            -- from here on the run launches no new leg
+    timeout_s   REAL NOT NULL,
+    ended_at    REAL,
+    outcome     TEXT,                      -- graceful | killed after timeout | no leg running (NULL: in progress)
+    final_step  INTEGER,                   -- the step the leg stopped at
+    checkpoint  TEXT,                      -- newest verified checkpoint in the store afterwards
+    verified    INTEGER,
+    loadable    INTEGER,                   -- fetched whole, hashes matched, state deserialized
+    detail      TEXT
 );
 CREATE TABLE IF NOT EXISTS checks (
     run_id      TEXT NOT NULL REFERENCES runs(id),
@@ -259,6 +275,24 @@ class Ledger:
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)
         return out
+
+    # --- graceful stops ---------------------------------------------------------
+
+    def request_stop(self, run_id: str, leg: int | None, timeout_s: float) -> int:
+        with self.transaction() as db:
+            return int(db.execute("INSERT INTO stops (run_id, leg, requested_at, timeout_s) VALUES (?, ?, ?, ?)",
+                                  (run_id, leg, time.time(), timeout_s)).lastrowid)
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM stops WHERE run_id=? LIMIT 1", (run_id,)).fetchone() is not None
+
+    def end_stop(self, stop_id: int, **fields: Any) -> None:
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self.transaction() as db:
+            db.execute(f"UPDATE stops SET ended_at=?, {cols} WHERE id=?", (time.time(), *fields.values(), stop_id))
+
+    def stops(self, run_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM stops WHERE run_id=? ORDER BY id", (run_id,))]
 
     # --- images --------------------------------------------------------------
 

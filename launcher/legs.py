@@ -101,6 +101,10 @@ class RunContext:
         return hours, (hours * price if price is not None else (0.0 if self.gpu_count == 0 else None))
 
 
+class RunStopped(Exception):
+    """`launcher stop` asked the run to stop: no further leg is launched."""
+
+
 @dataclass
 class LegOutcome:
     result: LegResult
@@ -114,6 +118,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     Drills pass `kill_when`: on the first output line it accepts, the leg is
     frozen where it stands (if the backend can freeze), `at_kill` runs (it
     returns the kill's reason) and the instance is killed."""
+    if ctx.ledger.stop_requested(ctx.run_id):
+        raise RunStopped(f"`launcher stop {ctx.run_id}` asked this run to stop: leg {leg} was not launched")
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
     deadline = ctx.leg_deadline(budget_s)
     log_path = ctx.run_dir / f"leg-{leg}.log"
@@ -135,7 +141,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
                           "instance": handle.instance, "command": list(handle.command),
                           "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
                           "started_at": handle.started_at,
-                          "task_sha256": getattr(getattr(handle, "task", None), "sha256", None)})
+                          "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
+                          "pid": getattr(getattr(handle, "proc", None), "pid", None)})
     result = None
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)

@@ -147,3 +147,56 @@ def mib(n: float) -> str:
 
 def pointers_json(pointers: tuple[Pointer, ...]) -> list[dict[str, Any]]:
     return [p.to_json() for p in pointers]
+
+
+PHASES = {
+    "data": ("data wait", "the input pipeline is the bottleneck"),
+    "compute": ("forward/backward", "compute-bound: the model's arithmetic is the bottleneck"),
+    "optimizer": ("optimizer step", "the optimizer step is the bottleneck"),
+    "sync": ("cross-rank sync", "communication between ranks is the bottleneck"),
+    "ckpt": ("checkpoint saves", "checkpoint work on the critical path is the bottleneck: save less often or "
+             "asynchronously"),
+}
+
+
+def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
+    """Where step time went over the sustained window (or every step past the
+    warm-up when no rate was measured), by phase; background pushes apart."""
+    rate = sustained(ev)
+    steps = [(n, e) for n, e in ev.all("step") if isinstance(e.get("phases"), dict)]
+    if not steps:
+        return None
+    if rate is not None:
+        lo, hi = rate["window_first"], rate["window_last"]
+    else:  # no sustained window: skip the warm-up steps where there are enough, else only the first
+        lo, hi = (steps[20 if len(steps) > 25 else min(1, len(steps) - 1)][1]["step"], steps[-1][1]["step"])
+    window = [(n, e) for n, e in steps if lo <= e["step"] <= hi] or steps
+    totals = {k: sum(float(e["phases"].get(k, 0.0)) for _, e in window) for k in PHASES}
+    total = sum(totals.values())
+    if total <= 0:
+        return None
+    shares = {k: v / total for k, v in totals.items()}
+    top = max(shares, key=shares.get)  # type: ignore[arg-type]
+    label, meaning = PHASES[top]
+    background = [e for _, e in ev.all("push")] + [e for _, e in ev.all("verify")]
+    return {"steps": len(window), "from_step": window[0][1]["step"], "to_step": window[-1][1]["step"],
+            "seconds": totals, "shares": shares, "largest": top, "per_step_s": total / len(window),
+            "verdict": f"{label} {100 * shares[top]:.0f} % of step time: {meaning}",
+            "background_s": sum(float(e.get("seconds", 0.0)) for e in background),
+            "background_events": len(background),
+            "evidence": ev.pointer(window[0]) + ev.pointer(window[-1])}
+
+
+def describe_breakdown(b: dict[str, Any]) -> str:
+    parts = ", ".join(f"{PHASES[k][0]} {100 * b['shares'][k]:.1f} %" for k in sorted(b["shares"], key=b["shares"].get,
+                                                                                    reverse=True))
+    return (f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step): {parts}. "
+            f"{b['verdict']}. Off the critical path: {b['background_events']} push/verify events, "
+            f"{b['background_s']:.2f} s (not counted as step time)")
+
+
+def check_breakdown(ev: LegEvents) -> Check | None:
+    b = step_breakdown(ev)
+    if b is None:
+        return None  # a trainer that does not time its phases: nothing to say, nothing to fail
+    return Check(f"leg {ev.leg}: where step time goes", True, describe_breakdown(b), b["evidence"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from launcher.evidence import Check
 from launcher.legs import LegOutcome, RunContext, run_leg
-from launcher.measure import check_cadence, check_memory, check_sustained
+from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
 from launcher.rehearsal import (check_continuity, check_device, check_leg_exit, check_lr, check_no_reread,
                                 check_position, check_pushed, check_resumed)
 
@@ -32,6 +32,9 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     if need_gpu:
         checks.append(check_device(first))
     checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]
+    breakdown = check_breakdown(first.events)
+    if breakdown is not None:
+        checks.append(breakdown)
     pushed, pushed_step = check_pushed(first.events)
     checks.append(pushed)
     if not (pushed.ok and first.result.exit_code == 0):

@@ -186,3 +186,60 @@ def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
         out.print("plan: no rate on the target GPU yet, so no ETA (proof 5 MISSING)")
     out.print(f"written: {folder}/preflight.md (+ preflight.json, {len(report.get('plots', []))} plots, evidence/, "
               f"signature.json); check it with `launcher report --check {folder}`")
+
+
+def print_status(out: Console, s: dict[str, Any]) -> None:
+    """`launcher status`: the check before a kill."""
+    out.print(f"[bold]{s['run']}[/bold]  rung {s['rung']}  backend {s['backend']}  on {s['gpus']}  {s['state']}")
+    leg = s.get("leg")
+    if leg is None:
+        out.print("  no leg launched")
+        return
+    total = f" / {leg['leg_max_steps']} this leg" if leg["leg_max_steps"] else ""
+    alive = {True: ", process alive", False: ", process GONE"}.get(leg["process_alive"], "")
+    out.print(f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
+              f"step {leg['step']}{total} (run length {leg['total_steps']})")
+    last = s.get("last_event")
+    if last:
+        out.print(f"  last event: {last['event']} (step {last['step']}, line {last['line']}) {last['age_s']} s ago")
+    rate = s.get("rate")
+    if rate:
+        err = "" if rate["rel_err"] is None else f" +-{100 * rate['rel_err']:.1f} %"
+        eta = rate["eta_s"] / 3600 if rate["eta_s"] is not None else None
+        out.print(f"  rate: {rate['tok_s']:,.0f} tok/s{err} over steps {rate['window'][0]}..{rate['window'][1]}; "
+                  f"ETA to step {rate['eta_to_step']}: " + ("-" if eta is None else f"{eta:,.2f} h"))
+    ck = s.get("checkpoints", {})
+    if "error" in ck:
+        out.print(f"  store: unreachable ({escape(ck['error'])})")
+    else:
+        for key, label in (("newest_verified", "newest verified"), ("newest", "newest in store")):
+            c = ck.get(key)
+            if c is None:
+                out.print(f"  {label}: none")
+                continue
+            age = f"{c['age_steps']} steps" + (f", {c['age_minutes']} min" if c["age_minutes"] is not None else "")
+            out.print(f"  {label}: {c['name']} ({c['state']}, {c['bytes'] / 1e6:,.1f} MB), {age} old")
+    h = s.get("health")
+    if h:
+        gib = 2**30
+        ram = f"{h['ram_available_bytes'] / gib:,.1f} of {h['ram_total_bytes'] / gib:,.1f} GiB RAM available" \
+            if h.get("ram_available_bytes") else "RAM unknown"
+        out.print(f"  instance ({h['age_s']} s ago): disk {h['disk_free_bytes'] / gib:,.1f} of "
+                  f"{h['disk_total_bytes'] / gib:,.1f} GiB free; {ram}")
+        if h.get("gpu_total_bytes"):
+            procs = h.get("gpu_processes")
+            per = ", ".join(f"pid {p['pid']} {p['used_bytes'] / gib:,.2f} GiB" for p in procs) if procs else \
+                "per-process list unavailable (no nvidia-smi)"
+            out.print(f"  GPU: {h['gpu_free_bytes'] / gib:,.1f} of {h['gpu_total_bytes'] / gib:,.1f} GiB free; {per}")
+        else:
+            out.print("  GPU: no GPU")
+    b = s.get("breakdown")
+    if b:
+        out.print(f"  step time: {escape(b['summary'])}")
+    warnings = s.get("warnings", [])
+    out.print(f"  warnings/errors in this leg's log: {sum(w['count'] for w in warnings)} lines, {len(warnings)} kinds")
+    for w in warnings:
+        out.print(f"    {w['count']:>4} x  line {w['first_line']}: {escape(w['text'][:160])}")
+    for st in s.get("stops", []):
+        out.print(f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
+                  + (f" - {escape(st['detail'])}" if st["detail"] else ""))

@@ -22,7 +22,7 @@ from launcher.errors import BadInput, LauncherError, Refused
 from launcher.evidence import Check
 from launcher.ladder import Rung, rung_named
 from launcher.ledger import Ledger
-from launcher.legs import RunContext, ledger_run_row, new_run_id
+from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import guard_hashes, reviewed_paths
 
 
@@ -160,7 +160,16 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         checks: list[Check] = []
         verdict, exit_code = "error", 1
         try:
-            checks = runner(ctx, cmp)
+            try:
+                checks = runner(ctx, cmp)
+            except RunStopped as stopped:
+                checks = [Check("ran to its end", False, str(stopped))]
+            if ledger.stop_requested(ctx.run_id):
+                if not checks or checks[-1].name != "ran to its end":
+                    checks.append(Check("ran to its end", False, f"`launcher stop {ctx.run_id}` stopped it"))
+                outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
+                verdict, exit_code = "stopped", 1
+                return outcome
             outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
             verdict, exit_code = ("pass" if outcome.ok else "fail"), outcome.exit_code
             return outcome

@@ -42,6 +42,7 @@ from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.dist import RankTimeout, World, init_world
 from runtime.metrics import host_rss_bytes, sustained_rate
 from runtime.model import GPT, GPTConfig
+from runtime.health import Health
 from runtime.state import rng_state, set_rng_state, stale_files
 from runtime.store import StoreError, open_store
 
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--max-steps", type=int, default=None, help="overrides LAUNCHER_MAX_STEPS")
     p.add_argument("--workdir", default=".", help="the leg's local disk")
+    p.add_argument("--data-delay", type=float, default=0.0,
+                   help="seconds slept per batch: simulates a slow input pipeline (tests, drills)")
+    p.add_argument("--health-every", type=float, default=30.0,
+                   help="seconds between `health` events (disk, RAM, GPU memory per process)")
     return p
 
 
@@ -212,26 +217,44 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
     reason, step_s, mem_max = "max_steps", 0.0, None
     resumed_at = pushed_at = step  # the newest step the store holds for this run
     history: list[tuple[int, float, float]] = []  # (step, tokens this leg, time): the rate window
+    # Where each step's time goes, on the critical path (background pushes are not in it):
+    # data wait, forward+backward, optimizer, cross-rank sync, checkpoint saves since the last step.
+    sync_device = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+    ckpt_s = 0.0
+    health = Health(work, device, args.health_every) if world.local_rank == 0 else None
     while step < max_steps:
+        t0 = time.perf_counter()
         margin = max(5.0, 2 * (pusher.last_cycle_s if pusher else 0.0) + 3 * step_s)
         local_stop = 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
         stop_code = int(world.max(local_stop))  # one decision for every rank
         if stop_code:
             reason = STOP_CODES[stop_code]
             break
-        began = time.perf_counter()
+        t1 = began = time.perf_counter()
         x, y, first_sample = order.batch_at(tokens, step, world.rank)
+        if args.data_delay:
+            time.sleep(args.data_delay)
+        xb, yb = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        sync_device()
+        t2 = time.perf_counter()
         lr = opt.param_groups[0]["lr"]
-        loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        loss = model(xb, yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        sync_device()
+        t3 = time.perf_counter()
         opt.step()
         sched.step()
+        sync_device()
+        t4 = time.perf_counter()
         step += 1
         local_loss = loss.item()
         global_loss = world.mean(local_loss)
-        step_s = time.perf_counter() - began
+        t5 = time.perf_counter()
+        step_s = t5 - began
+        phases = {"data": t2 - t1, "compute": t3 - t2, "optimizer": t4 - t3, "sync": (t5 - t4) + (t1 - t0),
+                  "ckpt": ckpt_s}
         if not math.isfinite(global_loss):  # never push a poisoned state
             events.emit("stop", reason="nonfinite_loss", step=step, loss=global_loss)
             if pusher:
@@ -240,11 +263,17 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
         history.append((step, (step - resumed_at) * tokens_per_step, time.time()))
         if step % args.metrics_every == 0:
             mem_max = _emit_window(world, device, step, history, args.total_steps, tokens_per_step)
+            if health is not None:
+                health.maybe_emit(step)
         events.emit("step", step=step, loss=round(global_loss, 6), loss_local=round(local_loss, 6), lr=lr,
                     sample_index=first_sample, tokens=step * tokens_per_step,
-                    tok_s=round(tokens_per_step / step_s, 1), step_s=round(step_s, 4), mem_max_bytes=mem_max)
+                    tok_s=round(tokens_per_step / step_s, 1), step_s=round(step_s, 4), mem_max_bytes=mem_max,
+                    phases={k: round(v, 5) for k, v in phases.items()})
+        ckpt_s = 0.0
         if step % args.ckpt_every == 0:
+            t_ckpt = time.perf_counter()
             checkpoint(step)
+            ckpt_s = time.perf_counter() - t_ckpt
             pushed_at = step
 
     events.emit("stop", reason=reason, step=step)

@@ -183,3 +183,35 @@ def test_drill_in_containers(built: Path) -> None:
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]
     assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False]
     assert containers(f"preflight-{run['id']}") == []
+
+
+def test_status_and_graceful_stop_of_a_containerized_leg(built: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.test_status_stop import finish, start_up, wait_for_step
+
+    root = tmp_path / "proj"
+    shutil.copytree(built, root, ignore=shutil.ignore_patterns("runs", "store"))
+    cfg = root / "launcher.yaml"
+    text = re.sub(r"(?m)^  command: .*$", "  command: python train.py --ckpt-every 5 --metrics-every 5 "
+                  "--health-every 0 --data-delay 0.15", cfg.read_text())
+    cfg.write_text(re.sub(r"(?m)^  rehearsal: .*$", "  rehearsal: {steps: 300, budget_minutes: 10}", text))
+    proc, out = start_up(root, "--backend", "docker")
+    try:
+        run_id, _ = wait_for_step(root, 12, timeout=300)
+        s = run_cli(["status", "--json"], cwd=root).json()
+        assert s["run"] == run_id and s["backend"] == "docker" and s["leg"]["state"] == "running"
+        assert s["leg"]["step"] >= 12 and s["checkpoints"]["newest_verified"]["step"] >= 5
+        assert s["health"]["ram_total_bytes"] > 0  # read inside the container
+        assert containers(f"preflight-{run_id}") == [s["leg"]["instance"]]
+        res = run_cli(["stop", run_id, "--timeout", "120", "--json"], cwd=root)
+        st = res.json()
+        assert res.code == 0 and st["clean"] is True and st["loadable"]["ok"] is True, st
+        assert st["final_step"] == st["checkpoint_step"]
+        assert finish(proc, out) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert containers(f"preflight-{run_id}") == []  # torn down
+    after = run_cli(["status", run_id, "--json"], cwd=root).json()
+    assert after["state"] == "ended: stopped" and after["stops"][0]["outcome"] == "graceful"

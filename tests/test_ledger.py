@@ -150,5 +150,17 @@ def test_a_v1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
     ledger = Ledger(db)
     [run] = ledger.runs()
     assert run["id"] == "old" and run["image"] is None
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 4
+    ledger.close()
+
+
+def test_a_v3_ledger_gains_leg_pids_and_the_stops_table(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    Ledger(db).close()
+    with sqlite3.connect(db) as conn:  # as version 3 left it
+        conn.executescript("ALTER TABLE legs DROP COLUMN pid; DROP TABLE stops; PRAGMA user_version=3;")
+    ledger = Ledger(db)
+    cols = [r[1] for r in ledger._db.execute("PRAGMA table_info(legs)")]
+    assert "pid" in cols and ledger.stops("none") == []
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 4
     ledger.close()

@@ -65,8 +65,11 @@ def test_cpu_rungs_hide_the_gpus_from_their_legs(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_kills_the_leg_and_closes_the_run(project: Path, leg_tmp: Path) -> None:
+    # A shell without job control starts background jobs with SIGINT ignored, and the
+    # launcher would inherit that: give it the default disposition a terminal gives.
     launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for_line(next_log(project), '"event": "step"')
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=60) == 130

@@ -1,0 +1,141 @@
+"""`launcher status [RUN_ID]`: the check before a kill, in one command.
+
+Everything comes from what the host already has: the ledger, the leg's
+host-side log (streamed live by the backend, so it works the same on every
+backend), and the checkpoint store. What only the instance knows (disk, RAM,
+GPU memory per process) the runtime prints as `health` events; status shows
+the newest one with its age. A run that has gone quiet shows as such: the age
+of the last event is the first number to read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+from launcher.errors import BadInput
+from launcher.evidence import LegEvents
+from launcher.ledger import Ledger
+from launcher.measure import describe_breakdown, step_breakdown
+
+WARNING = re.compile(r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
+                     r"nan\b|inf\b|killed|timed? ?out", re.IGNORECASE)
+
+
+def pick_run(ledger: Ledger, run_id: str | None) -> dict[str, Any]:
+    if run_id is not None:
+        found = ledger.runs(run_id=run_id)
+        if not found:
+            raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
+        return found[0]
+    runs = ledger.runs(limit=20)
+    if not runs:
+        raise BadInput("no runs recorded yet: nothing to show", hint="`launcher up static` starts the ladder")
+    running = [r for r in runs if r["ended_at"] is None]
+    return running[0] if running else runs[0]
+
+
+def warnings_in(log: Path) -> list[dict[str, Any]]:
+    """Every warning/error-looking line that is not an event, grouped (digits folded), in order of first sight."""
+    groups: dict[str, dict[str, Any]] = {}
+    if not log.is_file():
+        return []
+    with log.open(encoding="utf-8", errors="replace") as fh:
+        for n, raw in enumerate(fh, 1):
+            line = raw.strip()
+            if not line or line.startswith("{") or not WARNING.search(line):
+                continue
+            key = re.sub(r"\d+", "#", line)[:160]
+            g = groups.setdefault(key, {"first_line": n, "count": 0, "text": line[:300]})
+            g["count"] += 1
+            g["last_line"] = n
+    return list(groups.values())
+
+
+def pid_alive(pid: int | None) -> bool | None:
+    if not pid:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None) -> dict[str, Any]:
+    from runtime.store import StoreError, open_store
+
+    try:
+        listed = open_store(run["store_uri"], f"runs/{run['id']}").list()
+    except (StoreError, OSError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    pushed_at = {e["step"]: e["t"] for ev in legs for _, e in ev.all("push") if "t" in e}
+
+    def describe(c: Any) -> dict[str, Any] | None:
+        if c is None:
+            return None
+        t = pushed_at.get(c.step)
+        return {"name": c.name, "step": c.step, "state": "verified" if c.verified else "pushed, not verified",
+                "bytes": c.manifest.total_bytes, "age_steps": None if step is None else step - c.step,
+                "age_minutes": None if t is None else round((time.time() - t) / 60.0, 1)}
+
+    newest = max(listed, key=lambda c: c.step, default=None)
+    verified = max((c for c in listed if c.verified), key=lambda c: c.step, default=None)
+    return {"count": len(listed), "newest": describe(newest), "newest_verified": describe(verified)}
+
+
+def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
+    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
+    if ledger is None:
+        raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
+    try:
+        run = pick_run(ledger, run_id)
+        stops = ledger.stops(run["id"])
+    finally:
+        ledger.close()
+    legs = [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in run["legs"]]
+    out: dict[str, Any] = {"run": run["id"], "rung": run["rung"], "backend": run["backend"],
+                           "gpus": f"{run['gpu_name']}:{run['gpu_count']}" if run["gpu_count"] else "CPU",
+                           "state": "running" if run["ended_at"] is None else f"ended: {run['verdict']}",
+                           "legs": len(run["legs"]), "stops": stops}
+    if not run["legs"]:
+        return out
+    row, ev = run["legs"][-1], legs[-1]
+    start = ev.first("start")
+    last_step = ev.last("step")
+    step = int(last_step[1]["step"]) if last_step else None
+    leg_running = row["ended_at"] is None
+    out["leg"] = {"leg": row["leg"], "instance": row["instance"], "log": row["log_path"],
+                  "state": "running" if leg_running else f"ended: exit {row['exit_code']}"
+                  + (f" ({row['end_reason']})" if row["end_reason"] else ""),
+                  "process_alive": pid_alive(row.get("pid")) if leg_running and row["backend"] == "local" else None,
+                  "step": step, "leg_max_steps": int(row["env"].get("LAUNCHER_MAX_STEPS", 0)) or None,
+                  "total_steps": start[1].get("total_steps") if start else None,
+                  "device": start[1].get("device") if start else None}
+    if ev.items:
+        n, e = ev.items[-1]
+        out["last_event"] = {"event": e["event"], "line": n, "step": e.get("step"),
+                             "age_s": round(time.time() - e["t"], 1) if "t" in e else None}
+    rate = ev.last("rate")
+    if rate:
+        r = rate[1]
+        out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
+                       "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
+    out["checkpoints"] = checkpoints(run, legs, step)
+    health = ev.last("health")
+    if health:
+        h = dict(health[1])
+        h["age_s"] = round(time.time() - h["t"], 1) if "t" in h else None
+        out["health"] = {k: v for k, v in h.items() if k not in ("event", "rank", "t")}
+    breakdown = step_breakdown(ev)
+    if breakdown:
+        out["breakdown"] = {"summary": describe_breakdown(breakdown), "largest": breakdown["largest"],
+                            "shares": breakdown["shares"], "per_step_s": breakdown["per_step_s"]}
+    out["warnings"] = warnings_in(Path(row["log_path"]))
+    return out

@@ -1,0 +1,131 @@
+"""`launcher stop RUN_ID`: a graceful stop, confirmed.
+
+1. Refuse what cannot be stopped (no such run, already ended, a backend this
+   version cannot signal) before anything is recorded.
+2. Record the request: from now on the run launches no new leg.
+3. SIGTERM the leg: the runtime finishes its step, pushes and verifies a
+   final checkpoint, prints `stop` (reason sigterm) and `done`.
+4. Wait for the leg to end (the `up` process tears its instance down and
+   closes the leg's ledger row), at most `timeout_s`.
+5. If it did not, say so and kill it (SIGKILL / docker kill).
+6. Confirm the newest verified checkpoint in the store is loadable: fetched
+   whole, every file's sha256 against its manifest, the state deserialized
+   (`python -m runtime.loadcheck`, in an interpreter with torch).
+7. Record the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from launcher.config import Config
+from launcher.errors import BadInput
+from launcher.evidence import LegEvents
+from launcher.ledger import Ledger
+
+KILL_WAIT_S = 60.0
+
+
+def _signal(leg: dict[str, Any], backend: str, sig: int) -> None:
+    if backend == "local":
+        try:
+            os.killpg(int(leg["pid"]), sig)  # the leg runs in its own session: pgid == pid
+        except ProcessLookupError:
+            pass
+    elif backend == "docker":
+        from launcher.image import docker_cli
+
+        name = "TERM" if sig == signal.SIGTERM else "KILL"
+        subprocess.run([docker_cli(), "kill", "--signal", name, leg["instance"]], capture_output=True, check=False)
+
+
+def _leg_row(ledger: Ledger, run_id: str, leg: int) -> dict[str, Any]:
+    return next(r for r in ledger.runs(run_id=run_id)[0]["legs"] if r["leg"] == leg)
+
+
+def _wait_leg_end(ledger: Ledger, run_id: str, leg: int, until: float) -> bool:
+    while time.time() < until:
+        if _leg_row(ledger, run_id, leg)["ended_at"] is not None:
+            return True
+        time.sleep(0.25)
+    return _leg_row(ledger, run_id, leg)["ended_at"] is not None
+
+
+def loadcheck(store_uri: str, run_id: str, name: str, python: str | None = None) -> dict[str, Any]:
+    """Run runtime.loadcheck in a torch interpreter (this one's, by default)."""
+    proc = subprocess.run([python or sys.executable, "-m", "runtime.loadcheck", store_uri, f"runs/{run_id}", name],
+                          capture_output=True, text=True, timeout=1800)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "name": name, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+
+
+def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None]) -> dict[str, Any]:
+    if timeout_s <= 0:
+        raise BadInput(f"--timeout must be positive, got {timeout_s:g}")
+    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
+    if ledger is None:
+        raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
+    try:
+        found = ledger.runs(run_id=run_id)
+        if not found:
+            raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
+        run = found[0]
+        if run["ended_at"] is not None:
+            raise BadInput(f"run {run_id} is not running: it ended ({run['verdict']})",
+                           hint=f"`launcher status {run_id}` shows where it stopped")
+        if run["backend"] not in ("local", "docker"):
+            raise BadInput(f"launcher stop: the {run['backend']} backend cannot be signalled by this version "
+                           "(local and docker can)", hint="`sky cancel` then `sky down` the leg's cluster")
+        live = [leg for leg in run["legs"] if leg["ended_at"] is None]
+        leg = live[-1] if live else None
+        if leg is not None and run["backend"] == "local" and not leg.get("pid"):
+            raise BadInput(f"leg {leg['leg']} of {run_id} has no pid in the ledger (recorded by an older launcher)")
+        stop_id = ledger.request_stop(run_id, leg["leg"] if leg else None, timeout_s)
+        if leg is None:
+            ledger.end_stop(stop_id, outcome="no leg running", detail="between legs: no further leg will launch")
+            say("no leg was running; the run will launch no further leg")
+            return {"run": run_id, "outcome": "no leg running", "stop_id": stop_id}
+        began = time.time()
+        say(f"SIGTERM -> leg {leg['leg']} ({leg['instance']}); waiting up to {timeout_s:g} s for its final checkpoint")
+        _signal(leg, run["backend"], signal.SIGTERM)
+        graceful = _wait_leg_end(ledger, run_id, leg["leg"], began + timeout_s)
+        if not graceful:
+            say(f"the leg did not stop within {timeout_s:g} s: killing it")
+            _signal(leg, run["backend"], signal.SIGKILL)
+            _wait_leg_end(ledger, run_id, leg["leg"], time.time() + KILL_WAIT_S)
+        events = LegEvents.read(leg["leg"], Path(leg["log_path"]))
+        stop_ev, done = events.last("stop"), events.last("done")
+        final_step = int(done[1]["step"]) if done else (int(stop_ev[1]["step"]) if stop_ev else None)
+        from runtime.cycle import newest_verified
+        from runtime.store import open_store
+
+        newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}"))
+        load = loadcheck(run["store_uri"], run_id, newest.name) if newest else {"ok": False, "error": "nothing verified"}
+        clean = (graceful and stop_ev is not None and stop_ev[1].get("reason") == "sigterm" and done is not None
+                 and bool(done[1].get("final_checkpoint_verified")) and newest is not None
+                 and newest.step == final_step and load.get("ok"))
+        outcome = ("graceful" if clean else "graceful, but not clean" if graceful
+                   else f"killed after {timeout_s:g} s timeout")
+        if clean:
+            detail = f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
+        elif newest is not None:
+            detail = (f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
+                      f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else ""))
+        else:
+            detail = "no verified checkpoint in the store: a resume starts from scratch"
+        ledger.end_stop(stop_id, outcome=outcome, final_step=final_step, checkpoint=newest.name if newest else None,
+                        verified=int(newest is not None), loadable=int(bool(load.get("ok"))), detail=detail)
+        return {"run": run_id, "leg": leg["leg"], "outcome": outcome, "clean": bool(clean), "final_step": final_step,
+                "checkpoint": newest.name if newest else None, "checkpoint_step": newest.step if newest else None,
+                "loadable": load, "detail": detail, "seconds": round(time.time() - began, 1), "stop_id": stop_id}
+    finally:
+        ledger.close()

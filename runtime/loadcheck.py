@@ -1,0 +1,54 @@
+"""Is a stored checkpoint loadable? Fetch it whole, check every file against its
+manifest, deserialize the state, and print one JSON line.
+
+    python -m runtime.loadcheck STORE_URI PREFIX NAME
+
+`launcher stop` runs this (in an interpreter that has torch; the launcher
+itself never imports it) on the final checkpoint before it calls a stop clean.
+Exit 0 loadable, 1 not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from runtime.checkpoint import load_local
+from runtime.store import open_store
+
+
+def check(uri: str, prefix: str, name: str) -> dict:
+    began = time.perf_counter()
+    store = open_store(uri, prefix)
+    listed = {c.name: c for c in store.list()}
+    info = listed.get(name)
+    if info is None:
+        return {"ok": False, "name": name, "error": "not in the store"}
+    with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
+        try:
+            folder = store.fetch(name, Path(tmp))
+            state, manifest = load_local(folder)
+        except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
+            return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}
+    missing = [k for k in ("model", "optimizer", "step", "cursor") if k not in state]
+    return {"ok": not missing and state["step"] == info.step, "name": name, "step": state.get("step"),
+            "verified": info.verified, "files": len(manifest.files), "bytes": manifest.total_bytes,
+            "tensors": sum(1 for _ in state["model"]) if "model" in state else 0, "missing_keys": missing,
+            "seconds": round(time.perf_counter() - began, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m runtime.loadcheck STORE_URI PREFIX NAME", file=sys.stderr)
+        return 2
+    result = check(*args)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
