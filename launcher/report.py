@@ -29,8 +29,8 @@ from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
 from launcher.evidence import Check, LegEvents, Pointer
 from launcher.ledger import Ledger
-from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, memory_trend, mib,
-                              sustained)
+from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, describe_breakdown,
+                              memory_trend, step_breakdown, sustained)
 from launcher.rehearsal import check_continuity, check_lr, check_no_reread, check_position
 
 PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
@@ -442,6 +442,11 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
             out["memory"] = {k: v for k, v in m.items() if k not in ("evidence", "series")}
             out["memory"].update({"run": run.id, "leg": ev.leg, "on": run.gpus, "verdict": check.detail,
                                   "evidence": cite.cite(run, m["evidence"])})
+        b = step_breakdown(ev)
+        if b:
+            out["breakdown"] = {"run": run.id, "leg": ev.leg, "on": run.gpus, "summary": describe_breakdown(b),
+                                "largest": b["largest"], "shares": b["shares"],
+                                "evidence": cite.cite(run, b["evidence"])}
         c = cycle_cost(ev)
         if c:
             check = check_cadence(ev)

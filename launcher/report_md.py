@@ -94,7 +94,10 @@ def _plan(p: dict[str, Any]) -> list[str]:
                      f"in the background; median step {c['step_s']:.4f} s. {cadence}; keeping it under 1 % needs a checkpoint every "
                      f"{c['min_interval_1pct']} steps or more, and an upload to finish before the next needs every "
                      f"{c['min_interval_upload']} or more; {c['push_waits']} push waits.")
-    for key in ("memory", "checkpoint"):
+    b = p.get("breakdown")
+    if b:
+        lines.append(f"- **Where step time goes** ({b['run']} leg {b['leg']}, {b['on']}): {b['summary']}.")
+    for key in ("memory", "checkpoint", "breakdown"):
         for e in (p.get(key) or {}).get("evidence", []):
             lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
     return lines

@@ -29,7 +29,7 @@ def imports_after(argv: list[str], cwd: Path) -> dict:
     return json.loads(line[2:])
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["ledger"], ["ledger", "--json"], ["up", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["ledger"], ["ledger", "--json"], ["up", "--help"], ["status", "--json"]])
 def test_host_commands_do_not_import_torch_or_skypilot(project: Path, argv: list[str]) -> None:
     assert run_cli(["up", "static"], cwd=project).code == 0  # so `ledger` has a run to show
     got = imports_after(argv, project)
