@@ -84,12 +84,10 @@ class Reservation:
     remaining_gpu_hours: float | None
 
 
-def _alive(host: str, pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine is alive (one owned by another user counts)."""
     import os
-    import socket
 
-    if host != socket.gethostname():
-        return True  # another machine's launcher: not ours to judge
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -97,6 +95,14 @@ def _alive(host: str, pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _alive(host: str, pid: int) -> bool:
+    import socket
+
+    if host != socket.gethostname():
+        return True  # another machine's launcher: not ours to judge
+    return pid_alive(pid)
 
 
 def reconcile(db: Any) -> int:

@@ -10,7 +10,6 @@ of the last event is the first number to read.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from launcher.errors import BadInput
 from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
 from launcher.measure import describe_breakdown, step_breakdown
+from launcher.spend import pid_alive
 
 WARNING = re.compile(r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
                      r"nan\b|inf\b|killed|timed? ?out", re.IGNORECASE)
@@ -54,18 +54,6 @@ def warnings_in(log: Path) -> list[dict[str, Any]]:
             g["count"] += 1
             g["last_line"] = n
     return list(groups.values())
-
-
-def pid_alive(pid: int | None) -> bool | None:
-    if not pid:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None) -> dict[str, Any]:
@@ -114,7 +102,8 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     out["leg"] = {"leg": row["leg"], "instance": row["instance"], "log": row["log_path"],
                   "state": "running" if leg_running else f"ended: exit {row['exit_code']}"
                   + (f" ({row['end_reason']})" if row["end_reason"] else ""),
-                  "process_alive": pid_alive(row.get("pid")) if leg_running and row["backend"] == "local" else None,
+                  "process_alive": pid_alive(row["pid"]) if leg_running and row["backend"] == "local" and row.get("pid")
+                  else None,
                   "step": step, "leg_max_steps": int(row["env"].get("LAUNCHER_MAX_STEPS", 0)) or None,
                   "total_steps": start[1].get("total_steps") if start else None,
                   "device": start[1].get("device") if start else None}

@@ -10,19 +10,8 @@
 # GPT-2-small-sized model for the sustained rate, memory and checkpoint cost;
 # ends with the spend, the ledger and the signed report (WORK_DIR/report).
 set -uo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu-env.sh"
 work=${1:-/tmp/gpu-smoke}
-if [ -z "${GPUS:-}" ]; then
-    name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}')
-    GPUS="$name:$(nvidia-smi -L | wc -l)"
-fi
-bin=$(mktemp -d)
-printf '#!/bin/sh\nexec python3 -m launcher.cli "$@"\n' > "$bin/launcher"
-chmod +x "$bin/launcher"
-export PATH="$bin:$PATH" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-failed=0
-# Every step runs even if one before it said no: the point is the figures.
-step() { printf '\n$ %s\n' "$*"; "$@" || { echo "(exit $?)"; failed=$((failed + 1)); }; }
 
 rm -rf "$work"
 step nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -4,17 +4,8 @@
 # Like gpu-smoke.sh: from a checkout, under the machine's python3, local backend.
 #   scripts/gpu-status-stop.sh [WORK_DIR]        GPUS=H200:1 to name the GPUs
 set -uo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu-env.sh"
 work=${1:-/tmp/gpu-status}
-if [ -z "${GPUS:-}" ]; then
-    GPUS="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}'):$(nvidia-smi -L | wc -l)"
-fi
-bin=$(mktemp -d)
-printf '#!/bin/sh\nexec python3 -m launcher.cli "$@"\n' > "$bin/launcher"
-chmod +x "$bin/launcher"
-export PATH="$bin:$PATH" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-failed=0
-step() { printf '\n$ %s\n' "$*"; "$@" || { echo "(exit $?)"; failed=$((failed + 1)); }; }
 rm -rf "$work"
 launcher init "$work" >/dev/null && cd "$work" || exit 2
 sed -i "s|^  command: .*|  command: python train.py --ckpt-every 20 --metrics-every 10 --health-every 0 --data-delay 0.01|" launcher.yaml
