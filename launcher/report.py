@@ -273,7 +273,8 @@ def proof_6(runs: list[RunData], cite: Evidence) -> Proof:
             kills.append({"run": run.id, "killed_leg": i, "how": leg["end_reason"], "resumed_at": got,
                           "next_leg_exit": legs[i + 1]["exit_code"],
                           "newest_verified_in_logs": newest_logged, "fresh_instance": fresh,
-                          "store_read_at_kill": store_check["detail"] if store_check else None})
+                          # the drill read the store after the kill; its check says what it found
+                          "store_read_at_kill": store_check["detail"].split("; ", 1)[-1] if store_check else None})
             if not ok:
                 bad.append(kills[-1])
             evidence += cite.cite(run, after.pointer(resume))
