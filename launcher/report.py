@@ -126,11 +126,11 @@ def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
     if not every:
         raise BadInput("nothing to report: the ledger has no runs yet (start with `launcher up static`)")
     digest = every[0]["files_digest"]
-    newest: dict[str, dict[str, Any]] = {}
-    for row in every:  # newest first
+    newest: dict[tuple[str, bool], dict[str, Any]] = {}
+    for row in every:  # newest first; a GPU run is kept beside a newer CPU dress rehearsal of its rung
         if row["files_digest"] == digest and row["ended_at"] is not None:
-            newest.setdefault(row["rung"], row)
-    return [newest[r] for r in RUNG_ORDER if r in newest]
+            newest.setdefault((row["rung"], bool(row["gpu_count"])), row)
+    return [newest[(r, g)] for r in RUNG_ORDER for g in (True, False) if (r, g) in newest]
 
 
 def load_run(row: dict[str, Any]) -> RunData:

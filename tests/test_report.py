@@ -181,3 +181,26 @@ def test_proof_7_flags_a_checkpoint_smaller_than_the_model_and_optimizer(tmp_pat
     assert ok.status == "PASS" and ok.numbers["bytes_per_param"] == 12.3
     small = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=2_000, params=1000))], Evidence())
     assert small.status == "FAIL" and "much smaller" in small.summary
+
+
+def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tuple[Path, dict[str, str]],
+                                                                      tmp_path: Path) -> None:
+    from launcher.ledger import Ledger
+    from launcher.report import select_runs
+
+    root, _ = ladder
+    copy = clone(root, tmp_path / "proj")
+    ledger = Ledger(copy / ".launcher" / "ledger.db")
+    try:
+        cpu_probe = next(r for r in ledger.runs() if r["rung"] == "probe")
+        older_gpu = {k: cpu_probe[k] for k in ("project", "rung", "backend", "nodes", "store_uri", "review_id",
+                                               "files_digest", "config_sha256")}
+        older_gpu.update(id="older-gpu-probe", gpu_name="T4", gpu_count=2, started_at=cpu_probe["started_at"] - 60,
+                         ended_at=cpu_probe["started_at"] - 1, exit_code=0, verdict="pass")
+        ledger.begin_run(older_gpu, {})
+        picked = [(r["rung"], r["id"]) for r in select_runs(ledger, [])]
+    finally:
+        ledger.close()
+    probes = [rid for rung, rid in picked if rung == "probe"]
+    assert probes == ["older-gpu-probe", cpu_probe["id"]]
+    assert [rung for rung, _ in picked].count("rehearsal") == 1
