@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.evidence import Check, LegEvents
+from launcher.evidence import Check, LegEvents, surviving_timeline
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rehearsal import check_leg_exit, check_lr, check_no_reread
 from runtime.cycle import newest_verified
@@ -115,7 +115,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int) -> list[
     checks.append(Check("the run reached its end", bool(done and done[1]["step"] == steps),
                         f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
                         outs[-1].events.pointer(done)))
-    checks.append(check_no_reread(effective_timeline(outs)))
+    checks.append(check_no_reread(surviving_timeline([o.events for o in outs])))
     return checks
 
 
@@ -176,18 +176,6 @@ def check_replay(before: LegEvents, after: LegEvents) -> Check:
         return Check(name, False, "too few steps on one side of the restart")
     return Check(name, cont.ok, f"jump across the restart {cont.delta:+.5f} (band +-{cont.band:.5f})",
                  after.pointer(after.first("step")))
-
-
-def effective_timeline(outs: list[LegOutcome]) -> list[LegOutcome]:
-    """Each leg's steps up to where the next leg resumed: the updates that survived."""
-    trimmed = []
-    for out, nxt in zip(outs, outs[1:] + [None]):
-        resume = nxt.events.first("resume") if nxt else None
-        keep = None if nxt is None else (resume[1]["from_step"] if resume else 0)  # a kill keeps only the verified
-        items = [(n, e) for n, e in out.events.items
-                 if not (e["event"] == "step" and keep is not None and e["step"] > keep)]
-        trimmed.append(LegOutcome(out.result, LegEvents(out.events.leg, out.events.log, items)))
-    return trimmed
 
 
 def _brief(line: str) -> str:

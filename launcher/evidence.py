@@ -76,6 +76,25 @@ class LegEvents:
         return (Pointer(self.leg, str(self.log), lineno, json.dumps(event)),)
 
 
+def upto(ev: LegEvents, step: int) -> LegEvents:
+    """The leg's events with its step events after `step` dropped: what survived a
+    kill that lost everything after the checkpoint at `step`."""
+    return LegEvents(ev.leg, ev.log, [(n, e) for n, e in ev.items if not (e["event"] == "step" and e["step"] > step)])
+
+
+def surviving_timeline(legs: list[LegEvents]) -> list[LegEvents]:
+    """Each leg's steps up to where the next leg resumed: the updates that survived
+    (a leg the next one did not resume from keeps none; the last keeps all)."""
+    out = []
+    for ev, nxt in zip(legs, legs[1:] + [None]):
+        if nxt is None:
+            out.append(ev)
+            continue
+        resume = nxt.first("resume")
+        out.append(upto(ev, int(resume[1]["from_step"]) if resume else 0))
+    return out
+
+
 # The runtime's stop reasons and the exit codes they mean (runtime/trainer.py).
 REFUSED_REASONS = {"stale_code", "cursor_mismatch", "store_error"}
 

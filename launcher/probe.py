@@ -46,5 +46,5 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     checks += [check_resumed(second.events, pushed_step), check_lr(second.events),
                check_position(first.events, second.events, pushed_step),
                check_continuity(first.events, second.events), check_pushed(second.events)[0],
-               check_no_reread([first, second])]
+               check_no_reread([first.events, second.events])]
     return checks

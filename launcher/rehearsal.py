@@ -107,10 +107,10 @@ def check_continuity(before: LegEvents, after: LegEvents) -> Check:
                  after.pointer(after.first("step")))
 
 
-def check_no_reread(outs: list[LegOutcome]) -> Check:
+def check_no_reread(legs: list[LegEvents]) -> Check:
     """Across every leg, in order: each step reads the samples right after the previous step's."""
-    seq = [(o.events.leg, e["step"], e["sample_index"]) for o in outs for _, e in o.events.all("step")]
-    name = f"no sample read twice or skipped ({len(outs)} legs, {len(seq)} steps)"
+    seq = [(ev.leg, e["step"], e["sample_index"]) for ev in legs for _, e in ev.all("step")]
+    name = f"no sample read twice or skipped ({len(legs)} legs, {len(seq)} steps)"
     if len(seq) < 2:
         return Check(name, False, "fewer than two step events")
     stride = seq[1][2] - seq[0][2]
@@ -120,7 +120,7 @@ def check_no_reread(outs: list[LegOutcome]) -> Check:
         return Check(name, False, f"leg {a[0]} step {a[1]} read sample {a[2]}, then leg {b[0]} step {b[1]} read "
                      f"sample {b[2]} (stride {stride})")
     return Check(name, True, f"samples {seq[0][2]}..{seq[-1][2] + stride - 1} read once each, in order, "
-                 f"stride {stride}, legs {[o.events.leg for o in outs]}")
+                 f"stride {stride}, legs {[ev.leg for ev in legs]}")
 
 
 def check_device(out: LegOutcome) -> Check:
@@ -149,5 +149,5 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         checks.append(pushed)
         if not (checks[-1].ok and out.result.exit_code == 0):
             return checks  # nothing sound to resume from: the next leg would only repeat the failure
-    checks.append(check_no_reread(outs))
+    checks.append(check_no_reread([o.events for o in outs]))
     return checks

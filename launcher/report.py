@@ -27,7 +27,7 @@ from typing import Any
 from launcher import __version__
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
-from launcher.evidence import Check, LegEvents, Pointer
+from launcher.evidence import Check, LegEvents, Pointer, surviving_timeline, upto
 from launcher.ledger import Ledger
 from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, describe_breakdown,
                               memory_trend, step_breakdown, sustained)
@@ -146,11 +146,6 @@ class Resume:
     after: LegEvents
     step: int
     verify: tuple[int, dict[str, Any]] | None  # the verify event of the checkpoint resumed from
-
-
-def upto(ev: LegEvents, step: int) -> LegEvents:
-    """The leg's events with its step events after `step` dropped (what survived a kill)."""
-    return LegEvents(ev.leg, ev.log, [(n, e) for n, e in ev.items if not (e["event"] == "step" and e["step"] > step)])
 
 
 @dataclass
@@ -338,11 +333,7 @@ def proof_8(runs: list[RunData], cite: Evidence) -> Proof:
         pairs = resumes(run)
         if len(pairs) < 2:
             continue
-        timeline = []
-        for ev, nxt in zip(run.legs, run.legs[1:] + [None]):
-            resume = nxt.first("resume") if nxt is not None else None
-            timeline.append(_Out(upto(ev, int(resume[1]["from_step"])) if resume else ev))
-        check = check_no_reread(timeline)  # type: ignore[arg-type]
+        check = check_no_reread(surviving_timeline(run.legs))
         if best is None or (not check.ok) or (best[1].ok and run.on_gpu):
             best = (run, check, len(pairs))
         if not check.ok:
@@ -353,11 +344,6 @@ def proof_8(runs: list[RunData], cite: Evidence) -> Proof:
     evidence = cite.cite(run, tuple(p for ev in run.legs[1:] for p in ev.pointer(ev.first("resume"))))
     return Proof(8, PASS if check.ok else FAIL, f"{run.rung} {run.id}: {n} sequential resumes; {check.detail}",
                  {"run": run.id, "resumes": n, "detail": check.detail}, evidence)
-
-
-@dataclass
-class _Out:
-    events: LegEvents
 
 
 # --- throughput, ETA and the plan -------------------------------------------------
