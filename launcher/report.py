@@ -157,9 +157,12 @@ class NoResume:
     exit_code: int | None
 
     @property
+    def reason(self) -> str:
+        return f"never resumed (exit {self.exit_code}; last line of its log: {last_line(self.leg.log)!r})"
+
+    @property
     def detail(self) -> str:
-        return (f"{self.run.rung} {self.run.id} leg {self.leg.leg} never resumed (exit {self.exit_code}; "
-                f"last line of its log: {last_line(self.leg.log)!r})")
+        return f"{self.run.rung} {self.run.id} leg {self.leg.leg} {self.reason}"
 
 
 def last_line(path: Path) -> str:
@@ -200,7 +203,7 @@ def proof_resume_checks(number: int, pairs: list[Resume], cite: Evidence, make, 
     if not pairs and not never:
         return Proof(number, MISSING, "no leg resumed from the store in the runs reported (run `launcher up rehearsal`)")
     checks = [(p, make(p)) for p in pairs]
-    checks += [(n, Check(f"leg {n.leg.leg} resumed", False, n.detail.split(" leg ", 1)[1], ())) for n in never]
+    checks += [(n, Check(f"leg {n.leg.leg} resumed", False, n.reason, ())) for n in never]
     failed = [(p, c) for p, c in checks if not c.ok]
     shown = failed[:3] if failed else checks[:1] + checks[-1:] if len(checks) > 1 else checks
     evidence: list[dict[str, Any]] = []

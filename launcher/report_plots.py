@@ -62,10 +62,7 @@ def _throughput(run: "RunData", ev: Any, s: dict[str, Any], folder: Path) -> str
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(folder / "throughput.png")
-    plt.close(fig)
-    return "throughput.png"
+    return _save(fig, folder, "throughput.png")
 
 
 def _memory(run: "RunData", ev: Any, folder: Path) -> str | None:
@@ -90,10 +87,7 @@ def _memory(run: "RunData", ev: Any, folder: Path) -> str | None:
     ax.set_ylim(bottom=0, top=max(ys) / 2**20 * 1.25)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(folder / "memory.png")
-    plt.close(fig)
-    return "memory.png"
+    return _save(fig, folder, "memory.png")
 
 
 def _loss_lr(run: "RunData", folder: Path) -> str:
@@ -132,8 +126,13 @@ def _loss_lr(run: "RunData", folder: Path) -> str:
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
+    return _save(fig, folder, f"loss_lr-{run.rung}.png")
+
+
+def _save(fig: Any, folder: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    name = f"loss_lr-{run.rung}.png"
     fig.savefig(folder / name)
     plt.close(fig)
     return name

@@ -162,16 +162,15 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         try:
             try:
                 checks = runner(ctx, cmp)
+                if ledger.stop_requested(ctx.run_id):  # the stopped leg was the rung's last one
+                    raise RunStopped(f"`launcher stop {ctx.run_id}` stopped it")
             except RunStopped as stopped:
-                checks = [Check("ran to its end", False, str(stopped))]
-            if ledger.stop_requested(ctx.run_id):
-                if not checks or checks[-1].name != "ran to its end":
-                    checks.append(Check("ran to its end", False, f"`launcher stop {ctx.run_id}` stopped it"))
-                outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
-                verdict, exit_code = "stopped", 1
-                return outcome
+                checks.append(Check("ran to its end", False, str(stopped)))
+                verdict = "stopped"
             outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
-            verdict, exit_code = ("pass" if outcome.ok else "fail"), outcome.exit_code
+            exit_code = outcome.exit_code
+            if verdict != "stopped":
+                verdict = "pass" if outcome.ok else "fail"
             return outcome
         except LauncherError as err:
             verdict, exit_code = ("refused" if isinstance(err, Refused) else "error"), err.exit_code
