@@ -27,7 +27,6 @@ from launcher.rehearsal import check_leg_exit, check_lr, check_no_reread
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 from runtime.metrics import loss_continuity
-from runtime.store import open_store
 
 MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
 
@@ -65,7 +64,7 @@ class Kill:
 def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0) -> list[Check]:
     """Kill and relaunch `kills` times, then let the last leg finish; return the checks."""
     rng = random.Random(seed)
-    store = open_store(ctx.store_uri, f"runs/{ctx.run_id}")
+    store = ctx.open_store()
     outs: list[LegOutcome] = []
     record: list[Kill] = []
     for leg in range(kills + 1):

@@ -25,6 +25,7 @@ from launcher.evidence import LegEvents
 from launcher.errors import BadInput
 from launcher.ladder import Rung
 from launcher.ledger import Ledger
+from runtime.store.seal import KEY_ENV
 
 SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -58,6 +59,8 @@ class RunContext:
     nodes: int = 1
     quota_left_hours: float | None = None
     """GPU-hours the quota still allows this run (None: no cap): bounds each leg's deadline."""
+    store_key: bytes | None = None
+    """The project's store key (launcher.storekey): a secret of every leg."""
 
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
@@ -92,7 +95,16 @@ class RunContext:
         }
 
     def secrets(self) -> dict[str, str]:
-        return {name: os.environ[name] for name in self.cfg.secrets if name in os.environ}
+        found = {name: os.environ[name] for name in self.cfg.secrets if name in os.environ}
+        if self.store_key is not None:
+            found[KEY_ENV] = self.store_key.hex()
+        return found
+
+    def open_store(self):  # noqa: ANN201 - runtime.store.Store, imported lazily
+        """This run's checkpoints, read with the project's key."""
+        from runtime.store import open_store
+
+        return open_store(self.store_uri, f"runs/{self.run_id}", key=self.store_key)
 
     def billed(self, wall_seconds: float) -> tuple[float, float | None]:
         """(GPU-hours, USD): instance-seconds x GPUs per node, priced from the config."""

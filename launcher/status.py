@@ -21,6 +21,7 @@ from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
 from launcher.measure import describe_breakdown, step_breakdown
 from launcher.spend import pid_alive
+from launcher.storekey import project_key
 
 WARNING = re.compile(r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
                      r"nan\b|inf\b|killed|timed? ?out", re.IGNORECASE)
@@ -56,13 +57,14 @@ def warnings_in(log: Path) -> list[dict[str, Any]]:
     return list(groups.values())
 
 
-def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None) -> dict[str, Any]:
+def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None, key: bytes | None) -> dict[str, Any]:
     from runtime.store import StoreError, open_store
 
     try:
-        listed = open_store(run["store_uri"], f"runs/{run['id']}").list()
+        scan = open_store(run["store_uri"], f"runs/{run['id']}", key=key).scan()
     except (StoreError, OSError) as err:
         return {"error": f"{type(err).__name__}: {err}"}
+    listed = scan.checkpoints
     pushed_at = {e["step"]: e["t"] for ev in legs for _, e in ev.all("push") if "t" in e}
 
     def describe(c: Any) -> dict[str, Any] | None:
@@ -75,7 +77,8 @@ def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None) ->
 
     newest = max(listed, key=lambda c: c.step, default=None)
     verified = max((c for c in listed if c.verified), key=lambda c: c.step, default=None)
-    return {"count": len(listed), "newest": describe(newest), "newest_verified": describe(verified)}
+    return {"count": len(listed), "newest": describe(newest), "newest_verified": describe(verified),
+            "damaged": [{"name": d.name, "step": d.step, "reason": d.reason} for d in scan.damaged]}
 
 
 def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         r = rate[1]
         out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
                        "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
-    out["checkpoints"] = checkpoints(run, legs, step)
+    out["checkpoints"] = checkpoints(run, legs, step, project_key(cfg.state_path, create=False))
     health = ev.last("health")
     if health:
         h = dict(health[1])

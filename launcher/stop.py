@@ -29,6 +29,8 @@ from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
+from launcher.storekey import project_key
+from runtime.store.seal import KEY_ENV
 
 KILL_WAIT_S = 60.0
 
@@ -58,10 +60,14 @@ def _wait_leg_end(ledger: Ledger, run_id: str, leg: int, until: float) -> bool:
     return _leg_row(ledger, run_id, leg)["ended_at"] is not None
 
 
-def loadcheck(store_uri: str, run_id: str, name: str, python: str | None = None) -> dict[str, Any]:
-    """Run runtime.loadcheck in a torch interpreter (this one's, by default)."""
+def loadcheck(store_uri: str, run_id: str, name: str, key: bytes | None, python: str | None = None) -> dict[str, Any]:
+    """Run runtime.loadcheck in a torch interpreter (this one's, by default); the key
+    travels in its environment, never on its command line."""
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    if key is not None:
+        env[KEY_ENV] = key.hex()
     proc = subprocess.run([python or sys.executable, "-m", "runtime.loadcheck", store_uri, f"runs/{run_id}", name],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env=env)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -108,8 +114,10 @@ def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None])
         from runtime.cycle import newest_verified
         from runtime.store import open_store
 
-        newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}"))
-        load = loadcheck(run["store_uri"], run_id, newest.name) if newest else {"ok": False, "error": "nothing verified"}
+        key = project_key(cfg.state_path, create=False)
+        newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}", key=key))
+        load = loadcheck(run["store_uri"], run_id, newest.name, key) if newest else \
+            {"ok": False, "error": "nothing verified"}
         clean = (graceful and stop_ev is not None and stop_ev[1].get("reason") == "sigterm" and done is not None
                  and bool(done[1].get("final_checkpoint_verified")) and newest is not None
                  and newest.step == final_step and load.get("ok"))

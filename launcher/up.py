@@ -24,6 +24,7 @@ from launcher.ladder import Rung, rung_named
 from launcher.ledger import Ledger
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import guard_hashes, reviewed_paths
+from launcher.storekey import project_key
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
-                         nodes)
+                         nodes, store_key=project_key(cfg.state_path) if rung.legs else None)
         from launcher.spend import project, reserve, settle
 
         held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),

@@ -20,6 +20,7 @@ from typing import Any
 
 from runtime import events
 from runtime.store.base import CheckpointInfo, Manifest, Store, StoreError
+from runtime.store.seal import make_seal
 from runtime.verify import DEFAULT_BUDGET_BYTES, verify_checkpoint
 
 
@@ -55,14 +56,16 @@ def prune(store: Store, anchor: str, keep: int) -> tuple[list[str], list[str]]:
     return deleted, [c.name for c in listing if c.name not in deleted]
 
 
-def _clear_unverified(store: Store, name: str) -> None:
+def _clear_unverified(store: Store, name: str, replace: frozenset[str] = frozenset()) -> None:
     """An earlier leg may have pushed this step and died before verifying it: that
-    copy never counted, so it is replaced. A verified one is never overwritten."""
-    for info in store.list():
-        if info.name == name:
-            if info.verified:
-                raise StoreError(f"{name} is already verified in {store.uri}; refusing to overwrite it")
-            store.delete(name)
+    copy never counted, so it is replaced, as is a damaged one. A verified one is
+    never overwritten, unless this leg's resume found it damaged (`replace`)."""
+    scan = store.scan()
+    info = next((c for c in scan.checkpoints if c.name == name), None)
+    if info is not None and info.verified and name not in replace:
+        raise StoreError(f"{name} is already verified in {store.uri}; refusing to overwrite it")
+    if info is not None or any(d.name == name for d in scan.damaged):
+        store.delete(name)
 
 
 @dataclass
@@ -74,11 +77,12 @@ class CycleResult:
 
 
 def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 2,
-              verify_budget: int = DEFAULT_BUDGET_BYTES, extra: dict[str, Any] | None = None) -> CycleResult:
+              verify_budget: int = DEFAULT_BUDGET_BYTES, extra: dict[str, Any] | None = None,
+              replace: frozenset[str] = frozenset()) -> CycleResult:
     """One push through the whole cycle, emitting push/verify/delete_local/prune events."""
     extra = extra or {}
     began = time.perf_counter()
-    _clear_unverified(store, manifest.name)
+    _clear_unverified(store, manifest.name, replace)
     store.push(local_dir, manifest)
     push_s = time.perf_counter() - began
     events.emit("push", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,
@@ -89,8 +93,7 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
         # Mark first, then say so: a `verify` ok line in a log means the store holds the
         # checkpoint as verified (a kill between the two once left a log claiming step
         # 15 verified while the store -- rightly -- resumed the next leg from step 10).
-        store.mark_verified(manifest.name, {"windows": result.windows, "bytes_read": result.bytes_read,
-                                            "verified_at": time.time()})
+        store.mark_verified(manifest.name, make_seal(manifest, result.read, result.bytes_read, store.key))
     events.emit("verify", step=manifest.step, name=manifest.name, windows=result.windows,
                 bytes_read=result.bytes_read, ok=result.ok, seconds=round(result.seconds, 4),
                 failures=result.failures[:5])
@@ -128,8 +131,9 @@ class Pusher:
     """
 
     def __init__(self, store: Store, *, keep: int = 2, verify_budget: int = DEFAULT_BUDGET_BYTES,
-                 max_waiting: int = 1) -> None:
+                 max_waiting: int = 1, replace: frozenset[str] = frozenset()) -> None:
         self.store = store
+        self.replace = replace
         self.keep = keep
         self.verify_budget = verify_budget
         self.queue: queue.Queue[tuple[Path, Manifest] | None] = queue.Queue(maxsize=max_waiting)
@@ -158,7 +162,7 @@ class Pusher:
             began = time.perf_counter()
             try:
                 self.results.append(run_cycle(self.store, local_dir, manifest, keep=self.keep,
-                                              verify_budget=self.verify_budget))
+                                              verify_budget=self.verify_budget, replace=self.replace))
             except Exception as err:  # noqa: BLE001 - reported as an event; training goes on
                 self.failures.append((manifest.step, f"{type(err).__name__}: {err}"))
                 events.emit("push_failed", step=manifest.step, name=manifest.name,

@@ -5,6 +5,8 @@ manifest, deserialize the state, and print one JSON line.
 
 `launcher stop` runs this (in an interpreter that has torch; the launcher
 itself never imports it) on the final checkpoint before it calls a stop clean.
+It runs on the host, so it loads exactly as a leg does: no symlink followed,
+no byte past the manifest's sizes, `torch.load(weights_only=True)`.
 Exit 0 loadable, 1 not.
 """
 
@@ -30,7 +32,7 @@ def check(uri: str, prefix: str, name: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
         try:
             folder = store.fetch(name, Path(tmp))
-            state, manifest = load_local(folder)
+            state, manifest = load_local(folder, seal=info.seal)
         except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
             return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}
     missing = [k for k in ("model", "optimizer", "step", "cursor") if k not in state]

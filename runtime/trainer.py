@@ -37,12 +37,13 @@ import torch
 from runtime import events
 from runtime.checkpoint import load_local, save_local
 from runtime.cursor import CursorMismatch, DataOrder
-from runtime.cycle import Pusher, newest_verified
+from runtime.cycle import Pusher
 from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.dist import RankTimeout, World, init_world
 from runtime.metrics import host_rss_bytes, sustained_rate
 from runtime.model import GPT, GPTConfig
 from runtime.health import Health
+from runtime.resume import restore_newest
 from runtime.state import rng_state, set_rng_state, stale_files
 from runtime.store import StoreError, open_store
 
@@ -155,25 +156,28 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
                 world_size=world.world_size, params=n_params, data_sha256=_sha256(corpus),
                 data_tokens=int(tokens.size), max_steps=max_steps, total_steps=args.total_steps, store=store.uri)
 
-    # --- resume: rank 0 picks the newest *verified* checkpoint; all load it --
-    choice = None
+    # --- resume: rank 0 picks the newest *verified* checkpoint that fetches, checks
+    # and loads (a damaged one is skipped with a `resume_skip` event); all load it --
+    choice, state = None, None
+    restore = work / "restore"
     if world.is_main:
         try:
-            latest = newest_verified(store)
-            choice = ("ok", latest.name if latest else None)
+            restored = restore_newest(store, restore, map_location=device, keep_files=True)
+            state = restored.state
+            choice = ("ok", restored.info.name if restored.info else None, restored.skipped)
         except StoreError as err:  # an auth error must not read as "nothing here"
-            choice = ("error", f"{type(err).__name__}: {err}")
-    status, name = world.broadcast(choice)
+            choice = ("error", f"{type(err).__name__}: {err}", [])
+    status, name, skipped = world.broadcast(choice)
     if status == "error":
         events.emit("stop", reason="store_error", step=0, error=name)
         return EXIT_REFUSED
     step = 0
     if name is not None:
-        restore = work / "restore"
-        if world.local_rank == 0:
+        if world.local_rank == 0 and not world.is_main:
             store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
         world.barrier(f"local rank 0 fetching {name} from the store")
-        state, manifest = load_local(restore / name, map_location=device)
+        if state is None:
+            state, _ = load_local(restore / name, map_location=device)
         world.barrier(f"every rank loading {name}")
         if world.local_rank == 0:
             shutil.rmtree(restore)
@@ -187,7 +191,7 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
         sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][world.rank])
         step = state["step"]
-        events.emit("resume", from_step=step, checkpoint=manifest.name, sample_index=cursor["sample_index"],
+        events.emit("resume", from_step=step, checkpoint=name, sample_index=cursor["sample_index"],
                     rank_sample_index=order.first_sample(step, world.rank),
                     batch_hash=cursor["next_batch_sha256"], lr=opt.param_groups[0]["lr"],  # re-hashed by check_cursor
                     lr_expected=args.lr * lr_factor(step, args.warmup, args.total_steps, args.schedule),
@@ -196,7 +200,8 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
     # SIGTERM = graceful stop: finish the step, push, verify, then exit.
     sigterm: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: sigterm.append(True))
-    pusher = Pusher(store, keep=args.keep, verify_budget=args.verify_bytes) if world.is_main else None
+    pusher = Pusher(store, keep=args.keep, verify_budget=args.verify_bytes,
+                    replace=frozenset(skipped)) if world.is_main else None
 
     def checkpoint(at_step: int) -> None:
         """Serialize the state now (on the critical path, so it is consistent), then hand

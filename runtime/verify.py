@@ -33,6 +33,8 @@ class VerifyResult:
     bytes_read: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    read: list[tuple[str, int, int, str]] = field(default_factory=list)
+    """Every window read back and matched: (path, start, length, sha256) -- what the verified mark records."""
 
 
 def plan_windows(size: int, window: int, k: int, rng: random.Random) -> list[tuple[int, int]]:
@@ -105,6 +107,8 @@ def verify_checkpoint(store: Store, manifest: Manifest, local_dir: Path, *,
                 result.failures.append(f"{entry.path}[{start}:+{length}]: got {len(data)} bytes")
             elif hashlib.sha256(data).hexdigest() != want:
                 result.failures.append(f"{entry.path}[{start}:+{length}]: bytes differ from the local copy")
+            else:
+                result.read.append((entry.path, start, length, want))
     result.ok = not result.failures
     result.seconds = time.perf_counter() - began
     return result

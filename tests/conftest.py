@@ -91,10 +91,10 @@ def hub_server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 
 
 def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", timeout_s: float = 10.0,  # noqa: ANN001
-              repo: str = "tester/ckpts"):
+              repo: str = "tester/ckpts", key: bytes | None = None):
     """A HubStore on the loopback server, with retries short enough for tests."""
     from runtime.store.hub import HubStore
     from runtime.store.retry import RetryPolicy
 
     return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
-                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10))
+                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)

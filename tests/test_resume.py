@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from runtime import trainer
-from runtime.store import open_store
+from runtime.store import Manifest, open_store
+from tests.test_store import mark_verified
 from tests.test_trainer import run_leg
 
 
@@ -81,7 +82,7 @@ def test_a_tampered_cursor_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
 
     run_leg(tmp_path / "a", tmp_path / "store", 4, monkeypatch, capsys)
     folder = tmp_path / "store" / "runs" / "t1" / "step-00000004"
-    state = torch.load(folder / "state.pt", weights_only=False)
+    state = torch.load(folder / "state.pt", weights_only=True)
     state["cursor"]["next_batch_sha256"] = "0" * 64  # a cursor that points at other data
     torch.save(state, folder / "state.pt")
     manifest = json.loads((folder / "manifest.json").read_text())  # consistent bytes: only the cursor lies
@@ -89,6 +90,8 @@ def test_a_tampered_cursor_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
         data = (folder / entry["path"]).read_bytes()
         entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    store = open_store((tmp_path / "store").as_uri(), "runs/t1")
+    mark_verified(store, Manifest.from_json(manifest), folder)  # read back and sealed: a consistent checkpoint
     code, events = run_leg(tmp_path / "b", tmp_path / "store", 8, monkeypatch, capsys)
     assert code == trainer.EXIT_REFUSED
     assert events[-1]["reason"] == "cursor_mismatch" and "checkpoint recorded 000000000000" in events[-1]["error"]

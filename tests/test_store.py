@@ -33,9 +33,17 @@ def store(tmp_path: Path) -> LocalDirStore:
 def push_verified(store: LocalDirStore, tmp_path: Path, step: int) -> Manifest:
     folder, manifest = make_checkpoint(tmp_path / "local", step)
     store.push(folder, manifest)
-    assert verify_checkpoint(store, manifest, folder).ok
-    store.mark_verified(manifest.name, {})
+    mark_verified(store, manifest, folder)
     return manifest
+
+
+def mark_verified(store, manifest: Manifest, folder: Path) -> None:  # noqa: ANN001 - any Store
+    """Verify by read-back and write the mark that binds it (what run_cycle does, without prune)."""
+    from runtime.store.seal import make_seal
+
+    result = verify_checkpoint(store, manifest, folder)
+    assert result.ok, result.failures
+    store.mark_verified(manifest.name, make_seal(manifest, result.read, result.bytes_read, store.key))
 
 
 def test_missing_and_empty_store_read_as_nothing(store: LocalDirStore) -> None:

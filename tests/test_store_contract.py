@@ -10,7 +10,7 @@ from runtime.cycle import newest_verified, run_cycle
 from runtime.store import Store, checkpoint_name, open_store
 from runtime.verify import verify_checkpoint
 from tests.conftest import hub_store
-from tests.test_store import make_checkpoint
+from tests.test_store import make_checkpoint, mark_verified
 
 
 @pytest.fixture(params=["local", "hub"])
@@ -31,7 +31,9 @@ def test_push_lists_unverified_until_marked(store: Store, tmp_path: Path) -> Non
     [info] = store.list()
     assert (info.name, info.step, info.verified) == (manifest.name, 10, False)
     assert info.manifest == manifest
-    store.mark_verified(manifest.name, {"windows": 1})
+    store.mark_verified(manifest.name, {"windows": 1})  # a mark without a read-back that binds: not verified
+    assert not store.list()[0].verified
+    mark_verified(store, manifest, folder)
     assert store.list()[0].verified
 
 

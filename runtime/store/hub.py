@@ -21,6 +21,7 @@ decided in `runtime.cycle`, never here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -33,8 +34,10 @@ from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, Reposito
                                     RevisionNotFoundError)
 from huggingface_hub.utils import build_hf_headers
 
-from runtime.store.base import (MANIFEST, VERIFIED, CheckpointInfo, Manifest, RemoteFile, StoreAuthError,
-                                StoreError, TransientStoreError, step_of)
+from runtime.store.base import (MANIFEST, MAX_SMALL_JSON, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged,
+                                Manifest, RemoteFile, StoreAuthError, StoreError, StoreScan, TransientStoreError,
+                                canonical_json, classify_folder, step_of)
+from runtime.store.safeio import create_inside
 from runtime.store.retry import RetryPolicy, with_retry
 
 T = TypeVar("T")
@@ -111,8 +114,10 @@ class HubStore:
     """Checkpoints as folders `<namespace>/step-<N>/` in a Hub model repo."""
 
     def __init__(self, uri: str, namespace: str = "", *, token: str | None = None, endpoint: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
+                 key: bytes | None = None) -> None:
         self.repo_id, self.revision = parse_hf_uri(uri)
+        self.key = key
         self.prefix = f"{namespace.strip('/')}/" if namespace.strip("/") else ""
         self.uri = f"hf://{self.repo_id}@{self.revision}/{self.prefix}".rstrip("/")
         # None: take HF_TOKEN; "" (or no HF_TOKEN): anonymous, never a token file lying around.
@@ -149,7 +154,7 @@ class HubStore:
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return build_hf_headers(token=self.token or False, headers=extra)
 
-    def _get_small(self, path_in_repo: str, limit: int = 1 << 20) -> bytes:
+    def _get_small(self, path_in_repo: str, limit: int = MAX_SMALL_JSON) -> bytes:
         def get() -> bytes:
             with get_session().stream("GET", self._url(path_in_repo), headers=self._headers(),
                                       follow_redirects=True, timeout=self.timeout_s) as resp:
@@ -159,7 +164,7 @@ class HubStore:
                 for chunk in resp.iter_bytes():
                     body += chunk
                     if len(body) > limit:
-                        raise StoreError(f"GET {path_in_repo}: larger than {limit} bytes")
+                        raise CheckpointDamaged(f"GET {path_in_repo}: larger than {limit} bytes")
                 return body
         return self._call(f"GET {path_in_repo}", get)
 
@@ -173,14 +178,14 @@ class HubStore:
 
     # --- the Store interface -------------------------------------------------
 
-    def list(self) -> list[CheckpointInfo]:
+    def scan(self) -> StoreScan:
         def tree() -> list[Any]:
             return list(self.api.list_repo_tree(self.repo_id, path_in_repo=self.prefix.rstrip("/") or None,
                                                 recursive=True, revision=self.revision))
         try:
             entries = self._call("list checkpoints", tree)
         except FileNotFoundError:
-            return []  # no repo, no revision or no folder yet: nothing here
+            return StoreScan([], [])  # no repo, no revision or no folder yet: nothing here
         present: dict[str, set[str]] = {}
         for entry in entries:
             rel = entry.path[len(self.prefix):] if entry.path.startswith(self.prefix) else None
@@ -188,12 +193,23 @@ class HubStore:
                 folder, leaf = rel.split("/")
                 if step_of(folder) is not None:
                     present.setdefault(folder, set()).add(leaf)
-        out = []
+        good, damaged = [], []
         for name, leaves in present.items():
-            if MANIFEST in leaves:
-                manifest = Manifest.from_json(json.loads(self._get_small(self._path(name, MANIFEST))))
-                out.append(CheckpointInfo(name, manifest.step, manifest, VERIFIED in leaves))
-        return sorted(out, key=lambda c: c.step)
+            if MANIFEST not in leaves:
+                continue
+            try:
+                manifest_raw = self._get_small(self._path(name, MANIFEST))
+                seal_raw = self._get_small(self._path(name, VERIFIED)) if VERIFIED in leaves else None
+            except (CheckpointDamaged, FileNotFoundError) as err:  # too big, or gone between listing and reading
+                damaged.append(Damaged(name, step_of(name) or 0, str(err)))
+                continue
+            info, bad = classify_folder(name, manifest_raw, seal_raw, self.key)
+            good += [info] if info else []
+            damaged += [bad] if bad else []
+        return StoreScan(sorted(good, key=lambda c: c.step), sorted(damaged, key=lambda d: d.step))
+
+    def list(self) -> list[CheckpointInfo]:
+        return self.scan().checkpoints
 
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         body = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
@@ -244,26 +260,36 @@ class HubStore:
         self._commit(f"verified {name}", lambda: [CommitOperationAdd(self._path(name, VERIFIED), body)])
 
     def fetch(self, name: str, dest: Path) -> Path:
-        manifest = Manifest.from_json(json.loads(self._get_small(self._path(name, MANIFEST))))
+        info, bad = classify_folder(name, self._get_small(self._path(name, MANIFEST)), None, None)
+        if info is None:
+            raise CheckpointDamaged(f"{name}: {bad.reason if bad else 'damaged'}")
         target = dest / name
-        target.mkdir(parents=True, exist_ok=True)
-        (target / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
-        for entry in manifest.files:
-            self._download(self._path(name, entry.path), target / entry.path, entry.size)
+        target.mkdir(parents=True)
+        for entry in info.manifest.files:
+            self._download(self._path(name, entry.path), target, entry.path, entry.size, entry.sha256)
+        (target / MANIFEST).write_bytes(canonical_json(info.manifest.to_json()))
         return target
 
-    def _download(self, path_in_repo: str, target: Path, size: int) -> None:
+    def _download(self, path_in_repo: str, root: Path, rel: str, size: int, sha256: str) -> None:
+        """GET one file into root/rel: never more than `size` + 1 bytes, checked against `sha256`."""
         def get() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).unlink(missing_ok=True)  # a retry starts over
+            digest, got = hashlib.sha256(), 0
             with get_session().stream("GET", self._url(path_in_repo), headers=self._headers(),
                                       follow_redirects=True, timeout=self.timeout_s) as resp:
                 if resp.status_code != 200:
                     raise classify_status(resp.status_code, f"GET {path_in_repo}")
-                with target.open("wb") as fh:
+                with os.fdopen(create_inside(root, rel), "wb") as fh:
                     for chunk in resp.iter_bytes(CHUNK):
+                        got += len(chunk)
+                        if got > size:
+                            raise CheckpointDamaged(f"GET {path_in_repo}: more than the {size} bytes the manifest says")
+                        digest.update(chunk)
                         fh.write(chunk)
-            if target.stat().st_size != size:
-                raise TransientStoreError(f"GET {path_in_repo}: {target.stat().st_size} bytes, expected {size}")
+            if got != size:
+                raise TransientStoreError(f"GET {path_in_repo}: {got} bytes, expected {size}")
+            if digest.hexdigest() != sha256:
+                raise CheckpointDamaged(f"{path_in_repo} does not match its manifest's sha256")
         self._call(f"download {path_in_repo}", get)
 
     def delete(self, name: str) -> None:

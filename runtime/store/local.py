@@ -4,6 +4,9 @@ Atomicity by write-then-rename: a push copies into a hidden `.incoming-*`
 folder on the same filesystem, writes the manifest last, fsyncs, then renames
 the folder to `step-<N>`. A half-copied checkpoint is never listed. Delete
 renames to `.trash-*` first, so the checkpoint stops counting at once.
+
+Reading treats the folder as untrusted (runtime.store.safeio): no symlink is
+followed, only regular files are read, never past the manifest's sizes.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.store.base import (MANIFEST, VERIFIED, CheckpointInfo, Manifest, RemoteFile, StoreError,
-                                step_of)
+from runtime.store.base import (MANIFEST, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged, Manifest,
+                                RemoteFile, StoreError, StoreScan, canonical_json, classify_folder, step_of)
+from runtime.store.safeio import create_inside, open_regular, read_exactly, read_small
 
 
 def _fsync_dir(path: Path) -> None:
@@ -39,28 +43,48 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 class LocalDirStore:
     """Checkpoints as folders under `<root>/<namespace>/`."""
 
-    def __init__(self, root: Path, namespace: str = "") -> None:
+    def __init__(self, root: Path, namespace: str = "", key: bytes | None = None) -> None:
         self.root = root
         self.dir = root / namespace if namespace else root
         self.uri = self.dir.as_uri()
+        self.key = key
 
     def _ckpt(self, name: str) -> Path:
         if step_of(name) is None:
             raise StoreError(f"not a checkpoint name: {name!r}")
         return self.dir / name
 
-    def list(self) -> list[CheckpointInfo]:
+    def scan(self) -> StoreScan:
         if not self.dir.is_dir():
-            return []
-        out = []
+            return StoreScan([], [])
+        good, damaged = [], []
         for child in self.dir.iterdir():
             step = step_of(child.name)
-            manifest_path = child / MANIFEST
-            if step is None or not manifest_path.is_file():
+            if step is None:
                 continue
-            manifest = Manifest.from_json(json.loads(manifest_path.read_text()))
-            out.append(CheckpointInfo(child.name, step, manifest, (child / VERIFIED).is_file()))
-        return sorted(out, key=lambda c: c.step)
+            if child.is_symlink() or not child.is_dir():
+                damaged.append(Damaged(child.name, step, "the checkpoint folder is a symlink or a file"))
+                continue
+            try:
+                manifest_raw = read_small(child, MANIFEST)
+            except FileNotFoundError:
+                continue  # no manifest: never a checkpoint (a push that died mid-copy)
+            except (CheckpointDamaged, OSError) as err:
+                damaged.append(Damaged(child.name, step, f"{MANIFEST}: {err}"))
+                continue
+            try:
+                seal_raw: bytes | None = read_small(child, VERIFIED)
+            except FileNotFoundError:
+                seal_raw = None
+            except (CheckpointDamaged, OSError) as err:
+                seal_raw = f"unreadable: {err}".encode()
+            info, bad = classify_folder(child.name, manifest_raw, seal_raw, self.key)
+            good += [info] if info else []
+            damaged += [bad] if bad else []
+        return StoreScan(sorted(good, key=lambda c: c.step), sorted(damaged, key=lambda d: d.step))
+
+    def list(self) -> list[CheckpointInfo]:
+        return self.scan().checkpoints
 
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         final = self._ckpt(manifest.name)
@@ -88,15 +112,27 @@ class LocalDirStore:
         folder = self._ckpt(name)
         if not (folder / MANIFEST).is_file():
             raise FileNotFoundError(f"{name} is not in {self.uri}")
-        return {p: RemoteFile((folder / p).stat().st_size) for p in paths if (folder / p).is_file()}
+        out = {}
+        for p in paths:
+            try:
+                fd = open_regular(folder, p)
+            except (FileNotFoundError, CheckpointDamaged):
+                continue  # absent, or not a regular file: not a stored file
+            try:
+                out[p] = RemoteFile(os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        return out
 
     def read_range(self, name: str, path: str, start: int, length: int) -> bytes:
-        target = self._ckpt(name) / path
-        if not target.is_file():
-            raise FileNotFoundError(f"{name}/{path} is not in {self.uri}")
-        with target.open("rb") as fh:
-            fh.seek(start)
-            return fh.read(length)
+        try:
+            fd = open_regular(self._ckpt(name), path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{name}/{path} is not in {self.uri}") from None
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
 
     def mark_verified(self, name: str, record: dict[str, Any]) -> None:
         folder = self._ckpt(name)
@@ -106,16 +142,34 @@ class LocalDirStore:
 
     def fetch(self, name: str, dest: Path) -> Path:
         folder = self._ckpt(name)
-        if not (folder / MANIFEST).is_file():
-            raise FileNotFoundError(f"{name} is not in {self.uri}")
+        try:
+            raw = read_small(folder, MANIFEST)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{name} is not in {self.uri}") from None
+        info, bad = classify_folder(name, raw, None, None)
+        if info is None:
+            raise CheckpointDamaged(f"{name}: {bad.reason if bad else 'damaged'}")
         target = dest / name
-        shutil.copytree(folder, target)
+        target.mkdir(parents=True)
+        for entry in info.manifest.files:
+            src = open_regular(folder, entry.path)
+            try:
+                with os.fdopen(create_inside(target, entry.path), "wb") as out:
+                    got = read_exactly(src, entry.size, out.write, f"{name}/{entry.path}")
+            finally:
+                os.close(src)
+            if got != entry.sha256:
+                raise CheckpointDamaged(f"{name}/{entry.path} does not match its manifest's sha256")
+        (target / MANIFEST).write_bytes(canonical_json(info.manifest.to_json()))
         return target
 
     def delete(self, name: str) -> None:
         folder = self._ckpt(name)
-        if not folder.exists():
+        if not folder.exists() and not folder.is_symlink():
             raise FileNotFoundError(f"{name} is not in {self.uri}")
         trash = self.dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
         os.rename(folder, trash)
-        shutil.rmtree(trash)
+        if trash.is_symlink() or not trash.is_dir():
+            trash.unlink()  # a forged entry: remove the link itself, never what it points at
+        else:
+            shutil.rmtree(trash)  # rmtree never follows the symlinks inside

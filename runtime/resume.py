@@ -1,0 +1,58 @@
+"""Which checkpoint a leg resumes from: the newest verified one that fetches,
+checks and loads. A store is untrusted input, so a checkpoint that fails any of
+that (a manifest that does not parse, bytes that do not match, a mark that does
+not bind, a state that is not plain tensors) is skipped with a `resume_skip`
+event naming why, and the next older verified one is tried: the same rule the
+drill expects after a kill. Auth and transient errors are not damage: they
+propagate, so they never read as "nothing here".
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime import events
+from runtime.store.base import CheckpointDamaged, CheckpointInfo, Manifest, Store
+
+
+@dataclass
+class Restored:
+    """The checkpoint chosen, its state (loaded on `map_location`), and what was skipped."""
+
+    info: CheckpointInfo | None
+    state: dict[str, Any] | None = None
+    manifest: Manifest | None = None
+    skipped: list[str] = field(default_factory=list)
+    """Names found damaged: a later push of the same step may replace them."""
+
+
+def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", keep_files: bool = False) -> Restored:
+    """Fetch, check and load the newest usable verified checkpoint (None: start fresh)."""
+    from runtime.checkpoint import load_local
+
+    scan = store.scan()
+    verified = [c for c in scan.checkpoints if c.verified]
+    newest_ok = verified[-1].step if verified else -1
+    skipped = []
+    for bad in scan.damaged:
+        if bad.step >= newest_ok:
+            events.emit("resume_skip", name=bad.name, step=bad.step, reason=bad.reason)
+            skipped.append(bad.name)
+    for info in reversed(verified):
+        folder = restore_dir / info.name
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            store.fetch(info.name, restore_dir)
+            state, manifest = load_local(folder, map_location=map_location, seal=info.seal)
+        except (CheckpointDamaged, FileNotFoundError) as err:
+            events.emit("resume_skip", name=info.name, step=info.step, reason=f"{type(err).__name__}: {err}")
+            skipped.append(info.name)
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        if not keep_files:
+            shutil.rmtree(folder, ignore_errors=True)
+        return Restored(info, state, manifest, skipped)
+    return Restored(None, skipped=skipped)
