@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned: an open range would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg.
-	$(PY) -m pip install -q -e '.[dev,sky]'
+	$(PY) -m pip install -q -e '.[dev,sky]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)

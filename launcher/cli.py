@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from launcher.errors import BadInput, LauncherError
-
-EXIT_INTERNAL = 70
+from launcher.errors import BadInput, exit_code_for, print_error
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Walk a GPU training run up the preflight ladder, record every leg, then run it.")
@@ -100,7 +97,7 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
 
     cfg = _load(config)
     if dry_run:
-        text = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu)
+        text = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps)
         if json_out:
             print_json({"dry_run": True, "text": text})
         else:
@@ -158,6 +155,9 @@ def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for th
     from launcher.render import console, print_json, print_spend
     from launcher.spend import summary
 
+    from launcher.up import check_nodes
+
+    check_nodes(nodes)
     cfg = _load(config)
     spec = parse_gpus(gpus)
     ledger_db = Ledger(cfg.state_path / "ledger.db")
@@ -173,25 +173,15 @@ def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for th
 
 @app.command()
 def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
-           limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
+           limit: int = typer.Option(20, "--limit", min=1, max=100_000, help="Newest N runs."),
            config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Show recorded runs and legs: command lines, file hashes, exit codes, GPU-hours."""
     from launcher.ledger import Ledger
     from launcher.render import console, print_json, print_ledger
 
-    cfg = _load(config)
-    db = Ledger.open_existing(cfg.state_path / "ledger.db")
-    runs = [] if db is None else db.runs(limit=None if run_id else limit, run_id=run_id)
-    if db is not None:
-        db.close()
-    if run_id and not runs:
-        raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
-    if json_out:
-        print_json(runs)
-    elif not runs:
-        console.print(f"no runs recorded yet (ledger: {cfg.state_path / 'ledger.db'})")
-    else:
-        print_ledger(console, runs)
+    from launcher.listing import show_ledger
+
+    show_ledger(config, run_id, limit, json_out)
 
 
 @app.command()
@@ -328,14 +318,8 @@ def image_list(config: Path = CONFIG, json_out: bool = JSON) -> None:
         print_images(console, rows)
 
 
-def _print_error(message: str, hint: str | None = None) -> None:
-    sys.stderr.write(f"error: {message}\n")
-    if hint:
-        sys.stderr.write(f"  next: {hint}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app, turn every failure into one line and an exit code."""
+    """Run the app, turn every failure into one line and an exit code."""
     from typer._click import exceptions as click_exc  # the click typer vendors (pinned version)
 
     try:
@@ -343,24 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         code = result if isinstance(result, int) else 0
     except typer.Exit as done:
         code = done.exit_code
-    except LauncherError as err:
-        if os.environ.get("LAUNCHER_DEBUG"):
-            traceback.print_exc()
-        _print_error(err.message, err.hint)
-        code = err.exit_code
     except click_exc.NoArgsIsHelpError:
         code = BadInput.exit_code  # the help is already printed
     except click_exc.ClickException as err:
-        _print_error(err.format_message(), "add --help for usage")
+        print_error(err.format_message(), "add --help for usage")
         code = BadInput.exit_code if isinstance(err, click_exc.UsageError) else err.exit_code
-    except (typer.Abort, KeyboardInterrupt):
-        sys.stderr.write("interrupted\n")
-        code = 130
-    except Exception as err:  # noqa: BLE001 - a bug: one line unless debugging
-        if os.environ.get("LAUNCHER_DEBUG"):
-            traceback.print_exc()
-        _print_error(f"internal error: {type(err).__name__}: {err}", "set LAUNCHER_DEBUG=1 for the traceback")
-        code = EXIT_INTERNAL
+    except typer.Abort:
+        code = exit_code_for(KeyboardInterrupt())
+    except Exception as err:  # noqa: BLE001 - mapped to one line; exit 70 only for a bug
+        code = exit_code_for(err)
+    except KeyboardInterrupt as err:
+        code = exit_code_for(err)
     if argv is None:
         sys.exit(code)
     return code

@@ -9,6 +9,7 @@ the documentation `launcher init` writes into the starter config.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -19,9 +20,18 @@ from launcher.errors import BadInput, ConfigError
 
 CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
-SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-HF_URI = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
-GPU_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@[\w./-]{1,200})?")
+GPU_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+# Bounds: a value outside them is a typo or an attack on a guard, never a plan.
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 64
+MAX_STEPS = 100_000_000
+MAX_BUDGET_MINUTES = 7 * 24 * 60
+MAX_GPU_HOURS = 1_000_000.0
+MAX_USD = 1_000_000_000.0
+MAX_PRICE = 10_000.0
+MAX_CONFIG_BYTES = 1 << 20
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
 
@@ -40,15 +50,16 @@ def parse_gpus(text: str, key: str = "--gpus") -> GpuSpec:
     """Parse 'T4:2' / 'A100-80GB:8' / 'T4'. Refuse 'T4:two', ':2', 'T4:0'."""
     raw = text.strip()
     name, sep, count_text = raw.partition(":")
-    if not name or not GPU_NAME.match(name):
+    if not name or not GPU_NAME.fullmatch(name):
         raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text!r} (missing or bad GPU name)", source="flag")
     if not sep:
         return GpuSpec(name, 1)
-    if not re.fullmatch(r"[0-9]+", count_text):
-        raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text!r} (count must be a whole number)", source="flag")
+    if not re.fullmatch(r"[0-9]{1,6}", count_text):
+        raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text[:40]!r} (count must be a whole "
+                          f"number from 1 to {MAX_GPUS_PER_NODE})", source="flag")
     count = int(count_text)
-    if count < 1:
-        raise ConfigError(key, f"GPU count must be at least 1, got {text!r}", source="flag")
+    if not 1 <= count <= MAX_GPUS_PER_NODE:
+        raise ConfigError(key, f"GPU count must be 1 to {MAX_GPUS_PER_NODE} per node, got {text!r}", source="flag")
     return GpuSpec(name, count)
 
 
@@ -86,10 +97,11 @@ class RungConfig:
     killed if it overruns it by more than a grace period."""
 
     def __post_init__(self) -> None:
-        if self.steps < 2:
-            raise ConfigError("steps", f"must be at least 2, got {self.steps}")
-        if not self.budget_minutes > 0:
-            raise ConfigError("budget_minutes", f"must be positive, got {self.budget_minutes}")
+        if not 2 <= self.steps <= MAX_STEPS:
+            raise ConfigError("steps", f"must be 2 to {MAX_STEPS:,}, got {self.steps}")
+        if not 0 < self.budget_minutes <= MAX_BUDGET_MINUTES:
+            raise ConfigError("budget_minutes", f"must be above 0 and at most {MAX_BUDGET_MINUTES} (a week), "
+                              f"got {self.budget_minutes}")
 
 
 @dataclass(frozen=True)
@@ -125,16 +137,17 @@ class QuotaConfig:
     legs get LAUNCHER_DEADLINE no later than this."""
 
     def __post_init__(self) -> None:
-        if self.gpu_hours is not None and self.gpu_hours < 0:
-            raise ConfigError("quota.gpu_hours", f"must be >= 0, got {self.gpu_hours}")
+        if self.gpu_hours is not None and not 0 <= self.gpu_hours <= MAX_GPU_HOURS:
+            raise ConfigError("quota.gpu_hours", f"must be 0 to {MAX_GPU_HOURS:g}, got {self.gpu_hours}")
         if self.period not in ("week", "month", "none"):
             raise ConfigError("quota.period", f"must be week, month or none, got {self.period!r}")
         if self.reset_weekday not in WEEKDAYS:
             raise ConfigError("quota.reset_weekday", f"must be a weekday name, got {self.reset_weekday!r}")
-        if self.budget_usd is not None and self.budget_usd < 0:
-            raise ConfigError("quota.budget_usd", f"must be >= 0, got {self.budget_usd}")
-        if self.session_hours is not None and not self.session_hours > 0:
-            raise ConfigError("quota.session_hours", f"must be positive, got {self.session_hours}")
+        if self.budget_usd is not None and not 0 <= self.budget_usd <= MAX_USD:
+            raise ConfigError("quota.budget_usd", f"must be 0 to {MAX_USD:g}, got {self.budget_usd}")
+        if self.session_hours is not None and not 0 < self.session_hours <= MAX_BUDGET_MINUTES / 60:
+            raise ConfigError("quota.session_hours", f"must be above 0 and at most {MAX_BUDGET_MINUTES // 60}, "
+                              f"got {self.session_hours}")
 
 
 @dataclass(frozen=True)
@@ -202,46 +215,81 @@ class Config:
             raise ConfigError("project", f"must be 1-39 lowercase letters, digits or '-', got {self.project!r}")
         if not self.reviewed:
             raise ConfigError("reviewed", "must list at least one file")
+        for i, pattern in enumerate(self.reviewed):
+            if not pattern.strip() or Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+                raise ConfigError(f"reviewed[{i}]", f"{pattern!r} must be a path or glob inside the project dir")
+        if not self.state_dir.strip():
+            raise ConfigError("state_dir", "must not be empty")
         for gpu, price in self.prices.items():
-            if not GPU_NAME.match(gpu):
+            if not GPU_NAME.fullmatch(gpu):
                 raise ConfigError(f"prices.{gpu}", "is not a GPU name")
-            if price < 0:
-                raise ConfigError(f"prices.{gpu}", f"must be >= 0, got {price}")
+            if not 0 <= price <= MAX_PRICE:
+                raise ConfigError(f"prices.{gpu}", f"must be 0 to {MAX_PRICE:g} USD per GPU-hour, got {price}")
         for name in self.secrets:
-            if not SECRET_NAME.match(name):
+            if not SECRET_NAME.fullmatch(name):
                 raise ConfigError("secrets", f"{name!r} is not an environment variable name")
         for name in self.leg_env:
-            if not SECRET_NAME.match(name):
+            if not SECRET_NAME.fullmatch(name):
                 raise ConfigError(f"leg_env.{name}", "is not an environment variable name")
             if name.startswith("LAUNCHER_") or name in self.secrets:
                 raise ConfigError(f"leg_env.{name}", "is reserved (LAUNCHER_*) or a secret; secrets go in `secrets`")
-        store_uri(self)  # validates the scheme
+        store_uri(self, on_disk=False)  # validates the scheme
 
     @property
     def state_path(self) -> Path:
         path = Path(self.state_dir)
         return path if path.is_absolute() else (self.root / path)
 
+    def check_paths(self) -> None:
+        """What the files on disk make impossible: a state_dir that is a file, a store that is not a folder."""
+        state = self.state_path
+        try:
+            if state.exists() and not state.is_dir():
+                raise ConfigError("state_dir", f"{state} exists and is not a folder")
+        except OSError as err:
+            raise ConfigError("state_dir", f"cannot use {str(state)[:200]!r} ({err.strerror or err})") from None
+        store_uri(self)
+
     def rung(self, name: str) -> RungConfig:
         return getattr(self.rungs, name)
 
 
-def store_uri(cfg: Config) -> str:
-    """The store URI as legs see it (absolute, with a scheme)."""
+def store_uri(cfg: Config, on_disk: bool = True) -> str:
+    """The store URI as legs see it (absolute, with a scheme). `on_disk`: also refuse a
+    local store path that exists and is not a folder."""
+    def _store_dir(path: Path) -> Path:
+        return _local_store(path) if on_disk else path.absolute()
+
     if cfg.store is None:
-        return (cfg.state_path / "store").resolve().as_uri()
+        return _store_dir(cfg.state_path / "store").as_uri()
+    if not cfg.store.strip():
+        raise ConfigError("store", "must not be empty (leave it out for the default store)")
     if cfg.store.startswith("file://"):
         path = Path(cfg.store[len("file://"):])
         if not path.is_absolute():
             raise ConfigError("store", f"file:// URIs must be absolute, got {cfg.store!r}")
-        return path.as_uri()
+        return _store_dir(path).as_uri()
     if cfg.store.startswith("hf://"):
-        if not HF_URI.match(cfg.store):
+        if not HF_URI.fullmatch(cfg.store):
             raise ConfigError("store", f"expected hf://owner/repo[@revision], got {cfg.store!r}")
         return cfg.store
     if "://" in cfg.store:
         raise ConfigError("store", f"unknown scheme in {cfg.store!r} (expected file:// or a path)")
-    return (cfg.root / cfg.store).resolve().as_uri()
+    return _store_dir(cfg.root / cfg.store).as_uri()
+
+
+def _local_store(path: Path) -> Path:
+    """A local store folder: absolute, and a folder (or not there yet), never a file or a device."""
+    try:
+        resolved = path.resolve()
+        exists, is_dir = resolved.exists(), resolved.is_dir()
+    except (OSError, RuntimeError) as err:
+        raise ConfigError("store", f"cannot use {str(path)[:200]!r} ({err})") from None
+    if exists and not is_dir:
+        raise ConfigError("store", f"{resolved} exists and is not a folder: checkpoints need a folder")
+    if len(str(resolved)) > 1024:
+        raise ConfigError("store", "the store path is longer than 1024 characters")
+    return resolved
 
 
 # --- loading ---------------------------------------------------------------
@@ -261,6 +309,14 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`; return the typed value."""
     args = get_args(tp)
@@ -276,22 +332,40 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             value = shlex.split(value)
         if not isinstance(value, list):
             raise ConfigError(key, f"must be {_type_name(tp)}, got {type(value).__name__}")
+        if len(value) > 1000:
+            raise ConfigError(key, f"lists {len(value)} items (at most 1000)")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
-        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+        if len(value) > 1000:
+            raise ConfigError(key, f"has {len(value)} keys (at most 1000)")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or CONTROL.search(k):
+                raise ConfigError(key, f"key {_show(k)} is not a plain string")
+            out[k] = _coerce(v, args[1], f"{key}.{k}")
+        return out
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"must be a number, got {value!r}")
+            raise ConfigError(key, f"must be a number, got {_show(value)}")
+        if isinstance(value, int) and abs(value) > 10**15 or not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, got {_show(value)}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"must be an integer, got {value!r}")
+            raise ConfigError(key, f"must be an integer, got {_show(value)}")
+        if abs(value) > 10**15:
+            raise ConfigError(key, f"must be a reasonable integer, got {_show(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(key, f"must be a string, got {value!r}")
+            raise ConfigError(key, f"must be a string, got {_show(value)}")
+        allowed_newline = key.startswith("leg_env.")
+        if "\0" in value or (not allowed_newline and CONTROL.search(value)):
+            raise ConfigError(key, f"must not contain control characters, got {_show(value)}")
+        if len(value) > 4096:
+            raise ConfigError(key, f"is longer than 4096 characters ({len(value)})")
         return value
     raise TypeError(f"unsupported config type {tp!r}")  # a schema bug, not user input
 
@@ -303,7 +377,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(prefix or "(top level)", f"must be a mapping, got {type(data).__name__}")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    unknown = sorted(set(map(str, data)) - set(fields))
+    unknown = sorted({_show(k) if not isinstance(k, str) else k[:60] for k in data} - set(fields))
     if unknown:
         where = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
         raise ConfigError(where, f"unknown key (known: {', '.join(fields)})")
@@ -323,21 +397,77 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix}.{name}" if prefix else name, "is required") from None
 
 
+class _StrictLoader:
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML's
+    last-wins would silently drop the first value)."""
+
+    @staticmethod
+    def make() -> type:
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN202, FBT002
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        duplicate = key in seen
+                        seen.add(key)
+                    except TypeError:  # an unhashable key: the schema refuses it later
+                        continue
+                    if duplicate:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {_show(key)} is given twice", key_node.start_mark)
+                return super().construct_mapping(node, deep=deep)
+        return Loader
+
+
+def _read_text(cfg_path: Path) -> str:
+    try:
+        with cfg_path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise BadInput(f"cannot read {str(cfg_path)[:200]}: {err.strerror or err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("(file)", f"larger than {MAX_CONFIG_BYTES} bytes", source=str(cfg_path))
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError("(file)", f"not UTF-8 text (byte {err.start}); save it as UTF-8",
+                          source=str(cfg_path)) from None
+    if "\0" in text:
+        raise ConfigError("(file)", "holds a NUL byte: not a text file", source=str(cfg_path))
+    return text
+
+
 def load_config(path: str | Path | None = None) -> Config:
     """Load and validate launcher.yaml (default: ./launcher.yaml)."""
     import yaml  # deferred: keeps `launcher --help` lean
 
     cfg_path = Path(path) if path is not None else Path(CONFIG_NAME)
-    if not cfg_path.is_file():
-        raise BadInput(f"no config at {cfg_path}", hint="run `launcher init` to write a starter launcher.yaml")
     try:
-        data = yaml.safe_load(cfg_path.read_text())
+        is_file = cfg_path.is_file()
+    except OSError as err:  # a name too long, a loop of links
+        raise BadInput(f"cannot use --config {str(cfg_path)[:200]!r}: {err.strerror or err}") from None
+    if not is_file:
+        if cfg_path.exists():
+            raise BadInput(f"{cfg_path} is not a file", hint="--config takes the path of a launcher.yaml")
+        raise BadInput(f"no config at {cfg_path}", hint="run `launcher init` to write a starter launcher.yaml")
+    text = _read_text(cfg_path)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader.make())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
         raise ConfigError(where, f"not valid YAML ({getattr(err, 'problem', err)})", source=str(cfg_path)) from None
+    except RecursionError:
+        raise ConfigError("(file)", "nested too deeply to be a launcher.yaml", source=str(cfg_path)) from None
     try:
         cfg = _build(Config, data, "")
+        cfg = dataclasses.replace(cfg, root=cfg_path.resolve().parent)
+        cfg.check_paths()
     except ConfigError as err:
         raise ConfigError(err.key, err.detail, source=str(cfg_path)) from None
-    return dataclasses.replace(cfg, root=cfg_path.resolve().parent)
+    except RecursionError:
+        raise ConfigError("(file)", "nested too deeply to be a launcher.yaml", source=str(cfg_path)) from None
+    return cfg

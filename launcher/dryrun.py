@@ -1,4 +1,6 @@
-"""`launcher up ... --dry-run`: what would be launched and what it may cost; launches nothing."""
+"""`launcher up ... --dry-run`: what would be launched and what it may cost; launches,
+records and creates nothing (no ledger, no store folder), and prints the leg
+environment redacted exactly as the ledger would record it."""
 
 from __future__ import annotations
 
@@ -27,11 +29,11 @@ def leg0_env(cfg: Config, rung: Rung, reviewed: dict[str, str]) -> dict[str, str
             "LAUNCHER_FILES_SHA256": json.dumps(reviewed, sort_keys=True)}
 
 
-def sky_image_ref(cfg: Config, ledger: Ledger, reviewed: dict[str, str], dry_run: bool) -> str:
+def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], dry_run: bool) -> str:
     """The pushed repo@sha256 of the image baked from the reviewed files."""
     from launcher.errors import Refused
 
-    rows = ledger.images(files_digest(reviewed))
+    rows = ledger.images(files_digest(reviewed)) if ledger is not None else []
     pushed = next((r["pushed_ref"] for r in rows if r["pushed_ref"]), None)
     if pushed:
         return pushed
@@ -41,11 +43,13 @@ def sky_image_ref(cfg: Config, ledger: Ledger, reviewed: dict[str, str], dry_run
                   hint="run `launcher image build --gpu` and `launcher image push`")
 
 
-def describe(cfg: Config, ledger: Ledger, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
+def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
              reviewed: dict[str, str], image: str | None) -> str:
     """The rendered leg-0 launch and the quota arithmetic, as text."""
     out = [f"dry run: rung {rung.name} on {backend}, {rung.legs} legs, nothing launched or recorded"]
-    env = leg0_env(cfg, rung, reviewed)
+    from launcher.legs import redact
+
+    env = redact(leg0_env(cfg, rung, reviewed), cfg.secrets)  # printed: redacted like the ledger
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":

@@ -7,6 +7,11 @@ to run next. Tracebacks are shown only with LAUNCHER_DEBUG=1.
 
 from __future__ import annotations
 
+import os
+import sys
+
+EXIT_INTERNAL = 70
+
 
 class LauncherError(Exception):
     """Base: a failure the user can act on, rendered as one line."""
@@ -45,3 +50,79 @@ class RungFailed(LauncherError):
     """The rung ran and its answer is 'no'."""
 
     exit_code = 1
+
+
+def from_exception(err: BaseException) -> LauncherError | None:
+    """The one-line error (and exit code) for a failure that is the input's or the
+    machine's, not a bug; None for a bug (exit 70). Ordered: the first match wins."""
+    import errno
+    import sqlite3
+
+    if isinstance(err, LauncherError):
+        return err
+    if isinstance(err, sqlite3.Error):
+        return _ledger_error(err)
+    if isinstance(err, OSError):
+        where = f" {str(err.filename)[:200]}" if err.filename else ""
+        reason = err.strerror or str(err)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return Refused(f"no space left on the device of{where or ' a file this command writes'}",
+                           hint="free some space (old leg logs, reports, checkpoints), then run it again")
+        if err.errno == errno.EROFS:
+            return Refused(f"cannot write{where}: read-only file system", hint="point state_dir at a writable folder")
+        if err.filename or err.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                                         errno.ELOOP, errno.ENOENT, errno.EINVAL, errno.EEXIST):
+            return BadInput(f"cannot use{where or ' a path'}: {reason}", hint="check the path and its permissions")
+        return None
+    if isinstance(err, RecursionError):
+        return BadInput("input nested too deeply to be read", hint="check the file or value given")
+    if isinstance(err, UnicodeError):
+        return BadInput(f"input is not valid text ({type(err).__name__})", hint="give UTF-8 text")
+    from runtime.store import StoreAuthError, StoreError
+
+    if isinstance(err, StoreAuthError):
+        return Refused(f"the checkpoint store refused the credentials: {err}", hint="check HF_TOKEN (`hf auth whoami`)")
+    if isinstance(err, StoreError):
+        return Refused(f"the checkpoint store: {err}", hint="`launcher status` shows what the store holds")
+    return None
+
+
+def _ledger_error(err: BaseException) -> LauncherError:
+    text = str(err)
+    if "locked" in text or "busy" in text:
+        from launcher.ledger import OPENED, describe_holders
+
+        who = "".join(describe_holders(p) for p in dict.fromkeys(OPENED))
+        return Refused(f"the ledger is locked{who}: {text}",
+                       hint="wait for the other launcher to finish, then run it again")
+    if "full" in text:
+        return Refused(f"the ledger cannot be written: {text}", hint="free some space, then run it again")
+    if "readonly" in text or "read-only" in text:
+        return Refused(f"the ledger cannot be written: {text}", hint="make state_dir writable")
+    return Refused(f"the ledger is damaged: {text}",
+                   hint="move it aside (ledger.db*) and restore a backup; `sqlite3 ledger.db .recover` may save rows")
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    """The one line (and the next command) every failure prints on stderr."""
+    sys.stderr.write(f"error: {message}\n")
+    if hint:
+        sys.stderr.write(f"  next: {hint}\n")
+
+
+def exit_code_for(err: BaseException) -> int:
+    """Print `err` as one line and return its exit code: 2 bad input, 3 refused,
+    130 interrupted, 70 a bug (the traceback only with LAUNCHER_DEBUG=1)."""
+    if isinstance(err, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        return 130
+    if os.environ.get("LAUNCHER_DEBUG"):
+        import traceback
+
+        traceback.print_exception(err)
+    mapped = from_exception(err)
+    if mapped is None:
+        print_error(f"internal error: {type(err).__name__}: {str(err)[:300]}", "set LAUNCHER_DEBUG=1 for the traceback")
+        return EXIT_INTERNAL
+    print_error(mapped.message, mapped.hint)
+    return mapped.exit_code

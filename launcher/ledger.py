@@ -11,6 +11,7 @@ whose launcher died reads ("running", never ended).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -18,13 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
     3: ["ALTER TABLE legs ADD COLUMN task_sha256 TEXT"],
     4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
+    5: ["ALTER TABLE reservations ADD COLUMN pid_start INTEGER"],
 }
+LOCK_WAIT_S = 5.0
+"""How long a command waits for another launcher's write before it says who holds the ledger."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS reviews (
@@ -61,6 +65,7 @@ CREATE TABLE IF NOT EXISTS reservations (
     created_at  REAL NOT NULL,
     host        TEXT NOT NULL,
     pid         INTEGER NOT NULL,          -- the launcher holding it: a dead pid = a stale reservation
+    pid_start   INTEGER,                   -- that process's start time (clock ticks since boot): a reused pid is not it
     gpu_hours   REAL NOT NULL,
     usd         REAL NOT NULL,
     overdraft   INTEGER NOT NULL DEFAULT 0,
@@ -134,6 +139,76 @@ CREATE TABLE IF NOT EXISTS checks (
 """
 
 
+OPENED: list[Path] = []
+"""Ledgers this process opened: an error about a locked one can then say who holds it."""
+
+
+def lock_holders(path: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of processes holding a POSIX lock on the ledger or its WAL files
+    (Linux /proc/locks; [] elsewhere)."""
+    inodes = set()
+    for p in (path, path.with_name(path.name + "-shm"), path.with_name(path.name + "-wal")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        inodes.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    holders: dict[int, str] = {}
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.replace("->", "").split()
+        try:
+            pid, dev = int(parts[4]), parts[5].split(":")
+            key = (int(dev[0], 16), int(dev[1], 16), int(dev[2]))
+        except (IndexError, ValueError):
+            continue
+        if key in inodes and pid != os.getpid():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = "?"
+            holders[pid] = cmd[:160]
+    return sorted(holders.items())
+
+
+def describe_holders(path: Path) -> str:
+    found = lock_holders(path)
+    return (" by " + "; ".join(f"pid {pid} ({cmd})" for pid, cmd in found)) if found else ""
+
+
+RUN_NUMBERS = ("gpu_count", "nodes", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd")
+LEG_NUMBERS = ("leg", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd", "pid", "killed")
+
+
+def _clean(row: dict[str, Any], numbers: tuple[str, ...], json_cols: dict[str, type]) -> dict[str, Any]:
+    """A row as readers expect it; what was damaged is set to None (or empty) and named."""
+    damaged = []
+    for col in numbers:
+        value = row.get(col)
+        if value is not None and (isinstance(value, (bytes, str)) or value != value):
+            damaged.append(col)
+            row[col] = None
+    for col, kind in json_cols.items():
+        try:
+            value = json.loads(row[col])
+            if not isinstance(value, kind):
+                raise ValueError
+            row[col] = value
+        except (TypeError, ValueError, RecursionError):
+            damaged.append(col)
+            row[col] = kind()
+    for col in ("id", "run_id", "rung", "backend", "instance", "log_path", "verdict", "files_digest"):
+        if col in row and row[col] is not None and not isinstance(row[col], str):
+            damaged.append(col)
+            row[col] = str(row[col])
+    if damaged:
+        row["damaged"] = damaged
+    return row
+
+
 @dataclass(frozen=True)
 class Review:
     """A recorded `launcher review`: the reviewed files and their sha256."""
@@ -150,22 +225,30 @@ class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        OPENED.append(path)
+        self._db = sqlite3.connect(path, timeout=LOCK_WAIT_S, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"ledger {path} has schema v{version}; this launcher reads v{SCHEMA_VERSION}")
+            from launcher.errors import Refused
+
+            raise Refused(f"ledger {path} has schema v{version}; this launcher reads up to v{SCHEMA_VERSION}",
+                          hint="upgrade preflight-launcher")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        if version == SCHEMA_VERSION:
+            return  # nothing to write: a reader never waits on another launcher's write lock
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
         with self.transaction():
             fresh = self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name='runs'").fetchone()[0] == 0
             if not fresh:
                 for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
                     for stmt in MIGRATIONS[target]:
-                        table = stmt.split()[2]  # ALTER TABLE <table> ...: a missing table is created whole below
-                        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
-                                            (table,)).fetchone():
+                        # ALTER TABLE <table> ADD COLUMN <col>: a missing table is created whole below,
+                        # a column already there is left as it is
+                        table, column = stmt.split()[2], stmt.split()[5]
+                        cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                        if cols and column not in cols:
                             self._db.execute(stmt)
             for stmt in filter(str.strip, SCHEMA.split(";")):
                 self._db.execute(stmt)
@@ -174,6 +257,10 @@ class Ledger:
     @classmethod
     def open_existing(cls, path: Path) -> "Ledger | None":
         """Open the ledger if one exists; reading never creates one."""
+        if path.exists() and not path.is_file():
+            from launcher.errors import Refused
+
+            raise Refused(f"{path} is not a ledger file", hint="move it aside; the ledger is a SQLite file")
         return cls(path) if path.is_file() else None
 
     def close(self) -> None:
@@ -187,7 +274,16 @@ class Ledger:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT: all of it lands, or none of it."""
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as err:
+            if "locked" in str(err) or "busy" in str(err):
+                from launcher.errors import Refused
+
+                raise Refused(f"the ledger {self.path} is locked{describe_holders(self.path)} "
+                              f"(waited {LOCK_WAIT_S:g} s)",
+                              hint="wait for it to finish, or stop it, then run this again") from None
+            raise
         try:
             yield self._db
         except BaseException:
@@ -256,7 +352,9 @@ class Ledger:
     # --- reading -------------------------------------------------------------
 
     def runs(self, limit: int | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Runs, newest first, each with its legs, files and checks."""
+        """Runs, newest first, each with its legs, files and checks. A row damaged by hand
+        (a JSON column that does not parse, a number that is text) is read as far as it
+        goes: the bad value becomes None and the row says so under `damaged`."""
         sql, args = "SELECT * FROM runs", ()
         if run_id is not None:
             sql, args = sql + " WHERE id=?", (run_id,)
@@ -265,13 +363,15 @@ class Ledger:
             sql += f" LIMIT {int(limit)}"
         out = []
         for row in self._db.execute(sql, args).fetchall():
-            run = dict(row)
-            rid = run["id"]
-            run["files"] = {r["path"]: r["sha256"] for r in
+            run = _clean(dict(row), RUN_NUMBERS, {})
+            rid = row["id"]
+            run["files"] = {str(r["path"]): str(r["sha256"]) for r in
                             self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}
-            run["legs"] = [dict(r, command=json.loads(r["command"]), env=json.loads(r["env"]), killed=bool(r["killed"]))
+            run["legs"] = [_clean(dict(r), LEG_NUMBERS, {"command": list, "env": dict})
                            for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
-            run["checks"] = [dict(r, ok=bool(r["ok"]), evidence=json.loads(r["evidence"]))
+            for leg in run["legs"]:
+                leg["killed"] = bool(leg["killed"])
+            run["checks"] = [_clean(dict(r, ok=bool(r["ok"])), (), {"evidence": list})
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)
         return out

@@ -219,6 +219,8 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
                 continue
             age = f"{c['age_steps']} steps" + (f", {c['age_minutes']} min" if c["age_minutes"] is not None else "")
             out.print(f"  {label}: {c['name']} ({c['state']}, {c['bytes'] / 1e6:,.1f} MB), {age} old")
+        for d in ck.get("damaged", []):
+            out.print(f"  [red]damaged[/red]: {d['name']} (never resumed from): {escape(d['reason'][:200])}")
     h = s.get("health")
     if h:
         gib = 2**30

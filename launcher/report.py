@@ -450,10 +450,15 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
 
 def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, dict[str, Any]]:
     """Write the report folder (atomically: a temp dir renamed into place); returns (path, json)."""
+    if out_dir is not None:
+        check_out_dir(out_dir)
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
+        from launcher.reconcile import end_dead_runs
+
+        end_dead_runs(ledger)
         rows = select_runs(ledger, run_ids)
         runs = [load_run(r) for r in rows]
         cite = Evidence()
@@ -500,9 +505,16 @@ def _default_dir(cfg: Config) -> Path:
     return cfg.state_path / "reports" / f"preflight-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
-def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path) -> Path:
+def check_out_dir(out: Path) -> None:
+    """--out must be an empty folder or not exist yet: refused before any work is done."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise BadInput(f"--out {out}: exists and is not a folder")
     if out.exists() and any(out.iterdir()):
         raise BadInput(f"--out {out}: exists and is not empty (a report folder is written once)")
+
+
+def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path) -> Path:
+    check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent))
     try:
@@ -557,7 +569,7 @@ def sign(folder: Path) -> str:
 def check(folder: Path) -> list[str]:
     """What differs from the signature ([] = intact). Bad input (exit 2) if it is no report."""
     sig_path = folder / SIGNATURE
-    if not sig_path.is_file():
+    if not folder.is_dir() or not sig_path.is_file():
         raise BadInput(f"{folder}: no {SIGNATURE} here: not a report folder")
     try:
         sig = json.loads(sig_path.read_text())

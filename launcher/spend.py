@@ -84,8 +84,9 @@ class Reservation:
     remaining_gpu_hours: float | None
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this machine is alive (one owned by another user counts)."""
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether a process of this machine is alive (one owned by another user counts);
+    given its start time, a reused pid is not it."""
     import os
 
     try:
@@ -93,28 +94,50 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    except OverflowError:
+        return False
+    return started is None or process_start(pid) in (None, started)
 
 
-def _alive(host: str, pid: int) -> bool:
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(host: str, pid: int, started: int | None) -> bool:
     import socket
 
     if host != socket.gethostname():
         return True  # another machine's launcher: not ours to judge
-    return pid_alive(pid)
+    return pid_alive(pid, started)
 
 
-def reconcile(db: Any) -> int:
-    """Settle reservations whose launcher died: with what its legs billed where they
-    ended, else with the full reservation (the instance may have run to its budget)."""
+@dataclass(frozen=True)
+class DeadRun:
+    """A run whose launcher died: ended in the ledger now; its legs are cleaned up after."""
+
+    run_id: str
+    legs: list[dict[str, Any]]
+
+
+def reconcile(db: Any) -> list[DeadRun]:
+    """End what a dead launcher left: settle its reservation with what its legs billed
+    where they ended, else with the full reservation (the instance may have run to its
+    budget); close its open legs and the run ("launcher died"), at the last sign of life
+    (its newest log line). The caller removes what the legs left (launcher.reconcile)."""
+    import os
     import time
 
     stale = [r for r in db.execute("SELECT * FROM reservations WHERE settled_at IS NULL").fetchall()
-             if not _alive(r["host"], r["pid"])]
+             if not _alive(r["host"], r["pid"], r["pid_start"])]
+    dead = []
     for r in stale:
-        legs = db.execute("SELECT ended_at, billed_gpu_hours, cost_usd FROM legs WHERE run_id=?",
-                          (r["run_id"],)).fetchall()
+        legs = [dict(leg) for leg in db.execute("SELECT * FROM legs WHERE run_id=?", (r["run_id"],)).fetchall()]
         open_legs = [leg for leg in legs if leg["ended_at"] is None]
         billed = sum(leg["billed_gpu_hours"] or 0.0 for leg in legs)
         usd = sum(leg["cost_usd"] or 0.0 for leg in legs)
@@ -122,9 +145,16 @@ def reconcile(db: Any) -> int:
             billed, usd = max(billed, r["gpu_hours"]), max(usd, r["usd"])
         db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
                    "WHERE id=?", (time.time(), billed, usd, "reconciled (launcher died)", r["id"]))
+        last_sign = max([r["created_at"]] + [leg["ended_at"] or leg["started_at"] for leg in legs]
+                        + [os.path.getmtime(leg["log_path"]) for leg in legs if os.path.isfile(leg["log_path"])])
+        for leg in open_legs:
+            db.execute("UPDATE legs SET ended_at=?, killed=1, end_reason='launcher died' WHERE run_id=? AND leg=?",
+                       (last_sign, r["run_id"], leg["leg"]))
         db.execute("UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), cost_usd=COALESCE(cost_usd, ?), "
-                   "verdict=COALESCE(verdict, 'launcher died') WHERE id=?", (billed, usd, r["run_id"]))
-    return len(stale)
+                   "ended_at=COALESCE(ended_at, ?), verdict=COALESCE(verdict, 'launcher died') WHERE id=?",
+                   (billed, usd, last_sign, r["run_id"]))
+        dead.append(DeadRun(r["run_id"], open_legs))
+    return dead
 
 
 def period_totals(db: Any, since: datetime | None) -> tuple[float, float, float, float]:
@@ -152,7 +182,7 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
 
     usd = proj.rung_gpu_hours * (price or 0.0)
     with ledger.transaction() as db:
-        reconcile(db)
+        dead = reconcile(db)
         used, used_usd, held, held_usd = period_totals(db, proj.period_from)
         total = used + held + proj.rung_gpu_hours
         since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
@@ -174,10 +204,13 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
         if over:
             arithmetic = "OVERDRAFT: " + "; ".join(over)
         rid = db.execute(
-            "INSERT INTO reservations (run_id, rung, created_at, host, pid, gpu_hours, usd, overdraft, arithmetic)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, rung, time.time(), socket.gethostname(), os.getpid(),
+            "INSERT INTO reservations (run_id, rung, created_at, host, pid, pid_start, gpu_hours, usd, overdraft, "
+            "arithmetic) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, rung, time.time(), socket.gethostname(), os.getpid(), process_start(os.getpid()),
              proj.rung_gpu_hours, usd, int(bool(over)), arithmetic)).lastrowid
+    from launcher.reconcile import clean_up
+
+    clean_up(dead)
     remaining = None if quota is None else max(0.0, quota - used - held)
     return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
 
@@ -197,8 +230,9 @@ def summary(cfg: Config, ledger: Ledger, gpus: GpuSpec | None, nodes: int = 1) -
     """`launcher spend`: the period's used / reserved / remaining, by rung, and what each rung would cost."""
     from launcher.ladder import RUNGS
 
-    with ledger.transaction() as db:
-        reconciled = reconcile(db)
+    from launcher.reconcile import end_dead_runs
+
+    reconciled = len(end_dead_runs(ledger))
     since = period_start(cfg)
     used, used_usd, held, held_usd = period_totals(ledger.conn, since)
     start = since.timestamp() if since else 0.0

@@ -20,6 +20,7 @@ from launcher.errors import BadInput
 from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
 from launcher.measure import describe_breakdown, step_breakdown
+from launcher.reconcile import end_dead_runs
 from launcher.spend import pid_alive
 from launcher.storekey import project_key
 
@@ -86,6 +87,7 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
+        end_dead_runs(ledger)  # a run whose launcher died shows as ended, not as the live one
         run = pick_run(ledger, run_id)
         stops = ledger.stops(run["id"])
     finally:

@@ -33,6 +33,7 @@ from launcher.storekey import project_key
 from runtime.store.seal import KEY_ENV
 
 KILL_WAIT_S = 60.0
+MAX_TIMEOUT_S = 24 * 3600.0
 
 
 def _signal(leg: dict[str, Any], backend: str, sig: int) -> None:
@@ -75,12 +76,15 @@ def loadcheck(store_uri: str, run_id: str, name: str, key: bytes | None, python:
 
 
 def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None]) -> dict[str, Any]:
-    if timeout_s <= 0:
-        raise BadInput(f"--timeout must be positive, got {timeout_s:g}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also refuses nan
+        raise BadInput(f"--timeout must be above 0 and at most {MAX_TIMEOUT_S:g} s, got {timeout_s:g}")
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
+        from launcher.reconcile import end_dead_runs
+
+        end_dead_runs(ledger)  # a run whose launcher died has ended: nothing to stop
         found = ledger.runs(run_id=run_id)
         if not found:
             raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")

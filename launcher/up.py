@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, Backend, get_backend
 from launcher.backends.base import StagedFile
-from launcher.config import Config, GpuSpec, parse_gpus, store_uri
+from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.evidence import Check
 from launcher.ladder import Rung, rung_named
@@ -25,6 +25,8 @@ from launcher.ledger import Ledger
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import guard_hashes, reviewed_paths
 from launcher.storekey import project_key
+
+MAX_KILLS = 100
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     rung's legs on the CPU (a dress rehearsal of the rung: its GPU checks are
     left out, and the report counts nothing it measures as the target's)."""
     rung = rung_named(rung_name)
-    if steps is not None and (steps < 2 or not rung.legs):
-        raise BadInput(f"--steps {steps}: give at least 2, and only to a rung that trains" if rung.legs
+    if steps is not None and (not 2 <= steps <= MAX_STEPS or not rung.legs):
+        raise BadInput(f"--steps {steps}: give 2 to {MAX_STEPS:,}, and only to a rung that trains" if rung.legs
                        else f"--steps: rung {rung.name!r} trains nothing")
     if cpu:
         if not rung.needs_gpu:
@@ -63,8 +65,7 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
         rung = dataclasses.replace(rung, needs_gpu=False)
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
-    if nodes < 1:
-        raise BadInput(f"--nodes must be at least 1, got {nodes}")
+    check_nodes(nodes)
     if nodes > 1 and backend_name != "sky":
         raise BadInput(f"--nodes {nodes}: only the sky backend launches several nodes")
     if not rung.available and not dry_run:
@@ -79,26 +80,44 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     return rung, gpus
 
 
-def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
-            cpu: bool = False) -> str:
-    """What `up` would launch, and the quota arithmetic; launches and records nothing."""
-    from launcher.dryrun import describe
-    from launcher.manifest import compare_with_review
+def check_nodes(nodes: int) -> None:
+    if not 1 <= nodes <= MAX_NODES:
+        raise BadInput(f"--nodes must be 1 to {MAX_NODES}, got {nodes}")
 
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu)
-    ledger = Ledger(cfg.state_path / "ledger.db")
+
+def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
+            cpu: bool = False, steps: int | None = None) -> str:
+    """What `up` would launch, and the quota arithmetic; launches, records and creates nothing
+    (the ledger is only read, if there is one)."""
+    from launcher.dryrun import describe
+    from launcher.manifest import compare_with_review, hash_reviewed
+
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu, steps=steps)
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, rungs=dataclasses.replace(
+            cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
+    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
+    refusals = [] if rung.available else [f"rung {rung.name!r} is not available in this version"]
     try:
-        cmp = compare_with_review(cfg, ledger)
+        try:
+            cmp = compare_with_review(cfg, ledger) if ledger is not None else None
+        except Refused as err:
+            cmp = None
+            refusals.append(err.message)
+        if ledger is None:
+            refusals.append("no review recorded (run `launcher review`)")
+        current = cmp.current if cmp else hash_reviewed(cfg, strict=False)
         image = None
-        if rung.legs and backend_name == "docker":
+        if rung.legs and backend_name == "docker" and cmp is not None and ledger is not None:
             rows = ledger.images(cmp.review.digest)
             image = rows[0]["image_id"] if rows else None
-        text = describe(cfg, ledger, rung, backend_name, gpus, nodes, cmp.current, image)
-        if not cmp.ok:
-            text += f"\nguard: a real launch would be REFUSED: reviewed files differ ({cmp.describe()})"
-        return text
+        text = describe(cfg, ledger, rung, backend_name, gpus, nodes, current, image)
+        if cmp is not None and not cmp.ok:
+            refusals.append(f"reviewed files differ ({cmp.describe()})")
+        return text + "".join(f"\nguard: a real launch would be REFUSED: {r}" for r in refusals)
     finally:
-        ledger.close()
+        if ledger is not None:
+            ledger.close()
 
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
@@ -120,8 +139,9 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
-    if kills < 1:
-        raise BadInput(f"--kills must be at least 1, got {kills}")
+    if not 1 <= kills <= MAX_KILLS:
+        raise BadInput(f"--kills must be 1 to {MAX_KILLS}, got {kills}",
+                       hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}")
     if moment not in (*MOMENTS, "random"):
         raise BadInput(f"--at must be one of {', '.join((*MOMENTS, 'random'))}, got {moment!r}")
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None

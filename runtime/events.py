@@ -20,7 +20,11 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from runtime.contract import check_event
+
 MARKER = '{"event": '
+DAMAGED = "damaged"
+MAX_LINE = 1 << 20
 _lock = threading.Lock()  # the background pusher emits too: one whole line at a time
 
 
@@ -47,15 +51,31 @@ def emit(event: str, **fields: Any) -> dict[str, Any]:
 
 
 def parse_line(line: str) -> dict[str, Any] | None:
-    """The event on this line, or None when the line carries none."""
+    """The event on this line, or None when the line carries none. A line that claims
+    to be an event but is not one readers can use (cut short by a kill, a field of
+    the wrong type, absurdly long or deep) reads as a `damaged` event naming why."""
     start = line.find(MARKER)
     if start < 0:
         return None
+    text = line[start:]
+    if len(text) > MAX_LINE:
+        return damaged(None, f"an event line of {len(text)} characters (limit {MAX_LINE})")
     try:
-        record = json.loads(line[start:])
-    except json.JSONDecodeError:
-        return None  # a line cut short by a kill
-    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
+        record = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        if not text.rstrip().endswith("}"):
+            return None  # a line cut short by a kill: the leg simply ended there
+        return damaged(None, f"not JSON ({type(err).__name__})")
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return damaged(None, "no event name")
+    if record["event"] == DAMAGED:
+        return damaged(None, "a line claiming to be a damaged marker")
+    problem = check_event(record)
+    return damaged(record["event"], problem) if problem else record
+
+
+def damaged(kind: str | None, reason: str) -> dict[str, Any]:
+    return {"event": DAMAGED, "kind": kind, "reason": reason}
 
 
 def iter_events(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:

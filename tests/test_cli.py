@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import assert_one_line_error, run_cli
 
 HEAVY = ("torch", "sky", "docker", "numpy")
 
@@ -70,10 +70,21 @@ def test_review_json_lists_hashes(project: Path) -> None:
     assert list(data["files"]) == ["train.py"] and len(data["digest"]) == 64
 
 
-def test_internal_errors_are_one_line_unless_debugging(project: Path) -> None:
+def test_a_damaged_ledger_is_one_line_and_exit_3_unless_debugging(project: Path) -> None:
     db = project / ".launcher" / "ledger.db"
     db.write_bytes(b"this is not a sqlite database" * 100)
-    res = run_cli(["ledger"], cwd=project)
-    assert res.code == 70 and "Traceback" not in res.err and res.err.startswith("error: internal error")
+    for args in (["ledger"], ["ledger", "--json"], ["status"], ["report"], ["spend"], ["up", "static"]):
+        res = run_cli(args, cwd=project)
+        assert_one_line_error(res, 3, "the ledger is damaged")
+        assert "next: move it aside" in res.err
     debug = run_cli(["ledger"], cwd=project, env={"LAUNCHER_DEBUG": "1"})
-    assert "Traceback" in debug.err
+    assert "Traceback" in debug.err and debug.code == 3
+
+
+def test_only_a_bug_is_exit_70(capsys) -> None:  # noqa: ANN001
+    from launcher.errors import exit_code_for
+
+    assert exit_code_for(ZeroDivisionError("a bug")) == 70
+    assert capsys.readouterr().err.startswith("error: internal error: ZeroDivisionError: a bug")
+    assert exit_code_for(OSError(28, "No space left on device", "/x/ledger.db")) == 3
+    assert exit_code_for(OSError(36, "File name too long", "a" * 5000)) == 2

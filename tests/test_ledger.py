@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.ledger import Ledger
+from launcher.ledger import SCHEMA_VERSION, Ledger
 from tests.conftest import LAUNCHER, run_cli
 
 ASSETS = Path(__file__).parent / "assets"
@@ -22,7 +22,7 @@ N_FILES = 40
 HAMMER = f"""
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-from launcher.ledger import Ledger
+from launcher.ledger import SCHEMA_VERSION, Ledger
 ledger = Ledger(__import__('pathlib').Path(sys.argv[1]))
 i = 0
 while True:
@@ -114,24 +114,52 @@ def next_log(project: Path, leg: int = 0, timeout: float = 60) -> Path:
     raise AssertionError("no leg log appeared")
 
 
-def test_launcher_killed_mid_run_leaves_a_readable_running_row(project: Path, leg_tmp: Path) -> None:
+def test_a_launcher_killed_mid_run_ends_its_run_and_leaves_nothing_running(project: Path, leg_tmp: Path) -> None:
     launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     wait_for_line(next_log(project), '"event": "step"')
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
-    for pid in leg_pids(leg_tmp / "preflight-legs"):  # the orphaned leg: an instance left running
-        os.kill(pid, signal.SIGKILL)
-    res = run_cli(["ledger", "--json"], cwd=project)
+    deadline = time.time() + 20  # the leash kills the orphaned leg and removes its disk on its own
+    while (leg_pids(leg_tmp / "preflight-legs") or list((leg_tmp / "preflight-legs").iterdir())) \
+            and time.time() < deadline:
+        time.sleep(0.1)
+    assert leg_pids(leg_tmp / "preflight-legs") == []
+    assert list((leg_tmp / "preflight-legs").iterdir()) == []
+    with sqlite3.connect(project / ".launcher" / "ledger.db") as conn:  # nothing has read it since the kill
+        assert conn.execute("SELECT ended_at FROM runs").fetchone()[0] is None
+    res = run_cli(["ledger", "--json"], cwd=project)  # the next command reconciles
     assert res.code == 0, res.err
     run = res.json()[0]
-    assert run["verdict"] is None and run["ended_at"] is None  # reads as "running", never ended
+    assert run["verdict"] == "launcher died" and run["ended_at"] is not None
+    assert run["legs"][0]["ended_at"] is not None and run["legs"][0]["end_reason"] == "launcher died"
     assert run["files"] and run["legs"][0]["command"][1] == "train.py"
-    assert run["legs"][0]["ended_at"] is None
     with sqlite3.connect(project / ".launcher" / "ledger.db") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT COUNT(*) FROM reservations WHERE settled_at IS NULL").fetchone()[0] == 0
     table = run_cli(["ledger"], cwd=project)
-    assert table.code == 0 and "running" in table.out
+    assert table.code == 0 and "launcher died" in table.out
+
+
+def test_the_next_command_ends_a_dead_launchers_run_and_kills_its_leg(project: Path, leg_tmp: Path) -> None:
+    """Without the leash (as if it died too): the next command kills the leg and removes its dir."""
+    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    log = next_log(project)
+    wait_for_line(log, '"event": "step"')
+    leashes = [int(p) for p in subprocess.run(["pgrep", "-f", f"launcher.backends.leash {log.parent.name}"],
+                                               capture_output=True, text=True).stdout.split()]
+    assert len(leashes) == 1
+    for pid in leashes:
+        os.kill(pid, signal.SIGKILL)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    assert leg_pids(leg_tmp / "preflight-legs")  # the orphaned leg still trains
+    res = run_cli(["status", "--json"], cwd=project)
+    assert res.code == 0, res.err
+    assert res.json()["state"] == "ended: launcher died"
+    assert leg_pids(leg_tmp / "preflight-legs") == []
+    assert list((leg_tmp / "preflight-legs").iterdir()) == []
 
 
 def test_a_v1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
@@ -150,7 +178,7 @@ def test_a_v1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
     ledger = Ledger(db)
     [run] = ledger.runs()
     assert run["id"] == "old" and run["image"] is None
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     ledger.close()
 
 
@@ -162,5 +190,5 @@ def test_a_v3_ledger_gains_leg_pids_and_the_stops_table(tmp_path: Path) -> None:
     ledger = Ledger(db)
     cols = [r[1] for r in ledger._db.execute("PRAGMA table_info(legs)")]
     assert "pid" in cols and ledger.stops("none") == []
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     ledger.close()

@@ -29,14 +29,16 @@ def container_name(spec: LegSpec) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"preflight-{spec.run_id}-leg{spec.leg}")[:120]
 
 
+def store_path(env: dict[str, str]) -> Path | None:
+    """The folder of a file:// store (None for a store reached over the network)."""
+    uri = env.get("LAUNCHER_STORE", "")
+    return Path(unquote(urlparse(uri).path)) if uri.startswith("file://") else None
+
+
 def store_mounts(env: dict[str, str]) -> list[str]:
     """A file:// store is mounted at its own path, so LAUNCHER_STORE means the same inside."""
-    uri = env.get("LAUNCHER_STORE", "")
-    if not uri.startswith("file://"):
-        return []
-    path = Path(unquote(urlparse(uri).path))
-    path.mkdir(parents=True, exist_ok=True)
-    return ["-v", f"{path}:{path}"]
+    path = store_path(env)
+    return [] if path is None else ["-v", f"{path}:{path}"]
 
 
 def run_argv(spec: LegSpec, image: str, network: str) -> list[str]:
@@ -70,6 +72,9 @@ class DockerBackend:
     def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
         name = container_name(spec)
         docker("rm", "-f", name, check=False)  # a leftover of a crashed launcher must not be reused
+        store = store_path(dict(spec.env))
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)  # made here, at launch: a dry run creates nothing
         argv = run_argv(spec, self.image, self.network)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = spec.log_path.open("w", encoding="utf-8")

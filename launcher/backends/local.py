@@ -2,8 +2,10 @@
 
 The temp dir is the instance's disk: created empty for each leg, holding only
 the staged reviewed files, deleted when the leg ends or is killed. The leg runs
-in its own process group, so `kill` takes the whole tree (torchrun workers
-included) with SIGKILL, as a lost instance would.
+in a session of its own and every process it starts carries its token, so
+`kill` takes every one of them (torchrun's workers, which sit in sessions of
+their own, included) as a lost instance would; a leash process does the same
+if the launcher itself dies (launcher.backends.leash).
 
 The "image" here is the launcher's own environment: a command starting with
 `python`/`python3` runs under the launcher's interpreter, and `torchrun` under
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_token, signal_leg
 from launcher.manifest import stage_files
 
 PYTHON_NAMES = ("python", "python3")
@@ -43,11 +46,13 @@ def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def leg_process_env(spec: LegSpec) -> dict[str, str]:
-    """The host environment minus any stale LAUNCHER_* or secret, plus the leg's."""
+    """The host environment minus any stale LAUNCHER_* or secret, plus the leg's, plus the
+    token that marks every process of this leg."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_") and k not in spec.secrets}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(spec.env)
     env.update(spec.secrets)
+    env[TOKEN_ENV] = leg_token(spec.run_id, spec.leg)
     return env
 
 
@@ -58,6 +63,11 @@ class _LocalHandle(LegHandle):
     pump: threading.Thread | None = None
     log: IO[str] | None = None
     early_exit: int | None = None
+    leash: subprocess.Popen[bytes] | None = None
+
+    @property
+    def token(self) -> str:
+        return leg_token(self.spec.run_id, self.spec.leg)
 
 
 class LocalBackend:
@@ -66,7 +76,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, root: Path | None = None, keep_dirs: bool | None = None) -> None:
-        self.root = root or Path(tempfile.gettempdir()) / "preflight-legs"
+        self.root = root or Path(tempfile.gettempdir()) / LEGS_ROOT
         self.keep_dirs = bool(os.environ.get("LAUNCHER_KEEP_LEG_DIRS")) if keep_dirs is None else keep_dirs
 
     def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
@@ -95,11 +105,30 @@ class LocalBackend:
                 on_line(line)
             handle.early_exit = 127
             return handle
+        handle.leash = self._leash(handle)
         handle.pump = threading.Thread(target=pump_lines, args=(handle.proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
         return handle
 
+    def _leash(self, handle: _LocalHandle) -> subprocess.Popen[bytes]:
+        """The watcher that kills the leg if this launcher dies (see launcher.backends.leash)."""
+        assert handle.proc is not None
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        src = str(Path(__file__).resolve().parents[2])  # the launcher's own source, installed or not
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        argv = [sys.executable, "-m", "launcher.backends.leash", handle.token, str(handle.proc.pid),
+                str(handle.workdir), "1" if self.keep_dirs else "0"]
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
     def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
+        if handle.leash is not None:  # the leg is over: the leash kills whatever it left running, and exits
+            try:
+                handle.leash.communicate(b"done\n", timeout=15)
+            except (subprocess.TimeoutExpired, OSError):
+                handle.leash.kill()
+                handle.leash.wait()
+            handle.leash = None
         if handle.pump is not None:
             handle.pump.join(timeout=30)
         if handle.log is not None and not handle.log.closed:
@@ -119,21 +148,16 @@ class LocalBackend:
         return self._finish(handle, rc, False, "exited")
 
     def freeze(self, handle: LegHandle) -> None:
-        """SIGSTOP the leg's process group: it stops at this instant (a drill kills it next)."""
+        """SIGSTOP every process of the leg: it stops at this instant (a drill kills it next)."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            try:
-                os.killpg(handle.proc.pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
+            signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP)
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
+        """Every process of the leg dies (torchrun's workers too), then its disk goes."""
         assert isinstance(handle, _LocalHandle)
         rc = handle.early_exit
         if handle.proc is not None:
-            try:
-                os.killpg(handle.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone
+            kill_leg(handle.token, handle.proc.pid)
             rc = handle.proc.wait()
         return self._finish(handle, rc, True, reason)

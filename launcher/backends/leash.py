@@ -1,0 +1,120 @@
+"""Every process of a local leg, found and killed together, and killed too when the launcher dies.
+
+A leg is not one pid. torchrun starts its workers in sessions of their own, so
+a SIGKILL of the leg's process group once left two workers training to step 40
+and writing to the store after the drill had "killed" the leg. So every
+process a leg starts inherits LAUNCHER_LEG_TOKEN in its environment, and the
+leg's processes are those whose /proc/<pid>/environ carries it, or that sit in
+the leg's session. A kill freezes them all (SIGSTOP, so none can fork another),
+then SIGKILLs them, and repeats until none is left.
+
+The leash is a small watcher process per leg (`python -m
+launcher.backends.leash TOKEN SID WORKDIR KEEP`) reading a pipe whose write end
+only the launcher holds. The launcher writes "done" when it has ended the leg
+itself; EOF without "done" means the launcher died (kill -9 included), and the
+leash kills every process of the leg and removes its disk: a lost launcher
+leaves nothing running. Either way, a process the leg left behind dies.
+
+Standard library only: it starts in a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+TOKEN_ENV = "LAUNCHER_LEG_TOKEN"
+LEGS_ROOT = "preflight-legs"
+"""The folder, under the temp dir, that holds the local backend's leg dirs."""
+
+
+def leg_token(run_id: str, leg: int) -> str:
+    """The token every process of leg `leg` of `run_id` carries (run ids are unique)."""
+    return f"{run_id}:{leg}"
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, session id) of a live process, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0].decode(), int(fields[3])
+
+
+def leg_pids(token: str, sid: int | None = None) -> list[int]:
+    """Live (non-zombie) processes carrying `token`, or in session `sid`."""
+    if not os.path.isdir("/proc"):
+        return []
+    needle = f"\0{TOKEN_ENV}={token}\0".encode()
+    me, found = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        st = _stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            continue
+        if sid is not None and st[1] == sid:
+            found.append(pid)
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = b"\0" + fh.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in environ + b"\0":
+            found.append(pid)
+    return found
+
+
+def signal_leg(token: str, sid: int | None, sig: int) -> list[int]:
+    """Send `sig` to every process of the leg; returns the pids signalled."""
+    pids = leg_pids(token, sid)
+    if not pids and sid is not None and not os.path.isdir("/proc"):
+        pids = [sid]  # no /proc (not Linux): the process group is all we can reach
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids
+
+
+def kill_leg(token: str, sid: int | None, timeout_s: float = 10.0) -> int:
+    """Freeze, then kill, every process of the leg, until none is left; returns how many died."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = signal_leg(token, sid, signal.SIGSTOP)  # frozen: none forks another meanwhile
+        pids += [p for p in signal_leg(token, sid, signal.SIGSTOP) if p not in pids]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed.update(pids)
+        time.sleep(0.02)
+    return len(killed)
+
+
+def main(argv: list[str]) -> int:
+    token, sid, workdir, keep = argv[0], int(argv[1]), argv[2], argv[3] == "1"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the launcher is not ours
+    said = sys.stdin.buffer.read()  # blocks until the launcher closes the pipe, or dies
+    done = said.strip() == b"done"
+    kill_leg(token, None if done else sid)
+    if not done and workdir != "-" and not keep:
+        shutil.rmtree(Path(workdir), ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
