@@ -65,10 +65,13 @@ def review(config: Path = CONFIG, json_out: bool = JSON) -> None:
     from launcher.manifest import record_review
     from launcher.render import console, print_json
 
+    from launcher.manifest import hash_reviewed
+
     cfg = _load(config)
+    files = hash_reviewed(cfg)  # a bad glob is refused before the ledger is made
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
-        rec = record_review(cfg, ledger)
+        rec = record_review(cfg, ledger, files)
     finally:
         ledger.close()
     if json_out:
@@ -97,11 +100,15 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
 
     cfg = _load(config)
     if dry_run:
-        text = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps)
+        text, refusal = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps,
+                                         allow_overdraft=allow_overdraft)
         if json_out:
-            print_json({"dry_run": True, "text": text})
+            print_json({"dry_run": True, "text": text, "would_launch": refusal is None,
+                        "refusal": refusal.message if refusal else None})
         else:
             sys.stdout.write(text + "\n")
+        if refusal is not None:
+            raise refusal  # the exit code the real launch would end in
         return
     shown = steps or (cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0)
     printer = LegPrinter(err_console if json_out else console, every=max(1, shown // 10))
@@ -160,7 +167,8 @@ def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for th
     check_nodes(nodes)
     cfg = _load(config)
     spec = parse_gpus(gpus)
-    ledger_db = Ledger(cfg.state_path / "ledger.db")
+    # Reading never makes a ledger: with none yet, the arithmetic runs on an empty one in memory.
+    ledger_db = Ledger.open_existing(cfg.state_path / "ledger.db") or Ledger(Path(":memory:"))
     try:
         data = summary(cfg, ledger_db, spec, nodes)
     finally:

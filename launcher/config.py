@@ -48,8 +48,7 @@ class GpuSpec:
 
 def parse_gpus(text: str, key: str = "--gpus") -> GpuSpec:
     """Parse 'T4:2' / 'A100-80GB:8' / 'T4'. Refuse 'T4:two', ':2', 'T4:0'."""
-    raw = text.strip()
-    name, sep, count_text = raw.partition(":")
+    name, sep, count_text = text.partition(":")  # no strip: "T4\n" is a typo, not T4
     if not name or not GPU_NAME.fullmatch(name):
         raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text!r} (missing or bad GPU name)", source="flag")
     if not sep:
@@ -329,7 +328,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is list:
         if tp == list[str] and isinstance(value, str) and key.endswith("command"):
-            value = shlex.split(value)
+            if "\0" in value:
+                raise ConfigError(key, f"must not contain control characters, got {_show(value)}")
+            try:
+                value = shlex.split(value)
+            except ValueError as err:
+                raise ConfigError(key, f"is not a command line ({err}): {_show(value)}") from None
         if not isinstance(value, list):
             raise ConfigError(key, f"must be {_type_name(tp)}, got {type(value).__name__}")
         if len(value) > 1000:

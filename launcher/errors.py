@@ -74,6 +74,8 @@ def from_exception(err: BaseException) -> LauncherError | None:
                                          errno.ELOOP, errno.ENOENT, errno.EINVAL, errno.EEXIST):
             return BadInput(f"cannot use{where or ' a path'}: {reason}", hint="check the path and its permissions")
         return None
+    if isinstance(err, ValueError) and "null byte" in str(err):
+        return BadInput("a path or value holds a NUL byte", hint="check the arguments and launcher.yaml")
     if isinstance(err, RecursionError):
         return BadInput("input nested too deeply to be read", hint="check the file or value given")
     if isinstance(err, UnicodeError):

@@ -36,17 +36,41 @@ def reviewed_paths(cfg: Config, strict: bool = True) -> dict[str, Path]:
     """Expand the reviewed globs: {relative posix path: absolute path}.
 
     strict: a pattern matching nothing is bad input (when recording a review);
-    otherwise it is left out, so a comparison reports the file as missing."""
+    otherwise it is left out, so a comparison reports the file as missing.
+    A pattern reaching into the state dir (the ledger, leg logs, the default
+    store) or a local store is refused: those change with every launch, so
+    reviewing them would lock every later one."""
     out: dict[str, Path] = {}
-    for pattern in cfg.reviewed:
+    own = _launcher_dirs(cfg)
+    for i, pattern in enumerate(cfg.reviewed):
         if Path(pattern).is_absolute() or ".." in Path(pattern).parts:
             raise BadInput(f"launcher.yaml: reviewed: {pattern!r} must be a path inside the project dir")
-        matches = sorted(p for p in cfg.root.glob(pattern) if p.is_file())
+        try:
+            matches = sorted(p for p in cfg.root.glob(pattern) if p.is_file())
+        except (ValueError, OSError) as err:
+            raise BadInput(f"launcher.yaml: reviewed[{i}]: {pattern!r} is not a usable glob ({err})") from None
         if not matches and strict:
             raise BadInput(f"launcher.yaml: reviewed: {pattern!r} matches no file under {cfg.root}")
         for path in matches:
+            inside = next((d for d in own if path.resolve().is_relative_to(d)), None)
+            if inside is not None:
+                raise BadInput(f"launcher.yaml: reviewed[{i}]: {pattern!r} matches {path.relative_to(cfg.root)}, "
+                               f"inside {inside} (the launcher's own state, which changes with every launch)",
+                               hint="list the trainer's files only, e.g. train.py or src/**/*.py")
             out[path.relative_to(cfg.root).as_posix()] = path
     return dict(sorted(out.items()))
+
+
+def _launcher_dirs(cfg: Config) -> list[Path]:
+    from launcher.config import store_uri
+
+    dirs = [cfg.state_path.resolve()]
+    uri = store_uri(cfg)
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        dirs.append(Path(unquote(urlparse(uri).path)).resolve())
+    return dirs
 
 
 def hash_reviewed(cfg: Config, strict: bool = True) -> dict[str, str]:
@@ -67,9 +91,9 @@ def stage_files(files: dict[str, Path], expected: dict[str, str], dest: Path) ->
                           hint="read the change, then run `launcher review` again")
 
 
-def record_review(cfg: Config, ledger: Ledger) -> Review:
-    """Hash the reviewed files now and record them as the reviewed set."""
-    files = hash_reviewed(cfg)
+def record_review(cfg: Config, ledger: Ledger, files: dict[str, str] | None = None) -> Review:
+    """Record the reviewed files' hashes (taken now unless given) as the reviewed set."""
+    files = hash_reviewed(cfg) if files is None else files
     digest = files_digest(files)
     review_id = ledger.record_review(digest, files)
     review = ledger.latest_review()

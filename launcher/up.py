@@ -86,38 +86,72 @@ def check_nodes(nodes: int) -> None:
 
 
 def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
-            cpu: bool = False, steps: int | None = None) -> str:
+            cpu: bool = False, steps: int | None = None, allow_overdraft: bool = False
+            ) -> tuple[str, LauncherError | None]:
     """What `up` would launch, and the quota arithmetic; launches, records and creates nothing
-    (the ledger is only read, if there is one)."""
+    (the ledger is only read, if there is one). Returns the text and the error the real
+    launch would end in (None: it would launch): every check the real one makes, in its
+    order, so the first one it would stop at decides the exit code."""
     from launcher.dryrun import describe
-    from launcher.manifest import compare_with_review, hash_reviewed
+    from launcher.manifest import hash_reviewed
+    from launcher.spend import project
 
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu, steps=steps)
     if steps is not None:
         cfg = dataclasses.replace(cfg, rungs=dataclasses.replace(
             cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
-    refusals = [] if rung.available else [f"rung {rung.name!r} is not available in this version"]
+    stops: list[LauncherError] = []
+    if not rung.available:
+        stops.append(BadInput(f"rung {rung.name!r} is not available in this version"))
     try:
+        cmp = None
         try:
-            cmp = compare_with_review(cfg, ledger) if ledger is not None else None
+            if ledger is None:
+                raise Refused("no review recorded (run `launcher review`)")
+            cmp = guard_hashes(cfg, ledger)
         except Refused as err:
-            cmp = None
-            refusals.append(err.message)
-        if ledger is None:
-            refusals.append("no review recorded (run `launcher review`)")
+            stops.append(err)
         current = cmp.current if cmp else hash_reviewed(cfg, strict=False)
         image = None
-        if rung.legs and backend_name == "docker" and cmp is not None and ledger is not None:
-            rows = ledger.images(cmp.review.digest)
-            image = rows[0]["image_id"] if rows else None
+        if rung.legs and backend_name != "local":
+            try:
+                image = _dry_image(rung, backend_name, cfg, ledger, current)
+            except LauncherError as err:
+                stops.append(err)
         text = describe(cfg, ledger, rung, backend_name, gpus, nodes, current, image)
-        if cmp is not None and not cmp.ok:
-            refusals.append(f"reviewed files differ ({cmp.describe()})")
-        return text + "".join(f"\nguard: a real launch would be REFUSED: {r}" for r in refusals)
+        if not allow_overdraft and not project(cfg, ledger, rung, gpus, nodes).fits:
+            stops.append(Refused("the quota does not fit this rung (the arithmetic is above)"))
     finally:
         if ledger is not None:
             ledger.close()
+    if not stops:
+        return text, None
+    first = stops[0]
+    return text, type(first)("a real launch would be refused: " + "; ".join(e.message for e in stops),
+                             hint=first.hint)
+
+
+def _dry_image(rung: Rung, backend_name: str, cfg: Config, ledger: Ledger | None,
+               reviewed: dict[str, str]) -> str | None:
+    """The image a real launch would run, or the error it would stop at (docker: built from
+    the reviewed files; sky: pushed, and a store a cloud can reach)."""
+    if ledger is None:
+        return None
+    if backend_name == "docker":
+        from launcher.image import image_for_launch
+
+        return image_for_launch(cfg, ledger, reviewed)
+    from launcher.dryrun import sky_image_ref
+
+    _sky_store(cfg)
+    return sky_image_ref(cfg, ledger, reviewed, dry_run=False)
+
+
+def _sky_store(cfg: Config) -> None:
+    if not store_uri(cfg).startswith("hf://"):
+        raise BadInput("the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
+                       f"(not {store_uri(cfg)}, which exists only on this machine)")
 
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
@@ -162,18 +196,22 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
     uri = store_uri(cfg)
     paths = reviewed_paths(cfg, strict=False)
 
-    ledger = Ledger(cfg.state_path / "ledger.db")
+    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")  # no ledger: no review, and nothing is made
+    if ledger is None:
+        raise Refused("no review recorded: nothing to compare the files against",
+                      hint="run `launcher review` after reading the files to be run")
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
         backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
-                         nodes, store_key=project_key(cfg.state_path) if rung.legs else None)
+                         nodes)
         from launcher.spend import project, reserve, settle
 
         held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
                        cfg.prices.get(gpus.name) if gpus else None, allow_overdraft)  # exit 3 when over quota
         ctx.quota_left_hours = held.remaining_gpu_hours
+        ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
         ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
                          cmp.current)
@@ -223,9 +261,7 @@ def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
     if name == "sky":
         from launcher.dryrun import sky_image_ref
 
-        if not store_uri(cfg).startswith("hf://"):
-            raise BadInput("the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
-                           f"(not {store_uri(cfg)}, which exists only on this machine)")
+        _sky_store(cfg)
         ref = sky_image_ref(cfg, ledger, reviewed, dry_run=False)
         return get_backend("sky", cfg=cfg, image_ref=ref, nodes=nodes), ref
     return get_backend(name), None

@@ -1,0 +1,302 @@
+"""Generated bad input, property style: every case must end in exit 2 (bad input) or 3
+(refused), one `error:` line (plus at most a `next:` hint), no traceback, and leave
+nothing behind (no new file, no ledger row, no reservation).
+
+Cases are generated, not listed: command lines from a grammar of bad flag values,
+and launcher.yaml files from a table of invalid values per key (plus file-level
+damage: encodings, NUL bytes, depth, size, duplicate keys), combined at random
+with a fixed seed. They run in-process through the console script's own entry
+point (launcher.entry.main), so thousands take seconds; a sample also runs as
+real subprocesses, to show the in-process answer is the one a user gets.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from launcher.entry import main
+from tests.conftest import run_cli
+
+NAN, INF = float("nan"), float("inf")
+SEED = 20261201
+
+BAD_GPUS = ["", ":", "T4:", ":2", "T4:0", "T4:-1", "T4:two", "T4:65", "T4:9223372036854775808", "T4:" + "9" * 5000,
+            "T 4", "T4:2:3", "T4\n", "💥:1", "A" * 100, "T4:1.5", "-T4", "T4:0x2"]
+BAD_NODES = ["0", "-1", "65", str(10**20), "x", "1.5"]
+BAD_STEPS = ["0", "1", "-5", str(10**9), "99999999999999999999", "x"]
+BAD_BACKENDS = ["", "Local", "k8s", "local "]
+BAD_RUNGS = ["", "Static", "rung0", "probe2", "../static"]
+BAD_KILLS = ["0", "-1", "101", "100000", "x"]
+BAD_AT = ["", "middle", "mid_push", "RANDOM"]
+BAD_TIMEOUTS = ["nan", "inf", "-1", "0", "1e10", "x"]
+BAD_LIMITS = ["0", "-1", "1000000", "x"]
+GPU_RUNGS = ["smoke", "probe"]
+
+
+def cli_cases(tmp: Path) -> Iterator[list[str]]:
+    """Command lines that are wrong in exactly one place (some in two)."""
+    afile = tmp / "a-file.txt"
+    for extra in ([], ["--json"], ["--dry-run"], ["--dry-run", "--json"]):
+        for g in BAD_GPUS:
+            for rung in GPU_RUNGS:
+                yield ["up", rung, "--gpus", g, *extra]
+            yield ["up", "static", "--gpus", "T4:1", *extra]  # a CPU rung given GPUs
+        for rung in GPU_RUNGS:
+            yield ["up", rung, *extra]  # no --gpus
+            yield ["up", rung, "--cpu", "--gpus", "T4:1", *extra]
+            for n in BAD_NODES:
+                yield ["up", rung, "--gpus", "T4:1", "--backend", "sky", "--nodes", n, *extra]
+            yield ["up", rung, "--gpus", "T4:1", "--nodes", "2", *extra]  # several nodes off sky
+        for s in BAD_STEPS:
+            yield ["up", "rehearsal", "--steps", s, *extra]
+            yield ["up", "probe", "--cpu", "--steps", s, *extra]
+        yield ["up", "static", "--steps", "10", *extra]
+        yield ["up", "rehearsal", "--cpu", *extra]
+        for b in BAD_BACKENDS:
+            yield ["up", "rehearsal", "--backend", b, *extra]
+        for r in BAD_RUNGS:
+            yield ["up", r, *extra]
+        for c in ("", "missing.yaml", str(tmp), "x" * 5000, str(afile) + "/x", "/proc/self/nope/launcher.yaml"):
+            yield ["up", "static", "--config", c, *extra]
+    for extra in ([], ["--json"]):
+        for k in BAD_KILLS:
+            yield ["drill", "cold-resume", "--kills", k, *extra]
+        for a in BAD_AT:
+            yield ["drill", "cold-resume", "--at", a, *extra]
+        for b in BAD_BACKENDS:
+            yield ["drill", "cold-resume", "--backend", b, *extra]
+        for g in BAD_GPUS:
+            yield ["drill", "cold-resume", "--gpus", g, *extra]
+            yield ["spend", "--gpus", g, *extra]
+        for n in BAD_NODES:
+            yield ["spend", "--nodes", n, *extra]
+        for t in BAD_TIMEOUTS:
+            yield ["stop", "some-run", "--timeout", t, *extra]
+        yield ["stop", "no-such-run", *extra]
+        for lim in BAD_LIMITS:
+            yield ["ledger", "--limit", lim, *extra]
+        yield ["ledger", "no-such-run", *extra]
+        yield ["status", "no-such-run", *extra]
+        yield ["report", "no-such-run", *extra]
+        yield ["report", "--out", str(afile), *extra]
+        yield ["report", "--check", str(tmp / "no-report"), *extra]
+        yield ["report", "--check", str(afile), *extra]
+        yield ["report", "--check", str(tmp), "some-run", *extra]
+    for d in (str(afile), "/proc/x", str(afile) + "/sub", "x" * 5000):
+        yield ["init", d]
+    yield ["init", str(tmp / "proj")]  # exists: refused without --force
+    yield ["nosuch"]
+    yield ["up"]
+    yield ["drill"]
+    yield ["image", "push"]  # no repository configured
+
+
+# flag -> (values that are wrong whatever else is given, values that are fine)
+UP_FLAGS = {"--gpus": (BAD_GPUS, ["T4:1", "A100:8"]), "--nodes": (BAD_NODES, ["1"]),
+            "--steps": (BAD_STEPS, ["20"]), "--backend": (BAD_BACKENDS, ["local"])}
+DRILL_FLAGS = {"--kills": (BAD_KILLS, ["2"]), "--at": (BAD_AT, ["mid-push", "random"]),
+               "--backend": (BAD_BACKENDS, ["local"]), "--gpus": (BAD_GPUS, ["T4:1"])}
+SPEND_FLAGS = {"--gpus": (BAD_GPUS, ["T4:2"]), "--nodes": (BAD_NODES, ["1", "2"])}
+
+
+def random_cli_cases(rng: random.Random, n: int) -> Iterator[list[str]]:
+    """Random command lines: some flags right, at least one wrong, in any order."""
+    for _ in range(n):
+        cmd = rng.choice(["up", "drill", "spend"])
+        table = {"up": UP_FLAGS, "drill": DRILL_FLAGS, "spend": SPEND_FLAGS}[cmd]
+        flags = rng.sample(sorted(table), rng.randint(1, len(table)))
+        wrong = rng.choice(flags)
+        args = [f for flag in flags
+                for f in (flag, rng.choice(table[flag][0] if flag == wrong else table[flag][1]))]
+        head = {"up": ["up", rng.choice(GPU_RUNGS)], "drill": ["drill", "cold-resume"], "spend": ["spend"]}[cmd]
+        tail = [x for x in ("--json", "--dry-run") if rng.random() < 0.4 and (x == "--json" or cmd == "up")]
+        yield head + args + tail
+
+
+# key path -> values that are invalid there, whatever else the config says
+BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
+    ("project",): [None, 1, "", "UPPER", "a" * 40, "a b", "a\n", "-x", "\0", True],
+    ("trainer", "command"): ["", [], [1], "python\0train.py", {"a": 1}, None, "'unclosed"],
+    ("trainer", "parser"): ["", "1abc", "a-b", None, 5],
+    ("trainer", "modules"): ["x", [1], [None], [["x"]]],
+    ("reviewed",): [[], [""], ["/etc/passwd"], ["../x"], "train.py", [None], ["a\0b"], [" "], ["x" * 5000]],
+    ("store",): ["", " ", "file:///dev/null", "file://relative/x", "s3://b/x", "hf://a", "hf://a/b\n", "hf://a/b c",
+                 5, [], "@FILE"],
+    ("state_dir",): ["", "\0", 5, "@FILE", [], "a\nb"],
+    ("quota", "gpu_hours"): [NAN, INF, -INF, -1, 10**7, "30", True, 10**30, []],
+    ("quota", "period"): ["day", "", 5, None, "WEEK"],
+    ("quota", "reset_weekday"): ["funday", "", None, 1],
+    ("quota", "budget_usd"): [NAN, INF, -1, 1e12, "x"],
+    ("quota", "session_hours"): [NAN, 0, -1, INF, 1000, "9"],
+    ("prices",): [{"T4": NAN}, {"T4": -1}, {"T4": INF}, {"T4": 1e6}, {"": 1}, {"T4\n": 1}, {"T4": "1"}, "x", [1],
+                  {1: 0.3}, {"T4": None}],
+    ("image", "repository"): ["UPPER/x", "", "a b", 5],
+    ("image", "base"): [5, "\0", []],
+    ("leg_env",): [{"LAUNCHER_X": "1"}, {"lower": "1"}, {"A": 1}, {"A": "\0"}, {"HF_TOKEN": "x"}, "x", {"A-B": "1"}],
+    ("secrets",): [["lower"], "HF_TOKEN", [1], ["A B"], [""]],
+    ("rungs",): ["x", [], {"walk": {"steps": 3}}],
+}
+for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
+    BAD_VALUES[("rungs", _rung, "steps")] = [0, 1, -1, 10**9, 1.5, "10", None, True, 10**30, NAN]
+    BAD_VALUES[("rungs", _rung, "budget_minutes")] = [NAN, INF, -INF, 0, -1, 10**6, "5", True, None]
+    BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3]
+# Globs that parse but reach into the launcher's own state: refused where globs are expanded.
+BAD_GLOBS = [["**/*"], [".launcher/*"], ["train.py", ".launcher/ledger.db"], ["*", "**/*.db"], [".*/**"]]
+
+
+def set_key(data: dict, path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else node[part]
+        if not isinstance(node, dict):
+            return
+    node[path[-1]] = value
+
+
+def config_cases(base: dict, tmp: Path, rng: random.Random, extra: int) -> Iterator[tuple[str, str]]:
+    """(label, launcher.yaml text): every single bad value, then `extra` random mixes of two or three."""
+    afile = str(tmp / "a-file.txt")
+
+    def dump(data: dict) -> str:
+        return yaml.safe_dump(data, allow_unicode=True, width=10**6)
+
+    def with_values(items: list[tuple[tuple[str, ...], Any]]) -> dict:
+        data = copy.deepcopy(base)
+        for path, value in items:
+            set_key(data, path, afile if value == "@FILE" else value)
+        return data
+
+    singles = [(path, value) for path, values in BAD_VALUES.items() for value in values]
+    for path, value in singles:
+        yield f"{'.'.join(path)}={value!r:.40}", dump(with_values([(path, value)]))
+    for level in ([], ["trainer"], ["quota"], ["rungs"], ["rungs", "smoke"], ["image"]):
+        data = copy.deepcopy(base)
+        node = data
+        for part in level:
+            node = node.setdefault(part, {})
+        node["unknown_key"] = 1
+        yield f"unknown key in {level}", dump(data)
+    data = copy.deepcopy(base)
+    del data["project"]
+    yield "no project", dump(data)
+    text = dump(base)
+    yield "duplicate top-level key", text + "project: other\n"
+    yield "duplicate nested key", text.replace("quota:\n", "quota:\n  period: week\n  period: month\n", 1)
+    yield "empty file", ""
+    yield "a list", "- 1\n- 2\n"
+    yield "a scalar", "just words\n"
+    yield "tabs", "project:\tx\n\tbad: [\n"
+    yield "1000-deep", "project: p\nprices: " + "[" * 1000 + "]" * 1000 + "\n"
+    yield "deep mapping", "project: p\nleg_env: " + "{a: " * 300 + "1" + "}" * 300 + "\n"
+    yield "alias bomb", ("a: &a [x, x, x, x]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\n"
+                         "project: p\ntrainer: {modules: [*c, *c, *c]}\n")
+    yield "over 1 MiB", text + "# " + "x" * (1 << 20) + "\n"
+    for i in range(extra):
+        mix = rng.sample(singles, rng.choice((2, 3)))
+        yield f"mix {i}: " + ", ".join('.'.join(p) for p, _ in mix), dump(with_values(mix))
+
+
+RAW_FILES = {
+    "utf-16": lambda text: text.encode("utf-16"),
+    "binary": lambda text: bytes(range(256)) * 4,
+    "nul": lambda text: text.encode().replace(b"\n", b"\n\0", 1),
+    "latin-1": lambda text: text.replace("project:", "# caf\xe9\nproject:", 1).encode("latin-1"),
+}
+
+CONFIG_COMMANDS = [["review"], ["up", "static"], ["up", "rehearsal", "--dry-run"], ["spend", "--json"],
+                   ["ledger", "--json"], ["status"], ["report"], ["drill", "cold-resume"]]
+GLOB_COMMANDS = [["review"], ["up", "static"], ["up", "rehearsal", "--dry-run"], ["drill", "cold-resume"]]
+
+
+def snapshot(root: Path) -> tuple:
+    """What a refusal must not change: every file (but the config we write and SQLite's
+    WAL side files) and every table's row count."""
+    files = sorted((str(p.relative_to(root)), p.stat().st_size if p.name != "ledger.db" else 0)
+                   for p in root.rglob("*") if not p.name.endswith(("-wal", "-shm", "launcher.yaml"))
+                   and not p.is_dir())
+    db = root / "proj" / ".launcher" / "ledger.db"
+    with sqlite3.connect(db) as conn:
+        counts = tuple(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                       for t in ("reviews", "runs", "legs", "reservations", "stops", "checks", "images"))
+    return files, counts
+
+
+def check_case(args: list[str], capsys, what: str) -> None:  # noqa: ANN001
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code in (2, 3), (what, args, code, out[-300:], err[-500:])
+    assert "Traceback" not in out + err, (what, args, err)
+    if code == 2 and not err and "Usage:" in out:
+        return  # a bare `launcher drill`: its help, as `no_args_is_help` asks
+    lines = err.strip().splitlines()
+    assert lines and lines[0].startswith("error: "), (what, args, err)
+    assert all(x.startswith("  next: ") for x in lines[1:]) and len(lines) <= 2, (what, args, err)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path/proj: a reviewed project with one static run and a file to misuse as a folder."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "legs"))
+    (tmp_path / "legs").mkdir()
+    (tmp_path / "a-file.txt").write_text("a file, not a folder\n")
+    assert run_cli(["init", str(tmp_path / "proj")], cwd=tmp_path).code == 0
+    assert run_cli(["review"], cwd=tmp_path / "proj").code == 0
+    assert run_cli(["up", "static"], cwd=tmp_path / "proj").code == 0
+    monkeypatch.chdir(tmp_path / "proj")
+    monkeypatch.delenv("LAUNCHER_DEBUG", raising=False)
+    return tmp_path
+
+
+def test_generated_bad_command_lines(workdir: Path, capsys) -> None:  # noqa: ANN001
+    cases = list(cli_cases(workdir)) + list(random_cli_cases(random.Random(SEED), 1500))
+    before = snapshot(workdir)
+    for args in cases:
+        check_case(args, capsys, "flags")
+    assert snapshot(workdir) == before
+    assert len(cases) > 2000, len(cases)
+
+
+def test_generated_bad_configs(workdir: Path, capsys) -> None:  # noqa: ANN001
+    config = workdir / "proj" / "launcher.yaml"
+    good = config.read_text()
+    base = yaml.safe_load(good)
+    rng = random.Random(SEED)
+    before = snapshot(workdir)
+    n = 0
+    for label, text in config_cases(base, workdir, rng, extra=300):
+        config.write_text(text)
+        for args in rng.sample(CONFIG_COMMANDS, 3):
+            check_case(args, capsys, label)
+            n += 1
+    for label, make in RAW_FILES.items():
+        config.write_bytes(make(good))
+        for args in CONFIG_COMMANDS:
+            check_case(args, capsys, label)
+            n += 1
+    for globs in BAD_GLOBS:
+        config.write_text(yaml.safe_dump(dict(base, reviewed=globs)))
+        for args in GLOB_COMMANDS:
+            check_case(args, capsys, f"reviewed={globs}")
+            n += 1
+    config.write_text(good)
+    assert snapshot(workdir) == before
+    assert n > 1500, n
+
+
+def test_a_sample_as_real_subprocesses(workdir: Path) -> None:
+    """The in-process answers are what a user gets from the console script."""
+    rng = random.Random(SEED)
+    cases = rng.sample(list(cli_cases(workdir)), 25)
+    before = snapshot(workdir)
+    for args in itertools.chain(cases, [["up", "probe", "--gpus", "T4:" + "9" * 20]]):
+        res = run_cli(args, cwd=workdir / "proj")
+        assert res.code in (2, 3) and "Traceback" not in res.err + res.out, (args, res)
+    assert snapshot(workdir) == before
