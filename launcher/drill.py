@@ -103,6 +103,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int) -> list[
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
                     ()) for k in kills]
+    checks += [check_nothing_left(outs[k.leg]) for k in kills]
     for kill, out in zip(kills, outs[1:]):
         checks.append(check_resumed_newest(out.events, kill))
         if kill.expected is not None:  # with nothing verified, a fresh start is the right answer
@@ -116,6 +117,17 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int) -> list[
                         outs[-1].events.pointer(done)))
     checks.append(check_no_reread(surviving_timeline([o.events for o in outs])))
     return checks
+
+
+def check_nothing_left(out: LegOutcome) -> Check:
+    """A lost instance takes every process of the leg with it (torchrun's workers too): a
+    survivor would go on training and writing to the store beside the resumed leg."""
+    r = out.result
+    name = f"leg {out.events.leg}: nothing of the killed leg left running"
+    if r.survivors is None:
+        return Check(name, True, "this backend's kill ends the whole instance; nothing is counted")
+    found = "" if r.killed_processes is None else f"{r.killed_processes} processes of the leg killed; "
+    return Check(name, r.survivors == 0, f"{found}{r.survivors} left once the kill returned")
 
 
 def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.events import iter_events
+from runtime.events import DAMAGED, iter_events
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,11 @@ class LegEvents:
     def last(self, name: str, rank: int | None = 0) -> tuple[int, dict[str, Any]] | None:
         found = self.all(name, rank)
         return found[-1] if found else None
+
+    def damaged(self) -> list[dict[str, Any]]:
+        """Lines that claimed to be events and were not usable ones: shown, never used as evidence."""
+        return [{"leg": self.leg, "line": n, "reason": e["reason"], "kind": e.get("kind")}
+                for n, e in self.items if e["event"] == DAMAGED]
 
     def pointer(self, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointer, ...]:
         if item is None:

@@ -158,6 +158,7 @@ def lock_holders(path: Path) -> list[tuple[int, str]]:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return []
+    found = []
     for line in lines:
         parts = line.replace("->", "").split()
         try:
@@ -166,11 +167,14 @@ def lock_holders(path: Path) -> list[tuple[int, str]]:
         except (IndexError, ValueError):
             continue
         if key in inodes and pid != os.getpid():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                cmd = "?"
-            holders[pid] = cmd[:160]
+            found.append((parts[3] == "WRITE", pid))
+    writers = {pid for write, pid in found if write}  # in WAL mode only a writer blocks a writer
+    for pid in sorted(writers or {pid for _, pid in found}):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = "?"
+        holders[pid] = cmd[:160]
     return sorted(holders.items())
 
 

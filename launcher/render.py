@@ -95,7 +95,7 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
     for run in runs:
         verdict = run["verdict"] or "running"
         table.add_row(f"[bold]{run['id']}[/bold]", run["rung"], run["backend"], verdict, _when(run["started_at"]),
-                      f"{run['ended_at'] - run['started_at']:.1f}" if run["ended_at"] else "-",
+                      _wall(run),
                       _num(run["billed_gpu_hours"]), _num(run["cost_usd"]),
                       f"files {run['files_digest'][:16]}", end_section=not run["legs"])
         for i, leg in enumerate(run["legs"]):
@@ -103,7 +103,7 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
             if leg["killed"]:
                 exit_code += f" (killed: {leg['end_reason']})"
             table.add_row(f"  leg {leg['leg']}", "", leg["backend"], exit_code, _when(leg["started_at"]),
-                          f"{leg['ended_at'] - leg['started_at']:.1f}" if leg["ended_at"] else "-",
+                          _wall(leg),
                           _num(leg["billed_gpu_hours"]), _num(leg["cost_usd"]), escape(" ".join(leg["command"])),
                           end_section=i == len(run["legs"]) - 1)
     out.print(table)
@@ -121,6 +121,12 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
         out.print(files)
     total = sum(r["billed_gpu_hours"] or 0.0 for r in runs)
     out.print(f"{len(runs)} runs, {sum(len(r['legs']) for r in runs)} legs, {total:.4f} GPU-hours billed")
+
+
+def _wall(row: dict[str, Any]) -> str:
+    if row.get("ended_at") is None or row.get("started_at") is None:
+        return "-"
+    return f"{row['ended_at'] - row['started_at']:.1f}"
 
 
 def _num(value: float | None) -> str:
@@ -242,6 +248,11 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     out.print(f"  warnings/errors in this leg's log: {sum(w['count'] for w in warnings)} lines, {len(warnings)} kinds")
     for w in warnings:
         out.print(f"    {w['count']:>4} x  line {w['first_line']}: {escape(w['text'][:160])}")
+    damaged = s.get("damaged_lines", [])
+    if damaged:
+        out.print(f"  [red]{len(damaged)} damaged event line(s)[/red] in this leg's log (not used as evidence):")
+        for d in damaged[:5]:
+            out.print(f"    line {d['line']}: {escape(d['reason'][:160])}")
     for st in s.get("stops", []):
         out.print(f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
                   + (f" - {escape(st['detail'])}" if st["detail"] else ""))

@@ -494,6 +494,7 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
             "images": images,
             "task_yaml_sha256": sorted({leg["task_sha256"] for r in rows for leg in r["legs"] if leg.get("task_sha256")}),
             "proofs": [proofs[n].to_json() for n in sorted(proofs)],
+            "damaged_lines": [dict(d, run=r.id) for r in runs for ev in r.legs for d in ev.damaged()],
             "plan": numbers,
         }
         return _write(report, runs, cite, out_dir or _default_dir(cfg)), report

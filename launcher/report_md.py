@@ -43,6 +43,11 @@ def render(r: dict[str, Any]) -> str:
     out += ["", "Legs: " + "; ".join(
         f"{run['id']} leg {leg['leg']} exit {leg['exit_code']}{' (killed)' if leg['killed'] else ''} "
         f"on {leg['instance']}" for run in r["runs"] for leg in run["legs"]), ""]
+    damaged = r.get("damaged_lines", [])
+    if damaged:
+        out += [f"**{len(damaged)} log line(s) claimed to be events and were not usable ones**; no proof rests "
+                "on them:", ""] + [f"- {d['run']} leg {d['leg']} line {d['line']}: {d['reason']}" for d in damaged[:20]]
+        out += ([f"- ... and {len(damaged) - 20} more (preflight.json)"] if len(damaged) > 20 else []) + [""]
     out += ["## What ran", "", f"Reviewed files (sha256), as every run above recorded them at launch "
             f"(files digest {r['runs'][0]['files_digest'] if r['runs'] else '-'}):", ""]
     out += [f"- `{path}` {sha}" for path, sha in sorted(r["reviewed_files"].items())]

@@ -132,4 +132,5 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         out["breakdown"] = {"summary": describe_breakdown(breakdown), "largest": breakdown["largest"],
                             "shares": breakdown["shares"], "per_step_s": breakdown["per_step_s"]}
     out["warnings"] = warnings_in(Path(row["log_path"]))
+    out["damaged_lines"] = ev.damaged()
     return out

@@ -69,3 +69,20 @@ def test_kill_9_matrix_twenty_random_kills(project: Path) -> None:
     resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
     assert len(resumed) == 20 and all(c["ok"] for c in resumed)
     assert sum(leg["killed"] for leg in run["legs"]) == 20
+
+
+def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
+    """torchrun starts its workers in sessions of their own: a kill of the leg's process group
+    left them training and writing to the store. Every kill must take every process."""
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"]["command"] = "torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5"
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli(["review"], cwd=project).code == 0
+    code, checks, run = drill(project, "--kills", "2", "--at", "mid-push")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    for leg in (0, 1):
+        left = checks[f"leg {leg}: nothing of the killed leg left running"]
+        # torchrun and its two workers (and whatever they started) all carried the leg's token
+        found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
+        assert left["ok"] and found and int(found.group(1)) >= 3, left
+    assert checks["the run reached its end"]["ok"] and checks["no sample read twice or skipped (3 legs, 40 steps)"]["ok"]

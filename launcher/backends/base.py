@@ -68,6 +68,10 @@ class LegResult:
     billed_seconds: float | None = None
     """Instance-seconds the provider bills (nodes x rounded time) where it differs
     from the wall time of one machine; None: the wall time."""
+    killed_processes: int | None = None
+    """After a kill: how many processes of the leg the backend found and killed (None: not counted)."""
+    survivors: int | None = None
+    """After a kill: processes (or containers) of the leg still there once the kill returned (None: not counted)."""
 
     @property
     def wall_seconds(self) -> float:

@@ -93,7 +93,11 @@ class DockerBackend:
         if handle.log is not None and not handle.log.closed:
             handle.log.close()
         docker("rm", "-f", handle.instance, check=False)  # the instance and its disk are gone
-        return LegResult(rc, handle.started_at, time.time(), killed, reason)
+        left = None
+        if killed:  # the container held every process of the leg: gone with it, or still listed
+            listed = docker("ps", "-aq", "--filter", f"name=^/{handle.instance}$", check=False)
+            left = len((listed.stdout or "").split())
+        return LegResult(rc, handle.started_at, time.time(), killed, reason, survivors=left)
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _DockerHandle) and handle.proc is not None

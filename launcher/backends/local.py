@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
-from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_token, signal_leg
+from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token, signal_leg
 from launcher.manifest import stage_files
 
 PYTHON_NAMES = ("python", "python3")
@@ -121,7 +121,8 @@ class LocalBackend:
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
 
-    def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
+    def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str,
+                counted: tuple[int | None, int | None] = (None, None)) -> LegResult:
         if handle.leash is not None:  # the leg is over: the leash kills whatever it left running, and exits
             try:
                 handle.leash.communicate(b"done\n", timeout=15)
@@ -135,7 +136,8 @@ class LocalBackend:
             handle.log.close()
         if handle.workdir is not None and (killed or not self.keep_dirs):
             shutil.rmtree(handle.workdir, ignore_errors=True)
-        return LegResult(rc, handle.started_at, time.time(), killed, reason)
+        return LegResult(rc, handle.started_at, time.time(), killed, reason, killed_processes=counted[0],
+                         survivors=counted[1])
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _LocalHandle)
@@ -156,8 +158,9 @@ class LocalBackend:
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Every process of the leg dies (torchrun's workers too), then its disk goes."""
         assert isinstance(handle, _LocalHandle)
-        rc = handle.early_exit
+        rc, counted = handle.early_exit, (0, 0)
         if handle.proc is not None:
-            kill_leg(handle.token, handle.proc.pid)
+            n = kill_leg(handle.token, handle.proc.pid)
             rc = handle.proc.wait()
-        return self._finish(handle, rc, True, reason)
+            counted = (n, len(leg_pids(handle.token)))  # what a lost instance leaves: nothing
+        return self._finish(handle, rc, True, reason, counted)
