@@ -37,6 +37,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="Every event of every leg, and every check with its evidence.")
 
 
 def _load(config: Path):  # noqa: ANN202 - Config, imported lazily
@@ -92,9 +93,10 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
        cpu: bool = typer.Option(False, "--cpu", help="Run a GPU rung's legs on the CPU: a dress rehearsal of "
                                 "the rung (no GPU checks; the report counts none of it as the target's)."),
        steps: Optional[int] = typer.Option(None, "--steps", help="Steps for this rung, overriding the config."),
-       config: Path = CONFIG, json_out: bool = JSON) -> None:
+       verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
-    from launcher.render import LegPrinter, console, err_console, print_checks, print_json
+    from launcher.live import LegView
+    from launcher.render import console, err_console, print_checks, print_json
     from launcher.up import dry_run as describe_dry_run
     from launcher.up import up as run_up
 
@@ -110,14 +112,13 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
         if refusal is not None:
             raise refusal  # the exit code the real launch would end in
         return
-    shown = steps or (cfg.rung(rung).steps if rung in ("rehearsal", "smoke", "probe", "run") else 0)
-    printer = LegPrinter(err_console if json_out else console, every=max(1, shown // 10))
-    outcome = run_up(cfg, config, rung, backend, gpus, printer, nodes, allow_overdraft, cpu=cpu, steps=steps)
+    with LegView(err_console if json_out else console, verbose) as view:
+        outcome = run_up(cfg, config, rung, backend, gpus, view, nodes, allow_overdraft, cpu=cpu, steps=steps)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})
     else:
-        print_checks(console, f"rung {outcome.rung}: run {outcome.run_id}", outcome.checks)
+        print_checks(console, f"rung {outcome.rung}: run {outcome.run_id}", outcome.checks, verbose)
         verdict = "[green]yes[/green]" if outcome.ok else "[red]no[/red]"
         console.print(f"answer: {verdict}  ({outcome.seconds:.1f} s; `launcher ledger {outcome.run_id}` for the record)")
     raise typer.Exit(outcome.exit_code)
@@ -135,19 +136,20 @@ def drill_cold_resume(
         at: str = typer.Option("after-push", "--at", help="after-push | mid-push | mid-verify | mid-step | random"),
         seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
-        config: Path = CONFIG, json_out: bool = JSON) -> None:
+        verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
-    from launcher.render import LegPrinter, console, err_console, print_checks, print_json
+    from launcher.live import LegView
+    from launcher.render import console, err_console, print_checks, print_json
     from launcher.up import drill as run_drill
 
     cfg = _load(config)
-    printer = LegPrinter(err_console if json_out else console, every=max(1, cfg.rungs.drill.steps // 10))
-    outcome = run_drill(cfg, config, backend, gpus, kills, at, printer, seed, allow_overdraft)
+    with LegView(err_console if json_out else console, verbose) as view:
+        outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft)
     if json_out:
         print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
                     "checks": [c.to_json() for c in outcome.checks]})
     else:
-        print_checks(console, f"drill cold-resume: run {outcome.run_id}", outcome.checks)
+        print_checks(console, f"drill cold-resume: run {outcome.run_id}", outcome.checks, verbose)
         failed = [c.name for c in outcome.checks if not c.ok]
         console.print("answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})")
     raise typer.Exit(outcome.exit_code)

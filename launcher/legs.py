@@ -175,6 +175,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     finally:
         if result is None:  # interrupted (Ctrl-C) or the launcher failed: the instance must not outlive us
             result = ctx.backend.kill(handle, reason="launcher interrupted")
+        if result.killed:
+            ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
         hours, cost = ctx.billed(result.billed_seconds if result.billed_seconds is not None else result.wall_seconds)
         ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
                            killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,

@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from launcher.evidence import Check
-from runtime.events import parse_line
 
 # Piped output (CI logs, `| less`) gets a wide page instead of rich's 80 columns.
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -28,51 +27,16 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.1f} MB"
-
-
-def event_summary(e: dict[str, Any]) -> str:
-    """One compact line per event for the live view (the log keeps the full line)."""
-    kind = e["event"]
-    if kind == "step":
-        return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e['tok_s']:,.0f} tok/s"
-    if kind == "resume":
-        return (f"resume from {e['checkpoint']} (step {e['from_step']}, sample {e['sample_index']}, "
-                f"batch {e['batch_hash'][:12]}, lr {e['lr']:.3e} vs schedule {e['lr_expected']:.3e})")
-    if kind == "save":
-        return f"save step {e['step']}  {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
-    if kind == "push":
-        return f"push {e['name']}  {_mb(e['bytes'])} in {e['seconds']:.2f} s"
-    if kind == "verify":
-        state = "ok" if e["ok"] else "FAILED " + "; ".join(e.get("failures", []))
-        return f"verify {e['name']} {state}  ({e['windows']} windows, {_mb(e['bytes_read'])} read, {e['seconds']:.2f} s)"
-    if kind == "delete_local":
-        return f"delete local {e['name']}  freed {_mb(e['bytes_freed'])}, {_mb(e['free_bytes'])} free"
-    if kind == "prune":
-        return f"prune  deleted {e['deleted'] or 'nothing'}, kept {e['kept']}"
-    if kind == "start":
-        return f"start  device {e.get('device')}, {e.get('params', 0):,} params, max_steps {e.get('max_steps')}"
-    rest = {k: v for k, v in e.items() if k not in ("event", "t", "rank")}
-    return f"{kind}  {rest}"
-
-
-class LegPrinter:
-    """Streams leg output: events summarized, other lines as they are; thins step lines."""
-
-    def __init__(self, out: Console, every: int = 1) -> None:
-        self.out = out
-        self.every = max(1, every)
-
-    def __call__(self, leg: int, line: str) -> None:
-        event = parse_line(line)
-        if event is None:
-            self.out.print(f"[dim]leg{leg} |[/dim] {escape(line.rstrip())}")
-        elif event["event"] != "step" or event["step"] == 1 or event["step"] % self.every == 0:
-            self.out.print(f"[cyan]leg{leg}[/cyan] {escape(event_summary(event))}")
-
-
-def print_checks(out: Console, title: str, checks: list[Check]) -> None:
+def print_checks(out: Console, title: str, checks: list[Check], verbose: bool = True) -> None:
+    """Every check with its evidence (verbose), or one line for the passes and each failure in full."""
+    if not verbose:
+        passed = sum(c.ok for c in checks)
+        out.print(f"{title}: {passed} of {len(checks)} checks PASS" + ("" if passed == len(checks) else ":"))
+        for check in checks:
+            if not check.ok:
+                where = "".join(f" (leg {p.leg} line {p.line})" for p in check.evidence[:1])
+                out.print(f"  [red]FAIL[/red] {escape(check.name)}: {escape(check.detail)}{where}")
+        return
     table = Table(title=title, title_justify="left", show_lines=False)
     table.add_column("check")
     table.add_column("result")

@@ -1,0 +1,158 @@
+"""The live view of a rung's legs: what a person watching `launcher up` needs, no more.
+
+Default: a progress bar per leg on a terminal (step of the leg's steps, loss,
+tok/s, the ETA), and one readable line for what matters while it runs: the
+leg's start, its resume (from where, at which sample, with which LR), a
+checkpoint skipped or failed, a push the loop had to wait for, a warning or
+traceback the trainer printed, and how the leg ended. `-v` prints one line for
+every event as well (saves, pushes, verifies, prunes, memory, rate, health).
+The leg's log keeps every line either way; `launcher status` reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from runtime.events import DAMAGED, parse_line
+
+QUIET = {"step", "save", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
+PUSH_WAIT_SHOWN_S = 0.5
+
+
+def _mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+def _gib(n: float | None) -> str:
+    return "?" if not n else f"{n / 2**30:,.1f} GiB"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
+
+
+def event_summary(e: dict[str, Any]) -> str:
+    """One readable line per event kind (the log keeps the full JSON line)."""
+    kind = e["event"]
+    if kind == "step":
+        return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e.get('tok_s', 0):,.0f} tok/s"
+    if kind == "resume":
+        return (f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: sample {e['sample_index']}, "
+                f"batch {e['batch_hash'][:12]}, lr {e['lr']:.3e} (schedule says {e.get('lr_expected', 0):.3e})")
+    if kind == "resume_skip":
+        return f"skipped {e['name']} (never resumed from): {e['reason']}"
+    if kind == "save":
+        return f"saved step {e['step']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
+    if kind == "push":
+        return f"pushed {e['name']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s"
+    if kind == "verify":
+        state = "verified" if e["ok"] else "verification FAILED: " + "; ".join(e.get("failures", []))
+        return f"{e['name']} {state} ({e['windows']} windows, {_mb(e['bytes_read'])} read back, {e['seconds']:.2f} s)"
+    if kind == "delete_local":
+        return f"deleted the local {e['name']}: {_mb(e['bytes_freed'])} freed, {_mb(e['free_bytes'])} free"
+    if kind == "prune":
+        return f"pruned {', '.join(e['deleted']) or 'nothing'}; the store keeps {', '.join(e['kept'])}"
+    if kind == "start":
+        return (f"started on {e.get('device')}: {e.get('params', 0):,} params, {e.get('world_size', 1)} rank(s), "
+                f"to step {e.get('max_steps')}")
+    if kind == "memory":
+        what = "GPU peak" if e.get("kind") == "cuda" else "host RSS"
+        return f"memory at step {e['step']}: {what} {_mb(e['peak_max'])} (max across ranks)"
+    if kind == "rate":
+        err = "" if e.get("rel_err") is None else f" +-{100 * e['rel_err']:.1f} %"
+        return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}; "
+                f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}")
+    if kind == "health":
+        gpu = f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free" \
+            if e.get("gpu_total_bytes") else ""
+        return (f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
+                f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}")
+    if kind == "push_wait":
+        return f"the loop waited {e['seconds']:.2f} s at step {e['step']} for the pusher ({e.get('reason', '')})"
+    if kind == "push_failed":
+        return f"push of step {e['step']} FAILED: {e['error']}"
+    if kind == "stop":
+        detail = f": {e['error']}" if e.get("error") else ""
+        return f"stopping at step {e.get('step', '?')} ({e['reason']}){detail}"
+    if kind == "done":
+        ok = "verified" if e.get("final_checkpoint_verified", True) else "NOT verified"
+        return f"done at step {e['step']}; final checkpoint {ok}"
+    if kind == DAMAGED:
+        return f"a damaged event line ({e.get('kind') or 'unknown kind'}): {e['reason']}"
+    rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "t", "rank"))
+    return f"{kind}: {rest}"[:300]
+
+
+class LegView:
+    """Receives every output line of every leg (from the backends' pump threads)."""
+
+    def __init__(self, out: Console, verbose: bool = False) -> None:
+        self.out = out
+        self.verbose = verbose
+        self.progress: Progress | None = None
+        self.tasks: dict[int, Any] = {}
+        if out.is_terminal and not verbose:
+            self.progress = Progress(TextColumn("[cyan]leg {task.fields[leg]}[/cyan]"), BarColumn(),
+                                     MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                                     console=out, transient=True)
+
+    def __enter__(self) -> "LegView":
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, leg: int, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            if line.strip():
+                self._say(f"[dim]leg{leg} |[/dim] {escape(line.rstrip())}")
+            return
+        if event.get("rank", 0) != 0 and event["event"] not in ("stop", DAMAGED) and not self.verbose:
+            return  # every rank prints; one is enough on a console
+        self._track(leg, event)
+        if self.verbose or self._matters(event):
+            self._say(f"[cyan]leg{leg}[/cyan] {escape(event_summary(event))}")
+
+    @staticmethod
+    def _matters(e: dict[str, Any]) -> bool:
+        """Worth a line without -v: not routine progress, a wait a person would notice, a failure."""
+        kind = e["event"]
+        if kind == "verify":
+            return not e["ok"]
+        if kind == "push_wait":
+            return e["seconds"] >= PUSH_WAIT_SHOWN_S
+        if kind == "stop":
+            return e["reason"] != "max_steps"  # `done` says where a routine leg ended
+        return kind not in QUIET
+
+    def _say(self, text: str) -> None:
+        (self.progress.console if self.progress is not None else self.out).print(text)
+
+    def _track(self, leg: int, e: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        kind = e["event"]
+        if kind == "start" and leg not in self.tasks:
+            for old in self.tasks.values():  # legs run one after another: an earlier one was killed
+                self.progress.remove_task(old)
+            self.tasks.clear()
+            self.tasks[leg] = self.progress.add_task("", total=e.get("max_steps") or None, leg=leg, stats="")
+        elif kind == "resume" and leg in self.tasks:
+            self.progress.update(self.tasks[leg], completed=e["from_step"])
+        elif kind == "step" and leg in self.tasks:
+            self.progress.update(self.tasks[leg], completed=e["step"],
+                                 stats=f"loss {e['loss']:.4f}  {e.get('tok_s', 0):,.0f} tok/s")
+        elif kind in ("done", "stop") and leg in self.tasks:
+            self.progress.remove_task(self.tasks.pop(leg))
