@@ -215,3 +215,28 @@ def test_status_and_graceful_stop_of_a_containerized_leg(built: Path, tmp_path: 
     assert containers(f"preflight-{run_id}") == []  # torn down
     after = run_cli(["status", run_id, "--json"], cwd=root).json()
     assert after["state"] == "ended: stopped" and after["stops"][0]["outcome"] == "graceful"
+
+
+def test_a_killed_launcher_leaves_no_container_running(built: Path, tmp_path: Path) -> None:
+    import shutil
+    import signal
+    import time
+
+    from tests.test_status_stop import start_up, wait_for_step
+
+    root = tmp_path / "proj"
+    shutil.copytree(built, root, ignore=shutil.ignore_patterns("runs", "store"))
+    cfg = root / "launcher.yaml"
+    text = re.sub(r"(?m)^  command: .*$", "  command: python train.py --ckpt-every 5 --data-delay 0.15", cfg.read_text())
+    cfg.write_text(re.sub(r"(?m)^  rehearsal: .*$", "  rehearsal: {steps: 300, budget_minutes: 10}", text))
+    proc, _ = start_up(root, "--backend", "docker")
+    run_id, _ = wait_for_step(root, 3, timeout=300)
+    assert len(containers(f"preflight-{run_id}")) == 1
+    proc.send_signal(signal.SIGKILL)  # the launcher dies; its leash removes the container
+    proc.wait()
+    deadline = time.time() + 60
+    while containers(f"preflight-{run_id}") and time.time() < deadline:
+        time.sleep(0.5)
+    assert containers(f"preflight-{run_id}") == []
+    s = run_cli(["status", run_id, "--json"], cwd=root)
+    assert s.code == 0 and s.json()["state"] == "ended: launcher died"

@@ -6,7 +6,8 @@ reached the way a cloud instance would reach it: a `file://` store's directory
 is bind-mounted at the same path (standing in for a network filesystem or
 bucket), a `hf://` store over the network. Secrets are passed as `-e NAME` with
 the value only in the docker CLI's environment, so no argv, log or ledger row
-holds it. `kill` = `docker kill` + `docker rm`: a lost instance.
+holds it. `kill` = `docker kill` + `docker rm`: a lost instance; a leash
+(launcher.backends.leash) removes the container if the launcher itself dies.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlparse
 
+from launcher.backends import leash
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.image import docker, docker_cli
 
@@ -58,6 +60,7 @@ class _DockerHandle(LegHandle):
     proc: subprocess.Popen[str] | None = None
     pump: threading.Thread | None = None
     log: IO[str] | None = None
+    leash: subprocess.Popen[bytes] | None = None
 
 
 class DockerBackend:
@@ -82,12 +85,16 @@ class DockerBackend:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
                                 start_new_session=True)
-        handle = _DockerHandle(spec, name, time.time(), tuple(argv), proc=proc, log=log)
+        handle = _DockerHandle(spec, name, time.time(), tuple(argv), proc=proc, log=log,
+                               leash=leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name,
+                                                 docker=docker_cli()))
         handle.pump = threading.Thread(target=pump_lines, args=(proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
         return handle
 
     def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
+        leash.release(handle.leash)
+        handle.leash = None
         if handle.pump is not None:
             handle.pump.join(timeout=30)
         if handle.log is not None and not handle.log.closed:

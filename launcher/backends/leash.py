@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,14 +106,50 @@ def kill_leg(token: str, sid: int | None, timeout_s: float = 10.0) -> int:
     return len(killed)
 
 
+def start(token: str, sid: int | None, workdir: Path | None = None, keep: bool = False,
+          container: str | None = None, docker: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the leash of one leg; write b"done" to its stdin and close it when the leg is over."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the leash is not part of the leg
+    src = str(Path(__file__).resolve().parents[2])  # the launcher's own source, installed or not
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "launcher.backends.leash", "--token", token]
+    argv += ["--sid", str(sid)] if sid is not None else []
+    argv += ["--workdir", str(workdir)] if workdir is not None else []
+    argv += ["--keep"] if keep else []
+    argv += ["--container", container, "--docker", docker or "docker"] if container else []
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+
+
+def release(leash: subprocess.Popen[bytes] | None) -> None:
+    """The launcher ended the leg itself: the leash kills what the leg left behind, and exits."""
+    if leash is None:
+        return
+    try:
+        leash.communicate(b"done\n", timeout=15)
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        leash.kill()
+        leash.wait()
+
+
 def main(argv: list[str]) -> int:
-    token, sid, workdir, keep = argv[0], int(argv[1]), argv[2], argv[3] == "1"
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m launcher.backends.leash")
+    p.add_argument("--token", required=True)
+    p.add_argument("--sid", type=int)
+    p.add_argument("--workdir")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--container")
+    p.add_argument("--docker", default="docker")
+    args = p.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the launcher is not ours
     said = sys.stdin.buffer.read()  # blocks until the launcher closes the pipe, or dies
     done = said.strip() == b"done"
-    kill_leg(token, None if done else sid)
-    if not done and workdir != "-" and not keep:
-        shutil.rmtree(Path(workdir), ignore_errors=True)
+    if not done and args.container:
+        subprocess.run([args.docker, "rm", "-f", args.container], capture_output=True, check=False, timeout=120)
+    kill_leg(args.token, None if done else args.sid)
+    if not done and args.workdir and not args.keep:
+        shutil.rmtree(Path(args.workdir), ignore_errors=True)
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends import leash
 from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token, signal_leg
 from launcher.manifest import stage_files
 
@@ -113,23 +114,12 @@ class LocalBackend:
     def _leash(self, handle: _LocalHandle) -> subprocess.Popen[bytes]:
         """The watcher that kills the leg if this launcher dies (see launcher.backends.leash)."""
         assert handle.proc is not None
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-        src = str(Path(__file__).resolve().parents[2])  # the launcher's own source, installed or not
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        argv = [sys.executable, "-m", "launcher.backends.leash", handle.token, str(handle.proc.pid),
-                str(handle.workdir), "1" if self.keep_dirs else "0"]
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        return leash.start(handle.token, handle.proc.pid, handle.workdir, self.keep_dirs)
 
     def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str,
                 counted: tuple[int | None, int | None] = (None, None)) -> LegResult:
-        if handle.leash is not None:  # the leg is over: the leash kills whatever it left running, and exits
-            try:
-                handle.leash.communicate(b"done\n", timeout=15)
-            except (subprocess.TimeoutExpired, OSError):
-                handle.leash.kill()
-                handle.leash.wait()
-            handle.leash = None
+        leash.release(handle.leash)  # the leg is over: the leash kills whatever it left running, and exits
+        handle.leash = None
         if handle.pump is not None:
             handle.pump.join(timeout=30)
         if handle.log is not None and not handle.log.closed:
