@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from launcher.errors import BadInput, exit_code_for, print_error
+from launcher.errors import BadInput, guarded, print_error
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Walk a GPU training run up the preflight ladder, record every leg, then run it.")
@@ -330,27 +330,27 @@ def image_list(config: Path = CONFIG, json_out: bool = JSON) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the app, turn every failure into one line and an exit code."""
+    code = guarded(lambda: _run(argv))
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     from typer._click import exceptions as click_exc  # the click typer vendors (pinned version)
 
     try:
         result = app(args=argv, prog_name="launcher", standalone_mode=False)
-        code = result if isinstance(result, int) else 0
+        return result if isinstance(result, int) else 0
     except typer.Exit as done:
-        code = done.exit_code
+        return done.exit_code
     except click_exc.NoArgsIsHelpError:
-        code = BadInput.exit_code  # the help is already printed
+        return BadInput.exit_code  # the help is already printed
     except click_exc.ClickException as err:
         print_error(err.format_message(), "add --help for usage")
-        code = BadInput.exit_code if isinstance(err, click_exc.UsageError) else err.exit_code
+        return BadInput.exit_code if isinstance(err, click_exc.UsageError) else err.exit_code
     except typer.Abort:
-        code = exit_code_for(KeyboardInterrupt())
-    except Exception as err:  # noqa: BLE001 - mapped to one line; exit 70 only for a bug
-        code = exit_code_for(err)
-    except KeyboardInterrupt as err:
-        code = exit_code_for(err)
-    if argv is None:
-        sys.exit(code)
-    return code
+        raise KeyboardInterrupt from None
 
 
 if __name__ == "__main__":

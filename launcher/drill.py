@@ -24,6 +24,7 @@ from typing import Callable
 from launcher.evidence import Check, LegEvents, surviving_timeline
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rehearsal import check_leg_exit, check_lr, check_no_reread
+from runtime.contract import NO_SAMPLE_INDEX
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 from runtime.metrics import loss_continuity
@@ -123,7 +124,7 @@ def check_nothing_left(out: LegOutcome) -> Check:
     """A lost instance takes every process of the leg with it (torchrun's workers too): a
     survivor would go on training and writing to the store beside the resumed leg."""
     r = out.result
-    name = f"leg {out.events.leg}: nothing of the killed leg left running"
+    name = f"leg {out.events.leg}: no process outlived the kill"
     if r.survivors is None:
         return Check(name, True, "this backend's kill ends the whole instance; nothing is counted")
     found = "" if r.killed_processes is None else f"{r.killed_processes} processes of the leg killed; "
@@ -158,6 +159,8 @@ def check_position(before: LegEvents, after: LegEvents) -> Check:
     resume, first = after.first("resume"), after.first("step")
     if resume is None or first is None:
         return Check(name, False, "no resume or step event in the resumed leg")
+    if any("sample_index" not in e for _, e in before.all("step") + [first]):
+        return Check(name, False, NO_SAMPLE_INDEX)
     earlier = {e["step"]: e["sample_index"] for _, e in before.all("step")}
     step = first[1]["step"]
     ok = first[1]["sample_index"] == resume[1]["sample_index"] and earlier.get(step, first[1]["sample_index"]) == \

@@ -55,15 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
         code = typer_main(args)
     else:
-        from launcher.errors import exit_code_for
+        from launcher.errors import guarded
 
-        try:
-            call()
-            code = 0
-        except Exception as err:  # noqa: BLE001 - mapped to one line, as launcher.cli does
-            code = exit_code_for(err)
-        except KeyboardInterrupt as err:
-            code = exit_code_for(err)
+        code = guarded(call)
     if argv is None:
         sys.exit(code)
     return code

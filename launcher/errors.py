@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 EXIT_INTERNAL = 70
 
@@ -128,3 +129,13 @@ def exit_code_for(err: BaseException) -> int:
         return EXIT_INTERNAL
     print_error(mapped.message, mapped.hint)
     return mapped.exit_code
+
+
+def guarded(call: "Callable[[], int | None]") -> int:
+    """Run one command; its exit code, or the mapped one of whatever it raised."""
+    try:
+        return call() or 0
+    except Exception as err:  # noqa: BLE001 - one line and an exit code; 70 only for a bug
+        return exit_code_for(err)
+    except KeyboardInterrupt as err:
+        return exit_code_for(err)

@@ -11,6 +11,7 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
+from runtime.contract import NO_SAMPLE_INDEX
 from launcher.evidence import Check, LegEvents
 from launcher.legs import LegOutcome, RunContext, run_leg
 from runtime.metrics import loss_continuity
@@ -83,6 +84,8 @@ def check_position(before: LegEvents, after: LegEvents, pushed_step: int | None)
         return Check(name, False, "missing step events around the resume")
     last0 = steps0[pushed_step][1]
     prev = steps0.get(pushed_step - 1)
+    if any("sample_index" not in e for e in (last0, first1[1], *(prev[1:] if prev else ()))):
+        return Check(name, False, NO_SAMPLE_INDEX)
     stride = last0["sample_index"] - prev[1]["sample_index"] if prev else None  # samples per step
     expected = last0["sample_index"] + stride if stride else None
     got = first1[1]["sample_index"]
@@ -109,8 +112,11 @@ def check_continuity(before: LegEvents, after: LegEvents) -> Check:
 
 def check_no_reread(legs: list[LegEvents]) -> Check:
     """Across every leg, in order: each step reads the samples right after the previous step's."""
-    seq = [(ev.leg, e["step"], e["sample_index"]) for ev in legs for _, e in ev.all("step")]
-    name = f"no sample read twice or skipped ({len(legs)} legs, {len(seq)} steps)"
+    steps = [(ev.leg, e) for ev in legs for _, e in ev.all("step")]
+    name = f"no sample read twice or skipped ({len(legs)} legs, {len(steps)} steps)"
+    if any("sample_index" not in e for _, e in steps):
+        return Check(name, False, NO_SAMPLE_INDEX)
+    seq = [(leg, e["step"], e["sample_index"]) for leg, e in steps]
     if len(seq) < 2:
         return Check(name, False, "fewer than two step events")
     stride = seq[1][2] - seq[0][2]

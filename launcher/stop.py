@@ -37,7 +37,11 @@ MAX_TIMEOUT_S = 24 * 3600.0
 
 
 def _signal(leg: dict[str, Any], backend: str, sig: int) -> None:
-    if backend == "local":
+    if backend == "local" and sig == signal.SIGKILL:
+        from launcher.backends.leash import kill_leg, leg_token
+
+        kill_leg(leg_token(leg["run_id"], leg["leg"]), int(leg["pid"]))  # every process, torchrun's workers too
+    elif backend == "local":
         try:
             os.killpg(int(leg["pid"]), sig)  # the leg runs in its own session: pgid == pid
         except ProcessLookupError:

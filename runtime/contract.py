@@ -22,7 +22,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "start": {},
     "resume": {"from_step": INT, "sample_index": INT, "batch_hash": STR, "lr": NUM},
     "resume_skip": {"name": STR, "step": INT, "reason": STR},
-    "step": {"step": INT, "loss": NUM, "lr": NUM, "sample_index": INT},
+    "step": {"step": INT, "loss": NUM, "lr": NUM},
     "save": {"step": INT, "bytes": INT, "seconds": NUM},
     "push": {"step": INT, "name": STR, "bytes": INT, "seconds": NUM},
     "push_wait": {"step": INT, "seconds": NUM},
@@ -41,7 +41,9 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "t": NUM, "rank": INT, "tokens": INT, "tok_s": NUM, "step_s": NUM, "phases": DICT, "lr_expected": NUM,
     "eta_s": OPT_NUM, "total_steps": INT, "max_steps": INT, "params": INT, "world_size": INT,
     "mem_max_bytes": OPT_NUM, "final_checkpoint_verified": BOOL, "failures": LIST, "checkpoint": STR,
+    "sample_index": INT,
 }
+NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 
 
 def _is(value: Any, kind: str) -> bool:

@@ -172,3 +172,21 @@ def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> Non
     assert [e["step"] for _, e in ev.all("step")] == [1]
     assert [d["line"] for d in ev.damaged()] == [2, 3, 4]
     assert json.dumps(ev.damaged())  # serialisable for status --json and the report
+
+
+def test_a_trainer_without_sample_index_fails_the_data_checks_instead_of_crashing(tmp_path: Path) -> None:
+    from launcher.evidence import LegEvents
+    from launcher.rehearsal import check_no_reread, check_position
+    from runtime.contract import NO_SAMPLE_INDEX
+
+    legs = []
+    for leg, steps in enumerate(((1, 2, 3), (4, 5, 6))):
+        log = tmp_path / f"leg-{leg}.log"
+        lines = [{"event": "step", "step": s, "loss": 2.0, "lr": 0.1} for s in steps]
+        if leg:
+            lines.insert(0, {"event": "resume", "from_step": 3, "sample_index": 24, "batch_hash": "ab", "lr": 0.1})
+        log.write_text("".join(json.dumps(e) + "\n" for e in lines))
+        legs.append(LegEvents.read(leg, log))
+    assert check_no_reread(legs).detail == NO_SAMPLE_INDEX and not check_no_reread(legs).ok
+    position = check_position(legs[0], legs[1], 3)
+    assert not position.ok and position.detail == NO_SAMPLE_INDEX

@@ -147,7 +147,7 @@ def test_the_next_command_ends_a_dead_launchers_run_and_kills_its_leg(project: P
                                 stderr=subprocess.DEVNULL)
     log = next_log(project)
     wait_for_line(log, '"event": "step"')
-    leashes = [int(p) for p in subprocess.run(["pgrep", "-f", f"launcher.backends.leash {log.parent.name}"],
+    leashes = [int(p) for p in subprocess.run(["pgrep", "-f", f"launcher.backends.leash --token {log.parent.name}"],
                                                capture_output=True, text=True).stdout.split()]
     assert len(leashes) == 1
     for pid in leashes:

@@ -59,7 +59,7 @@ def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
     def leg(save_s: float, wait: bool) -> LegEvents:
         ev: list[dict] = []
         for s in range(1, 41):
-            ev.append({"event": "step", "step": s, "step_s": 0.1, "tokens": s * 100})
+            ev.append({"event": "step", "step": s, "loss": 3.0, "lr": 1e-3, "step_s": 0.1, "tokens": s * 100})
             if s % 10 == 0:
                 ev += [{"event": "save", "step": s, "bytes": 10, "seconds": save_s},
                        {"event": "push", "step": s, "name": f"c{s}", "bytes": 10, "seconds": 0.5},

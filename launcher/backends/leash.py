@@ -3,7 +3,7 @@
 A leg is not one pid. torchrun starts its workers in sessions of their own, so
 a SIGKILL of the leg's process group once left two workers training to step 40
 and writing to the store after the drill had "killed" the leg. So every
-process a leg starts inherits LAUNCHER_LEG_TOKEN in its environment, and the
+process a leg starts inherits PREFLIGHT_LEG_TOKEN in its environment, and the
 leg's processes are those whose /proc/<pid>/environ carries it, or that sit in
 the leg's session. A kill freezes them all (SIGSTOP, so none can fork another),
 then SIGKILLs them, and repeats until none is left.
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-TOKEN_ENV = "LAUNCHER_LEG_TOKEN"
+TOKEN_ENV = "PREFLIGHT_LEG_TOKEN"  # not LAUNCHER_*: that namespace is the leg contract, the same on every backend
 LEGS_ROOT = "preflight-legs"
 """The folder, under the temp dir, that holds the local backend's leg dirs."""
 
