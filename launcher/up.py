@@ -80,6 +80,14 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     return rung, gpus
 
 
+def with_steps(cfg: Config, rung: Rung, steps: int | None) -> Config:
+    """The config with `--steps` standing in for the rung's configured steps."""
+    if steps is None:
+        return cfg
+    return dataclasses.replace(cfg, rungs=dataclasses.replace(
+        cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
+
+
 def check_nodes(nodes: int) -> None:
     if not 1 <= nodes <= MAX_NODES:
         raise BadInput(f"--nodes must be 1 to {MAX_NODES}, got {nodes}")
@@ -97,9 +105,7 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
     from launcher.spend import project
 
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu, steps=steps)
-    if steps is not None:
-        cfg = dataclasses.replace(cfg, rungs=dataclasses.replace(
-            cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
+    cfg = with_steps(cfg, rung, steps)
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     stops: list[LauncherError] = []
     if not rung.available:
@@ -114,9 +120,9 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
             stops.append(err)
         current = cmp.current if cmp else hash_reviewed(cfg, strict=False)
         image = None
-        if rung.legs and backend_name != "local":
+        if rung.legs and ledger is not None:
             try:
-                image = _dry_image(rung, backend_name, cfg, ledger, current)
+                image = _image_for(backend_name, cfg, ledger, current)
             except LauncherError as err:
                 stops.append(err)
         text = describe(cfg, ledger, rung, backend_name, gpus, nodes, current, image)
@@ -132,20 +138,19 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
                              hint=first.hint)
 
 
-def _dry_image(rung: Rung, backend_name: str, cfg: Config, ledger: Ledger | None,
-               reviewed: dict[str, str]) -> str | None:
-    """The image a real launch would run, or the error it would stop at (docker: built from
-    the reviewed files; sky: pushed, and a store a cloud can reach)."""
-    if ledger is None:
-        return None
-    if backend_name == "docker":
+def _image_for(name: str, cfg: Config, ledger: Ledger, reviewed: dict[str, str]) -> str | None:
+    """The image legs on this backend run: docker, one built from exactly the reviewed files
+    (exit 3 otherwise); sky, one pushed (exit 3), with a store a cloud can reach (exit 2)."""
+    if name == "docker":
         from launcher.image import image_for_launch
 
         return image_for_launch(cfg, ledger, reviewed)
-    from launcher.dryrun import sky_image_ref
+    if name == "sky":
+        from launcher.dryrun import sky_image_ref
 
-    _sky_store(cfg)
-    return sky_image_ref(cfg, ledger, reviewed, dry_run=False)
+        _sky_store(cfg)
+        return sky_image_ref(cfg, ledger, reviewed, dry_run=False)
+    return None
 
 
 def _sky_store(cfg: Config) -> None:
@@ -159,9 +164,7 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
        steps: int | None = None) -> Outcome:
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
-    if steps is not None:
-        cfg = dataclasses.replace(cfg, rungs=dataclasses.replace(
-            cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
+    cfg = with_steps(cfg, rung, steps)
     return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft)
 
 
@@ -249,21 +252,14 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
 
 def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
                  reviewed: dict[str, str], nodes: int) -> tuple[Backend, str | None]:
-    """The backend the rung's legs run on, and the image they run (docker: exit 3
-    unless an image was built from exactly the reviewed files)."""
+    """The backend the rung's legs run on, and the image they run (see _image_for)."""
     if not rung.legs:
         return _HostBackend(), None
+    image = _image_for(name, cfg, ledger, reviewed)
     if name == "docker":
-        from launcher.image import image_for_launch
-
-        image = image_for_launch(cfg, ledger, reviewed)
         return get_backend("docker", image=image), image
     if name == "sky":
-        from launcher.dryrun import sky_image_ref
-
-        _sky_store(cfg)
-        ref = sky_image_ref(cfg, ledger, reviewed, dry_run=False)
-        return get_backend("sky", cfg=cfg, image_ref=ref, nodes=nodes), ref
+        return get_backend("sky", cfg=cfg, image_ref=image, nodes=nodes), image
     return get_backend(name), None
 
 
