@@ -102,11 +102,10 @@ def pid_alive(pid: int, started: int | None = None) -> bool:
 
 def process_start(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (Linux), None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    from launcher.backends.leash import proc_stat
+
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
 def _alive(host: str, pid: int, started: int | None) -> bool:

@@ -45,11 +45,13 @@ def save_local(state: dict[str, Any], root: Path, step: int, meta: dict[str, Any
     return folder, manifest
 
 
-def load_local(folder: Path, map_location: str = "cpu",
-               seal: dict[str, Any] | None = None) -> tuple[dict[str, Any], Manifest]:
-    """Load a fetched checkpoint after checking every file against its manifest (and,
-    given the verified mark, every window the verifier read). CheckpointDamaged
-    names what is wrong; nothing in the checkpoint can run code."""
+def load_local(folder: Path, map_location: str = "cpu", seal: dict[str, Any] | None = None,
+               fetched: bool = False) -> tuple[dict[str, Any], Manifest]:
+    """Load a checkpoint folder after checking every file against its manifest (and,
+    given the verified mark, every window the verifier read). `fetched`: the folder
+    is what `Store.fetch` just wrote, which already checked every file's size and
+    sha256 as it copied, so they are not read and hashed a second time.
+    CheckpointDamaged names what is wrong; nothing in the checkpoint can run code."""
     import pickle
 
     import torch
@@ -60,7 +62,8 @@ def load_local(folder: Path, map_location: str = "cpu",
     manifest = Manifest.from_json(parse_small_json(read_small(folder, MANIFEST), MANIFEST))
     if STATE_FILE not in {f.path for f in manifest.files}:
         raise CheckpointDamaged(f"{manifest.name} has no {STATE_FILE} in its manifest")
-    for entry in manifest.files:
+    unchecked = () if fetched else manifest.files
+    for entry in unchecked:
         fd = open_regular(folder, entry.path)
         try:
             got = read_exactly(fd, entry.size, lambda _: None, f"{manifest.name}/{entry.path}")

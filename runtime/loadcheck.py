@@ -32,7 +32,7 @@ def check(uri: str, prefix: str, name: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
         try:
             folder = store.fetch(name, Path(tmp))
-            state, manifest = load_local(folder, seal=info.seal)
+            state, manifest = load_local(folder, seal=info.seal, fetched=True)
         except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
             return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}
     missing = [k for k in ("model", "optimizer", "step", "cursor") if k not in state]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime import events
-from runtime.store.base import CheckpointDamaged, CheckpointInfo, Manifest, Store
+from runtime.store.base import CheckpointDamaged, CheckpointInfo, Store
 
 
 @dataclass
@@ -24,7 +24,6 @@ class Restored:
 
     info: CheckpointInfo | None
     state: dict[str, Any] | None = None
-    manifest: Manifest | None = None
     skipped: list[str] = field(default_factory=list)
     """Names found damaged: a later push of the same step may replace them."""
 
@@ -46,7 +45,7 @@ def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", k
         try:
             shutil.rmtree(folder, ignore_errors=True)
             store.fetch(info.name, restore_dir)
-            state, manifest = load_local(folder, map_location=map_location, seal=info.seal)
+            state, _ = load_local(folder, map_location=map_location, seal=info.seal, fetched=True)
         except (CheckpointDamaged, FileNotFoundError) as err:
             events.emit("resume_skip", name=info.name, step=info.step, reason=f"{type(err).__name__}: {err}")
             skipped.append(info.name)
@@ -54,5 +53,5 @@ def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", k
             continue
         if not keep_files:
             shutil.rmtree(folder, ignore_errors=True)
-        return Restored(info, state, manifest, skipped)
+        return Restored(info, state, skipped)
     return Restored(None, skipped=skipped)

@@ -177,7 +177,7 @@ def train(args: argparse.Namespace, world: World, device: str) -> int:
             store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
         world.barrier(f"local rank 0 fetching {name} from the store")
         if state is None:
-            state, _ = load_local(restore / name, map_location=device)
+            state, _ = load_local(restore / name, map_location=device, fetched=True)
         world.barrier(f"every rank loading {name}")
         if world.local_rank == 0:
             shutil.rmtree(restore)

@@ -252,3 +252,19 @@ def test_a_fifo_in_a_checkpoint_does_not_hang_the_reader(tmp_path: Path) -> None
     os.mkfifo(folder / "state.pt")
     with pytest.raises(CheckpointDamaged, match="not a regular file"):
         store.fetch(checkpoint_name(4), tmp_path / "restore")
+
+
+def test_a_verified_mark_that_is_a_link_does_not_count(tmp_path: Path) -> None:
+    from tests.test_store import make_checkpoint, mark_verified
+
+    store = open_store((tmp_path / "store").as_uri(), "runs/t1", key=KEY)
+    folder, manifest = make_checkpoint(tmp_path / "local", 4)
+    store.push(folder, manifest)
+    mark_verified(store, manifest, folder)
+    mark = store.dir / manifest.name / "verified.json"
+    mark.rename(tmp_path / "elsewhere.json")
+    mark.symlink_to(tmp_path / "elsewhere.json")  # the real mark, reached through a link: never followed
+    scan = store.scan()
+    assert [(c.name, c.verified) for c in scan.checkpoints] == [(manifest.name, False)]
+    assert scan.damaged[0].reason.startswith("not counted as verified: verified.json:")
+    assert "symlink" in scan.damaged[0].reason

@@ -38,14 +38,19 @@ def leg_token(run_id: str, leg: int) -> str:
     return f"{run_id}:{leg}"
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, session id) of a live process, None if gone."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
+            return fh.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0].decode(), int(fields[3])
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, session id) of a live process, None if gone."""
+    fields = proc_stat(pid)
+    return None if fields is None else (fields[0].decode(), int(fields[3]))
 
 
 def leg_pids(token: str, sid: int | None = None) -> list[int]:

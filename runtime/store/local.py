@@ -72,15 +72,16 @@ class LocalDirStore:
             except (CheckpointDamaged, OSError) as err:
                 damaged.append(Damaged(child.name, step, f"{MANIFEST}: {err}"))
                 continue
+            seal_raw, seal_problem = None, None
             try:
-                seal_raw: bytes | None = read_small(child, VERIFIED)
+                seal_raw = read_small(child, VERIFIED)
             except FileNotFoundError:
-                seal_raw = None
-            except (CheckpointDamaged, OSError) as err:
-                seal_raw = f"unreadable: {err}".encode()
+                pass
+            except (CheckpointDamaged, OSError) as err:  # a mark nobody can read: the checkpoint is unverified
+                seal_problem = Damaged(child.name, step, f"not counted as verified: {VERIFIED}: {err}")
             info, bad = classify_folder(child.name, manifest_raw, seal_raw, self.key)
             good += [info] if info else []
-            damaged += [bad] if bad else []
+            damaged += [d for d in (bad, seal_problem if info else None) if d]
         return StoreScan(sorted(good, key=lambda c: c.step), sorted(damaged, key=lambda d: d.step))
 
     def list(self) -> list[CheckpointInfo]:
