@@ -77,7 +77,14 @@ class TrainerConfig:
     modules: list[str] = field(default_factory=list)
     """Extra modules rung 0 imports (the entry script is always imported)."""
 
+    deterministic: bool = True
+    """Whether the trainer is bit-reproducible on a CPU (same seed, same steps -> the same
+    losses). CPU rungs then require a resumed run to equal the straight-through run
+    exactly; `false` compares within the loss band instead, and says so."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError("trainer.deterministic", f"must be true or false, got {self.deterministic!r}")
         if not self.command:
             raise ConfigError("trainer.command", "must not be empty")
         if not self.parser.isidentifier():

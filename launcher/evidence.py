@@ -35,10 +35,15 @@ class Check:
     ok: bool
     detail: str
     evidence: tuple[Pointer, ...] = ()
+    missing: bool = False
+    """Not answerable from what the leg printed (no batch hashes, say): never a pass."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail,
-                "evidence": [p.to_json() for p in self.evidence]}
+        out = {"name": self.name, "ok": self.ok, "detail": self.detail,
+               "evidence": [p.to_json() for p in self.evidence]}
+        if self.missing:
+            out["missing"] = True
+        return out
 
 
 @dataclass

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
     3: ["ALTER TABLE legs ADD COLUMN task_sha256 TEXT"],
     4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
     5: ["ALTER TABLE reservations ADD COLUMN pid_start INTEGER"],
+    6: ["ALTER TABLE legs ADD COLUMN role TEXT"],
 }
 LOCK_WAIT_S = 5.0
 """How long a command waits for another launcher's write before it says who holds the ledger."""
@@ -111,6 +112,7 @@ CREATE TABLE IF NOT EXISTS legs (
     cost_usd    REAL,
     task_sha256 TEXT,                      -- the rendered SkyPilot task YAML (sky backend)
     pid         INTEGER,                   -- local backend: the leg's process (group) id, for `launcher stop`
+    role        TEXT,                      -- NULL for a leg of the run timeline, straight for the uninterrupted reference run
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS stops (

@@ -117,6 +117,31 @@ class RunStopped(Exception):
     """`launcher stop` asked the run to stop: no further leg is launched."""
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How the launcher ends a leg on purpose: a rung exercises every way a leg stops,
+    so a trainer that pushes no final checkpoint on one of them is caught."""
+
+    sigterm_at: int | None = None
+    """Send SIGTERM once rank 0 printed this step (a graceful stop: `launcher stop`, a spot notice)."""
+    deadline_s: float | None = None
+    """LAUNCHER_DEADLINE this many seconds after launch, instead of the rung's budget."""
+    hold_at: int | None = None
+    """Freeze the leg when rank 0 printed this step and thaw it once the deadline is within the
+    trainer's 5 s margin: the deadline lands mid-run, at a known step, on any machine speed."""
+    straight: bool = False
+    """The uninterrupted reference run: its own store namespace (<run id>-straight-<leg>), never resumed from."""
+
+
+def _step_of(line: str) -> int | None:
+    from runtime.events import parse_line
+
+    event = parse_line(line)
+    if event is None or event["event"] != "step" or event.get("rank", 0) != 0:
+        return None
+    return int(event["step"])
+
+
 @dataclass
 class LegOutcome:
     result: LegResult
@@ -124,7 +149,7 @@ class LegOutcome:
 
 
 def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str], bool] | None = None,
-            at_kill: Callable[[], str] | None = None) -> LegOutcome:
+            at_kill: Callable[[], str] | None = None, ending: Ending = Ending()) -> LegOutcome:
     """Launch one leg on a fresh instance, wait within its budget, record it.
 
     Drills pass `kill_when`: on the first output line it accepts, the leg is
@@ -133,12 +158,16 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     if ctx.ledger.stop_requested(ctx.run_id):
         raise RunStopped(f"`launcher stop {ctx.run_id}` asked this run to stop: leg {leg} was not launched")
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
-    deadline = ctx.leg_deadline(budget_s)
-    log_path = ctx.run_dir / f"leg-{leg}.log"
+    deadline = ctx.leg_deadline(budget_s if ending.deadline_s is None else min(budget_s, ending.deadline_s))
+    log_path = ctx.run_dir / (f"leg-{leg}-straight.log" if ending.straight else f"leg-{leg}.log")
+    env = ctx.leg_env(leg, max_steps, deadline)
+    if ending.straight:
+        env["LAUNCHER_RUN_ID"] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
-                   ctx.leg_env(leg, max_steps, deadline), ctx.secrets(), ctx.files, log_path, ctx.gpus)
+                   env, ctx.secrets(), ctx.files, log_path, ctx.gpus)
     trigger = threading.Event()
     started: list[LegHandle] = []
+    sent: set[str] = set()
 
     def on_line(line: str) -> None:
         ctx.show(leg, line)
@@ -146,6 +175,19 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
             if started and hasattr(ctx.backend, "freeze"):
                 ctx.backend.freeze(started[0])  # stop it right at this line: the kill lands here
             trigger.set()
+        step = _step_of(line) if (ending.sigterm_at or ending.hold_at) and started else None
+        if step is None:
+            return
+        if ending.sigterm_at is not None and step >= ending.sigterm_at and "term" not in sent:
+            sent.add("term")
+            ctx.backend.terminate(started[0])
+        if ending.hold_at is not None and step >= ending.hold_at and "hold" not in sent and \
+                hasattr(ctx.backend, "freeze") and hasattr(ctx.backend, "thaw"):
+            sent.add("hold")
+            ctx.backend.freeze(started[0])
+            ctx.show(leg, f"launcher: leg {leg} held at step {step} until its deadline is due\n")
+            time.sleep(max(0.0, deadline - 5.0 - time.time() + 0.5))
+            ctx.backend.thaw(started[0])
 
     handle = ctx.backend.launch(spec, on_line=on_line)
     started.append(handle)
@@ -154,7 +196,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
                           "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
                           "started_at": handle.started_at,
                           "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
-                          "pid": getattr(getattr(handle, "proc", None), "pid", None)})
+                          "pid": getattr(getattr(handle, "proc", None), "pid", None),
+                          "role": "straight" if ending.straight else None})
     result = None
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from runtime.contract import NO_SAMPLE_INDEX
 from launcher.evidence import Check, LegEvents
-from launcher.legs import LegOutcome, RunContext, run_leg
+from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from runtime.metrics import loss_continuity
 
 LEGS = 3
@@ -24,13 +24,22 @@ def leg_plan(steps: int, legs: int = LEGS) -> list[int]:
     return [steps * (i + 1) // legs for i in range(legs)]
 
 
-def check_leg_exit(out: LegOutcome) -> Check:
+def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
+    """The leg ended on its own, with every rank's `done`. After a SIGTERM the launcher sent,
+    torchrun itself exits 1 (it re-raises the signal once its workers are done): such a leg
+    is judged by its ranks' `done` events, which must all say the final checkpoint verified."""
     ev = out.events
     done = ev.last("done")
     ok = out.result.exit_code == 0 and done is not None and not out.result.killed
     stop = ev.last("stop")
     detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) after "
               f"{out.result.wall_seconds:.1f} s" + (f", last step {done[1]['step']}" if done else ", no `done` event"))
+    if sigterm and not ok and done is not None and not out.result.killed:
+        ranks = ev.all("done", rank=None)
+        start = ev.first("start")
+        world = int(start[1].get("world_size", 1)) if start else 1
+        ok = len(ranks) >= world and all(e.get("final_checkpoint_verified") for _, e in ranks)
+        detail += f"; every rank of {world} printed `done` with its final checkpoint verified" if ok else ""
     if stop and stop[1].get("error"):
         detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
@@ -136,24 +145,95 @@ def check_device(out: LegOutcome) -> Check:
                  f"device {device!r}", out.events.pointer(start))
 
 
+def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | None, leg: int) -> tuple[int, Ending]:
+    """(LAUNCHER_MAX_STEPS, how the launcher ends it) for each leg of a resume rung: leg 0
+    is stopped by SIGTERM, leg 1 by its deadline, the last runs to the rung's end. A
+    trainer that pushes no final checkpoint on SIGTERM or at its deadline fails here."""
+    plan = leg_plan(steps, legs)
+    if leg == legs - 1:
+        return steps, Ending()
+    if leg == 0:
+        if not hasattr(ctx.backend, "terminate"):
+            return plan[0], Ending()
+        return plan[1] - 1, Ending(sigterm_at=plan[0])
+    # The deadline: far enough for the leg to start and train, then the leg is held at a known
+    # step until the deadline is within the trainer's margin (so the stop lands mid-run).
+    startup = _startup_s(first) if first else 10.0
+    if hasattr(ctx.backend, "freeze") and hasattr(ctx.backend, "thaw"):
+        return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0), hold_at=plan[leg])
+    step_s = _step_s(first) if first else 1.0
+    return steps - 1, Ending(deadline_s=startup + 5.0 + (plan[leg] - plan[leg - 1]) * step_s)
+
+
+def _startup_s(out: LegOutcome) -> float:
+    first = out.events.first("step")
+    return max(1.0, first[1]["t"] - out.result.started_at) if first and "t" in first[1] else 10.0
+
+
+def _step_s(out: LegOutcome) -> float:
+    times = [e["t"] for _, e in out.events.all("step") if "t" in e]
+    return max(0.01, (times[-1] - times[0]) / (len(times) - 1)) if len(times) > 1 else 1.0
+
+
+def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
+    """The leg stopped the way the launcher ended it."""
+    want = "sigterm" if ending.sigterm_at is not None else "deadline" if ending.deadline_s is not None else None
+    if want is None:
+        return None
+    stop = out.events.last("stop")
+    got = stop[1].get("reason") if stop else None
+    return Check(f"leg {out.events.leg} stopped on {want}", got == want,
+                 f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}",
+                 out.events.pointer(stop))
+
+
 def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEGS) -> list[Check]:
-    """Leg 0 trains and pushes; every later leg resumes on a fresh disk. Returns the checks."""
+    """Leg 0 trains and pushes; every later leg resumes on a fresh disk; on a CPU rung the
+    same trainer then runs straight through once, as the oracle. Returns the checks."""
+    from launcher.readback import check_leg_store
+    from launcher.resume_checks import check_deterministic, timeline_checks
+
     checks: list[Check] = []
     outs: list[LegOutcome] = []
-    pushed_step: int | None = None
-    for leg, max_steps in enumerate(leg_plan(steps, legs)):
-        out = run_leg(ctx, leg, max_steps)
+    store = ctx.open_store()
+    expected: int | None = None
+    for leg in range(legs):
+        max_steps, ending = plan_endings(ctx, steps, legs, outs[0] if outs else None, leg)
+        out = run_leg(ctx, leg, max_steps, ending=ending)
         outs.append(out)
-        checks.append(check_leg_exit(out))
+        exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None)
+        checks.append(exited)
         if need_gpu:
             checks.append(check_device(out))
         if leg > 0:
-            before = outs[-2].events
-            checks += [check_resumed(out.events, pushed_step), check_lr(out.events),
-                       check_position(before, out.events, pushed_step), check_continuity(before, out.events)]
-        pushed, pushed_step = check_pushed(out.events)
-        checks.append(pushed)
-        if not (checks[-1].ok and out.result.exit_code == 0):
+            checks.append(check_resumed(out.events, expected))
+        ended = check_ending(out, ending)
+        if ended is not None:
+            checks.append(ended)
+        readback = check_leg_store(store, out.events)
+        checks.append(readback)
+        done = out.events.last("done")
+        expected = int(done[1]["step"]) if done else None
+        if not (readback.ok and exited.ok):
             return checks  # nothing sound to resume from: the next leg would only repeat the failure
-    checks.append(check_no_reread([o.events for o in outs]))
-    return checks
+    done = outs[-1].events.last("done")
+    checks.append(Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
+                        f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
+                        outs[-1].events.pointer(done)))
+    straight = None
+    if not need_gpu:
+        s_out = run_leg(ctx, legs, steps, ending=Ending(straight=True))
+        ran = check_leg_exit(s_out)
+        checks.append(Check(f"straight-through run (leg {legs}, no restart) finished", ran.ok, ran.detail, ran.evidence))
+        straight = s_out.events
+    exact = not need_gpu and ctx.cfg.trainer.deterministic
+    found = timeline_checks([o.events for o in outs], straight, exact)
+    if exact and straight is not None and not all(c.ok for c in found):
+        # Before blaming the resume: does the trainer reproduce itself? A repeat settles it.
+        repeat = run_leg(ctx, legs + 1, steps, ending=Ending(straight=True))
+        same = check_deterministic(straight, repeat.events)
+        if not same.ok:
+            found = timeline_checks([o.events for o in outs], straight, exact=False)
+            checks.append(Check("CPU determinism", True, same.detail + " (set trainer.deterministic: false "
+                                "to skip the exact comparison)", same.evidence))
+    return checks + found

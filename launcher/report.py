@@ -70,6 +70,9 @@ class Proof:
 class RunData:
     row: dict[str, Any]
     legs: list[LegEvents]
+    """The run's timeline: every leg but the straight-through reference."""
+    straight: list[LegEvents] = field(default_factory=list)
+    """The uninterrupted reference run(s) of a CPU rung (its first is the oracle)."""
 
     @property
     def id(self) -> str:
@@ -134,7 +137,9 @@ def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
 
 
 def load_run(row: dict[str, Any]) -> RunData:
-    return RunData(row, [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in row["legs"]])
+    def read(role: str | None) -> list[LegEvents]:
+        return [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in row["legs"] if leg.get("role") == role]
+    return RunData(row, read(None), read("straight"))
 
 
 # --- resumes: the pairs proofs 1-4 rest on -----------------------------------

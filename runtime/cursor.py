@@ -99,3 +99,35 @@ class DataOrder:
             raise CursorMismatch(f"batch at sample {saved['sample_index']} hashes {now[:12]}, "
                                  f"checkpoint recorded {saved['next_batch_sha256'][:12]}")
         return saved
+
+
+class Position:
+    """The reference data's position as an object the session tracks: it saves the
+    cursor of the next step and, on resume, re-hashes the batch there and refuses
+    a cursor saved under other data or geometry (exit 3, never other data)."""
+
+    def __init__(self, order: DataOrder, tokens: np.ndarray, rank: int = 0) -> None:
+        self.order, self.tokens, self.rank, self.next_step = order, tokens, rank, 0
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(x, y, first sample index) of this rank's slice of the next step's batch."""
+        x, y, first = self.order.batch_at(self.tokens, self.next_step, self.rank)
+        self.next_step += 1
+        return x, y, first
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.order.cursor(self.tokens, self.next_step)
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        from runtime.session import ResumeRefused
+
+        try:
+            self.saved = self.order.check_cursor(self.tokens, saved)
+        except (CursorMismatch, KeyError, TypeError) as err:
+            raise ResumeRefused("cursor_mismatch", str(err)) from None
+        self.next_step = int(saved["next_step"])
+
+    def resume_facts(self) -> dict[str, Any]:
+        return {"sample_index": self.saved["sample_index"], "batch_hash": self.saved["next_batch_sha256"],
+                "epoch": self.saved["epoch"], "tokens_consumed": self.saved["tokens_consumed"],
+                "rank_sample_index": self.order.first_sample(self.next_step, self.rank)}

@@ -18,23 +18,32 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
     assert res.code == 0, res.out + res.err
     checks = {c["name"]: c for c in res.json()["checks"]}
     assert all(c["ok"] for c in checks.values()), checks
-    # Three legs, two sequential resumes, each at the step the previous leg pushed.
-    assert "resumed from step-00000006 at step 6; leg 0 pushed step 6" in checks["leg 1 resumed from the store"]["detail"]
-    assert "resumed from step-00000013 at step 13; leg 1 pushed step 13" in checks["leg 2 resumed from the store"]["detail"]
-    assert "leg 1 resumed at sample 48 and read from 48" in checks["leg 1: data position continues"]["detail"]
-    assert "leg 2 resumed at sample 104 and read from 104" in checks["leg 2: data position continues"]["detail"]
-    assert "samples 0..159 read once each" in checks["no sample read twice or skipped (3 legs, 20 steps)"]["detail"]
-    assert checks["leg 2: loss continuity"]["ok"]
+    # Three legs, two sequential resumes, each at the step the previous leg pushed: leg 0 ended by
+    # SIGTERM once it printed step 6, leg 1 by its deadline (held at step 13 until it came).
+    s0 = int(checks["leg 1 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
+    assert s0 in (6, 7, 8) and f"leg 0 pushed step {s0}" in checks["leg 1 resumed from the store"]["detail"]
+    assert checks["leg 0 stopped on sigterm"]["ok"] and checks["leg 1 stopped on deadline"]["ok"]
+    s1 = int(checks["leg 2 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
+    assert s1 in (13, 14), checks["leg 2 resumed from the store"]
+    for leg in (0, 1, 2):  # the launcher's own read of the store after each leg
+        assert "fetched whole, every file's sha256 matches" in \
+            checks[f"leg {leg}: the launcher read back its checkpoint from the store"]["detail"]
+    assert f"step {s0 + 1} read" in checks["leg 1: exact data position (batch hashes)"]["detail"]
+    assert "samples 0..159 read once each" in checks["sample index continues (the trainer's own witness)"]["detail"]
+    assert "steps 1..20: 20 batch hashes, none read twice" in checks["no batch read twice (3 legs, 20 steps)"]["detail"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert "straight-through run's LR" in checks["leg 2: LR follows the schedule"]["detail"]
 
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "rehearsal" and run["verdict"] == "pass" and run["exit_code"] == 0
-    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0, 0]
+    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0, 0, 0]
+    assert [leg["role"] for leg in run["legs"]] == [None, None, None, "straight"]
     assert run["legs"][0]["command"][1:] == ["train.py", "--ckpt-every", "5"]
-    assert [leg["env"]["LAUNCHER_MAX_STEPS"] for leg in run["legs"]] == ["6", "13", "20"]
+    assert [leg["env"]["LAUNCHER_MAX_STEPS"] for leg in run["legs"]] == ["12", "19", "20", "20"]
     assert json.loads(run["legs"][0]["env"]["LAUNCHER_FILES_SHA256"]) == run["files"]
     assert set(run["files"]) == {"train.py"} and len(run["files"]["train.py"]) == 64
     assert run["billed_gpu_hours"] == 0.0  # CPU legs bill no GPU time
-    assert len({leg["instance"] for leg in run["legs"]}) == 3  # a fresh disk per leg
+    assert len({leg["instance"] for leg in run["legs"]}) == 4  # a fresh disk per leg
 
     # The secret reached the legs' environment but was written down nowhere.
     state = project / ".launcher"
@@ -53,7 +62,8 @@ def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
     res = run_cli(["up", "rehearsal", "--json"], cwd=project)
     assert res.code == 1
     failed = [c["name"] for c in res.json()["checks"] if not c["ok"]]
-    assert "leg 1 resumed from the store" in failed
+    # It ignores SIGTERM and pushes nothing the launcher can read: the rung stops at leg 0.
+    assert "leg 0 stopped on sigterm" in failed
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["verdict"] == "fail" and run["exit_code"] == 1
 
@@ -95,7 +105,7 @@ def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
     assert res.code == 0, res.out + res.err
     checks = {c["name"]: c for c in res.json()["checks"]}
     assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
-    assert "stride 16" in checks["no sample read twice or skipped (3 legs, 20 steps)"]["detail"]  # 2 ranks x 8
+    assert "stride 16" in checks["sample index continues (the trainer's own witness)"]["detail"]  # 2 ranks x 8
     logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
     ranks = {json.loads(line[line.find('{"event": '):])["rank"] for line in logs[-1].read_text().splitlines()
              if '"event": "resume"' in line}

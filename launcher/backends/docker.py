@@ -114,6 +114,17 @@ class DockerBackend:
             return None
         return self._finish(handle, rc, False, "exited")
 
+    def freeze(self, handle: LegHandle) -> None:
+        """Pause every process of the container (cgroup freezer): it stops at this instant."""
+        docker("pause", handle.instance, check=False)
+
+    def thaw(self, handle: LegHandle) -> None:
+        docker("unpause", handle.instance, check=False)
+
+    def terminate(self, handle: LegHandle) -> None:
+        """SIGTERM to the container's main process: the trainer's graceful stop."""
+        docker("kill", "--signal", "TERM", handle.instance, check=False)
+
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         assert isinstance(handle, _DockerHandle) and handle.proc is not None
         docker("kill", handle.instance, check=False)

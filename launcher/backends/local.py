@@ -145,6 +145,21 @@ class LocalBackend:
         if handle.proc is not None:
             signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP)
 
+    def thaw(self, handle: LegHandle) -> None:
+        """SIGCONT every process of a frozen leg: it goes on from where it stood."""
+        assert isinstance(handle, _LocalHandle)
+        if handle.proc is not None:
+            signal_leg(handle.token, handle.proc.pid, signal.SIGCONT)
+
+    def terminate(self, handle: LegHandle) -> None:
+        """SIGTERM to the leg's process group: the trainer's graceful stop (torchrun forwards it)."""
+        assert isinstance(handle, _LocalHandle)
+        if handle.proc is not None:
+            try:
+                os.killpg(handle.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Every process of the leg dies (torchrun's workers too), then its disk goes."""
         assert isinstance(handle, _LocalHandle)

@@ -1,0 +1,93 @@
+"""The launcher's own read of the store after a leg: proofs 1, 6 and 7 rest on it,
+not on the trainer's `verify` event (a trainer whose verify was skipped, or read
+its local copy instead of the store, fails here).
+
+After each leg the newest checkpoint the leg's events call verified must be in
+the store with a verified mark that binds its manifest under the project's key,
+and its bytes must match the manifest: the launcher fetches it whole (every
+file's size and sha256 checked as it streams) when it is at most
+`FULL_READ_BYTES`, else it re-reads every window the mark records (ranged reads,
+as the runtime's verifier does) and checks their hashes. A leg that stopped on
+SIGTERM or its deadline must have left its last step so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.evidence import Check, LegEvents
+
+FULL_READ_BYTES = 256 << 20
+
+
+def claimed(ev: LegEvents) -> tuple[int, dict[str, Any]] | None:
+    """The newest `verify` ok event of the leg (rank 0)."""
+    found = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
+    return found[-1] if found else None
+
+
+def read_checkpoint(store: Any, step: int) -> tuple[bool, str, int]:
+    """(ok, detail, bytes read): the launcher's read of the checkpoint at `step`."""
+    from runtime.store.base import StoreError, checkpoint_name
+    from runtime.store.seal import check_seal
+
+    name = checkpoint_name(step)
+    try:
+        scan = store.scan()
+    except StoreError as err:
+        return False, f"the store could not be listed: {type(err).__name__}: {err}", 0
+    info = next((c for c in scan.checkpoints if c.name == name), None)
+    damaged = next((d for d in scan.damaged if d.name == name), None)
+    if info is None:
+        why = f" ({damaged.reason})" if damaged else ""
+        return False, f"{name} is not in {store.uri}{why}", 0
+    if not info.verified:
+        why = f": {damaged.reason}" if damaged else ""
+        return False, f"{name} is in the store but carries no verified mark that binds it{why}", 0
+    began = time.perf_counter()
+    try:
+        check_seal(info.manifest, info.seal, store.key)
+        total = info.manifest.total_bytes
+        if total <= FULL_READ_BYTES:
+            with tempfile.TemporaryDirectory(prefix="readback-") as tmp:
+                store.fetch(name, Path(tmp))
+            how, nbytes = "fetched whole, every file's sha256 matches the manifest", total
+        else:
+            nbytes = 0
+            for w in info.seal.get("windows", []):
+                data = store.read_range(name, w["path"], int(w["offset"]), int(w["length"]))
+                nbytes += len(data)
+                if hashlib.sha256(data).hexdigest() != w["sha256"]:
+                    return False, f"{name}/{w['path']} at {w['offset']}: the store's bytes differ from the mark", nbytes
+            how = f"{len(info.seal.get('windows', []))} recorded windows re-read, hashes match"
+    except StoreError as err:
+        return False, f"{name}: {type(err).__name__}: {err}", 0
+    return True, f"{name} ({total:,} B) {how} in {time.perf_counter() - began:.2f} s", nbytes
+
+
+def check_leg_store(store: Any, ev: LegEvents, end_reason: str | None = None) -> Check:
+    """After leg `ev`: its newest claimed-verified checkpoint, read by the launcher."""
+    name = f"leg {ev.leg}: the launcher read back its checkpoint from the store"
+    stop = ev.last("stop")
+    reason = stop[1].get("reason") if stop else None
+    done = ev.last("done")
+    item = claimed(ev)
+    if item is None:
+        if done is not None and ev.first("resume") is not None and int(done[1]["step"]) == int(
+                ev.first("resume")[1]["from_step"]):
+            return Check(name, True, f"leg {ev.leg} trained no step past its resume: nothing new to push")
+        return Check(name, False, f"leg {ev.leg} printed no `verify` event with ok=true")
+    step = int(item[1]["step"])
+    ok, detail, _ = read_checkpoint(store, step)
+    last = int(done[1]["step"]) if done else None
+    if reason in ("sigterm", "deadline") and last is not None and last != step:
+        ok_last, detail_last, _ = read_checkpoint(store, last)
+        return Check(name, False, f"leg {ev.leg} stopped on {reason} at step {last} but its newest verified "
+                     f"checkpoint is step {step}: {detail_last}", ev.pointer(done))
+    if reason in ("sigterm", "deadline"):
+        detail += f"; the leg stopped on {reason} at step {last} and left that step verified"
+    return Check(name, ok, detail, ev.pointer(item))

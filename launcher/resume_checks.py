@@ -1,0 +1,258 @@
+"""Every resume check, each in one place with one rule: the rungs, the drill and the
+report call these same functions on the same event logs.
+
+What they rest on, strongest first:
+- the straight-through run (CPU rungs): the same trainer, same seed and steps, in one
+  uninterrupted leg on its own empty store. On a CPU a correct resume reproduces it
+  exactly: every step's loss, LR and batch hash. The first step that differs is named;
+- the batch hash the leg API computes from the tensor each step read (`batch_hash`),
+  not the index a trainer prints: a re-run step reads the batch the killed leg read
+  there; the first batch after a resume is none already consumed on the surviving
+  timeline; no batch repeats within an epoch (a repeat the straight-through run has
+  too is the data's own duplicate, not a re-read);
+- the schedule's LR per step (`lr_expected`, printed by a trainer that declares its
+  schedule), else the killed leg's LR at re-run steps, else the LR the checkpoint
+  saved (for schedules that are not a function of the step, e.g. ReduceLROnPlateau);
+- the sample index a trainer prints: a second witness, checked when present.
+A trainer that prints no batch hash gets MISSING for the data checks, never PASS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.evidence import Check, LegEvents, Pointer, surviving_timeline
+from runtime.metrics import loss_continuity
+
+NO_BATCH_HASH = ("the trainer's step events carry no batch_hash (the leg API's `Session.step(batch=...)` "
+                 "prints it): what each step read cannot be checked")
+
+
+def steps_of(ev: LegEvents) -> dict[int, tuple[int, dict[str, Any]]]:
+    """Rank 0's step events by step number (a later line for the same step wins)."""
+    return {int(e["step"]): (n, e) for n, e in ev.all("step")}
+
+
+def resume_step(ev: LegEvents) -> int | None:
+    resume = ev.first("resume")
+    return int(resume[1]["from_step"]) if resume else None
+
+
+def _ptr(ev: LegEvents, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointer, ...]:
+    return ev.pointer(item)
+
+
+def missing(name: str, why: str) -> Check:
+    return Check(name, False, why, (), missing=True)
+
+
+# --- the straight-through oracle -----------------------------------------------------
+
+def compare_straight(timeline: list[LegEvents], straight: LegEvents, exact: bool, band: float | None = None,
+                     name: str = "resumed run = straight-through run") -> Check:
+    """Every step of the surviving timeline against the uninterrupted run's same step."""
+    ref = steps_of(straight)
+    got = {s: (ev, item) for ev in surviving_timeline(timeline) for s, item in steps_of(ev).items()}
+    if not ref:
+        return Check(name, False, f"the straight-through leg printed no step events ({straight.log})")
+    if set(got) != set(ref):
+        lost = sorted(set(ref) - set(got))
+        extra = sorted(set(got) - set(ref))
+        return Check(name, False, f"the resumed timeline has steps {_span(got)}, the straight-through run "
+                     f"{_span(ref)}" + (f"; missing {lost[:5]}" if lost else "") + (f"; extra {extra[:5]}" if extra else ""))
+    tol = 0.0 if exact else (band or 0.0)
+    for s in sorted(ref):
+        ev, (n, e) = got[s]
+        r = ref[s][1]
+        for key in ("batch_hash", "lr", "loss"):
+            a, b = e.get(key), r.get(key)
+            if key == "batch_hash" and (a is None or b is None):
+                continue
+            same = a == b if (key != "loss" or exact) else abs(a - b) <= tol
+            if not same:
+                return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {key} {a!r} vs {b!r} in the "
+                             f"straight-through run" + ("" if exact else f" (band +-{tol:.5f})"),
+                             _ptr(ev, (n, e)) + straight.pointer(ref[s]))
+    hashed = all("batch_hash" in ref[s][1] for s in ref)
+    what = "loss, LR and batch hash" if hashed else "loss and LR (no batch hashes printed)"
+    how = "identical" if exact else f"within +-{tol:.5f} (not deterministic: band)"
+    return Check(name, True, f"steps {_span(ref)}: {what} {how} at every step, legs {[ev.leg for ev in timeline]}",
+                 straight.pointer(ref[max(ref)]))
+
+
+def check_deterministic(first: LegEvents, repeat: LegEvents) -> Check:
+    """Two straight-through runs of the same trainer: identical on a deterministic CPU trainer."""
+    a, b = steps_of(first), steps_of(repeat)
+    diff = next((s for s in sorted(set(a) & set(b)) if a[s][1]["loss"] != b[s][1]["loss"]), None)
+    name = "the trainer is deterministic on CPU"
+    if diff is None:
+        return Check(name, True, f"two straight-through runs agree on every loss ({len(a)} steps)")
+    return Check(name, False, f"two straight-through runs differ at step {diff}: loss {a[diff][1]['loss']!r} vs "
+                 f"{b[diff][1]['loss']!r}: exact comparisons fall back to the band", repeat.pointer(b[diff]))
+
+
+# --- data: what each resumed leg read ------------------------------------------------
+
+def check_batches(legs: list[LegEvents], i: int, straight: LegEvents | None = None) -> Check:
+    """Leg i (resumed): re-run steps read the batch earlier legs read there; the first batch
+    after the resume is none consumed before it on the surviving timeline."""
+    after = legs[i]
+    name = f"leg {after.leg}: exact data position (batch hashes)"
+    start = resume_step(after)
+    post = steps_of(after)
+    if start is None or not post:
+        return Check(name, False, f"leg {after.leg} printed no resume or no step event")
+    if any("batch_hash" not in e for _, e in post.values()):
+        return missing(name, NO_BATCH_HASH)
+    earlier = [steps_of(ev) for ev in legs[:i]]
+    for s in sorted(post):  # a re-run step must read what was read there before
+        for ev, steps in zip(legs[:i], earlier):
+            if s in steps and "batch_hash" in steps[s][1] and steps[s][1]["batch_hash"] != post[s][1]["batch_hash"]:
+                return Check(name, False, f"step {s} read batch {post[s][1]['batch_hash'][:12]}, leg {ev.leg} read "
+                             f"{steps[s][1]['batch_hash'][:12]} at that step", after.pointer(post[s]) + ev.pointer(steps[s]))
+    consumed: dict[str, tuple[LegEvents, int]] = {}
+    for ev in surviving_timeline(legs[:i] + [after])[:-1]:
+        for s, (_, e) in steps_of(ev).items():
+            if s <= start and "batch_hash" in e:
+                consumed.setdefault(e["batch_hash"], (ev, s))
+    first = min(post)
+    h = post[first][1]["batch_hash"]
+    ref = steps_of(straight) if straight else {}
+    if h in consumed and not (first in ref and ref[first][1].get("batch_hash") == h):
+        ev, s = consumed[h]
+        return Check(name, False, f"the first batch after the resume at step {start} ({h[:12]}, step {first}) was "
+                     f"already consumed at step {s} (leg {ev.leg}): the resume re-read data",
+                     after.pointer(post[first]))
+    rerun = sorted(s for s in post if any(s in st for st in earlier))
+    return Check(name, True, f"resumed at step {start}; step {first} read {h[:12]}, not among the {len(consumed)} "
+                 f"batches consumed before" + (f"; steps {rerun[0]}-{rerun[-1]} re-run reading the same batches"
+                                               if rerun else ""), after.pointer(post[first]))
+
+
+def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) -> Check:
+    """On the surviving timeline no batch is read twice within an epoch (the step's
+    `epoch` when printed, else the whole timeline), unless the straight-through run
+    reads the same repeat: then it is the data's own duplicate."""
+    timeline = surviving_timeline(legs)
+    seq = [(ev, s, item) for ev in timeline for s, item in sorted(steps_of(ev).items())]
+    name = f"no batch read twice ({len(legs)} legs, {len(seq)} steps)"
+    if not seq:
+        return Check(name, False, "no step events")
+    if any("batch_hash" not in item[1] for _, _, item in seq):
+        return missing(name, NO_BATCH_HASH)
+    ref = {s: item[1].get("batch_hash") for s, item in steps_of(straight).items()} if straight else {}
+    seen: dict[tuple[Any, str], tuple[LegEvents, int]] = {}
+    for ev, s, (n, e) in seq:
+        key = (e.get("epoch"), e["batch_hash"])
+        if key in seen:
+            prev_ev, prev_s = seen[key]
+            if ref and ref.get(s) == e["batch_hash"] and ref.get(prev_s) == e["batch_hash"]:
+                continue  # the uninterrupted run reads it twice too: the data holds it twice
+            where = f" in epoch {e['epoch']}" if e.get("epoch") is not None else ""
+            return Check(name, False, f"leg {ev.leg} step {s} read batch {e['batch_hash'][:12]}, already read at step "
+                         f"{prev_s} (leg {prev_ev.leg}){where}", ev.pointer((n, e)))
+        seen[key] = (ev, s)
+    steps = [s for _, s, _ in seq]
+    gaps = [b for a, b in zip(steps, steps[1:]) if b != a + 1]
+    if gaps or steps[0] != 1:
+        return Check(name, False, f"the surviving timeline's steps are not consecutive from 1 (at {gaps[:3] or steps[0]})")
+    return Check(name, True, f"steps 1..{steps[-1]}: {len(seen)} batch hashes, none read twice"
+                 + (" within an epoch" if any(k[0] is not None for k in seen) else "") + f", legs {[e.leg for e in legs]}")
+
+
+def check_sample_index(legs: list[LegEvents]) -> Check | None:
+    """The trainer's own index, a second witness: consecutive steps on the surviving
+    timeline advance it by one stride. None when the trainer prints none."""
+    seq = [(ev.leg, s, item[1]) for ev in surviving_timeline(legs) for s, item in sorted(steps_of(ev).items())]
+    if len(seq) < 2 or any("sample_index" not in e for _, _, e in seq):
+        return None
+    name = "sample index continues (the trainer's own witness)"
+    stride = seq[1][2]["sample_index"] - seq[0][2]["sample_index"]
+    for a, b in zip(seq, seq[1:]):
+        if b[2]["sample_index"] - a[2]["sample_index"] != stride or b[1] != a[1] + 1 or stride <= 0:
+            return Check(name, False, f"leg {a[0]} step {a[1]} read sample {a[2]['sample_index']}, then leg {b[0]} "
+                         f"step {b[1]} read sample {b[2]['sample_index']} (stride {stride})")
+    return Check(name, True, f"samples {seq[0][2]['sample_index']}..{seq[-1][2]['sample_index'] + stride - 1} read "
+                 f"once each, in order, stride {stride}")
+
+
+# --- LR and loss ----------------------------------------------------------------------
+
+def check_lr(legs: list[LegEvents], i: int, straight: LegEvents | None = None) -> Check:
+    """Every step of resumed leg i against the schedule's own LR at that step."""
+    after = legs[i]
+    name = f"leg {after.leg}: LR follows the schedule"
+    post = steps_of(after)
+    resume = after.first("resume")
+    if resume is None or not post:
+        return Check(name, False, f"leg {after.leg} printed no resume or no step event")
+    if straight is not None:
+        ref, source = {s: it[1]["lr"] for s, it in steps_of(straight).items()}, "the straight-through run's"
+    elif all("lr_expected" in e for _, e in post.values()):
+        ref, source = {s: e["lr_expected"] for s, (_, e) in post.items()}, "the declared schedule's"
+    else:
+        ref = {s: it[1]["lr"] for ev in legs[:i] for s, it in steps_of(ev).items()}
+        source = "the earlier legs'"
+    compared = [s for s in sorted(post) if s in ref]
+    for s in compared:
+        if post[s][1]["lr"] != ref[s]:
+            return Check(name, False, f"step {s} ran with LR {post[s][1]['lr']!r}; {source} LR there is {ref[s]!r}",
+                         after.pointer(post[s]))
+    if compared:
+        return Check(name, True, f"steps {compared[0]}-{compared[-1]} ({len(compared)}) ran with {source} LR, "
+                     f"from {post[compared[0]][1]['lr']!r}", after.pointer(post[compared[0]]))
+    # A schedule that is not a function of the step (ReduceLROnPlateau): the LR the checkpoint saved.
+    saved, first = resume[1].get("lr"), post[min(post)][1]["lr"]
+    if saved is None:
+        return missing(name, "no reference LR: no straight-through run, no lr_expected, no re-run step, and the "
+                       "resume event carries no lr")
+    return Check(name, saved == first, f"no step-wise reference for this schedule: the first resumed step ran with "
+                 f"{first!r}, the checkpoint saved {saved!r}", after.pointer(resume) + after.pointer(post[min(post)]))
+
+
+def check_loss(legs: list[LegEvents], i: int, exact: bool) -> Check:
+    """Re-run steps reproduce the earlier loss (exactly on a deterministic CPU); otherwise
+    the jump across the restart is within the run's own noise band."""
+    after = legs[i]
+    name = f"leg {after.leg}: loss continuity"
+    post = {s: it[1]["loss"] for s, it in steps_of(after).items()}
+    start = resume_step(after) or 0
+    pre_all = {s: it[1]["loss"] for ev in legs[:i] for s, it in steps_of(ev).items()}
+    overlap = sorted(set(pre_all) & set(post))
+    before = [pre_all[s] for s in sorted(pre_all) if s <= start]
+    cont = loss_continuity(before, [post[s] for s in sorted(post)]) if post else None
+    if overlap:
+        worst = max(abs(pre_all[s] - post[s]) for s in overlap)
+        band = 0.0 if exact else (cont.band if cont else 1e-6)
+        how = "exactly (CPU, deterministic)" if exact else f"within the band +-{band:.5f}"
+        return Check(name, worst <= band, f"steps {overlap[0]}-{overlap[-1]} re-run: max |loss diff| {worst:.6g}, "
+                     f"must match {how}", after.pointer(after.first("step")))
+    if cont is None:
+        return Check(name, False, "too few steps on one side of the restart to measure")
+    return Check(name, cont.ok, f"loss {before[-1]:.5f} -> {post[min(post)]:.5f} across the restart ({cont.delta:+.5f}); "
+                 f"band +-{cont.band:.5f} (1.5 x the largest step-to-step jump of the last {cont.window} steps)",
+                 after.pointer(after.first("step")))
+
+
+def resumed_legs(legs: list[LegEvents]) -> list[int]:
+    """Indexes of the legs that resumed from a checkpoint."""
+    return [i for i, ev in enumerate(legs) if i > 0 and ev.first("resume") is not None]
+
+
+def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:
+    """The data, LR and loss checks of every resume of one run, plus the whole timeline's."""
+    checks: list[Check] = []
+    for i in resumed_legs(legs):
+        checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact)]
+    checks.append(check_no_repeat(legs, straight))
+    witness = check_sample_index(legs)
+    if witness is not None:
+        checks.append(witness)
+    if straight is not None:
+        checks.append(compare_straight(legs, straight, exact))
+    return checks
+
+
+def _span(steps: Any) -> str:
+    s = sorted(steps)
+    return f"{s[0]}..{s[-1]}" if s else "none"

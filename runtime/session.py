@@ -1,0 +1,361 @@
+"""The leg API: one object a trainer creates, which owns the leg contract.
+
+    from runtime.session import Session
+
+    sess = Session(ckpt_every=10, total_steps=1000)     # reads the leg's environment
+    sess.track(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    sess.resume()                                       # newest *verified* checkpoint, or step 0
+    while sess.running():                               # deadline, SIGTERM, max steps: agreed by every rank
+        x, y = next(batches)
+        loss = model(x, y); loss.backward(); opt.step(); sched.step()
+        sess.step(loss=loss, batch=x, tokens=x.numel())
+    sys.exit(sess.finish())                             # final push, verified; `done`
+
+What it does for the trainer (DESIGN.md's leg contract):
+- refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3);
+- restores everything tracked (any object with `state_dict`/`load_state_dict`: model,
+  optimizer, scheduler, sampler, a stateful loader), every RNG stream (python, numpy,
+  torch, CUDA) per rank, the step and the tokens, from the newest verified checkpoint
+  that fetches, checks and loads; damaged ones are skipped with `resume_skip`;
+- `step()` prints the `step` event every step, with the hash of the batch it was
+  handed (the launcher's data checks rest on that hash, not on what the trainer
+  says), saves on the cadence and runs the storage cycle in the background
+  (push, verify by reading back, delete the local copy, prune);
+- stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
+  (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
+  every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
+  verify and prints `done`.
+Its own cost per step: hashing the batch and printing one line (bench/session_overhead.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from runtime import events
+from runtime.batches import batch_digest
+from runtime.checkpoint import load_local, save_local
+from runtime.cycle import Pusher
+from runtime.dist import RankTimeout, World, init_world
+from runtime.health import Health
+from runtime.metrics import host_rss_bytes, sustained_rate
+from runtime.resume import restore_newest
+from runtime.state import rng_state, set_rng_state, stale_files
+from runtime.store import StoreError, open_store
+
+EXIT_FAILED = 1    # final checkpoint not verified, non-finite loss, a rank timed out
+EXIT_REFUSED = 3   # stale code, a saved position that does not match the data, a store that refuses us
+STOP_CODES = {1: "sigterm", 2: "deadline"}  # agreed across ranks by all-reduce(MAX)
+DEFAULT_MAX_STEPS = 50
+
+
+class ResumeRefused(RuntimeError):
+    """Raised by a tracked object's `load_state_dict` when the saved state does not
+    describe this run (another data set, batch size or world size): the leg stops
+    with exit 3 and `reason` rather than train on other data."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def device_memory(device: str) -> tuple[int, int, int]:
+    """(allocated, reserved, peak since the last call): a window, not a lifetime peak."""
+    if device.startswith("cuda"):
+        out = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        return out
+    rss = host_rss_bytes()
+    return rss, rss, rss
+
+
+def resolve_device(requested: str = "auto") -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+class Session:
+    """One leg of a run, from the trainer's side. See the module docstring."""
+
+    def __init__(self, *, ckpt_every: int = 10, keep: int = 2, workdir: str | Path = ".", device: str = "auto",
+                 total_steps: int | None = None, max_steps: int | None = None, verify_bytes: int = 2 << 20,
+                 metrics_every: int = 10, health_every: float = 30.0,
+                 lr_schedule: Callable[[int], float] | None = None, world: World | None = None,
+                 meta: dict[str, Any] | None = None) -> None:
+        env = os.environ
+        self.run_id = env.get("LAUNCHER_RUN_ID", "local")
+        self.leg = int(env.get("LAUNCHER_LEG", "0"))
+        self.rung = env.get("LAUNCHER_RUNG", "none")
+        self.max_steps = max_steps or int(env.get("LAUNCHER_MAX_STEPS", str(DEFAULT_MAX_STEPS)))
+        self.deadline = float(env.get("LAUNCHER_DEADLINE", "inf"))
+        self.work = Path(workdir).resolve()
+        self.ckpt_every, self.keep, self.verify_bytes = ckpt_every, keep, verify_bytes
+        self.metrics_every, self.total_steps = metrics_every, total_steps or self.max_steps
+        self.lr_schedule, self.health_every = lr_schedule, health_every
+        self.meta = dict(meta or {})
+        device = resolve_device(device)
+        self.world = world or init_world(device)
+        if device == "cuda":
+            device = f"cuda:{self.world.local_rank}"
+            torch.cuda.set_device(device)
+        self.device = device
+        self.tracked: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        """Plain values (numbers, strings, lists, dicts, tensors) saved and restored with the state."""
+        self.step_count = self.tokens = 0
+        self.exit_code: int | None = None
+        self._sigterm: list[bool] = []
+        self._stale_guard()
+
+    # --- setup ------------------------------------------------------------------
+
+    def _stale_guard(self) -> None:
+        stale = stale_files(os.environ.get("LAUNCHER_FILES_SHA256"), Path.cwd())
+        if stale:
+            events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
+            self._exit(EXIT_REFUSED)
+
+    def _exit(self, code: int) -> None:
+        self.world.close()
+        sys.exit(code)
+
+    def track(self, **objects: Any) -> "Session":
+        """Objects saved with every checkpoint and restored on resume, by name."""
+        for name, obj in objects.items():
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict")
+            if name in ("rng", "step", "tokens", "extra"):
+                raise ValueError(f"track({name}=...): {name!r} is the session's own key")
+            self.tracked[name] = obj
+        return self
+
+    @property
+    def params(self) -> int:
+        model = self.tracked.get("model")
+        return sum(p.numel() for p in model.parameters()) if isinstance(model, torch.nn.Module) else 0
+
+    @property
+    def _optimizer(self) -> Any:
+        return next((o for o in self.tracked.values() if isinstance(o, torch.optim.Optimizer)), None)
+
+    def current_lr(self) -> float | None:
+        opt = self._optimizer
+        return float(opt.param_groups[0]["lr"]) if opt is not None else None
+
+    # --- resume -------------------------------------------------------------------
+
+    def resume(self, **start_facts: Any) -> int:
+        """Print `start`, restore from the newest verified checkpoint; the step to continue from."""
+        self.store = open_store(os.environ.get("LAUNCHER_STORE", (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        events.emit("start", run_id=self.run_id, leg=self.leg, rung=self.rung, device=self.device,
+                    torch=torch.__version__, world_size=self.world.world_size, params=self.params,
+                    max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri, **start_facts)
+        world, restore = self.world, self.work / "restore"
+        choice, state = None, None
+        if world.is_main:
+            try:
+                restored = restore_newest(self.store, restore, map_location=self.device, keep_files=True)
+                state = restored.state
+                choice = ("ok", restored.info.name if restored.info else None, restored.skipped)
+            except StoreError as err:  # an auth error must not read as "nothing here"
+                choice = ("error", f"{type(err).__name__}: {err}", [])
+        status, name, skipped = world.broadcast(choice)
+        if status == "error":
+            events.emit("stop", reason="store_error", step=0, error=name)
+            self._exit(EXIT_REFUSED)
+        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        self.pusher = Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes,
+                             replace=frozenset(skipped)) if world.is_main else None
+        self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
+        if name is not None:
+            self._load(name, state, restore)
+        self.resumed_at = self.pushed_at = self.step_count
+        self._resume_tokens = self.tokens
+        self._history: list[tuple[int, float, float]] = []
+        self._mem_max: float | None = None
+        self._ckpt_s = self._last_step_s = 0.0
+        return self.step_count
+
+    def _load(self, name: str, state: dict[str, Any] | None, restore: Path) -> None:
+        world = self.world
+        if world.local_rank == 0 and not world.is_main:
+            self.store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
+        world.barrier(f"local rank 0 fetching {name} from the store")
+        if state is None:
+            state, _ = load_local(restore / name, map_location=self.device, fetched=True)
+        world.barrier(f"every rank loading {name}")
+        if world.local_rank == 0:
+            shutil.rmtree(restore)
+        facts: dict[str, Any] = {}
+        try:
+            for key, obj in self.tracked.items():
+                if key not in state:
+                    raise ResumeRefused("state_mismatch", f"{name} holds no {key!r} (it holds {sorted(state)})")
+                obj.load_state_dict(state[key])
+                facts.update(getattr(obj, "resume_facts", dict)())
+        except ResumeRefused as err:
+            events.emit("stop", reason=err.reason, step=int(state.get("step", 0)), error=str(err))
+            self._exit(EXIT_REFUSED)
+        self.extra.update(state.get("extra", {}))
+        set_rng_state(state["rng"][world.rank])
+        self.step_count, self.tokens = int(state["step"]), int(state.get("tokens", 0))
+        lr = self.current_lr()
+        if self.lr_schedule is not None:
+            facts["lr_expected"] = float(self.lr_schedule(self.step_count))
+        fields: dict[str, Any] = {"from_step": self.step_count, "checkpoint": name, "tokens_consumed": self.tokens}
+        if lr is not None:
+            fields["lr"] = lr
+        events.emit("resume", **{**fields, **facts})
+
+    # --- the loop -------------------------------------------------------------------
+
+    def running(self) -> bool:
+        """Whether to run one more step: the one stop decision, agreed by every rank."""
+        if self.exit_code is not None:
+            return False
+        self._t0 = time.perf_counter()
+        self._lr = self.current_lr()
+        if self.step_count >= self.max_steps:
+            self.reason = "max_steps"
+            return False
+        cycle = self.pusher.last_cycle_s if self.pusher else 0.0
+        margin = max(5.0, 2 * cycle + 3 * self._last_step_s)
+        local = 2 if time.time() + margin >= self.deadline else (1 if self._sigterm else 0)
+        code = int(self.world.max(local))
+        self._laps: dict[str, float] = {"sync": time.perf_counter() - self._t0}
+        self._mark = time.perf_counter()
+        if code:
+            self.reason = STOP_CODES[code]
+            return False
+        return True
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or the step's start) to `phase`
+        (data, compute, optimizer...): the step event's breakdown."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self._laps[phase] = self._laps.get(phase, 0.0) + now - self._mark
+        self._mark = now
+
+    def step(self, loss: Any, *, batch: Any = None, tokens: int = 0, lr: float | None = None,
+             sample_index: int | None = None, epoch: int | None = None, **fields: Any) -> None:
+        """One optimizer step is done: print its event, checkpoint on the cadence.
+
+        `loss`: this rank's loss (tensor or float; the event carries the mean over ranks).
+        `batch`: what the step read (tensor, array, or a dict/tuple of them) -- hashed here.
+        `tokens`: tokens the step consumed across all ranks. `lr`: defaults to the tracked
+        optimizer's LR when the step began. `sample_index`, `epoch`: the trainer's own
+        position, a second witness beside the hash."""
+        local = float(loss.item() if hasattr(loss, "item") else loss)
+        digest = batch_digest(batch) if batch is not None else None
+        self.step_count += 1
+        self.tokens += int(tokens)
+        global_loss = self.world.mean(local)
+        end = time.perf_counter()
+        self._last_step_s = end - self._t0
+        self._laps["sync"] += end - self._mark
+        if not math.isfinite(global_loss):  # never push a poisoned state
+            events.emit("stop", reason="nonfinite_loss", step=self.step_count, loss=global_loss)
+            if self.pusher:
+                self.pusher.drain()
+            self._exit(EXIT_FAILED)
+        step = self.step_count
+        self._history.append((step, self.tokens - self._resume_tokens, time.time()))
+        if step % self.metrics_every == 0:
+            self._emit_window()
+        lr = self._lr if lr is None else lr
+        if lr is None:
+            raise TypeError("step(lr=...): no optimizer is tracked, so the session cannot read the LR")
+        extra = {"batch_hash": digest} if digest else {}
+        if sample_index is not None:
+            extra["sample_index"] = int(sample_index)
+        if epoch is not None:
+            extra["epoch"] = int(epoch)
+        if self.lr_schedule is not None:
+            extra["lr_expected"] = float(self.lr_schedule(step - 1))
+        per_step = tokens or 0
+        events.emit("step", step=step, loss=round(global_loss, 6), loss_local=round(local, 6),
+                    lr=lr, tokens=self.tokens,
+                    tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
+                    step_s=round(self._last_step_s, 4), mem_max_bytes=self._mem_max,
+                    phases={k: round(v, 5) for k, v in {**self._laps, "ckpt": self._ckpt_s}.items()},
+                    **extra, **fields)
+        self._ckpt_s = 0.0
+        if step % self.ckpt_every == 0:
+            began = time.perf_counter()
+            self.checkpoint()
+            self._ckpt_s = time.perf_counter() - began
+
+    def checkpoint(self) -> None:
+        """Snapshot the state now (on the critical path, so it is the state at one step),
+        then hand the storage cycle to the background pusher."""
+        began = time.perf_counter()
+        rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
+        self.pushed_at = self.step_count
+        if self.pusher is None:
+            return
+        state = {name: obj.state_dict() for name, obj in self.tracked.items()}
+        state.update(rng=rngs, step=self.step_count, tokens=self.tokens, extra=self.extra)
+        folder, manifest = save_local(state, self.work / "ckpt", self.step_count,
+                                      {"run_id": self.run_id, "params": self.params, **self.meta})
+        blocked = self.pusher.submit(folder, manifest)
+        events.emit("save", step=self.step_count, bytes=manifest.total_bytes,
+                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4))
+
+    def _emit_window(self) -> None:
+        """Per window: memory (cross-rank MAX) and the sustained rate + ETA; a health line."""
+        world, device, step = self.world, self.device, self.step_count
+        allocated, reserved, peak = device_memory(device)
+        self._mem_max = world.max(peak)
+        events.emit("memory", step=step, kind="cuda" if device.startswith("cuda") else "host_rss",
+                    allocated=allocated, reserved=reserved, peak=peak, allocated_max=world.max(allocated),
+                    reserved_max=world.max(reserved), peak_max=self._mem_max)
+        rate = sustained_rate(self._history)
+        if rate is not None and world.is_main:
+            per_step = (self._history[-1][1] - self._history[0][1]) / max(1, len(self._history) - 1)
+            eta = max(0, self.total_steps - step) * per_step / rate.tok_s
+            events.emit("rate", step=step, tok_s=round(rate.tok_s, 1), window_first=rate.first_step,
+                        window_last=rate.last_step, seconds=round(rate.seconds, 3), rel_err=rate.rel_err,
+                        total_steps=self.total_steps, eta_s=round(eta, 1))
+        if self.health is not None:
+            self.health.maybe_emit(step)
+
+    # --- the end ----------------------------------------------------------------------
+
+    def finish(self) -> int:
+        """Final checkpoint (whatever stopped the loop, the work is kept), wait for every push
+        to go through its cycle, print `done`; the leg's exit code."""
+        if self.exit_code is not None:
+            return self.exit_code
+        step = self.step_count
+        events.emit("stop", reason=getattr(self, "reason", "max_steps"), step=step)
+        if step > self.pushed_at:
+            self.checkpoint()
+        ok = True
+        if self.pusher is not None:
+            self.pusher.drain()
+            ok = step == self.resumed_at or self.pusher.verified(step)
+        self.world.barrier("rank 0 finishing its pushes")
+        ok = bool(self.world.broadcast(ok))  # only rank 0 can know; every rank exits the same way
+        events.emit("done", step=step, final_checkpoint_verified=ok)
+        self.exit_code = 0 if ok else EXIT_FAILED
+        self.world.close()
+        return self.exit_code
+
+    def rank_timeout(self, err: RankTimeout) -> int:
+        """Every rank says what it waited for (call from `except RankTimeout`)."""
+        events.emit("stop", reason="rank_timeout", error=str(err))
+        self.exit_code = EXIT_FAILED
+        self.world.close()
+        return EXIT_FAILED
