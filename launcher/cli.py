@@ -235,7 +235,8 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
            check_dir: Optional[Path] = typer.Option(None, "--check", help="Re-verify a report folder's signature "
                                                     "instead (exit 1 if any file was edited, added or removed)."),
            config: Path = CONFIG, json_out: bool = JSON) -> None:
-    """Write the signed preflight report: the eight proofs with evidence, the plan numbers, plots."""
+    """Write the signed preflight report: the eight proofs with evidence, the plan numbers, plots.
+    Exits 1 when a proof FAILs (the folder is written and signed either way)."""
     from launcher.render import console, print_json
 
     if check_dir is not None:
@@ -257,12 +258,15 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
 
     cfg = _load(config)
     folder, data = build(cfg, list(run_ids or []), out)
+    failed = [p["number"] for p in data["proofs"] if p["status"] == "FAIL"]
     if json_out:
         print_json({"folder": str(folder), **data})
-        return
-    from launcher.render import print_report
+    else:
+        from launcher.render import print_report
 
-    print_report(console, folder, data)
+        print_report(console, folder, data)
+    if failed:  # the folder is written and signed either way: it is the evidence of the failure
+        raise typer.Exit(1)
 
 
 image_app = typer.Typer(help="Build and push the leg image (docker and sky backends).", no_args_is_help=True)

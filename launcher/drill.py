@@ -21,13 +21,11 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.evidence import Check, LegEvents, surviving_timeline
-from launcher.legs import LegOutcome, RunContext, run_leg
-from launcher.rehearsal import check_leg_exit, check_lr, check_no_reread
-from runtime.contract import NO_SAMPLE_INDEX
+from launcher.evidence import Check, LegEvents
+from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.rehearsal import check_leg_exit
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
-from runtime.metrics import loss_continuity
 
 MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
 
@@ -60,6 +58,27 @@ class Kill:
     at_line: str
     expected: int | None
     """The newest verified checkpoint's step in the store once the leg was dead (None: nothing verified)."""
+    store_check: Check | None = None
+    """The launcher's read of that checkpoint, against what the legs' logs say was verified."""
+
+
+def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None) -> Check:  # noqa: ANN001
+    """The resume point must not come only from the store as found: every checkpoint the
+    legs' logs call verified may be pruned, never lost, so the newest one the store holds
+    is at least the newest the logs verified; and the launcher reads it back itself."""
+    from launcher.readback import read_checkpoint
+
+    leg = outs[-1].events.leg
+    claimed = [int(e["step"]) for o in outs for _, e in o.events.all("verify") if e.get("ok")]
+    newest_claimed = max(claimed) if claimed else None
+    name = f"leg {leg}: the store after the kill holds the newest verified checkpoint"
+    if newest_claimed is not None and (newest is None or newest < newest_claimed):
+        return Check(name, False, f"the logs say step {newest_claimed} was verified, but the newest verified "
+                     f"checkpoint in the store after the kill is {newest}: the store lost checkpoints")
+    if newest is None:
+        return Check(name, True, "nothing verified yet, in the logs or the store: a fresh start is right")
+    ok, detail, _ = read_checkpoint(store, newest)
+    return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})")
 
 
 def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0) -> list[Check]:
@@ -92,32 +111,43 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
             # (a backend that cannot freeze a leg may have let it verify once more before dying).
             newest = newest_verified(store)
             record[-1].expected = newest.step if newest else None
+            record[-1].store_check = check_store_after_kill(store, outs, newest.step if newest else None)
         if not record or record[-1].leg != leg:  # the leg ended before the moment came
             return [check_leg_exit(o) for o in outs] + [Check(
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
                 "steps or lower the checkpoint cadence")]
-    return drill_checks(outs, record, steps)
+    straight = None
+    if not ctx.gpu_count:  # the oracle: the same trainer straight through, on its own empty store
+        s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
+        straight = s_out
+    from launcher.readback import check_leg_store
+
+    exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
+    return drill_checks(outs, record, steps, straight, exact) + [check_leg_store(store, outs[-1].events)]
 
 
-def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int) -> list[Check]:
+def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int, straight: LegOutcome | None = None,
+                 exact: bool = False) -> list[Check]:
+    from launcher.resume_checks import timeline_checks
+
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
                     ()) for k in kills]
     checks += [check_nothing_left(outs[k.leg]) for k in kills]
+    checks += [k.store_check for k in kills if k.store_check is not None]
     for kill, out in zip(kills, outs[1:]):
         checks.append(check_resumed_newest(out.events, kill))
-        if kill.expected is not None:  # with nothing verified, a fresh start is the right answer
-            checks += [check_lr_replay(outs[kill.leg].events, out.events),
-                       check_position(outs[kill.leg].events, out.events),
-                       check_replay(outs[kill.leg].events, out.events)]
     checks.append(check_leg_exit(outs[-1]))
     done = outs[-1].events.last("done")
-    checks.append(Check("the run reached its end", bool(done and done[1]["step"] == steps),
+    checks.append(Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
                         f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
                         outs[-1].events.pointer(done)))
-    checks.append(check_no_reread(surviving_timeline([o.events for o in outs])))
-    return checks
+    if straight is not None:
+        ran = check_leg_exit(straight)
+        checks.append(Check(f"straight-through run (leg {straight.events.leg}, no restart) finished", ran.ok,
+                            ran.detail, ran.evidence))
+    return checks + timeline_checks([o.events for o in outs], straight.events if straight else None, exact)
 
 
 def check_nothing_left(out: LegOutcome) -> Check:
@@ -137,59 +167,6 @@ def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:
     name = f"leg {ev.leg} resumed from the newest verified checkpoint"
     detail = f"resumed at step {got}; the newest verified checkpoint when leg {kill.leg} died was step {kill.expected}"
     return Check(name, got == kill.expected, detail, ev.pointer(resume))
-
-
-def check_lr_replay(before: LegEvents, after: LegEvents) -> Check:
-    """The first resumed LR equals the schedule's, and every re-run step's LR equals
-    the one the killed leg used there: a scheduler restored only in part shows here."""
-    first = check_lr(after)
-    pre = {e["step"]: e["lr"] for _, e in before.all("step")}
-    post = {e["step"]: e["lr"] for _, e in after.all("step")}
-    overlap = sorted(set(pre) & set(post))
-    wrong = [s for s in overlap if pre[s] != post[s]]
-    detail = first.detail + (f"; steps {overlap[0]}-{overlap[-1]} re-run with the same LR" if overlap and not wrong
-                             else f"; step {wrong[0]} re-ran with LR {post[wrong[0]]!r}, leg {before.leg} had "
-                                  f"{pre[wrong[0]]!r}" if wrong else "")
-    return Check(first.name, first.ok and not wrong, detail, first.evidence)
-
-
-def check_position(before: LegEvents, after: LegEvents) -> Check:
-    """The resumed leg reads, at each step, exactly what the killed leg read at that step."""
-    name = f"leg {after.leg}: exact data position"
-    resume, first = after.first("resume"), after.first("step")
-    if resume is None or first is None:
-        return Check(name, False, "no resume or step event in the resumed leg")
-    if any("sample_index" not in e for _, e in before.all("step") + [first]):
-        return Check(name, False, NO_SAMPLE_INDEX)
-    earlier = {e["step"]: e["sample_index"] for _, e in before.all("step")}
-    step = first[1]["step"]
-    ok = first[1]["sample_index"] == resume[1]["sample_index"] and earlier.get(step, first[1]["sample_index"]) == \
-        first[1]["sample_index"]
-    return Check(name, ok, f"step {step} reads from sample {first[1]['sample_index']} (cursor {resume[1]['sample_index']}, "
-                 f"batch {resume[1]['batch_hash'][:12]} re-hashed on resume); leg {before.leg} read "
-                 f"{earlier.get(step, 'nothing')} there", after.pointer(resume) + after.pointer(first))
-
-
-def check_replay(before: LegEvents, after: LegEvents) -> Check:
-    """Loss continuity: steps the killed leg had already run are re-run identically (within
-    the run's own noise band); otherwise the jump across the restart is compared."""
-    name = f"leg {after.leg}: loss continuity"
-    pre = {e["step"]: e["loss"] for _, e in before.all("step")}
-    post = {e["step"]: e["loss"] for _, e in after.all("step")}
-    resume = after.first("resume")
-    start = resume[1]["from_step"] if resume else 0
-    upto = [pre[s] for s in sorted(pre) if s <= start]
-    cont = loss_continuity(upto, [post[s] for s in sorted(post)]) if post else None
-    overlap = sorted(set(pre) & set(post))
-    if overlap:
-        worst = max(abs(pre[s] - post[s]) for s in overlap)
-        band = cont.band if cont else 1e-6
-        return Check(name, worst <= band, f"steps {overlap[0]}-{overlap[-1]} re-run after the kill: max |loss diff| "
-                     f"{worst:.6f} (band +-{band:.5f})", after.pointer(after.first("step")))
-    if cont is None:
-        return Check(name, False, "too few steps on one side of the restart")
-    return Check(name, cont.ok, f"jump across the restart {cont.delta:+.5f} (band +-{cont.band:.5f})",
-                 after.pointer(after.first("step")))
 
 
 def _brief(line: str) -> str:

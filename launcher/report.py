@@ -27,11 +27,10 @@ from typing import Any
 from launcher import __version__
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
-from launcher.evidence import Check, LegEvents, Pointer, surviving_timeline, upto
+from launcher.evidence import Check, LegEvents, Pointer
 from launcher.ledger import Ledger
 from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, describe_breakdown,
                               memory_trend, step_breakdown, sustained)
-from launcher.rehearsal import check_continuity, check_lr, check_no_reread, check_position
 
 PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
 RUNG_ORDER = ("static", "rehearsal", "smoke", "probe", "run", "drill")
@@ -201,24 +200,70 @@ def resumes(run: RunData) -> list[Resume]:
     return out
 
 
-def proof_resume_checks(number: int, pairs: list[Resume], cite: Evidence, make,  # noqa: ANN001
-                        never: list[NoResume]) -> Proof:
-    """Proofs 2-4: one check per resume, across every run; any failure fails the proof,
-    and so does a leg that should have resumed and never did."""
-    if not pairs and not never:
-        return Proof(number, MISSING, "no leg resumed from the store in the runs reported (run `launcher up rehearsal`)")
-    checks = [(p, make(p)) for p in pairs]
-    checks += [(n, Check(f"leg {n.leg.leg} resumed", False, n.reason, ())) for n in never]
-    failed = [(p, c) for p, c in checks if not c.ok]
-    shown = failed[:3] if failed else checks[:1] + checks[-1:] if len(checks) > 1 else checks
+def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, Check]]:
+    """(leg, check) for proof `number` over one run, from launcher.resume_checks: the same
+    functions, on the same logs, that the rungs and the drill answered with."""
+    from launcher.resume_checks import (check_batches, check_loss, check_lr, check_sample_index,
+                                        compare_straight, resumed_legs)
+
+    legs, straight = run.legs, (run.straight[0] if run.straight else None)
+    found: list[tuple[int, Check]] = []
+    if number == 2:
+        found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
+        witness = check_sample_index(legs)
+        if witness is not None and found:
+            found.append((legs[-1].leg, witness))
+    elif number == 3:
+        found = [(legs[i].leg, check_lr(legs, i, straight)) for i in resumed_legs(legs)]
+    elif number == 4:
+        rerun = [i for i in resumed_legs(legs) if any(s in {int(e["step"]) for ev in legs[:i] for _, e in ev.all("step")}
+                                                      for s in (int(e["step"]) for _, e in legs[i].all("step")))]
+        found = [(legs[i].leg, check_loss(legs, i, exact)) for i in rerun]
+        if straight is not None and resumed_legs(legs):
+            found.append((legs[-1].leg, compare_straight(legs, straight, exact)))
+        elif not rerun:
+            found = [(legs[i].leg, check_loss(legs, i, exact)) for i in resumed_legs(legs)]
+    return found
+
+
+def run_exact(run: RunData, cfg: Config) -> bool:
+    """A CPU run of a deterministic trainer: comparisons are exact (bit-identical)."""
+    fell_back = any(c["name"] == "CPU determinism" for c in run.row.get("checks", []))
+    return not run.row["gpu_count"] and cfg.trainer.deterministic and not fell_back
+
+
+def proof_resume_checks(number: int, runs: list[RunData], cfg: Config, cite: Evidence, never: list[NoResume]) -> Proof:
+    """Proofs 2-4: every resume across every run; any failure fails the proof, and so does
+    a leg that should have resumed and never did. A check that cannot be answered from
+    what the trainer printed (no batch hashes) makes the proof MISSING, never PASS."""
+    checks = [(run, leg, c) for run in runs if run.rung in RESUME_RUNGS
+              for leg, c in resume_findings(run, number, run_exact(run, cfg))]
+    if not checks and not never:
+        return Proof(number, MISSING, "no leg resumed from the store in the runs reported")
+    items = [(run, leg, c) for run, leg, c in checks] + [
+        (n.run, n.leg.leg, Check(f"leg {n.leg.leg} resumed", False, n.reason, ())) for n in never]
+    failed = [t for t in items if not t[2].ok and not t[2].missing]
+    absent = [t for t in items if t[2].missing]
+    shown = failed[:3] or absent[:1] or (items[:1] + items[-1:] if len(items) > 1 else items)
     evidence: list[dict[str, Any]] = []
-    for p, c in shown:
-        evidence += cite.cite(p.run, c.evidence)
-    lines = [f"{p.run.rung} {p.run.id} leg {_leg_of(p)}: {c.detail}" for p, c in checks]
-    status = FAIL if failed else PASS
-    head = (f"{len(failed)} of {len(checks)} resumes failed" if failed
-            else f"all {len(checks)} resumes across {len({p.run.id for p in pairs})} runs hold")
-    return Proof(number, status, head, {"resumes": len(checks), "failed": len(failed), "each": lines}, evidence)
+    for run, _, c in shown:
+        evidence += cite.cite(run, c.evidence)
+    lines = [f"{run.rung} {run.id} leg {leg}: {c.name}: {c.detail}" for run, leg, c in items]
+    if failed:
+        status, head = FAIL, f"{len(failed)} of {len(items)} checks failed; first: {failed[0][2].name}: {failed[0][2].detail}"
+    elif absent:
+        status, head = MISSING, f"{absent[0][2].name}: {absent[0][2].detail}"
+    else:
+        status, head = PASS, (f"all {len(items)} checks across {len({r.id for r, _, _ in items})} runs hold; e.g. "
+                              f"{items[-1][2].name}: {items[-1][2].detail}")
+    return Proof(number, status, head, {"checks": len(items), "failed": len(failed), "each": lines}, evidence)
+
+
+def readback_of(run: RunData, leg: int) -> dict[str, Any] | None:
+    """The launcher's own read of the store after leg `leg` (a ledger check), if it made one."""
+    names = (f"leg {leg}: the launcher read back its checkpoint from the store",
+             f"leg {leg}: the store after the kill holds the newest verified checkpoint")
+    return next((c for c in run.row.get("checks", []) if c["name"] in names), None)
 
 
 def _leg_of(p: "Resume | NoResume") -> int:
@@ -226,7 +271,14 @@ def _leg_of(p: "Resume | NoResume") -> int:
 
 
 def proof_1(pairs: list[Resume], cite: Evidence, never: list[NoResume]) -> Proof:
-    usable = [p for p in pairs if p.verify is not None]
+    """Rests on the launcher's own read of the store after the pushing leg, not on its `verify` event."""
+    read = {(p.run.id, p.before.leg): readback_of(p.run, p.before.leg) for p in pairs}
+    bad = [p for p in pairs if read[(p.run.id, p.before.leg)] is not None and not read[(p.run.id, p.before.leg)]["ok"]]
+    if bad:
+        b = bad[0]
+        return Proof(1, FAIL, f"{b.run.rung} {b.run.id}: the launcher's read of the store after leg {b.before.leg} "
+                     f"failed: {read[(b.run.id, b.before.leg)]['detail']}", {"failed": len(bad)})
+    usable = [p for p in pairs if p.verify is not None and read[(p.run.id, p.before.leg)] is not None]
     if never:
         n = never[0]
         return Proof(1, FAIL, f"{len(never)} leg(s) did not pull a checkpoint back; {n.detail}"
@@ -234,7 +286,8 @@ def proof_1(pairs: list[Resume], cite: Evidence, never: list[NoResume]) -> Proof
                      {"failed": [x.detail for x in never], "resumes_seen": len(usable)},
                      cite.cite(n.run, n.leg.pointer(n.leg.first("start"))))
     if not usable:
-        return Proof(1, MISSING, "no resume from a checkpoint a previous leg pushed and verified")
+        return Proof(1, MISSING, "no resume from a checkpoint a previous leg pushed and the launcher read back "
+                     "from the store itself")
     best = max(usable, key=lambda p: (p.run.on_gpu, RESUME_RUNGS.index(p.run.rung) if p.run.rung in RESUME_RUNGS
                                       else -1, p.after.leg))
     leg, (line, v) = best.verify  # type: ignore[misc]
@@ -248,7 +301,9 @@ def proof_1(pairs: list[Resume], cite: Evidence, never: list[NoResume]) -> Proof
     size = f"{numbers['bytes']:,} B pushed in {numbers['push_s']} s, " if push else ""
     evidence = cite.cite(best.run, (push and ev[leg].pointer(push) or ()) + ev[leg].pointer((line, v)) +
                          best.after.pointer(resume))
-    return Proof(1, PASS, f"{v['name']}: {size}verified by reading back {v['bytes_read']:,} B; leg "
+    numbers["launcher_read"] = read[(best.run.id, best.before.leg)]["detail"]
+    return Proof(1, PASS, f"{v['name']}: {size}verified by reading back {v['bytes_read']:,} B; the launcher's own "
+                 f"read: {numbers['launcher_read']}; leg "
                  f"{best.after.leg} (fresh disk) pulled it and resumed at step {best.step} "
                  f"({best.run.rung} {best.run.id}; {len(usable)} such resumes in all)", numbers, evidence)
 
@@ -271,13 +326,15 @@ def proof_6(runs: list[RunData], cite: Evidence) -> Proof:
             store_check = ledger_checks.get(f"leg {i + 1} resumed from the newest verified checkpoint")
             got = int(resume[1]["from_step"]) if resume else None
             fresh = legs[i + 1]["instance"] != leg["instance"]
+            read = readback_of(run, i)
             ok = (resume is not None and fresh and store_check is not None and store_check["ok"]
-                  and (newest_logged is None or got >= newest_logged))
+                  and read is not None and read["ok"] and (newest_logged is None or got >= newest_logged))
             kills.append({"run": run.id, "killed_leg": i, "how": leg["end_reason"], "resumed_at": got,
                           "next_leg_exit": legs[i + 1]["exit_code"],
                           "newest_verified_in_logs": newest_logged, "fresh_instance": fresh,
                           # the drill read the store after the kill; its check says what it found
-                          "store_read_at_kill": store_check["detail"].split("; ", 1)[-1] if store_check else None})
+                          "store_read_at_kill": store_check["detail"].split("; ", 1)[-1] if store_check else None,
+                          "launcher_read": read["detail"] if read else "the launcher did not read the store back"})
             if not ok:
                 bad.append(kills[-1])
             evidence += cite.cite(run, after.pointer(resume))
@@ -317,41 +374,69 @@ def proof_7(runs: list[RunData], cite: Evidence) -> Proof:
     run, ev, c = max(candidates, key=lambda t: (t[0].on_gpu, t[2]["push"][1]["bytes"]))
     p, v, d = c["push"][1], c["verify"][1], c["delete"][1]
     per_param = p["bytes"] / c["params"] if c["params"] else None
+    read = readback_of(run, ev.leg)
+    save = next((e for _, e in ev.all("save") if e.get("step") == p["step"]), None)
+    sizes = save.get("state_bytes") if save and isinstance(save.get("state_bytes"), dict) else None
     numbers = {"run": run.id, "leg": ev.leg, "checkpoint": p["name"], "bytes": p["bytes"], "push_s": p["seconds"],
                "verify_windows": v["windows"], "verify_bytes_read": v["bytes_read"], "verify_s": v["seconds"],
                "bytes_freed": d["bytes_freed"], "free_bytes_after": d["free_bytes"], "trained_on_to": c["later_step"],
                "params": c["params"], "bytes_per_param": round(per_param, 2) if per_param else None,
+               "state_bytes": sizes, "launcher_read": read["detail"] if read else None,
                "cycles_seen": len(candidates)}
     evidence = cite.cite(run, ev.pointer(c["push"]) + ev.pointer(c["verify"]) + ev.pointer(c["delete"]))
     text = (f"{p['name']} ({run.rung} leg {ev.leg}): {p['bytes']:,} B pushed in {p['seconds']} s; verified "
             f"{v['bytes_read']:,} B in {v['windows']} windows in {v['seconds']} s; deleted locally "
             f"({d['bytes_freed']:,} B freed, {d['free_bytes'] / 1e9:,.1f} GB free); trained on to step {c['later_step']}")
+    if read is None or not read["ok"]:
+        return Proof(7, FAIL if read else MISSING, text + "; the launcher's own read of the store after leg "
+                     f"{ev.leg}: " + (read["detail"] if read else "none was made"), numbers, evidence)
+    text += f"; the launcher read it back: {read['detail']}"
     if per_param is None:
         return Proof(7, FAIL, text + "; the leg did not say its parameter count: size unknown", numbers, evidence)
     text += f"; {per_param:.1f} B/param for {c['params']:,} params"
+    if sizes:  # what the saved state really holds: SGD 4 B/param of state on top of the weights, Adam 8, ...
+        need = sum(int(x) for x in sizes.values())
+        opt = sizes.get("optimizer", 0) / c["params"]
+        text += (f"; the saved state holds {need:,} B ({opt:.1f} B/param of optimizer state, "
+                 f"{sizes.get('model', 0) / c['params']:.1f} of weights)")
+        if p["bytes"] < 0.9 * need:
+            return Proof(7, FAIL, text + " — the checkpoint pushed is smaller than the state it claims to hold",
+                         numbers, evidence)
+        return Proof(7, PASS, text, numbers, evidence)
     if per_param < REPRESENTATIVE_FRACTION * BYTES_PER_PARAM:
         return Proof(7, FAIL, text + f" — much smaller than the ~{BYTES_PER_PARAM:.0f} B/param of model + optimizer "
-                     "state: the cycle was not exercised at the real size", numbers, evidence)
+                     "state, and the leg did not say what its saved state holds", numbers, evidence)
     return Proof(7, PASS, text, numbers, evidence)
 
 
-def proof_8(runs: list[RunData], cite: Evidence) -> Proof:
-    best: tuple[RunData, Check, int] | None = None
+def proof_8(runs: list[RunData], cite: Evidence, cfg: Config) -> Proof:
+    """Two sequential resumes on one run: the batch hashes on the surviving timeline never
+    repeat, and (CPU) the whole timeline equals the straight-through run."""
+    from launcher.resume_checks import check_no_repeat, compare_straight
+
+    best: tuple[RunData, list[Check], int] | None = None
     for run in runs:
         pairs = resumes(run)
         if len(pairs) < 2:
             continue
-        check = check_no_reread(surviving_timeline(run.legs))
-        if best is None or (not check.ok) or (best[1].ok and run.on_gpu):
-            best = (run, check, len(pairs))
-        if not check.ok:
+        straight = run.straight[0] if run.straight else None
+        found = [check_no_repeat(run.legs, straight)]
+        if straight is not None:
+            found.append(compare_straight(run.legs, straight, run_exact(run, cfg)))
+        bad = any(not c.ok for c in found)
+        if best is None or bad or (all(c.ok for c in best[1]) and run.on_gpu):
+            best = (run, found, len(pairs))
+        if bad:
             break
     if best is None:
         return Proof(8, MISSING, "no run resumed twice (rehearsal, smoke and the drill do)")
-    run, check, n = best
+    run, found, n = best
     evidence = cite.cite(run, tuple(p for ev in run.legs[1:] for p in ev.pointer(ev.first("resume"))))
-    return Proof(8, PASS if check.ok else FAIL, f"{run.rung} {run.id}: {n} sequential resumes; {check.detail}",
-                 {"run": run.id, "resumes": n, "detail": check.detail}, evidence)
+    failed = [c for c in found if not c.ok and not c.missing]
+    status = FAIL if failed else MISSING if any(c.missing for c in found) else PASS
+    detail = "; ".join(f"{c.name}: {c.detail}" for c in (failed or found))
+    return Proof(8, status, f"{run.rung} {run.id}: {n} sequential resumes; {detail}",
+                 {"run": run.id, "resumes": n, "detail": detail}, evidence)
 
 
 # --- throughput, ETA and the plan -------------------------------------------------
@@ -471,14 +556,13 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
         never = [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]
         proofs = {
             1: proof_1(pairs, cite, never),
-            2: proof_resume_checks(2, pairs, cite, lambda p: check_position(p.before, p.after, p.step), never),
-            3: proof_resume_checks(3, pairs, cite, lambda p: check_lr(p.after), never),
-            4: proof_resume_checks(4, pairs, cite, lambda p: check_continuity(upto(p.before, p.step), p.after),
-                                   never),
+            2: proof_resume_checks(2, runs, cfg, cite, never),
+            3: proof_resume_checks(3, runs, cfg, cite, never),
+            4: proof_resume_checks(4, runs, cfg, cite, never),
             5: proof_5(runs, cfg, cite),
             6: proof_6(runs, cite),
             7: proof_7(runs, cite),
-            8: proof_8(runs, cite),
+            8: proof_8(runs, cite, cfg),
         }
         numbers = plan(cfg, ledger, runs, proofs, cite)
         images = {r.id: r.row.get("image") for r in runs if r.row.get("image")}

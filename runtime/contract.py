@@ -20,7 +20,7 @@ MAX_INT = 1 << 62
 # event -> {field: type}; fields named here are required. Other fields are free.
 EVENT_FIELDS: dict[str, dict[str, str]] = {
     "start": {},
-    "resume": {"from_step": INT, "sample_index": INT, "batch_hash": STR, "lr": NUM},
+    "resume": {"from_step": INT},
     "resume_skip": {"name": STR, "step": INT, "reason": STR},
     "step": {"step": INT, "loss": NUM, "lr": NUM},
     "save": {"step": INT, "bytes": INT, "seconds": NUM},
@@ -41,7 +41,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "t": NUM, "rank": INT, "tokens": INT, "tok_s": NUM, "step_s": NUM, "phases": DICT, "lr_expected": NUM,
     "eta_s": OPT_NUM, "total_steps": INT, "max_steps": INT, "params": INT, "world_size": INT,
     "mem_max_bytes": OPT_NUM, "final_checkpoint_verified": BOOL, "failures": LIST, "checkpoint": STR,
-    "sample_index": INT,
+    "sample_index": INT, "batch_hash": STR, "lr": NUM, "epoch": INT, "state_bytes": DICT, "tokens_consumed": INT,
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 
@@ -71,4 +71,7 @@ def check_event(record: dict[str, Any]) -> str | None:
     phases = record.get("phases")
     if isinstance(phases, dict) and not all(_is(v, NUM) for v in phases.values()):
         return f"{kind} event: a phase time is not a number"
+    sizes = record.get("state_bytes")
+    if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):
+        return f"{kind} event: a state size is not a byte count"
     return None

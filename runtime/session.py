@@ -78,6 +78,17 @@ def device_memory(device: str) -> tuple[int, int, int]:
     return rss, rss, rss
 
 
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a (nested) state: what the checkpoint must hold for it."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
 def resolve_device(requested: str = "auto") -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -310,8 +321,10 @@ class Session:
         folder, manifest = save_local(state, self.work / "ckpt", self.step_count,
                                       {"run_id": self.run_id, "params": self.params, **self.meta})
         blocked = self.pusher.submit(folder, manifest)
+        sizes = {name: tensor_bytes(value) for name, value in state.items() if name != "rng"}
         events.emit("save", step=self.step_count, bytes=manifest.total_bytes,
-                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4))
+                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4),
+                    state_bytes={k: v for k, v in sizes.items() if v}, params=self.params)
 
     def _emit_window(self) -> None:
         """Per window: memory (cross-rank MAX) and the sustained rate + ETA; a health line."""

@@ -141,20 +141,30 @@ def test_bad_report_requests_are_refused_whole(ladder: tuple[Path, dict[str, str
 
 # --- the arithmetic on the target hardware, from a GPU leg's events --------------
 
-def _gpu_run(tmp_path: Path, events: list[dict], gpus: str = "T4", count: int = 2) -> RunData:
+READ_OK = {"name": "leg 0: the launcher read back its checkpoint from the store", "ok": True,
+           "detail": "step-00000005 (12,300 B) fetched whole, every file's sha256 matches the manifest"}
+
+
+def _gpu_run(tmp_path: Path, events: list[dict], gpus: str = "T4", count: int = 2,
+             checks: list[dict] | None = None) -> RunData:
     log = tmp_path / "leg-0.log"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
     row = {"id": "r-probe", "rung": "probe", "gpu_name": gpus, "gpu_count": count, "nodes": 1,
-           "legs": [{"leg": 0, "log_path": str(log), "killed": False, "exit_code": 0, "instance": "i0"}]}
+           "legs": [{"leg": 0, "log_path": str(log), "killed": False, "exit_code": 0, "instance": "i0"}],
+           "checks": [READ_OK] if checks is None else checks}
     return RunData(row, [LegEvents.read(0, log)])
 
 
-def _steps(n: int, tokens: int = 4096, ckpt_bytes: int = 12 * 1000, params: int = 1000) -> list[dict]:
+def _steps(n: int, tokens: int = 4096, ckpt_bytes: int = 12 * 1000, params: int = 1000,
+           state_bytes: dict | None = None) -> list[dict]:
     out: list[dict] = [{"event": "start", "rank": 0, "device": "cuda:0", "params": params}]
     for s in range(1, n + 1):
         out.append({"event": "step", "rank": 0, "step": s, "loss": 1.0, "lr": 1e-3, "sample_index": s * 8,
                     "tokens": s * tokens, "tok_s": 2000.0, "step_s": 2.048})
         if s == 5:
+            if state_bytes is not None:
+                out.append({"event": "save", "rank": 0, "step": 5, "bytes": ckpt_bytes, "seconds": 0.1,
+                            "state_bytes": state_bytes})
             out += [{"event": "push", "rank": 0, "step": 5, "name": "step-00000005", "bytes": ckpt_bytes, "seconds": 1.0},
                     {"event": "verify", "rank": 0, "step": 5, "name": "step-00000005", "windows": 1,
                      "bytes_read": 100, "ok": True, "seconds": 0.1},
@@ -181,6 +191,25 @@ def test_proof_7_flags_a_checkpoint_smaller_than_the_model_and_optimizer(tmp_pat
     assert ok.status == "PASS" and ok.numbers["bytes_per_param"] == 12.3
     small = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=2_000, params=1000))], Evidence())
     assert small.status == "FAIL" and "much smaller" in small.summary
+
+
+def test_proof_7_sizes_against_what_the_saved_optimizer_keeps(tmp_path: Path) -> None:
+    # Plain SGD keeps no state: 4 B/param of weights *is* the real size (it false-FAILed before).
+    sgd = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=4_400, params=1000,
+                                             state_bytes={"model": 4_000}))], Evidence())
+    assert sgd.status == "PASS" and "0.0 B/param of optimizer state, 4.0 of weights" in sgd.summary, sgd.summary
+    momentum = _steps(10, ckpt_bytes=4_400, params=1000, state_bytes={"model": 4_000, "optimizer": 4_000})
+    short = proof_7([_gpu_run(tmp_path, momentum)], Evidence())
+    assert short.status == "FAIL" and "smaller than the state it claims to hold" in short.summary
+
+
+def test_proof_7_rests_on_the_launchers_own_read_of_the_store(tmp_path: Path) -> None:
+    events = _steps(10, ckpt_bytes=12_300, params=1000)
+    unread = proof_7([_gpu_run(tmp_path, events, checks=[])], Evidence())
+    assert unread.status == "MISSING" and "none was made" in unread.summary
+    bad = dict(READ_OK, ok=False, detail="step-00000005 is not in file:///store")
+    failed = proof_7([_gpu_run(tmp_path, events, checks=[bad])], Evidence())
+    assert failed.status == "FAIL" and "is not in file:///store" in failed.summary
 
 
 def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tuple[Path, dict[str, str]],
