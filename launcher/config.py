@@ -70,9 +70,13 @@ class TrainerConfig:
     """The leg's command line (a string is split like a shell would). The
     launcher adds the LAUNCHER_* environment; it never edits the arguments."""
 
-    parser: str = "build_parser"
-    """Function in the entry script/module returning its argparse parser; rung 0
-    parses the command line with it, so a flag typo fails on the host."""
+    parser: str = "argv"
+    """How rung 0 checks the command line. `argv` (default): run the entry with the leg's
+    real arguments and stop it the moment its argparse parser has parsed them (a script
+    that parses and trains at import time is checked without training), then list the
+    modules it loaded. A function name (e.g. build_parser): import the entry and parse
+    with the parser that function returns. `none`: the entry is configured otherwise
+    (config files, globals): rung 0 compiles the reviewed files and imports `modules`."""
 
     modules: list[str] = field(default_factory=list)
     """Extra modules rung 0 imports (the entry script is always imported)."""
@@ -88,7 +92,7 @@ class TrainerConfig:
         if not self.command:
             raise ConfigError("trainer.command", "must not be empty")
         if not self.parser.isidentifier():
-            raise ConfigError("trainer.parser", f"must be a function name, got {self.parser!r}")
+            raise ConfigError("trainer.parser", f"must be argv, none or a function name, got {self.parser!r}")
 
 
 @dataclass(frozen=True)

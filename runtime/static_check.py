@@ -105,6 +105,136 @@ def parse_with(module: ModuleType, parser_name: str, args: list[str]) -> dict[st
     return _check("parse", True, f"{len(args)} args parsed: {json.dumps(vars(ns), default=str, sort_keys=True)}")
 
 
+class _Parsed(BaseException):
+    """Raised right after the entry's argparse parser accepted the command line: rung 0 stops there."""
+
+    def __init__(self, namespace: Any) -> None:
+        super().__init__("parsed")
+        self.namespace = namespace
+
+
+def run_to_parse(kind: str, target: str, args: list[str]) -> dict[str, Any]:
+    """Run the entry as `__main__` with the leg's real argv, and stop it the moment its
+    argparse parser (any subclass: HfArgumentParser too) has parsed it: a script that
+    parses at module level and trains at import time is checked without training.
+    argparse's own error is quoted. The modules loaded by then are left in sys.modules."""
+    import runpy
+
+    orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
+    inside: list[bool] = []
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+        inside.append(True)
+        try:
+            ns = orig_args(self, args, namespace)
+        finally:
+            inside.pop()
+        raise _Parsed(ns)
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+        result = orig_known(self, args, namespace)
+        if inside:
+            return result  # parse_args checks the leftovers itself, then stops
+        raise _Parsed(result[0])
+
+    err = io.StringIO()
+    argv0 = sys.argv[:]
+    argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = parse_args, parse_known_args
+    try:
+        with contextlib.redirect_stderr(err):
+            if kind == "module":
+                sys.argv = [target, *args]
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                path = Path(target).resolve()
+                if not path.is_file():
+                    return _check("parse", False, f"script {target} not found (cwd {Path.cwd()})")
+                sys.argv = [str(path), *args]
+                sys.path.insert(0, str(path.parent))
+                runpy.run_path(str(path), run_name="__main__")
+        return _check("parse", False, f"{target} ran to its end without parsing a command line with argparse "
+                      "(set trainer.parser: none for a script configured otherwise)")
+    except _Parsed as parsed:
+        ns = parsed.namespace
+        shown = json.dumps(vars(ns), default=str, sort_keys=True) if hasattr(ns, "__dict__") else repr(ns)
+        return _check("parse", True, f"{len(args)} args parsed by the entry's own parser, stopped before "
+                      f"training: {shown[:2000]}")
+    except SystemExit as stop:
+        lines = err.getvalue().strip().splitlines()
+        return _check("parse", False, lines[-1] if lines else f"the entry exited ({stop.code}) before parsing")
+    except BaseException as err_:  # noqa: BLE001 - any failure before the parse is the answer "no"
+        last = traceback.format_exception_only(type(err_), err_)[-1].strip()
+        return _check("parse", False, f"running {target} up to its argument parsing failed: {last}")
+    finally:
+        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = orig_args, orig_known
+        sys.argv = argv0
+
+
+def foreign_modules(root: Path) -> list[str]:
+    """Modules loaded from outside the interpreter's own library, its site-packages, the
+    reviewed files (the staged folder `root`) and the leg runtime: an import by absolute
+    path or a `sys.path` edit that would fail on a fresh instance."""
+    import site
+    import sysconfig
+
+    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    allowed |= {root.resolve(), Path(__file__).resolve().parent}
+    found = []
+    for name, module in sorted(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not path or name.startswith("_preflight"):
+            continue
+        where = Path(path).resolve()
+        if not any(where == a or a in where.parents for a in allowed):
+            found.append(f"{name} ({where})")
+    return found
+
+
+def unresolved_imports(root: Path) -> list[str]:
+    """Every module the reviewed files import (read from their source, nothing run), that a
+    fresh instance would not find: not in the interpreter, its site-packages or the reviewed
+    files. Imports inside `try:` are optional by intent and left out."""
+    import ast
+    import site
+    import sysconfig
+
+    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    allowed |= {root.resolve(), Path(__file__).resolve().parent}
+    names: dict[str, str] = {}
+    for f in sorted(root.rglob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    names.setdefault(alias.name.split(".")[0], f.name)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.setdefault(node.module.split(".")[0], f.name)
+    bad = []
+    for name, where in sorted(names.items()):
+        if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            bad.append(f"{name} (imported by {where}): not found")
+            continue
+        locations = [Path(p) for p in (spec.submodule_search_locations or [])] or (
+            [Path(spec.origin)] if spec.origin and spec.origin not in ("built-in", "frozen") else [])
+        if locations and not any(a == loc.resolve() or a in loc.resolve().parents for loc in locations for a in allowed):
+            bad.append(f"{name} (imported by {where}): from {locations[0]}")
+    return bad
+
+
 def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list[dict[str, Any]]:
     checks = []
     try:
@@ -112,12 +242,31 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
         checks.append(_check("command shape", True, f"{kind} {target} with {len(args)} args"))
     except ValueError as err:
         return [_check("command shape", False, str(err))]
+    if parser_name == "none":
+        return checks + compile_only(kind, target, modules)
+    if parser_name == "argv":
+        os.environ["LAUNCHER_MAX_STEPS"] = "0"  # a trainer that gets past the parse anyway trains nothing
+        checks.append(run_to_parse(kind, target, args))
+        checks += import_modules(modules)
+        outside = foreign_modules(Path.cwd()) + unresolved_imports(Path.cwd())
+        checks.append(_check("imports from reviewed files only", not outside,
+                             "every module loaded came from the interpreter, its site-packages, the reviewed files "
+                             "or the leg runtime" if not outside else
+                             f"loaded from outside the reviewed files (gone on a fresh instance): {'; '.join(outside[:5])}"))
+        return checks
     try:
         entry = import_entry(kind, target)
         checks.append(_check("import entry", True, f"imported {target}"))
     except BaseException as err:  # noqa: BLE001 - any import failure is the answer "no"
         last = traceback.format_exception_only(type(err), err)[-1].strip()
         return checks + [_check("import entry", False, f"importing {target} failed: {last}")]
+    checks += import_modules(modules)
+    checks.append(parse_with(entry, parser_name, args))
+    return checks
+
+
+def import_modules(modules: list[str]) -> list[dict[str, Any]]:
+    checks = []
     for name in modules:
         try:
             importlib.import_module(name)
@@ -125,8 +274,30 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
         except BaseException as err:  # noqa: BLE001
             last = traceback.format_exception_only(type(err), err)[-1].strip()
             checks.append(_check(f"import {name}", False, last))
-    checks.append(parse_with(entry, parser_name, args))
     return checks
+
+
+def compile_only(kind: str, target: str, modules: list[str]) -> list[dict[str, Any]]:
+    """trainer.parser: none -- the entry is configured otherwise (config files, globals): rung 0
+    compiles it and every reviewed .py file, imports the listed modules, and runs nothing."""
+    import py_compile
+
+    checks = []
+    import tempfile
+
+    files = sorted(Path.cwd().rglob("*.py"))
+    bad = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in files:
+            try:
+                py_compile.compile(str(f), doraise=True, cfile=str(Path(tmp) / "x.pyc"))
+            except py_compile.PyCompileError as err:
+                bad.append(str(err).strip().splitlines()[-1])
+    checks.append(_check("compile", not bad, f"{len(files)} reviewed .py files compile (the entry is not run: "
+                         "trainer.parser is none, so its command line is not checked)" if not bad else bad[0]))
+    if kind == "module":
+        checks.append(_check("entry found", importlib.util.find_spec(target) is not None, f"module {target}"))
+    return checks + import_modules(modules)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,8 +63,48 @@ def test_unreviewed_import_fails_in_staged_dir(project: Path) -> None:
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
-    imp = checks_of(res)["import entry"]
-    assert not imp["ok"] and "No module named 'helper'" in imp["detail"]
+    imp = checks_of(res)["imports from reviewed files only"]
+    assert not imp["ok"] and "helper (imported by train.py): not found" in imp["detail"]
+
+
+FLAT = """import argparse, sys
+p = argparse.ArgumentParser()
+p.add_argument("--iters", type=int, default=10)
+args = p.parse_args()          # at module level, like many public scripts
+open("TRAINED", "w").write("rung 0 must never get here")
+"""
+
+
+def test_a_flat_script_is_parsed_with_its_own_argv_and_never_trains(project: Path) -> None:
+    (project / "flat.py").write_text(FLAT)
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"] = {"command": "python flat.py --iters 3"}
+    data["reviewed"] = ["flat.py"]
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+    assert '"iters": 3' in checks_of(res)["parse"]["detail"]
+    data["trainer"] = {"command": "python flat.py --itres 3"}  # a typo: argparse's own message, quoted
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1 and "unrecognized arguments: --itres 3" in checks_of(res)["parse"]["detail"]
+
+
+def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) -> None:
+    """A sys.path edit that works here and fails on a fresh instance."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret_helper.py").write_text("X = 1\n")
+    (project / "flat.py").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path / 'outside')!r})\n"
+                                     "import secret_helper\n" + FLAT)
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"] = {"command": "python flat.py"}
+    data["reviewed"] = ["flat.py"]
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    imp = checks_of(res)["imports from reviewed files only"]
+    assert res.code == 1 and not imp["ok"] and "secret_helper" in imp["detail"], imp
 
 
 def test_hash_mismatch_refused_exit_3_lists_file(project: Path) -> None:
