@@ -45,8 +45,11 @@ def event_summary(e: dict[str, Any]) -> str:
     if kind == "step":
         return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e.get('tok_s', 0):,.0f} tok/s"
     if kind == "resume":
-        return (f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: sample {e['sample_index']}, "
-                f"batch {e['batch_hash'][:12]}, lr {e['lr']:.3e} (schedule says {e.get('lr_expected', 0):.3e})")
+        parts = [f"sample {e['sample_index']}" if "sample_index" in e else None,
+                 f"batch {e['batch_hash'][:12]}" if "batch_hash" in e else None,
+                 f"lr {e['lr']:.3e}" if "lr" in e else None,
+                 f"schedule says {e['lr_expected']:.3e}" if "lr_expected" in e else None]
+        return f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: " + ", ".join(p for p in parts if p)
     if kind == "resume_skip":
         return f"skipped {e['name']} (never resumed from): {e['reason']}"
     if kind == "save":

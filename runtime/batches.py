@@ -99,7 +99,7 @@ class EpochLoader:
             for x, y in loader:              # resumes mid-epoch at the next unread batch
                 ...
 
-    Its state is (epoch, batches consumed in it); a resume skips the consumed
+    Its state is (epoch, batches of it trained on: one per `Session.step`); a resume skips the consumed
     samples' indices (cheap) instead of loading them. `drop_last` is always on:
     every batch of an epoch has the same size, so a position is a batch count.
     Keyword arguments go to `torch.utils.data.DataLoader` (num_workers, collate_fn...)."""
@@ -123,9 +123,14 @@ class EpochLoader:
         sampler = _Order(len(self.dataset), self.seed, self.epoch, self.consumed * self.batch_size, self.shuffle)
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler,
                                              drop_last=True, **self.loader_kw)
-        for batch in loader:
-            self.consumed += 1
-            yield batch
+        yield from loader  # the position moves in on_step: a batch fetched and then not trained is not consumed
+
+    def on_step(self) -> None:
+        """The session calls this after each step: one more batch of this epoch trained on.
+        (Counting batches *yielded* instead is the classic off-by-one: a loop that checks
+        whether to stop after fetching the next batch would save a position one batch
+        ahead, and the resumed leg would skip it -- the straight-through run shows it.)"""
+        self.consumed += 1
 
     @property
     def sample_index(self) -> int:

@@ -68,6 +68,10 @@ class ResumeRefused(RuntimeError):
         self.reason = reason
 
 
+def _nothing() -> None:
+    return None
+
+
 def device_memory(device: str) -> tuple[int, int, int]:
     """(allocated, reserved, peak since the last call): a window, not a lifetime peak."""
     if device.startswith("cuda"):
@@ -141,7 +145,8 @@ class Session:
         sys.exit(code)
 
     def track(self, **objects: Any) -> "Session":
-        """Objects saved with every checkpoint and restored on resume, by name."""
+        """Objects saved with every checkpoint and restored on resume, by name. An object
+        with an `on_step()` method is told of every step (a loader counts batches trained)."""
         for name, obj in objects.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict")
@@ -282,6 +287,8 @@ class Session:
                 self.pusher.drain()
             self._exit(EXIT_FAILED)
         step = self.step_count
+        for obj in self.tracked.values():
+            getattr(obj, "on_step", _nothing)()
         self._history.append((step, self.tokens - self._resume_tokens, time.time()))
         if step % self.metrics_every == 0:
             self._emit_window()
