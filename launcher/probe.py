@@ -12,8 +12,7 @@ from __future__ import annotations
 from launcher.evidence import Check
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
-from launcher.rehearsal import (check_continuity, check_device, check_leg_exit, check_lr, check_no_reread,
-                                check_position, check_pushed, check_resumed)
+from launcher.rehearsal import check_device, check_leg_exit, check_pushed, check_resumed
 
 TAIL_FRACTION = 0.1
 """The share of the rung's steps left to the cold-resumed leg."""
@@ -43,8 +42,11 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     checks.append(check_leg_exit(second))
     if need_gpu:
         checks.append(check_device(second))
-    checks += [check_resumed(second.events, pushed_step), check_lr(second.events),
-               check_position(first.events, second.events, pushed_step),
-               check_continuity(first.events, second.events), check_pushed(second.events)[0],
-               check_no_reread([first.events, second.events])]
-    return checks
+    from launcher.readback import check_leg_store
+    from launcher.resume_checks import timeline_checks
+
+    store = ctx.open_store()
+    checks += [check_resumed(second.events, pushed_step), check_pushed(second.events)[0],
+               check_leg_store(store, second.events)]
+    # On a GPU the band, not bit-identity: kernels are not deterministic across runs.
+    return checks + timeline_checks([first.events, second.events], None, exact=False)

@@ -11,10 +11,8 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
-from runtime.contract import NO_SAMPLE_INDEX
 from launcher.evidence import Check, LegEvents
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from runtime.metrics import loss_continuity
 
 LEGS = 3
 
@@ -70,72 +68,6 @@ def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
     return Check(name, ok, f"resumed from {e['checkpoint']} at step {e['from_step']}; leg {ev.leg - 1} pushed "
                  f"step {pushed_step}" + (f"; ranks disagree: {sorted(ranks)}" if len(ranks) > 1 else ""),
                  ev.pointer(resume))
-
-
-def check_lr(ev: LegEvents) -> Check:
-    resume = ev.first("resume")
-    name = f"leg {ev.leg}: LR restored"
-    if resume is None or "lr_expected" not in resume[1]:
-        return Check(name, False, "no `resume` event with lr and lr_expected")
-    e = resume[1]
-    return Check(name, e["lr"] == e["lr_expected"],
-                 f"first resumed LR {e['lr']!r}, schedule says {e['lr_expected']!r} at step {e['from_step']}",
-                 ev.pointer(resume))
-
-
-def check_position(before: LegEvents, after: LegEvents, pushed_step: int | None) -> Check:
-    """The first batch the resumed leg reads starts right after the last one consumed
-    up to the pushed step: never backwards, nothing skipped."""
-    name = f"leg {after.leg}: data position continues"
-    steps0 = {e["step"]: (n, e) for n, e in before.all("step")}
-    first1, resume = after.first("step"), after.first("resume")
-    if pushed_step is None or pushed_step not in steps0 or first1 is None or resume is None:
-        return Check(name, False, "missing step events around the resume")
-    last0 = steps0[pushed_step][1]
-    prev = steps0.get(pushed_step - 1)
-    if any("sample_index" not in e for e in (last0, first1[1], *(prev[1:] if prev else ()))):
-        return Check(name, False, NO_SAMPLE_INDEX)
-    stride = last0["sample_index"] - prev[1]["sample_index"] if prev else None  # samples per step
-    expected = last0["sample_index"] + stride if stride else None
-    got = first1[1]["sample_index"]
-    ok = stride is not None and stride > 0 and got == expected == resume[1]["sample_index"]
-    return Check(name, ok,
-                 f"leg {before.leg} step {pushed_step} read from sample {last0['sample_index']} (stride {stride}); "
-                 f"leg {after.leg} resumed at sample {resume[1]['sample_index']} and read from {got} "
-                 f"(expected {expected}); batch {resume[1]['batch_hash'][:12]}",
-                 before.pointer(steps0[pushed_step]) + after.pointer(first1))
-
-
-def check_continuity(before: LegEvents, after: LegEvents) -> Check:
-    name = f"leg {after.leg}: loss continuity"
-    pre = [e["loss"] for _, e in before.all("step")]
-    post = [e["loss"] for _, e in after.all("step")]
-    result = loss_continuity(pre, post)
-    if result is None:
-        return Check(name, False, "too few steps on one side of the restart to measure")
-    return Check(name, result.ok,
-                 f"loss {pre[-1]:.5f} -> {post[0]:.5f} across the restart ({result.delta:+.5f}); band "
-                 f"+-{result.band:.5f} (1.5 x the largest step-to-step jump of the last {result.window} steps)",
-                 after.pointer(after.first("step")))
-
-
-def check_no_reread(legs: list[LegEvents]) -> Check:
-    """Across every leg, in order: each step reads the samples right after the previous step's."""
-    steps = [(ev.leg, e) for ev in legs for _, e in ev.all("step")]
-    name = f"no sample read twice or skipped ({len(legs)} legs, {len(steps)} steps)"
-    if any("sample_index" not in e for _, e in steps):
-        return Check(name, False, NO_SAMPLE_INDEX)
-    seq = [(leg, e["step"], e["sample_index"]) for leg, e in steps]
-    if len(seq) < 2:
-        return Check(name, False, "fewer than two step events")
-    stride = seq[1][2] - seq[0][2]
-    bad = [(a, b) for a, b in zip(seq, seq[1:]) if b[2] - a[2] != stride or b[1] != a[1] + 1]
-    if bad or stride <= 0:
-        a, b = bad[0] if bad else (seq[0], seq[1])
-        return Check(name, False, f"leg {a[0]} step {a[1]} read sample {a[2]}, then leg {b[0]} step {b[1]} read "
-                     f"sample {b[2]} (stride {stride})")
-    return Check(name, True, f"samples {seq[0][2]}..{seq[-1][2] + stride - 1} read once each, in order, "
-                 f"stride {stride}, legs {[ev.leg for ev in legs]}")
 
 
 def check_device(out: LegOutcome) -> Check:

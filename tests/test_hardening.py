@@ -105,7 +105,7 @@ def test_doctored_rows_and_log_lines_read_as_damaged(project: Path) -> None:
     lines = log.read_text().splitlines(keepends=True)
     step_at = next(i for i, line in enumerate(lines) if '"event": "step"' in line)
     doctored = ['{"event": "step", "step": "7", "loss": 1.0, "lr": 0.1, "sample_index": 0}\n',
-                '{"event": "resume", "from_step": 5}\n',
+                '{"event": "resume", "from_step": "5"}\n',
                 '{"event": "rate", "step": 10, "tok_s": "fast", "window_first": 1, "window_last": 2, '
                 '"seconds": 1, "rel_err": null}\n',
                 '{"event": "memory", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"]
@@ -124,7 +124,7 @@ def test_doctored_rows_and_log_lines_read_as_damaged(project: Path) -> None:
     damaged = report.json()["damaged_lines"]
     assert len(damaged) == 4 and {d["leg"] for d in damaged} == {1}
     reasons = " ".join(d["reason"] for d in damaged)
-    assert "step is '7'" in reasons and "without 'sample_index'" in reasons and "RecursionError" in reasons
+    assert "step is '7'" in reasons and "from_step is '5'" in reasons and "RecursionError" in reasons
     assert "tok_s is 'fast'" in reasons
     assert "log line(s) claimed to be events" in (Path(report.json()["folder"]) / "preflight.md").read_text()
 
@@ -174,10 +174,9 @@ def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> Non
     assert json.dumps(ev.damaged())  # serialisable for status --json and the report
 
 
-def test_a_trainer_without_sample_index_fails_the_data_checks_instead_of_crashing(tmp_path: Path) -> None:
+def test_a_trainer_without_batch_hashes_gets_missing_never_pass(tmp_path: Path) -> None:
     from launcher.evidence import LegEvents
-    from launcher.rehearsal import check_no_reread, check_position
-    from runtime.contract import NO_SAMPLE_INDEX
+    from launcher.resume_checks import NO_BATCH_HASH, check_batches, check_no_repeat, check_sample_index
 
     legs = []
     for leg, steps in enumerate(((1, 2, 3), (4, 5, 6))):
@@ -187,6 +186,6 @@ def test_a_trainer_without_sample_index_fails_the_data_checks_instead_of_crashin
             lines.insert(0, {"event": "resume", "from_step": 3, "sample_index": 24, "batch_hash": "ab", "lr": 0.1})
         log.write_text("".join(json.dumps(e) + "\n" for e in lines))
         legs.append(LegEvents.read(leg, log))
-    assert check_no_reread(legs).detail == NO_SAMPLE_INDEX and not check_no_reread(legs).ok
-    position = check_position(legs[0], legs[1], 3)
-    assert not position.ok and position.detail == NO_SAMPLE_INDEX
+    for check in (check_no_repeat(legs), check_batches(legs, 1)):
+        assert check.detail == NO_BATCH_HASH and check.missing and not check.ok
+    assert check_sample_index(legs) is None  # the second witness is simply absent

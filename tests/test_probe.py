@@ -29,8 +29,9 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
     for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
         assert name in checks and checks[name]["evidence"], name
     assert "tok/s over steps" in checks["leg 0: sustained rate measured"]["detail"]
-    for name in ("leg 1 resumed from the store", "leg 1: LR restored", "leg 1: data position continues",
-                 "no sample read twice or skipped (2 legs, 80 steps)"):
+    for name in ("leg 1 resumed from the store", "leg 1: LR follows the schedule",
+                 "leg 1: exact data position (batch hashes)", "no batch read twice (2 legs, 80 steps)",
+                 "leg 1: the launcher read back its checkpoint from the store"):
         assert checks[name]["ok"], checks[name]
     assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
