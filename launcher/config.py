@@ -81,12 +81,19 @@ class TrainerConfig:
     modules: list[str] = field(default_factory=list)
     """Extra modules rung 0 imports (the entry script is always imported)."""
 
+    events_grace_s: float = 180.0
+    """A leg that has printed no preflight event this many seconds after launch is ended
+    then (not at the budget kill): the trainer does not speak the leg contract."""
+
     deterministic: bool = True
     """Whether the trainer is bit-reproducible on a CPU (same seed, same steps -> the same
     losses). CPU rungs then require a resumed run to equal the straight-through run
     exactly; `false` compares within the loss band instead, and says so."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.events_grace_s, bool) or not isinstance(self.events_grace_s, (int, float)) or \
+                not 1 <= self.events_grace_s <= 86_400:
+            raise ConfigError("trainer.events_grace_s", f"must be 1 to 86400 seconds, got {self.events_grace_s!r}")
         if not isinstance(self.deterministic, bool):
             raise ConfigError("trainer.deterministic", f"must be true or false, got {self.deterministic!r}")
         if not self.command:

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.evidence import Check, LegEvents
+from launcher.evidence import Check, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.rehearsal import check_leg_exit
 from runtime.cycle import newest_verified
@@ -113,6 +113,8 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
             record[-1].expected = newest.step if newest else None
             record[-1].store_check = check_store_after_kill(store, outs, newest.step if newest else None)
         if not record or record[-1].leg != leg:  # the leg ended before the moment came
+            if silent(outs[-1].events):
+                return [check_leg_exit(o) for o in outs]  # the leg said nothing: that is the answer
             return [check_leg_exit(o) for o in outs] + [Check(
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "

@@ -105,6 +105,15 @@ def surviving_timeline(legs: list[LegEvents]) -> list[LegEvents]:
     return out
 
 
+NO_EVENTS = ("the trainer printed no preflight events: it does not speak the leg contract (README, "
+             "'Bring your own trainer': runtime.session.Session, or the events listed there)")
+
+
+def silent(ev: LegEvents) -> bool:
+    """The leg's log holds no event line at all (damaged ones count as events: they tried)."""
+    return not ev.items
+
+
 # The runtime's stop reasons and the exit codes they mean (runtime/trainer.py).
 REFUSED_REASONS = {"stale_code", "cursor_mismatch", "store_error"}
 

@@ -166,11 +166,14 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
                    env, ctx.secrets(), ctx.files, log_path, ctx.gpus)
     trigger = threading.Event()
+    spoke = threading.Event()
     started: list[LegHandle] = []
     sent: set[str] = set()
 
     def on_line(line: str) -> None:
         ctx.show(leg, line)
+        if not spoke.is_set() and '{"event": ' in line:
+            spoke.set()
         if kill_when is not None and not trigger.is_set() and kill_when(line):
             if started and hasattr(ctx.backend, "freeze"):
                 ctx.backend.freeze(started[0])  # stop it right at this line: the kill lands here
@@ -202,13 +205,17 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
         give_up = time.time() + budget_s + grace
+        silent_by = time.time() + ctx.cfg.trainer.events_grace_s
         while result is None:
+            if not spoke.is_set() and time.time() >= silent_by:
+                result = ctx.backend.kill(handle, reason=f"no preflight event in {ctx.cfg.trainer.events_grace_s:g} s")
+                break
             if trigger.is_set():
                 if hasattr(ctx.backend, "freeze"):
                     ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
                 result = ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
                 break
-            step = 0.1 if kill_when is not None else max(0.0, give_up - time.time())
+            step = 0.1 if kill_when is not None else 1.0 if not spoke.is_set() else max(0.0, give_up - time.time())
             result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
             if result is None and time.time() >= give_up:
                 result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")

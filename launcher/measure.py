@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from launcher.evidence import Check, LegEvents, Pointer
+from launcher.evidence import NO_EVENTS, Check, LegEvents, Pointer
 
 RATE_REL_ERR_MAX = 0.02
 """The sustained rate must be known to within 2 % (one block standard error)."""
@@ -47,6 +47,8 @@ def check_sustained(ev: LegEvents) -> Check:
     name = f"leg {ev.leg}: sustained rate measured"
     s = sustained(ev)
     if s is None:
+        if not ev.all("step"):
+            return Check(name, False, NO_EVENTS if not ev.items else "the leg printed no `step` event")
         return Check(name, False, "no `rate` event: the leg ran too few steps past the warm-up to measure")
     rel = s["rel_err"]
     ok = rel is not None and rel <= RATE_REL_ERR_MAX

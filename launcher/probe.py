@@ -12,6 +12,7 @@ from __future__ import annotations
 from launcher.evidence import Check
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
+from launcher.evidence import silent
 from launcher.rehearsal import check_device, check_leg_exit, check_pushed, check_resumed
 
 TAIL_FRACTION = 0.1
@@ -28,6 +29,8 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     plan = leg_plan(steps)
     first = run_leg(ctx, 0, plan[0])
     checks = [check_leg_exit(first)]
+    if silent(first.events):
+        return checks  # one answer naming the cause, not a rate or warm-up complaint
     if need_gpu:
         checks.append(check_device(first))
     checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]

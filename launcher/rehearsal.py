@@ -11,7 +11,7 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
-from launcher.evidence import Check, LegEvents
+from launcher.evidence import NO_EVENTS, Check, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 
 LEGS = 3
@@ -40,6 +40,8 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
         detail += f"; every rank of {world} printed `done` with its final checkpoint verified" if ok else ""
     if stop and stop[1].get("error"):
         detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
+    if silent(ev):
+        detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
 
 
@@ -135,6 +137,8 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         outs.append(out)
         exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None)
         checks.append(exited)
+        if silent(out.events):
+            return checks  # one answer, naming the cause: the checks after it would only echo it
         if need_gpu:
             checks.append(check_device(out))
         if leg > 0:

@@ -27,7 +27,7 @@ from typing import Any
 from launcher import __version__
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
-from launcher.evidence import Check, LegEvents, Pointer
+from launcher.evidence import NO_EVENTS, Check, LegEvents, Pointer, silent
 from launcher.ledger import Ledger
 from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, describe_breakdown,
                               memory_trend, step_breakdown, sustained)
@@ -162,6 +162,8 @@ class NoResume:
 
     @property
     def reason(self) -> str:
+        if silent(self.leg):
+            return f"never resumed (exit {self.exit_code}): {NO_EVENTS}"
         return f"never resumed (exit {self.exit_code}; last line of its log: {last_line(self.leg.log)!r})"
 
     @property
@@ -239,6 +241,9 @@ def proof_resume_checks(number: int, runs: list[RunData], cfg: Config, cite: Evi
     checks = [(run, leg, c) for run in runs if run.rung in RESUME_RUNGS
               for leg, c in resume_findings(run, number, run_exact(run, cfg))]
     if not checks and not never:
+        quiet = [r for r in runs if r.rung in RESUME_RUNGS and r.legs and all(silent(ev) for ev in r.legs)]
+        if quiet:
+            return Proof(number, MISSING, f"{quiet[0].rung} {quiet[0].id}: {NO_EVENTS}")
         return Proof(number, MISSING, "no leg resumed from the store in the runs reported")
     items = [(run, leg, c) for run, leg, c in checks] + [
         (n.run, n.leg.leg, Check(f"leg {n.leg.leg} resumed", False, n.reason, ())) for n in never]

@@ -19,6 +19,7 @@ MAX_INT = 1 << 62
 
 # event -> {field: type}; fields named here are required. Other fields are free.
 EVENT_FIELDS: dict[str, dict[str, str]] = {
+    "session": {},
     "start": {},
     "resume": {"from_step": INT},
     "resume_skip": {"name": STR, "step": INT, "reason": STR},

@@ -130,6 +130,7 @@ class Session:
         self.step_count = self.tokens = 0
         self.exit_code: int | None = None
         self._sigterm: list[bool] = []
+        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid())  # alive: before any slow build
         self._stale_guard()
 
     # --- setup ------------------------------------------------------------------

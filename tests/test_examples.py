@@ -6,6 +6,7 @@ schedule and an epoch loader). Their original versions pass rung 0 as they are."
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,20 @@ def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path)
 
 
 @pytest.mark.parametrize("name", ["flat_gpt", "plain_loop"])
-def test_the_original_script_passes_rung_0_as_it_is(name: str, tmp_path: Path, leg_tmp: Path) -> None:
+def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(name: str, tmp_path: Path,
+                                                                           leg_tmp: Path) -> None:
     root = tmp_path / name
     shutil.copytree(EXAMPLES / name, root)
     shutil.copyfile(root / "train_original.py", root / "train.py")
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("--ckpt_every 5", "").replace("--ckpt-every 5", ""))
+    text = cfg.read_text().replace("--ckpt_every 5", "").replace("--ckpt-every 5", "")
+    cfg.write_text(text.replace("trainer:\n", "trainer:\n  events_grace_s: 20\n"))
     assert run_cli(["review"], cwd=root).code == 0
     static = run_cli(["up", "static", "--json"], cwd=root)
     assert static.code == 0, static.out
+    began = time.monotonic()
+    rehearsal = run_cli(["up", "rehearsal"], cwd=root, timeout=600)
+    took = time.monotonic() - began
+    assert rehearsal.code == 1 and took < 120, (took, rehearsal.out[-2000:])  # the grace period, not the 5-min budget
+    fails = [line for line in rehearsal.out.splitlines() if line.strip().startswith("FAIL")]
+    assert len(fails) == 1 and "printed no preflight events" in fails[0], rehearsal.out[-1500:]
