@@ -41,10 +41,14 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     command_line = leg_command_line(ctx)
     checks.append(Check("command line", True, command_line))
 
-    argv = [sys.executable, "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
+    # In the trainer's interpreter: a command that names its own python (a venv of the
+    # trainer's) is checked with it, not with the launcher's.
+    leg_argv = resolve_command(ctx.cfg.trainer.command)
+    python = leg_argv[0] if Path(leg_argv[0]).name.startswith("python") else sys.executable
+    argv = [python, "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
     for module in ctx.cfg.trainer.modules:
         argv += ["--module", module]
-    argv += ["--", *resolve_command(ctx.cfg.trainer.command)]
+    argv += ["--", *leg_argv]
     started = time.time()
     ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": 0, "backend": "host", "instance": "host",
                           "command": argv, "env": {}, "log_path": str(log_path), "started_at": started})

@@ -28,8 +28,11 @@ class Restored:
     """Names found damaged: a later push of the same step may replace them."""
 
 
-def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", keep_files: bool = False) -> Restored:
-    """Fetch, check and load the newest usable verified checkpoint (None: start fresh)."""
+def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", keep_files: bool = False,
+                   check: Any = None) -> Restored:
+    """Fetch, check and load the newest usable verified checkpoint (None: start fresh).
+    `check(folder, seal)`, when given, replaces the load (a checkpoint in another
+    framework's format): it raises CheckpointDamaged, and returns the state or None."""
     from runtime.checkpoint import load_local
 
     scan = store.scan()
@@ -45,7 +48,10 @@ def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", k
         try:
             shutil.rmtree(folder, ignore_errors=True)
             store.fetch(info.name, restore_dir)
-            state, _ = load_local(folder, map_location=map_location, seal=info.seal, fetched=True)
+            if check is not None:
+                state = check(folder, info.seal)
+            else:
+                state, _ = load_local(folder, map_location=map_location, seal=info.seal, fetched=True)
         except (CheckpointDamaged, FileNotFoundError) as err:
             events.emit("resume_skip", name=info.name, step=info.step, reason=f"{type(err).__name__}: {err}")
             skipped.append(info.name)

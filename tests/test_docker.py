@@ -78,7 +78,11 @@ def test_rehearsal_in_fresh_containers(built: Path) -> None:
     run = run_cli(["ledger", "--json"], cwd=built).json()[0]
     image = run_cli(["image", "list", "--json"], cwd=built).json()[0]["image_id"]
     assert run["backend"] == "docker" and run["image"] == image  # the ledger carries the image digest
-    assert len({leg["instance"] for leg in run["legs"]}) == 3  # a new container per leg
+    assert len({leg["instance"] for leg in run["legs"]}) == 4  # a new container per leg (+ the straight run)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    # SIGTERM reaches the trainer in its container; the deadline leg is held by `docker pause`.
+    assert checks["leg 0 stopped on sigterm"]["ok"] and checks["leg 1 stopped on deadline"]["ok"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
     assert all(leg["command"][1] == "run" and image in leg["command"] for leg in run["legs"])
     assert containers(f"preflight-{run['id']}") == []  # every instance is gone
 

@@ -1,0 +1,193 @@
+"""A Hugging Face `transformers.Trainer` script on the ladder, in three changed lines:
+
+    from runtime.adapters.hf import Preflight                  # 1
+    pf = Preflight()                                            # 2 (reads the leg environment)
+    trainer = Trainer(..., callbacks=[pf])
+    trainer.train(resume_from_checkpoint=pf.resume())           # 3
+
+The Trainer keeps doing what it does (model, optimizer, scheduler, RNG, its own
+batch skipping on resume); the callback does the leg contract around it:
+- `resume()` fetches the newest *verified* checkpoint from the store onto this
+  leg's empty disk (damaged ones skipped with `resume_skip`) and hands the Trainer
+  its folder, or None to start fresh;
+- every step prints a `step` event (loss and LR from the Trainer's log, which the
+  callback sets to every step) with the hash of the tensors the model was fed
+  that step, measured by a forward pre-hook: what was trained on, not what a
+  sampler claims;
+- every checkpoint the Trainer saves goes through the storage cycle (push, verify
+  by reading back, delete the local copy, prune) in the background;
+- it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE
+  and on SIGTERM, asking the Trainer to save first, and ends with `done`; a final
+  checkpoint that did not verify exits 1.
+The Trainer loads `optimizer.pt`/`rng_state.pth` with its own loader (transformers
+5 checks `torch.load` safety itself); the store's bytes are checked against the
+manifest and the verified mark before it sees them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from runtime import events
+from runtime.batches import batch_digest
+from runtime.cycle import Pusher
+from runtime.resume import restore_newest
+from runtime.state import stale_files
+from runtime.store import StoreError, open_store
+from runtime.store.base import MANIFEST, FileEntry, Manifest, checkpoint_name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_windows(folder: Path, seal: dict[str, Any]) -> None:
+    from runtime.store.seal import check_windows
+
+    check_windows(folder, seal)
+
+
+class Preflight(TrainerCallback):
+    """The leg contract for a `transformers.Trainer`. See the module docstring."""
+
+    def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
+        env = os.environ
+        self.run_id = env.get("LAUNCHER_RUN_ID", "local")
+        self.leg = int(env.get("LAUNCHER_LEG", "0"))
+        self.max_steps = int(env.get("LAUNCHER_MAX_STEPS", "50"))
+        self.deadline = float(env.get("LAUNCHER_DEADLINE", "inf"))
+        self.work = Path(workdir).resolve()
+        self.rank = int(env.get("RANK", "0"))
+        self.store = open_store(env.get("LAUNCHER_STORE", (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.keep, self.verify_bytes = keep, verify_bytes
+        self.resumed_at = self.pushed_at = 0
+        self.reason = "max_steps"
+        self.exit_code: int | None = None
+        self._sigterm: list[bool] = []
+        self._digests: list[str] = []
+        self._last = time.perf_counter()
+        self._step_s = 0.0
+        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="transformers")
+        stale = stale_files(env.get("LAUNCHER_FILES_SHA256"), Path.cwd())
+        if stale:
+            events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
+            sys.exit(3)
+        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
+
+    # --- before training ---------------------------------------------------------
+
+    def resume(self) -> str | None:
+        """The local folder of the newest verified checkpoint in the store (None: start fresh)."""
+        restore = self.work / "restore"
+        try:
+            restored = restore_newest(self.store, restore, keep_files=True, check=lambda f, seal: _check_windows(f, seal))
+        except StoreError as err:
+            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
+            sys.exit(3)
+        if restored.info is None:
+            return None
+        self.resumed_at = self.pushed_at = restored.info.step
+        folder = restore / restored.info.name
+        (folder / MANIFEST).unlink(missing_ok=True)
+        events.emit("resume", from_step=restored.info.step, checkpoint=restored.info.name)
+        return str(folder)
+
+    def on_init_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        args.logging_strategy, args.logging_steps = "steps", 1  # a `step` event needs every step's loss
+        args.logging_first_step = True
+        return control
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        if model is not None:
+            model.register_forward_pre_hook(self._hash_inputs, with_kwargs=True)
+        params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get("LAUNCHER_RUNG", "none"),
+                    device=str(args.device), params=params, max_steps=self.max_steps, total_steps=state.max_steps,
+                    world_size=args.world_size, store=self.store.uri, adapter="transformers")
+        self._last = time.perf_counter()
+        return control
+
+    def _hash_inputs(self, module, args, kwargs):  # noqa: ANN001, ANN201
+        if module.training:  # evaluation forwards read other data: not the step's batch
+            self._digests.append(batch_digest({"args": list(args), **kwargs}) or "")
+
+    # --- every step --------------------------------------------------------------
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        now = time.perf_counter()
+        self._step_s, self._last = now - self._last, now
+        margin = max(5.0, 2 * (self.pusher.last_cycle_s if self.pusher else 0.0) + 3 * self._step_s)
+        stop = None
+        if state.global_step >= min(self.max_steps, state.max_steps):
+            stop = "max_steps"
+        elif time.time() + margin >= self.deadline:
+            stop = "deadline"
+        elif self._sigterm:
+            stop = "sigterm"
+        if stop:
+            self.reason = stop
+            control.should_training_stop = True
+            control.should_save = state.global_step > self.pushed_at
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        logs = logs or {}
+        if "loss" not in logs or self.rank != 0:
+            return control
+        digest = hashlib.sha256("".join(self._digests).encode()).hexdigest()[:32] if self._digests else None
+        self._digests = []
+        fields = {"batch_hash": digest} if digest else {}
+        events.emit("step", step=state.global_step, loss=float(logs["loss"]), lr=float(logs.get("learning_rate", 0.0)),
+                    step_s=round(self._step_s, 4), epoch=int(state.epoch or 0), **fields)
+        return control
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        """The Trainer just wrote checkpoint-<step>: its files, at one step, into the storage cycle."""
+        step = state.global_step
+        self.pushed_at = step
+        if self.pusher is None:
+            return control
+        began = time.perf_counter()
+        src = Path(args.output_dir) / f"checkpoint-{step}"
+        dest = self.work / "ckpt" / checkpoint_name(step)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest, copy_function=os.link)  # hard links: no second copy of the bytes
+        files = tuple(FileEntry(p.relative_to(dest).as_posix(), p.stat().st_size, _sha256(p))
+                      for p in sorted(dest.rglob("*")) if p.is_file())
+        manifest = Manifest(checkpoint_name(step), step, files, {"run_id": self.run_id, "format": "transformers"})
+        import json
+
+        (dest / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
+        blocked = self.pusher.submit(dest, manifest)
+        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
+                    blocked_s=round(blocked, 4))
+        return control
+
+    # --- the end -------------------------------------------------------------------
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        step = state.global_step
+        events.emit("stop", reason=self.reason, step=step)
+        ok = True
+        if self.pusher is not None:
+            self.pusher.drain()
+            ok = step == self.resumed_at or self.pusher.verified(step)
+        events.emit("done", step=step, final_checkpoint_verified=ok)
+        self.exit_code = 0 if ok else 1
+        if not ok:
+            sys.exit(1)
+        return control
