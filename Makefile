@@ -37,8 +37,10 @@ test: $(STAMP) $(HF_STAMP)
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/docker-engine.sh && bash scripts/make-base-image.sh; fi
 	PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --basetemp=$(CURDIR)/.pytest-tmp
 
-bench: $(STAMP)
+bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py
+	$(PY) bench/session_overhead.py
+	$(HF_VENV)/bin/python bench/hf_resume_skip.py
 
 clean:
 	rm -rf $(VENV) $(HF_VENV) .demo
