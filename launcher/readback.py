@@ -69,7 +69,7 @@ def read_checkpoint(store: Any, step: int) -> tuple[bool, str, int]:
     return True, f"{name} ({total:,} B) {how} in {time.perf_counter() - began:.2f} s", nbytes
 
 
-def check_leg_store(store: Any, ev: LegEvents, end_reason: str | None = None) -> Check:
+def check_leg_store(store: Any, ev: LegEvents) -> Check:
     """After leg `ev`: its newest claimed-verified checkpoint, read by the launcher."""
     name = f"leg {ev.leg}: the launcher read back its checkpoint from the store"
     stop = ev.last("stop")
@@ -85,9 +85,9 @@ def check_leg_store(store: Any, ev: LegEvents, end_reason: str | None = None) ->
     ok, detail, _ = read_checkpoint(store, step)
     last = int(done[1]["step"]) if done else None
     if reason in ("sigterm", "deadline") and last is not None and last != step:
-        ok_last, detail_last, _ = read_checkpoint(store, last)
+        _, detail_last, _ = read_checkpoint(store, last)
         return Check(name, False, f"leg {ev.leg} stopped on {reason} at step {last} but its newest verified "
                      f"checkpoint is step {step}: {detail_last}", ev.pointer(done))
-    if reason in ("sigterm", "deadline"):
+    if reason in ("sigterm", "deadline") and ok:
         detail += f"; the leg stopped on {reason} at step {last} and left that step verified"
     return Check(name, ok, detail, ev.pointer(item))

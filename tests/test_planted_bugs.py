@@ -1,0 +1,148 @@
+"""Classic resume bugs, planted one at a time into trainers that otherwise climb the
+ladder: each must be caught -- the rung answers no, naming the check, and the
+report's proof FAILs. None of them is visible in what the trainer says about
+itself (its sample index, its `verify` event): the checks rest on the batch hashes
+the leg API measures, the straight-through run, and the launcher's own read of
+the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_examples import copy_example
+
+
+def plant(root: Path, old: str, new: str) -> None:
+    train = root / "train.py"
+    text = train.read_text()
+    assert old in text, old
+    train.write_text(text.replace(old, new, 1))
+    assert run_cli(["review"], cwd=root).code == 0
+
+
+def rehearse(root: Path) -> tuple[int, dict[str, dict]]:
+    res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
+    return res.code, {c["name"]: c for c in res.json()["checks"]}
+
+
+def failed(checks: dict[str, dict]) -> dict[str, str]:
+    return {name: c["detail"] for name, c in checks.items() if not c["ok"]}
+
+
+def report_fails(root: Path, *numbers: int) -> dict[int, str]:
+    res = run_cli(["report", "--json"], cwd=root, timeout=600)
+    status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
+    assert res.code == 1, status  # a FAILed proof: the report says no
+    for n in numbers:
+        assert status[n][0] == "FAIL", (n, status[n])
+    return {n: s for n, (st, s) in status.items() if st == "FAIL"}
+
+
+def test_a_loader_position_not_saved_re_reads_the_epoch(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("plain_loop", tmp_path)
+    plant(root, "scheduler=sched, loader=loader)", "scheduler=sched)")  # the loader restarts its epoch
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
+    assert "resumed run = straight-through run" in bad
+    report_fails(root, 2, 8)
+
+
+def test_the_batch_rng_reseeded_on_resume_draws_old_batches(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\ntorch.manual_seed(1337)\n")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    # Leg 1's first batch is the one the seed first gave (an eval batch at step 0): wrong, and new;
+    # the straight-through run names it; leg 2's resume then re-reads a batch leg 1 trained on.
+    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
+    assert "already consumed" in bad["leg 2: exact data position (batch hashes)"], bad
+    report_fails(root, 2, 8)
+
+
+def test_a_fresh_optimizer_state_breaks_bit_identity(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "sess.track(model=model, optimizer=optimizer)", "sess.track(model=model)")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    detail = bad["resumed run = straight-through run"]
+    assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
+    report_fails(root, 4)
+
+
+def test_a_reshuffle_with_another_seed_each_leg_is_refused(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("plain_loop", tmp_path)
+    plant(root, "seed=args.seed)  # a shuffle", "seed=args.seed + int(os.environ['LAUNCHER_LEG']))  # a shuffle")
+    plant(root, "import sys\n", "import os\nimport sys\n")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "cursor_mismatch" in bad["leg 1 finished"] and "seed=" in bad["leg 1 finished"], bad
+
+
+def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) -> None:
+    """The trainer skips a batch on resume but reports the index it should have read:
+    only the batch hash and the straight-through run can see it."""
+    plant(project, "    sess.resume(data_sha256=_sha256(corpus), data_tokens=int(tokens.size))\n",
+          "    sess.resume(data_sha256=_sha256(corpus), data_tokens=int(tokens.size))\n"
+          "    if data.next_step:\n        data.next_step += 1  # the bug\n")
+    plant(project, "sample_index=first_sample)", "sample_index=sess.step_count * 8)")  # derived, so it looks right
+    code, checks = rehearse(project)
+    bad = failed(checks)
+    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
+    assert checks["sample index continues (the trainer's own witness)"]["ok"]  # the index alone says all is well
+    report_fails(project, 8)
+
+
+VERIFY_LOCAL = '''
+import hashlib as _h
+import runtime.cycle as _cycle
+import runtime.store.local as _local
+from runtime.verify import VerifyResult as _VR
+
+_push = _local.LocalDirStore.push
+
+
+def _torn_push(self, local_dir, manifest):  # the upload loses its last bytes
+    _push(self, local_dir, manifest)
+    path = self._ckpt(manifest.name) / "state.pt"
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _verify_local(store, manifest, local_dir, budget_bytes=0, **_):  # reads the local copy, not the store
+    data = (local_dir / "state.pt").read_bytes()
+    return _VR(ok=True, windows=1, bytes_read=len(data), read=[("state.pt", 0, len(data), _h.sha256(data).hexdigest())])
+
+
+_local.LocalDirStore.push = _torn_push
+_cycle.verify_checkpoint = _verify_local
+'''
+
+
+def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(project: Path) -> None:
+    plant(project, "from runtime.session import", VERIFY_LOCAL + "\nfrom runtime.session import")
+    code, checks = rehearse(project)
+    bad = failed(checks)
+    read = bad["leg 0: the launcher read back its checkpoint from the store"]
+    assert code == 1 and ("does not match" in read or "differ" in read or "size" in read), bad
+
+
+def test_no_final_push_on_sigterm(project: Path) -> None:
+    plant(project, "    model.train()\n", "    model.train()\n    import signal\n    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug\n")
+    code, checks = rehearse(project)
+    bad = failed(checks)
+    assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+
+
+@pytest.mark.parametrize("example", ["flat_gpt", "plain_loop"])
+def test_an_import_by_absolute_path_fails_rung_0(example: str, tmp_path: Path, leg_tmp: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "helpers_outside.py").write_text("VALUE = 1\n")
+    root = copy_example(example, tmp_path)
+    plant(root, "import sys\n", f"import sys\nsys.path.insert(0, {str(outside)!r})\nimport helpers_outside\n")
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    imports = next(c for c in res.json()["checks"] if c["name"] == "imports from reviewed files only")
+    assert res.code == 1 and not imports["ok"] and "helpers_outside" in imports["detail"], imports
