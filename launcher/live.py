@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.events import DAMAGED, parse_line
 
-QUIET = {"step", "save", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
+QUIET = {"session", "step", "save", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
 PUSH_WAIT_SHOWN_S = 0.5
 
 

@@ -41,8 +41,8 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
     if stop and stop[1].get("error"):
         detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
     if silent(ev) and out.result.exit_code not in (0, None) and not out.result.killed:
-        detail = (f"leg {ev.leg} exited {out.result.exit_code} before printing any preflight event; the last "
-                  f"line of its log: {_last_line(ev.log)!r}")
+        detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
+                  f"preflight event; the last line of its log: {_last_line(ev.log)!r}")
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))

@@ -238,8 +238,10 @@ def check_loss(legs: list[LegEvents], i: int, exact: bool) -> Check:
 
 
 def resumed_legs(legs: list[LegEvents]) -> list[int]:
-    """Indexes of the legs that resumed from a checkpoint."""
-    return [i for i, ev in enumerate(legs) if i > 0 and ev.first("resume") is not None]
+    """Indexes of the legs that resumed from a checkpoint and trained past it (a leg whose
+    deadline came before its first step has nothing to compare; the next leg resumes
+    from the same checkpoint and is checked instead)."""
+    return [i for i, ev in enumerate(legs) if i > 0 and ev.first("resume") is not None and ev.all("step")]
 
 
 def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:

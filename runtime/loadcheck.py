@@ -29,17 +29,32 @@ def check(uri: str, prefix: str, name: str) -> dict:
     info = listed.get(name)
     if info is None:
         return {"ok": False, "name": name, "error": "not in the store"}
+    fmt = info.manifest.meta.get("format") if isinstance(info.manifest.meta, dict) else None
     with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
         try:
             folder = store.fetch(name, Path(tmp))
+            if fmt == "transformers":  # the Trainer's own folder: every file checked, loaded by the Trainer itself
+                from runtime.store.seal import check_windows
+
+                if info.seal is not None:
+                    check_windows(folder, info.seal)
+                return {"ok": True, "name": name, "step": info.step, "verified": info.verified,
+                        "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt,
+                        "seconds": round(time.perf_counter() - began, 3)}
             state, manifest = load_local(folder, seal=info.seal, fetched=True)
         except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
             return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}
-    missing = [k for k in ("model", "optimizer", "step", "cursor") if k not in state]
-    return {"ok": not missing and state["step"] == info.step, "name": name, "step": state.get("step"),
-            "verified": info.verified, "files": len(manifest.files), "bytes": manifest.total_bytes,
-            "tensors": sum(1 for _ in state["model"]) if "model" in state else 0, "missing_keys": missing,
-            "seconds": round(time.perf_counter() - began, 3)}
+    # The session's own keys; everything else is whatever the trainer tracked (model, optimizer, ...).
+    missing = [k for k in ("step", "rng") if k not in state]
+    step_ok = state.get("step") == info.step
+    error = (f"the state holds no {', '.join(missing)} (keys: {sorted(state)})" if missing else
+             None if step_ok else f"the state says step {state.get('step')!r}, the checkpoint's name step {info.step}")
+    out = {"ok": not missing and step_ok, "name": name, "step": state.get("step"),
+           "verified": info.verified, "files": len(manifest.files), "bytes": manifest.total_bytes,
+           "keys": sorted(state), "missing_keys": missing, "seconds": round(time.perf_counter() - began, 3)}
+    if error:
+        out["error"] = error
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,7 +87,10 @@ class RecordingSky:
     def tail_logs(self, cluster_name: str, job_id: int, follow: bool, output_stream: Any = None, **_: Any) -> int:
         self.calls.append(("tail_logs", cluster_name))
         task = self._tasks[cluster_name]
-        env = {**os.environ, **{k: str(v) for k, v in task.envs.items()}}
+        # SkyPilot hands a job its task's envs and its secrets' values alike.
+        secrets = {k: v.get_secret_value() if hasattr(v, "get_secret_value") else str(v)
+                   for k, v in (getattr(task, "secrets", None) or {}).items() if v is not None}
+        env = {**os.environ, **{k: str(v) for k, v in task.envs.items()}, **secrets}
         args = shlex.split(task.envs["LAUNCHER_TRAIN_ARGS"])
         proc = subprocess.Popen([sys.executable, *args], cwd=self._clusters[cluster_name], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

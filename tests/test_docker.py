@@ -185,7 +185,8 @@ def test_drill_in_containers(built: Path) -> None:
     out = res.json()
     assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]
-    assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False]
+    assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False, False]
+    assert run["legs"][-1]["role"] == "straight"  # the uninterrupted reference run, its own container
     assert containers(f"preflight-{run['id']}") == []
 
 

@@ -116,7 +116,8 @@ def test_one_new_cluster_per_leg_always_downed_and_billed(sky_project, monkeypat
     outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
     checks = {c.name: c for c in outcome.checks}
     # The stand-in's "GPU" is this CPU: smoke's device checks say no; everything else holds.
-    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}
+    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
+        {n: c.detail for n, c in checks.items() if not c.ok}
     launched = standin.clusters_of("launch")
     assert len(launched) == len(set(launched)) == 3
     assert standin.clusters_of("down") == launched  # down for every leg, in order
