@@ -146,3 +146,50 @@ def test_an_import_by_absolute_path_fails_rung_0(example: str, tmp_path: Path, l
     res = run_cli(["up", "static", "--json"], cwd=root)
     imports = next(c for c in res.json()["checks"] if c["name"] == "imports from reviewed files only")
     assert res.code == 1 and not imports["ok"] and "helpers_outside" in imports["detail"], imports
+
+
+TORN_SAVE = '''
+import threading as _th
+import time as _tm
+
+import runtime.session as _sess
+
+_ckpt, _fin = _sess.Session.checkpoint, _sess.Session.finish
+
+
+def _torn_checkpoint(self):  # the bug: no snapshot; the state is serialised later, from live tensors
+    if getattr(self, "_final", False) or self.pusher is None:
+        return _ckpt(self)
+    step, tokens, rngs = self.step_count, self.tokens, self.world.gather(_sess.rng_state())
+    self.pushed_at = step
+
+    def later():
+        _tm.sleep(0.3)  # training goes on meanwhile: the weights below belong to a later step
+        state = {n: o.state_dict() for n, o in self.tracked.items()}
+        state.update(rng=rngs, step=step, tokens=tokens, extra=self.extra)
+        folder, manifest = _sess.save_local(state, self.work / "ckpt", step, {"run_id": self.run_id})
+        self.pusher.submit(folder, manifest)
+    _th.Thread(target=later).start()
+
+
+def _finish(self):
+    self._final = True
+    _tm.sleep(0.5)  # let the late saves land before the final one
+    return _fin(self)
+
+
+_sess.Session.checkpoint, _sess.Session.finish = _torn_checkpoint, _finish
+'''
+
+
+def test_a_checkpoint_torn_by_a_save_that_does_not_snapshot_first(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "from runtime.session import Session\n", "from runtime.session import Session\n" + TORN_SAVE)
+    # The rehearsal resumes from final checkpoints (not torn: taken at the stop); a kill after a
+    # cadence push makes the next leg resume from a torn one.
+    res = run_cli(["drill", "cold-resume", "--kills", "2", "--at", "after-push", "--json"], cwd=root, timeout=900)
+    bad = failed({c["name"]: c for c in res.json()["checks"]})
+    detail = bad.get("resumed run = straight-through run", "")
+    assert res.code == 1 and "first difference at step" in detail and "loss" in detail, bad
+    assert any("loss continuity" in name for name in bad), bad  # the re-run steps differ from the killed leg's
+    report_fails(root, 4)
