@@ -193,3 +193,17 @@ def test_a_checkpoint_torn_by_a_save_that_does_not_snapshot_first(tmp_path: Path
     assert res.code == 1 and "first difference at step" in detail and "loss" in detail, bad
     assert any("loss continuity" in name for name in bad), bad  # the re-run steps differ from the killed leg's
     report_fails(root, 4)
+
+
+def test_a_curriculum_that_restarts_on_resume(tmp_path: Path, leg_tmp: Path) -> None:
+    """Sequence length grows with a counter the trainer keeps outside the saved state."""
+    root = copy_example("plain_loop", tmp_path)
+    plant(root, "        loss = criterion(model(x)",
+          "        seen = globals().get('seen', 0) + 1  # the bug: a curriculum counter not in sess.extra\n"
+          "        globals()['seen'] = seen\n"
+          "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
+          "        loss = criterion(model(x)")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
+    report_fails(root, 8)
