@@ -27,6 +27,7 @@ manifest and the verified mark before it sees them.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -39,19 +40,12 @@ from transformers import TrainerCallback
 
 from runtime import events
 from runtime.batches import batch_digest
+from runtime.checkpoint import _sha256
 from runtime.cycle import Pusher
 from runtime.resume import restore_newest
 from runtime.state import stale_files
 from runtime.store import StoreError, open_store
 from runtime.store.base import MANIFEST, FileEntry, Manifest, checkpoint_name
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_windows(folder: Path, seal: dict[str, Any]) -> None:
@@ -169,8 +163,6 @@ class Preflight(TrainerCallback):
         files = tuple(FileEntry(p.relative_to(dest).as_posix(), p.stat().st_size, _sha256(p))
                       for p in sorted(dest.rglob("*")) if p.is_file())
         manifest = Manifest(checkpoint_name(step), step, files, {"run_id": self.run_id, "format": "transformers"})
-        import json
-
         (dest / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
         blocked = self.pusher.submit(dest, manifest)
         events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
