@@ -129,20 +129,43 @@ def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(proj
     assert code == 1 and "CheckpointDamaged" in read and "the manifest says" in read, bad
 
 
+SIGTERM_DEFAULT = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug: SIGTERM kills, no final push\n"
+
+
 def test_no_final_push_on_sigterm(project: Path) -> None:
-    plant(project, "    model.train()\n", "    model.train()\n    import signal\n    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug\n")
+    plant(project, "    model.train()\n", "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()))
     code, checks = rehearse(project)
     bad = failed(checks)
     assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
 
 
-@pytest.mark.parametrize("example", ["flat_gpt", "plain_loop"])
+@pytest.mark.parametrize("example,after", [("flat_gpt", "iter_num = sess.resume()\n"), ("plain_loop", "sess.resume()\n")])
+def test_no_final_push_on_sigterm_in_the_examples(example: str, after: str, tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example(example, tmp_path)
+    plant(root, after, after + SIGTERM_DEFAULT)
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+
+
+def test_the_hf_trainer_told_to_ignore_its_data_skip_re_reads_the_epoch(tmp_path: Path, leg_tmp: Path) -> None:
+    """transformers' own knob: with ignore_data_skip a resumed Trainer starts the epoch over."""
+    root = copy_example("hf_trainer", tmp_path)
+    plant(root, "dataloader_num_workers=0,", "dataloader_num_workers=0, ignore_data_skip=True,")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
+    report_fails(root, 2)
+
+
+@pytest.mark.parametrize("example", ["flat_gpt", "plain_loop", "hf_trainer"])
 def test_an_import_by_absolute_path_fails_rung_0(example: str, tmp_path: Path, leg_tmp: Path) -> None:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "helpers_outside.py").write_text("VALUE = 1\n")
     root = copy_example(example, tmp_path)
-    plant(root, "import sys\n", f"import sys\nsys.path.insert(0, {str(outside)!r})\nimport helpers_outside\n")
+    plant(root, "import argparse\n", f"import argparse\nimport sys\nsys.path.insert(0, {str(outside)!r})\n"
+          "import helpers_outside\n")
     res = run_cli(["up", "static", "--json"], cwd=root)
     imports = next(c for c in res.json()["checks"] if c["name"] == "imports from reviewed files only")
     assert res.code == 1 and not imports["ok"] and "helpers_outside" in imports["detail"], imports
