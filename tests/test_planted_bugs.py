@@ -230,3 +230,17 @@ def test_a_curriculum_that_restarts_on_resume(tmp_path: Path, leg_tmp: Path) -> 
     bad = failed(checks)
     assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
     report_fails(root, 8)
+
+
+def test_a_plateau_scheduler_left_out_of_the_state(tmp_path: Path, leg_tmp: Path) -> None:
+    """ReduceLROnPlateau's memory (the best loss so far) restarts: invisible until a resume
+    past the first plateau step, then the LR at the next epoch's end differs."""
+    root = copy_example("plain_loop", tmp_path)
+    cfg = root / "launcher.yaml"
+    cfg.write_text(cfg.read_text().replace("drill: {steps: 30", "drill: {steps: 40"))
+    plant(root, "scheduler=sched, loader=loader)", "loader=loader)")
+    res = run_cli(["drill", "cold-resume", "--kills", "4", "--at", "after-push", "--json"], cwd=root, timeout=900)
+    bad = failed({c["name"]: c for c in res.json()["checks"]})
+    assert res.code == 1 and "lr" in bad["resumed run = straight-through run"], bad
+    assert any("LR follows the schedule" in name for name in bad), bad
+    report_fails(root, 3)
