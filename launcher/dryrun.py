@@ -46,7 +46,8 @@ def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], 
 def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
              reviewed: dict[str, str], image: str | None) -> str:
     """The rendered leg-0 launch and the quota arithmetic, as text."""
-    out = [f"dry run: rung {rung.name} on {backend}, {rung.legs} legs, nothing launched or recorded"]
+    straight = " (+1 straight-through leg on the CPU, the oracle)" if rung.name in ("rehearsal", "drill") and not gpus else ""
+    out = [f"dry run: rung {rung.name} on {backend}, {rung.legs} legs{straight}, nothing launched or recorded"]
     from launcher.legs import redact
 
     env = redact(leg0_env(cfg, rung, reviewed), cfg.secrets)  # printed: redacted like the ledger
