@@ -189,3 +189,13 @@ def test_a_trainer_without_batch_hashes_gets_missing_never_pass(tmp_path: Path) 
     for check in (check_no_repeat(legs), check_batches(legs, 1)):
         assert check.detail == NO_BATCH_HASH and check.missing and not check.ok
     assert check_sample_index(legs) is None  # the second witness is simply absent
+
+
+def test_exact_means_float32_resolution_not_a_band() -> None:
+    """A BLAS summing in another order moves a loss by an ulp (1e-6 once printed); the resume
+    bugs the old band let through moved it by 6e-4 and more."""
+    from launcher.resume_checks import same_loss
+
+    assert same_loss(3.659508, 3.659509) and same_loss(4.0, 4.0)
+    assert not same_loss(3.659508, 3.660108)  # 6e-4: the smallest planted-bug difference seen
+    assert not same_loss(0.5, 0.50001)
