@@ -124,15 +124,16 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
         s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
         straight = s_out
     from launcher.readback import check_leg_store
+    from launcher.rehearsal import oracle_checks
 
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
-    return drill_checks(outs, record, steps, straight, exact) + [check_leg_store(store, outs[-1].events)]
+    checks = drill_checks(outs, record, steps, straight) + [check_leg_store(store, outs[-1].events)]
+    return checks + oracle_checks(ctx, [o.events for o in outs], straight.events if straight else None, exact, steps)
 
 
-def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int, straight: LegOutcome | None = None,
-                 exact: bool = False) -> list[Check]:
-    from launcher.resume_checks import timeline_checks
-
+def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
+                 straight: LegOutcome | None = None) -> list[Check]:
+    """The kill and store checks (the timeline's come from rehearsal.oracle_checks)."""
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
                     ()) for k in kills]
@@ -149,7 +150,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int, straight
         ran = check_leg_exit(straight)
         checks.append(Check(f"straight-through run (leg {straight.events.leg}, no restart) finished", ran.ok,
                             ran.detail, ran.evidence))
-    return checks + timeline_checks([o.events for o in outs], straight.events if straight else None, exact)
+    return checks
 
 
 def check_nothing_left(out: LegOutcome) -> Check:

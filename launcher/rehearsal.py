@@ -136,8 +136,6 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
     """Leg 0 trains and pushes; every later leg resumes on a fresh disk; on a CPU rung the
     same trainer then runs straight through once, as the oracle. Returns the checks."""
     from launcher.readback import check_leg_store
-    from launcher.resume_checks import check_deterministic, timeline_checks
-
     checks: list[Check] = []
     outs: list[LegOutcome] = []
     store = ctx.open_store()
@@ -174,13 +172,21 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         checks.append(Check(f"straight-through run (leg {legs}, no restart) finished", ran.ok, ran.detail, ran.evidence))
         straight = s_out.events
     exact = not need_gpu and ctx.cfg.trainer.deterministic
-    found = timeline_checks([o.events for o in outs], straight, exact)
+    return checks + oracle_checks(ctx, [o.events for o in outs], straight, exact, steps)
+
+
+def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool,
+                  steps: int) -> list[Check]:
+    """The timeline's checks; if an exact comparison fails, first ask whether the trainer
+    reproduces itself: a second straight-through run settles it. One that does not is
+    compared within the band from then on, and the checks say so."""
+    from launcher.resume_checks import check_deterministic, timeline_checks
+
+    found = timeline_checks(legs, straight, exact)
     if exact and straight is not None and not all(c.ok for c in found):
-        # Before blaming the resume: does the trainer reproduce itself? A repeat settles it.
-        repeat = run_leg(ctx, legs + 1, steps, ending=Ending(straight=True))
+        repeat = run_leg(ctx, straight.leg + 1, steps, ending=Ending(straight=True))
         same = check_deterministic(straight, repeat.events)
         if not same.ok:
-            found = timeline_checks([o.events for o in outs], straight, exact=False)
-            checks.append(Check("CPU determinism", True, same.detail + " (set trainer.deterministic: false "
-                                "to skip the exact comparison)", same.evidence))
-    return checks + found
+            found = [Check("CPU determinism", True, same.detail + " (set trainer.deterministic: false to skip "
+                           "the exact comparison)", same.evidence)] + timeline_checks(legs, straight, exact=False)
+    return found
