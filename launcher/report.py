@@ -275,8 +275,25 @@ def _leg_of(p: "Resume | NoResume") -> int:
     return p.after.leg if isinstance(p, Resume) else p.leg.leg
 
 
-def proof_1(pairs: list[Resume], cite: Evidence, never: list[NoResume]) -> Proof:
+def storage_failures(runs: list[RunData]) -> list[tuple[RunData, dict[str, Any]]]:
+    """Ledger checks that say a leg's checkpoint did not reach the store: the launcher's own
+    read failed, or a leg the launcher ended (SIGTERM, deadline) did not stop as asked, so
+    it pushed no final checkpoint."""
+    found = []
+    for run in runs:
+        for c in run.row.get("checks", []):
+            if not c["ok"] and (c["name"].endswith("the launcher read back its checkpoint from the store")
+                                or c["name"].endswith(("stopped on sigterm", "stopped on deadline"))):
+                found.append((run, c))
+    return found
+
+
+def proof_1(pairs: list[Resume], cite: Evidence, never: list[NoResume], runs: list[RunData] | None = None) -> Proof:
     """Rests on the launcher's own read of the store after the pushing leg, not on its `verify` event."""
+    lost = storage_failures(runs or [])
+    if lost:
+        run, c = lost[0]
+        return Proof(1, FAIL, f"{run.rung} {run.id}: {c['name']}: {c['detail']}", {"failed": len(lost)})
     read = {(p.run.id, p.before.leg): readback_of(p.run, p.before.leg) for p in pairs}
     bad = [p for p in pairs if read[(p.run.id, p.before.leg)] is not None and not read[(p.run.id, p.before.leg)]["ok"]]
     if bad:
@@ -560,7 +577,7 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
         pairs = [p for run in runs if run.rung in RESUME_RUNGS for p in resumes(run)]
         never = [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]
         proofs = {
-            1: proof_1(pairs, cite, never),
+            1: proof_1(pairs, cite, never, runs),
             2: proof_resume_checks(2, runs, cfg, cite, never),
             3: proof_resume_checks(3, runs, cfg, cite, never),
             4: proof_resume_checks(4, runs, cfg, cite, never),

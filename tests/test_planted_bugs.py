@@ -80,6 +80,7 @@ def test_a_reshuffle_with_another_seed_each_leg_is_refused(tmp_path: Path, leg_t
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "cursor_mismatch" in bad["leg 1 finished"] and "seed=" in bad["leg 1 finished"], bad
+    report_fails(root, 1, 2)
 
 
 def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) -> None:
@@ -127,6 +128,7 @@ def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(proj
     bad = failed(checks)
     read = bad["leg 0: the launcher read back its checkpoint from the store"]
     assert code == 1 and "CheckpointDamaged" in read and "the manifest says" in read, bad
+    assert "CheckpointDamaged" in report_fails(project, 1)[1]
 
 
 SIGTERM_DEFAULT = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug: SIGTERM kills, no final push\n"
@@ -137,6 +139,7 @@ def test_no_final_push_on_sigterm(project: Path) -> None:
     code, checks = rehearse(project)
     bad = failed(checks)
     assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+    assert "stopped on sigterm" in report_fails(project, 1)[1]
 
 
 @pytest.mark.parametrize("example,after", [("flat_gpt", "iter_num = sess.resume()\n"), ("plain_loop", "sess.resume()\n")])
@@ -146,6 +149,7 @@ def test_no_final_push_on_sigterm_in_the_examples(example: str, after: str, tmp_
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+    report_fails(root, 1)
 
 
 def test_the_hf_trainer_told_to_ignore_its_data_skip_re_reads_the_epoch(tmp_path: Path, leg_tmp: Path) -> None:
