@@ -109,6 +109,14 @@ NO_EVENTS = ("the trainer printed no preflight events: it does not speak the leg
              "'Bring your own trainer': runtime.session.Session, or the events listed there)")
 
 
+def last_line(path: Path) -> str:
+    """The last non-blank line of a leg's log (what it said before it ended)."""
+    if not path.is_file():
+        return "(no log)"
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "(empty log)"
+
+
 def silent(ev: LegEvents) -> bool:
     """The leg's log holds no event line at all (damaged ones count as events: they tried)."""
     return not ev.items

@@ -11,7 +11,7 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
-from launcher.evidence import NO_EVENTS, Check, LegEvents, silent
+from launcher.evidence import NO_EVENTS, Check, LegEvents, last_line, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 
 LEGS = 3
@@ -42,18 +42,10 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
         detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
     if silent(ev) and out.result.exit_code not in (0, None) and not out.result.killed:
         detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
-                  f"preflight event; the last line of its log: {_last_line(ev.log)!r}")
+                  f"preflight event; the last line of its log: {last_line(ev.log)!r}")
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
-
-
-def _last_line(path) -> str:  # noqa: ANN001
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "(no log)"
-    return lines[-1][:200] if lines else "(empty log)"
 
 
 def check_pushed(ev: LegEvents) -> tuple[Check, int | None]:

@@ -27,7 +27,7 @@ from typing import Any
 from launcher import __version__
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
-from launcher.evidence import NO_EVENTS, Check, LegEvents, Pointer, silent
+from launcher.evidence import NO_EVENTS, Check, LegEvents, Pointer, last_line, silent
 from launcher.ledger import Ledger
 from launcher.measure import (RATE_REL_ERR_MAX, check_cadence, check_memory, cycle_cost, describe_breakdown,
                               memory_trend, step_breakdown, sustained)
@@ -169,13 +169,6 @@ class NoResume:
     @property
     def detail(self) -> str:
         return f"{self.run.rung} {self.run.id} leg {self.leg.leg} {self.reason}"
-
-
-def last_line(path: Path) -> str:
-    if not path.is_file():
-        return "(no log)"
-    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else "(empty log)"
 
 
 def failed_resumes(run: RunData) -> list[NoResume]:

@@ -39,10 +39,16 @@ def save_local(state: dict[str, Any], root: Path, step: int, meta: dict[str, Any
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     torch.save(state, folder / STATE_FILE)
-    files = tuple(FileEntry(p.name, p.stat().st_size, _sha256(p)) for p in sorted(folder.iterdir()))
+    return folder, write_manifest(folder, step, meta)
+
+
+def write_manifest(folder: Path, step: int, meta: dict[str, Any]) -> Manifest:
+    """The manifest of every file under `folder` (size and sha256 of the bytes written), written beside them."""
+    files = tuple(FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, _sha256(p))
+                  for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
     manifest = Manifest(checkpoint_name(step), step, files, meta)
     (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
-    return folder, manifest
+    return manifest
 
 
 def load_local(folder: Path, map_location: str = "cpu", seal: dict[str, Any] | None = None,

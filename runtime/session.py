@@ -68,6 +68,22 @@ class ResumeRefused(RuntimeError):
         self.reason = reason
 
 
+def stale_code_refused() -> bool:
+    """The reviewed files' guard, as every leg runs it: True (with the `stop` line printed)
+    when the files here differ from the sha256 the launcher passed."""
+    stale = stale_files(os.environ.get("LAUNCHER_FILES_SHA256"), Path.cwd())
+    if stale:
+        events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
+    return bool(stale)
+
+
+def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool) -> int:
+    """This rank's stop code (STOP_CODES; 0: go on): the deadline, with room for one more push
+    cycle and a few steps (at least 5 s), comes before a pending SIGTERM."""
+    margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
+    return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
+
+
 def _nothing() -> None:
     return None
 
@@ -136,9 +152,7 @@ class Session:
     # --- setup ------------------------------------------------------------------
 
     def _stale_guard(self) -> None:
-        stale = stale_files(os.environ.get("LAUNCHER_FILES_SHA256"), Path.cwd())
-        if stale:
-            events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
+        if stale_code_refused():
             self._exit(EXIT_REFUSED)
 
     def _exit(self, code: int) -> None:
@@ -245,9 +259,8 @@ class Session:
         if self.step_count >= self.max_steps:
             self.reason = "max_steps"
             return False
-        cycle = self.pusher.last_cycle_s if self.pusher else 0.0
-        margin = max(5.0, 2 * cycle + 3 * self._last_step_s)
-        local = 2 if time.time() + margin >= self.deadline else (1 if self._sigterm else 0)
+        local = local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._last_step_s,
+                           bool(self._sigterm))
         code = int(self.world.max(local))
         self._laps: dict[str, float] = {"sync": time.perf_counter() - self._t0}
         self._mark = time.perf_counter()

@@ -27,7 +27,6 @@ manifest and the verified mark before it sees them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -40,12 +39,12 @@ from transformers import TrainerCallback
 
 from runtime import events
 from runtime.batches import batch_digest
-from runtime.checkpoint import _sha256
+from runtime.checkpoint import write_manifest
 from runtime.cycle import Pusher
 from runtime.resume import restore_newest
-from runtime.state import stale_files
+from runtime.session import EXIT_REFUSED, STOP_CODES, local_stop, stale_code_refused
 from runtime.store import StoreError, open_store
-from runtime.store.base import MANIFEST, FileEntry, Manifest, checkpoint_name
+from runtime.store.base import MANIFEST, checkpoint_name
 
 
 def _check_windows(folder: Path, seal: dict[str, Any]) -> None:
@@ -75,10 +74,8 @@ class Preflight(TrainerCallback):
         self._last = time.perf_counter()
         self._step_s = 0.0
         events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="transformers")
-        stale = stale_files(env.get("LAUNCHER_FILES_SHA256"), Path.cwd())
-        if stale:
-            events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
-            sys.exit(3)
+        if stale_code_refused():
+            sys.exit(EXIT_REFUSED)
         self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
 
     # --- before training ---------------------------------------------------------
@@ -90,7 +87,7 @@ class Preflight(TrainerCallback):
             restored = restore_newest(self.store, restore, keep_files=True, check=lambda f, seal: _check_windows(f, seal))
         except StoreError as err:
             events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
-            sys.exit(3)
+            sys.exit(EXIT_REFUSED)
         if restored.info is None:
             return None
         self.resumed_at = self.pushed_at = restored.info.step
@@ -124,14 +121,9 @@ class Preflight(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
-        margin = max(5.0, 2 * (self.pusher.last_cycle_s if self.pusher else 0.0) + 3 * self._step_s)
-        stop = None
-        if state.global_step >= min(self.max_steps, state.max_steps):
-            stop = "max_steps"
-        elif time.time() + margin >= self.deadline:
-            stop = "deadline"
-        elif self._sigterm:
-            stop = "sigterm"
+        stop = "max_steps" if state.global_step >= min(self.max_steps, state.max_steps) else STOP_CODES.get(
+            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s,
+                       bool(self._sigterm)))
         if stop:
             self.reason = stop
             control.should_training_stop = True
@@ -160,10 +152,7 @@ class Preflight(TrainerCallback):
         dest = self.work / "ckpt" / checkpoint_name(step)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest, copy_function=os.link)  # hard links: no second copy of the bytes
-        files = tuple(FileEntry(p.relative_to(dest).as_posix(), p.stat().st_size, _sha256(p))
-                      for p in sorted(dest.rglob("*")) if p.is_file())
-        manifest = Manifest(checkpoint_name(step), step, files, {"run_id": self.run_id, "format": "transformers"})
-        (dest / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
+        manifest = write_manifest(dest, step, {"run_id": self.run_id, "format": "transformers"})
         blocked = self.pusher.submit(dest, manifest)
         events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
                     blocked_s=round(blocked, 4))
