@@ -33,7 +33,9 @@ demo: $(STAMP)
 # The docker-backend tests build and run the image for real: the engine (Debian's
 # docker.io, started here as root) and a debootstrap base image come first.
 # PREFLIGHT_SKIP_DOCKER=1 skips them on purpose; otherwise a missing engine fails.
+# The real-SkyPilot tier starts SkyPilot's own API server (offline); its host needs rsync.
 test: $(STAMP) $(HF_STAMP)
+	bash scripts/sky-host.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/docker-engine.sh && bash scripts/make-base-image.sh; fi
 	PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --basetemp=$(CURDIR)/.pytest-tmp
 

@@ -93,6 +93,8 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
        cpu: bool = typer.Option(False, "--cpu", help="Run a GPU rung's legs on the CPU: a dress rehearsal of "
                                 "the rung (no GPU checks; the report counts none of it as the target's)."),
        steps: Optional[int] = typer.Option(None, "--steps", help="Steps for this rung, overriding the config."),
+       retry_until_up: bool = typer.Option(False, "--retry-until-up", help="sky: when no cloud has capacity, "
+                                           "keep retrying (SkyPilot's retry_until_up) instead of exiting 3."),
        verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.live import LegView
@@ -113,7 +115,8 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
             raise refusal  # the exit code the real launch would end in
         return
     with LegView(err_console if json_out else console, verbose) as view:
-        outcome = run_up(cfg, config, rung, backend, gpus, view, nodes, allow_overdraft, cpu=cpu, steps=steps)
+        outcome = run_up(cfg, config, rung, backend, gpus, view, nodes, allow_overdraft, cpu=cpu, steps=steps,
+                         retry_until_up=retry_until_up)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})

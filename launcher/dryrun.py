@@ -54,16 +54,7 @@ def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus:
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":
-        from launcher.skytask import render
-
-        ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            task = render(cfg, rung.name, gpus=gpus, nodes=nodes, image_ref=ref, leg_env=env,
-                          out=Path(tmp) / "leg-0.sky.yaml")
-        out += [f"# leg 0 task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
-        if not env["LAUNCHER_STORE"].startswith("hf://"):
-            out.append(f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
-                       "(set store: hf://owner/repo)")
+        out += _sky_leg0(cfg, ledger, rung, gpus, nodes, reviewed, env)
     elif backend == "docker":
         from launcher.backends.base import LegSpec
         from launcher.backends.docker import run_argv
@@ -77,3 +68,32 @@ def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus:
         out.append(f"$ cd <fresh empty dir> && {assigns} {shlex.join(resolve_command(cfg.trainer.command))}")
     out.append("quota: " + project(cfg, ledger, rung, gpus, nodes).describe())
     return "\n".join(out)
+
+
+def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | None, nodes: int,
+              reviewed: dict[str, str], env: dict[str, str]) -> list[str]:
+    """Leg 0's task YAML, and SkyPilot's own dry run of it: the instance its optimizer
+    picks and what that costs per hour, host VM included (with the rung's total at that price)."""
+    import os
+
+    from launcher.backends.base import LegSpec
+    from launcher.backends.sky import SkyBackend
+    from launcher.skytask import sky_module
+
+    ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
+    secrets = {name: os.environ[name] for name in cfg.secrets if name in os.environ}
+    spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, secrets, gpus=gpus)
+    backend = SkyBackend(cfg, ref, nodes, sky=sky_module())
+    with tempfile.TemporaryDirectory() as tmp:
+        task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")
+    out = [f"# leg 0 task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
+    if pick is None:
+        out.append(f"skypilot: no pick or price ({why}); the costs below use launcher.yaml prices")
+    else:
+        hours = rung.legs * cfg.rung(rung.name).budget_minutes / 60.0
+        out.append(f"skypilot: picks {pick.describe()} (SkyPilot's optimizer, host VM included); "
+                   f"{rung.legs} legs x {hours / rung.legs:g} h budget = ${pick.hourly_usd * hours:.2f} at most")
+    if not env["LAUNCHER_STORE"].startswith("hf://"):
+        out.append(f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
+                   "(set store: hf://owner/repo)")
+    return out

@@ -48,6 +48,9 @@ def fast_ledger(args: list[str]) -> Callable[[], None] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from launcher.errors import interrupt_on_hangup
+
+    interrupt_on_hangup()  # SIGTERM / SIGHUP end the launcher as Ctrl-C does: teardown runs
     args = sys.argv[1:] if argv is None else argv
     call = fast_ledger(args[1:]) if args[:1] == ["ledger"] else None
     if call is None:

@@ -139,3 +139,19 @@ def guarded(call: "Callable[[], int | None]") -> int:
         return exit_code_for(err)
     except KeyboardInterrupt as err:
         return exit_code_for(err)
+
+
+def interrupt_on_hangup() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, `kill`, a CI timeout) end the launcher as
+    Ctrl-C does: every leg's teardown runs (a cluster is downed, a container removed)
+    and the run is closed in the ledger. SIGKILL skips all of it: the next command reaps."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (an embedding caller keeps its own)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)

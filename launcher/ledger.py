@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -27,6 +27,8 @@ MIGRATIONS = {
     4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
     5: ["ALTER TABLE reservations ADD COLUMN pid_start INTEGER"],
     6: ["ALTER TABLE legs ADD COLUMN role TEXT"],
+    7: ["ALTER TABLE legs ADD COLUMN hourly_usd REAL", "ALTER TABLE legs ADD COLUMN cost_source TEXT",
+        "ALTER TABLE legs ADD COLUMN placement TEXT"],
 }
 LOCK_WAIT_S = 5.0
 """How long a command waits for another launcher's write before it says who holds the ledger."""
@@ -113,6 +115,9 @@ CREATE TABLE IF NOT EXISTS legs (
     task_sha256 TEXT,                      -- the rendered SkyPilot task YAML (sky backend)
     pid         INTEGER,                   -- local backend: the leg's process (group) id, for `launcher stop`
     role        TEXT,                      -- NULL for a leg of the run timeline, straight for the uninterrupted reference run
+    hourly_usd  REAL,                      -- one instance per hour, host VM included, where the backend priced it (sky)
+    cost_source TEXT,                      -- skypilot optimizer | config prices | none
+    placement   TEXT,                      -- JSON {cloud, region, zone, instance_type}: where the leg ran (sky)
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS stops (
@@ -186,7 +191,8 @@ def describe_holders(path: Path) -> str:
 
 
 RUN_NUMBERS = ("gpu_count", "nodes", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd")
-LEG_NUMBERS = ("leg", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd", "pid", "killed")
+LEG_NUMBERS = ("leg", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd", "pid", "killed",
+               "hourly_usd")
 
 
 def _clean(row: dict[str, Any], numbers: tuple[str, ...], json_cols: dict[str, type]) -> dict[str, Any]:
@@ -213,6 +219,13 @@ def _clean(row: dict[str, Any], numbers: tuple[str, ...], json_cols: dict[str, t
     if damaged:
         row["damaged"] = damaged
     return row
+
+
+def _json_or_none(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -330,12 +343,14 @@ class Ledger:
             db.execute(f"INSERT INTO legs ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def end_leg(self, run_id: str, leg: int, *, ended_at: float, exit_code: int | None, killed: bool,
-                end_reason: str, billed_gpu_hours: float, cost_usd: float | None) -> None:
+                end_reason: str, billed_gpu_hours: float, cost_usd: float | None, cost_source: str | None = None,
+                placement: dict[str, str] | None = None) -> None:
         with self.transaction() as db:
             db.execute(
-                "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?"
-                " WHERE run_id=? AND leg=?",
-                (ended_at, exit_code, int(killed), end_reason, billed_gpu_hours, cost_usd, run_id, leg))
+                "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?,"
+                " cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement) WHERE run_id=? AND leg=?",
+                (ended_at, exit_code, int(killed), end_reason, billed_gpu_hours, cost_usd, cost_source,
+                 json.dumps(placement, sort_keys=True) if placement else None, run_id, leg))
 
     def add_checks(self, run_id: str, checks: list[dict[str, Any]]) -> None:
         with self.transaction() as db:
@@ -351,6 +366,10 @@ class Ledger:
             billed, cost = db.execute(
                 "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?",
                 (run_id,)).fetchone()
+            legs = sorted({r[0] for r in db.execute("SELECT DISTINCT cost_source FROM legs WHERE run_id=? AND "
+                                                    "cost_source IS NOT NULL", (run_id,))})
+            if legs:  # what the legs were priced by, where they say
+                cost_source = " + ".join(legs)
             db.execute("UPDATE runs SET ended_at=?, exit_code=?, verdict=?, billed_gpu_hours=?, cost_usd=?,"
                        " cost_source=? WHERE id=?",
                        (ended_at, exit_code, verdict, billed, cost, cost_source, run_id))
@@ -377,6 +396,7 @@ class Ledger:
                            for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
             for leg in run["legs"]:
                 leg["killed"] = bool(leg["killed"])
+                leg["placement"] = _json_or_none(leg.get("placement"))
             run["checks"] = [_clean(dict(r, ok=bool(r["ok"])), (), {"evidence": list})
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)

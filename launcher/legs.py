@@ -22,7 +22,7 @@ from typing import Any, Callable
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
 from launcher.config import Config, GpuSpec
 from launcher.evidence import LegEvents
-from launcher.errors import BadInput
+from launcher.errors import LauncherError
 from launcher.ladder import Rung
 from launcher.ledger import Ledger
 from runtime.store.seal import KEY_ENV
@@ -106,11 +106,23 @@ class RunContext:
 
         return open_store(self.store_uri, f"runs/{self.run_id}", key=self.store_key)
 
-    def billed(self, wall_seconds: float) -> tuple[float, float | None]:
-        """(GPU-hours, USD): instance-seconds x GPUs per node, priced from the config."""
-        hours = wall_seconds / 3600.0 * self.gpu_count
+    def instance_hourly(self, pick: Any) -> float | None:
+        """One instance's price per hour where the backend priced it (sky: SkyPilot's optimizer)."""
+        return None if pick is None else pick.hourly_usd / max(1, pick.nodes)
+
+    def billed(self, result: LegResult) -> tuple[float, float | None, str]:
+        """(GPU-hours, USD, cost source) of a leg: instance-seconds x GPUs per node; priced per
+        instance-hour where the backend knows the instance's price (host VM included), else
+        per GPU-hour from the config's prices."""
+        seconds = result.billed_seconds if result.billed_seconds is not None else result.wall_seconds
+        gpu_per_instance = self.gpus.count if self.gpus else 0
+        hours = seconds / 3600.0 * gpu_per_instance
+        if result.instance_hourly_usd is not None:
+            return hours, seconds / 3600.0 * result.instance_hourly_usd, result.cost_source or "backend"
         price = self.cfg.prices.get(self.gpus.name) if self.gpus else None
-        return hours, (hours * price if price is not None else (0.0 if self.gpu_count == 0 else None))
+        if price is not None:
+            return hours, hours * price, "config prices"
+        return hours, (0.0 if gpu_per_instance == 0 and self.backend.name != "sky" else None), "none"
 
 
 class RunStopped(Exception):
@@ -192,15 +204,26 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
             time.sleep(max(0.0, deadline - 5.0 - time.time() + 0.5))
             ctx.backend.thaw(started[0])
 
-    handle = ctx.backend.launch(spec, on_line=on_line)
-    started.append(handle)
-    ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
-                          "instance": handle.instance, "command": list(handle.command),
-                          "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
-                          "started_at": handle.started_at,
-                          "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
-                          "pid": getattr(getattr(handle, "proc", None), "pid", None),
-                          "role": "straight" if ending.straight else None})
+    def record(handle: LegHandle) -> None:
+        started.append(handle)
+        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
+                              "instance": handle.instance, "command": list(handle.command),
+                              "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
+                              "started_at": handle.started_at,
+                              "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
+                              "pid": getattr(getattr(handle, "proc", None), "pid", None),
+                              "role": "straight" if ending.straight else None,
+                              "hourly_usd": ctx.instance_hourly(getattr(handle, "pick", None)),
+                              "cost_source": getattr(handle, "cost_source", None)})
+
+    try:
+        handle = ctx.backend.launch(spec, on_line=on_line, on_instance=record)
+    except BaseException:
+        if started:  # recorded, then the launch itself failed or was interrupted: nothing was started
+            ctx.ledger.end_leg(ctx.run_id, leg, ended_at=time.time(), exit_code=None, killed=True,
+                               end_reason="launch interrupted before it started", billed_gpu_hours=0.0,
+                               cost_usd=0.0)
+        raise
     result = None
     try:
         grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
@@ -219,7 +242,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
             result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
             if result is None and time.time() >= give_up:
                 result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
-    except BadInput:  # the backend could not launch at all (sky: no cloud): nothing ran, nothing is billed
+    except LauncherError:  # the backend could not launch at all (sky: no cloud, no capacity): nothing ran, nothing billed
         result = LegResult(None, handle.started_at, time.time(), False, "not launched", billed_seconds=0.0)
         raise
     finally:
@@ -227,10 +250,10 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
             result = ctx.backend.kill(handle, reason="launcher interrupted")
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
-        hours, cost = ctx.billed(result.billed_seconds if result.billed_seconds is not None else result.wall_seconds)
+        hours, cost, source = ctx.billed(result)
         ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
                            killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
-                           cost_usd=cost)
+                           cost_usd=cost, cost_source=source, placement=result.placement)
     return LegOutcome(result, LegEvents.read(leg, log_path))
 
 

@@ -8,8 +8,10 @@ still running and its disk. The next launcher command ends all of that:
   drill's kill would), their leg dirs removed, their containers removed.
 
 The leash (launcher.backends.leash) usually did the killing already, the moment
-the launcher died; this is the check after it. A SkyPilot cluster is the sky
-backend's to tear down; it is named in the log here, never assumed gone.
+the launcher died; this is the check after it. A SkyPilot cluster is asked
+after, never assumed gone: still up, its job is cancelled and it is taken down
+now; either way its leg is billed to when it stopped (now, or SkyPilot's cost
+report), and the run and its reservation are settled again with that.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ def end_dead_runs(ledger: Ledger) -> list[str]:
             dead = reconcile(db)
     except (sqlite3.Error, LauncherError):
         return []
-    clean_up(dead)
+    clean_up(dead, ledger)
     return [d.run_id for d in dead]
 
 
-def clean_up(dead: "list[DeadRun]") -> None:
+def clean_up(dead: "list[DeadRun]", ledger: Ledger) -> None:
     """Kill what the dead runs' legs left running and remove their disks."""
     from launcher.backends.leash import kill_leg, leg_token
 
@@ -63,8 +65,25 @@ def clean_up(dead: "list[DeadRun]") -> None:
                     subprocess.run([docker, "rm", "-f", leg["instance"]], capture_output=True, check=False,
                                    timeout=60)
             elif leg["backend"] == "sky":
-                sys.stderr.write(f"note: run {run.run_id} leg {leg['leg']} ran on cluster {leg['instance']}: "
-                                 f"check `sky status` and `sky down {leg['instance']}`\n")
+                _reap_cluster(ledger, run.run_id, leg)
+
+
+def _reap_cluster(ledger: Ledger, run_id: str, leg: dict) -> None:
+    """Down the dead leg's cluster if SkyPilot still has it, and bill the leg to when it stopped."""
+    from launcher.backends.sky import reap
+    from launcher.spend import settle_leg
+
+    try:
+        reaped = reap(leg["instance"])
+    except LauncherError as err:  # skypilot not installed here: say what to check
+        reaped = None
+        sys.stderr.write(f"note: run {run_id} leg {leg['leg']} ran on cluster {leg['instance']}: {err.message}; "
+                         f"check `sky status` and `sky down {leg['instance']}`\n")
+    if reaped is None:
+        return
+    sys.stderr.write(f"note: run {run_id} leg {leg['leg']} (launcher died): {reaped.detail}\n")
+    if reaped.ended_at is not None:
+        settle_leg(ledger, run_id, leg["leg"], reaped.ended_at, f"launcher died; {reaped.detail}")
 
 
 def _remove_leg_dir(path: Path, run_id: str) -> None:

@@ -2,10 +2,19 @@
 
 The templates live in `sky/<rung>.yaml` (a project's own `sky/` overrides the
 launcher's). Per leg this fills in what only the launcher knows — accelerators,
-nodes, the pinned image, the leg environment, the secret names — writes the
-result next to the leg's log, and validates it with `sky.Task.from_yaml` before
-anything launches. SkyPilot's validation is weak in places (it accepts `T44:2`
-and a missing local mount source), so those are checked here first.
+nodes, the pinned image, the leg environment, the placement leg 0 got — adds the
+backstops that keep a cluster from outliving its launcher (autostop with down,
+and a hard wall-clock cap around `run`, since autostop waits for the job to
+end), writes the result next to the leg's log, and validates it with
+`sky.Task.from_yaml` before anything launches.
+
+Secrets are never in the file. In SkyPilot 0.14 a `secrets: {NAME: null}` entry
+is a reference to a managed secrets provider, which `Task.update_secrets` does
+not clear, and the API server refuses the launch ("No value available for
+secret(s)"); so a template's null entries are dropped here and the values are
+given to the in-memory task at launch (`task_for_launch`). SkyPilot's validation
+is weak in places (it accepts `T44:2` and a missing local mount source), so
+those are checked here first.
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ KNOWN_ACCELERATORS = {
     "tpu-v2-8", "tpu-v3-8", "tpu-v4-8", "tpu-v5e-8", "tpu-v5p-8", "tpu-v6e-8",
 }
 IMAGE_REF = re.compile(r"^docker:[\w./:-]+(@sha256:[0-9a-f]{64})?$")
+AUTOSTOP_IDLE_MINUTES = 10
+"""The cluster downs itself this long after its job ended, if nobody did it sooner."""
+HARD_CAP_KILL_AFTER_S = 120
+"""After the hard cap's SIGTERM, SIGKILL this much later (the trainer pushes its final checkpoint first)."""
+DOCKER_LOGIN_VARS = ("SKYPILOT_DOCKER_USERNAME", "SKYPILOT_DOCKER_PASSWORD", "SKYPILOT_DOCKER_SERVER")
+"""A private registry's credentials: passed like the other secrets, all three or none."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +83,13 @@ def train_args(command: list[str]) -> str:
 
 
 def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
-           leg_env: dict[str, str], out: Path) -> RenderedTask:
-    """Fill the rung's template for one leg and write it to `out`."""
+           leg_env: dict[str, str], out: Path, hard_stop: float | None = None,
+           pin: dict[str, str] | None = None) -> RenderedTask:
+    """Fill the rung's template for one leg and write it to `out`.
+
+    `hard_stop` (unix seconds): the run command is killed then, whatever the
+    trainer does. `pin`: cloud / region / zone / instance_type for this leg (the
+    placement leg 0 got), so the legs of one rung run on the same kind of machine."""
     import yaml
 
     template = yaml.safe_load(template_path(cfg, rung).read_text()) or {}
@@ -83,15 +103,58 @@ def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_re
     if not IMAGE_REF.match(f"docker:{image_ref}"):
         raise BadInput(f"image reference {image_ref!r} is not repo[:tag][@sha256:<digest>]")
     resources["image_id"] = f"docker:{image_ref}"
+    resources.update({k: v for k, v in (pin or {}).items() if v})
+    resources["autostop"] = {"idle_minutes": AUTOSTOP_IDLE_MINUTES, "down": True}
     task["num_nodes"] = nodes
     task["envs"] = {**(task.get("envs") or {}), **leg_env, "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
-    task["secrets"] = {name: None for name in cfg.secrets}  # names only: values come at launch
+    task["secrets"] = _template_secrets(task.get("secrets"), rung)
+    if not task["secrets"]:
+        del task["secrets"]
+    if hard_stop is not None:
+        task["envs"]["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
+        task["run"] = hard_capped(str(task.get("run") or ""))
     check_mounts(task, cfg.root)
     text = yaml.dump(task, Dumper=_block_dumper(), sort_keys=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     validate(out)
     return RenderedTask(out, hashlib.sha256(text.encode()).hexdigest(), text)
+
+
+def _template_secrets(entries: Any, rung: str) -> dict[str, Any]:
+    """A template's `secrets:`: null entries (SkyPilot's managed-secret references,
+    which no provider here resolves) are dropped, the names belong in launcher.yaml;
+    a value written in the file is refused."""
+    written = [name for name, value in (entries or {}).items() if value is not None]
+    if written:
+        raise BadInput(f"sky/{rung}.yaml: secrets.{written[0]} holds a value: a secret is never written to a "
+                       "task file", hint="list its name under `secrets:` in launcher.yaml and export it")
+    return {}
+
+
+def hard_capped(run: str) -> str:
+    """`run` under a wall-clock cap at $PREFLIGHT_HARD_STOP: SIGTERM then (the trainer's
+    final push) SIGKILL. Autostop only counts idle time once the job has ended, so a
+    trainer that never stops would keep the cluster billing without this."""
+    return ("# preflight: the hard cap (the leg's deadline + grace); autostop downs the cluster after it\n"
+            "left=$(( PREFLIGHT_HARD_STOP - $(date +%s) )); [ \"$left\" -gt 0 ] || left=1\n"
+            f"exec timeout --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+
+
+def task_for_launch(sky: Any, path: Path, secrets: dict[str, str]) -> Any:
+    """The rendered file as SkyPilot's Task, with the secrets' values given in memory
+    (never written to disk), a private registry's login among them when exported."""
+    import os
+
+    task = sky.Task.from_yaml(str(path))
+    login = {name: os.environ[name] for name in DOCKER_LOGIN_VARS if os.environ.get(name)}
+    if login and len(login) != len(DOCKER_LOGIN_VARS):
+        raise BadInput(f"a private registry needs all of {', '.join(DOCKER_LOGIN_VARS)}; only "
+                       f"{', '.join(sorted(login))} set")
+    values = {**secrets, **login}
+    if values:
+        task.update_secrets(values)
+    return task
 
 
 def _block_dumper() -> type:

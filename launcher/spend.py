@@ -209,7 +209,7 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
              proj.rung_gpu_hours, usd, int(bool(over)), arithmetic)).lastrowid
     from launcher.reconcile import clean_up
 
-    clean_up(dead)
+    clean_up(dead, ledger)
     remaining = None if quota is None else max(0.0, quota - used - held)
     return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
 
@@ -223,6 +223,32 @@ def settle(ledger: Ledger, reservation_id: int, run_id: str) -> None:
                                  "WHERE run_id=?", (run_id,)).fetchone()
         db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how='billed' "
                    "WHERE id=?", (time.time(), billed, usd, reservation_id))
+
+
+def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: str,
+               granularity_s: float = 60.0) -> None:
+    """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
+    record): billed from its start to then, at the price it was launched at; the run and
+    its reservation settled again with the sum of the run's legs."""
+    import math
+    import time
+
+    with ledger.transaction() as db:
+        row = db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes, r.gpu_name FROM legs l "
+                         "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?", (run_id, leg)).fetchone()
+        if row is None:
+            return
+        seconds = math.ceil(max(0.0, ended_at - row["started_at"]) / granularity_s) * granularity_s * row["nodes"]
+        hours = seconds / 3600.0 * row["gpu_count"]
+        usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
+        db.execute("UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), end_reason=? "
+                   "WHERE run_id=? AND leg=?", (ended_at, hours, usd, reason, run_id, leg))
+        billed, cost = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs "
+                                  "WHERE run_id=?", (run_id,)).fetchone()
+        db.execute("UPDATE runs SET billed_gpu_hours=?, cost_usd=? WHERE id=?", (billed, cost, run_id))
+        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
+                   "WHERE run_id=?", (time.time(), billed, cost or 0.0,
+                                      "reconciled (launcher died; billed to the cluster's end)", run_id))
 
 
 def summary(cfg: Config, ledger: Ledger, gpus: GpuSpec | None, nodes: int = 1) -> dict[str, Any]:

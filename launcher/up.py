@@ -161,11 +161,12 @@ def _sky_store(cfg: Config) -> None:
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
        show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False, cpu: bool = False,
-       steps: int | None = None) -> Outcome:
+       steps: int | None = None, retry_until_up: bool = False) -> Outcome:
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
     cfg = with_steps(cfg, rung, steps)
-    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft)
+    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft,
+                   retry_until_up=retry_until_up)
 
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
@@ -190,7 +191,8 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
 
 def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,
             show: Callable[[int, str], None], nodes: int,
-            runner: Callable[[RunContext, Any], list[Check]], allow_overdraft: bool = False) -> Outcome:
+            runner: Callable[[RunContext, Any], list[Check]], allow_overdraft: bool = False,
+            retry_until_up: bool = False) -> Outcome:
     """Guard, record, run `runner`, close the record (also when interrupted)."""
     if rung.legs and backend_name == "docker":
         from launcher.image import docker_cli
@@ -205,7 +207,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
                       hint="run `launcher review` after reading the files to be run")
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
-        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes)
+        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes, retry_until_up)
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
                          nodes)
@@ -251,7 +253,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
 
 
 def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
-                 reviewed: dict[str, str], nodes: int) -> tuple[Backend, str | None]:
+                 reviewed: dict[str, str], nodes: int, retry_until_up: bool = False) -> tuple[Backend, str | None]:
     """The backend the rung's legs run on, and the image they run (see _image_for)."""
     if not rung.legs:
         return _HostBackend(), None
@@ -259,7 +261,7 @@ def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
     if name == "docker":
         return get_backend("docker", image=image), image
     if name == "sky":
-        return get_backend("sky", cfg=cfg, image_ref=image, nodes=nodes), image
+        return get_backend("sky", cfg=cfg, image_ref=image, nodes=nodes, retry_until_up=retry_until_up), image
     return get_backend(name), None
 
 

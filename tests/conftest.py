@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 LAUNCHER = Path(sys.executable).with_name("launcher")
 
@@ -98,3 +99,71 @@ def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", tim
 
     return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
                     retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)
+
+
+SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
+"""A pushed image the sky tests' ledgers record (no registry is contacted)."""
+
+
+@pytest.fixture
+def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
+    """The project with a hub store and a (recorded) pushed image of its reviewed files."""
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["store"] = "hf://tester/ckpts"
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_good")
+    from launcher.config import load_config
+    from launcher.ledger import Ledger
+    from launcher.manifest import files_digest
+
+    cfg = load_config(project / "launcher.yaml")
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    files = ledger.latest_review().files
+    row = ledger.record_image({"tag": "t", "image_id": "sha256:" + "0" * 64, "base": "b", "lock": "cpu.lock",
+                               "files_digest": files_digest(files), "files": files, "runtime_digest": "r",
+                               "built_at": 0.0, "seconds": 0.0})
+    ledger.set_pushed(row, SKY_IMAGE_REF)
+    ledger.close()
+    return cfg
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SkyPilot's own API server for the whole session (tests/sky_server.py), started before
+    any test module imports `sky`: the client reads SKY_RUNTIME_DIR (where the vendored
+    catalog is) at import, and a client that finds no server starts one of its own in the
+    real HOME. Every test and every launcher subprocess talks to this one."""
+    import shutil
+    import tempfile
+
+    from tests import sky_server
+
+    home = Path(tempfile.mkdtemp(prefix="preflight-skyhome-"))
+    try:
+        server = sky_server.start(home)
+    except Exception:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
+    os.environ.update(server.env)
+    config.stash[_SKY_SERVER] = server
+    sky_server.SESSION.append(server)
+
+
+def sky_server_of():  # noqa: ANN201 - tests.sky_server.SkyServer
+    """The session's SkyPilot API server (to switch which clouds it has enabled)."""
+    from tests.sky_server import SESSION
+
+    return SESSION[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    server = config.stash.get(_SKY_SERVER, None)
+    if server is not None:
+        server.stop()
+        shutil.rmtree(server.home, ignore_errors=True)
+
+
+_SKY_SERVER = pytest.StashKey()

@@ -3,8 +3,8 @@ backend's SDK call sequence against a recording stand-in (tests/sky_standin.py).
 
 from __future__ import annotations
 
-import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +14,8 @@ import yaml
 from launcher import up as up_module
 from launcher.config import load_config, parse_gpus
 from launcher.errors import BadInput
-from launcher.ledger import Ledger
-from launcher.manifest import files_digest
 from launcher.skytask import render, sky_module
 from tests.conftest import assert_one_line_error, run_cli, run_rows
-from tests.sky_standin import JOB_FAILED, RecordingSky
 
 ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
        "LAUNCHER_MAX_STEPS": "30", "LAUNCHER_DEADLINE": "0", "LAUNCHER_FILES_SHA256": "{}"}
@@ -39,14 +36,93 @@ def test_every_rung_renders_yaml_skypilot_accepts(project: Path, tmp_path: Path,
     if spec is not None:
         assert resources.accelerators == {spec.name: spec.count}
     assert parsed.envs["LAUNCHER_TRAIN_ARGS"] == "train.py --ckpt-every 5"
-    assert "hf_" not in task.yaml_text and yaml.safe_load(task.yaml_text)["secrets"] == {"HF_TOKEN": None}
+    assert "hf_" not in task.yaml_text and "secrets" not in yaml.safe_load(task.yaml_text)
+    assert not parsed.managed_secret_refs  # nothing for a secrets provider to resolve: values come at launch
+    # The backstops a launcher that dies leaves behind: autostop with down, and the hard cap around `run`.
+    assert yaml.safe_load(task.yaml_text)["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
+    assert resources.autostop_config is not None and resources.autostop_config.down
+
+
+def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path, tmp_path: Path) -> None:
+    """The rendered `run`, executed by bash as SkyPilot would (with torchrun standing in as
+    `echo`): a CPU instance gets one process, an argument with spaces stays whole, and the
+    hard cap wraps it all."""
+    import shlex
+    import subprocess
+
+    data = yaml.safe_load((project / "launcher.yaml").read_text())
+    data["trainer"]["command"] = ["python", "train.py", "--note", "two words", "--empty", ""]
+    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(project / "launcher.yaml")
+    task = render(cfg, "rehearsal", gpus=None, nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml",
+                  hard_stop=time.time() + 60)
+    parsed = yaml.safe_load(task.yaml_text)
+    assert "exec timeout --signal=TERM --kill-after=120" in parsed["run"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
+    (bindir / "torchrun").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LAUNCHER_APP_DIR": str(tmp_path), "SKYPILOT_NUM_NODES": "1",
+           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+           **{k: str(v) for k, v in parsed["envs"].items()}}
+    out = subprocess.run(["bash", "-c", parsed["run"]], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "[--nproc_per_node=1]" in out.stdout  # a CPU instance still runs one process
+    assert out.stdout.endswith("[train.py][--note][two words][--empty][]"), out.stdout
+    assert shlex.split(parsed["envs"]["LAUNCHER_TRAIN_ARGS"])[2] == "two words"
+
+
+def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(project: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the client sends the API server is the task serialized by SkyPilot's own
+    dump; what the server runs is that YAML loaded by its own loader. No null entry (a
+    managed-secret reference no provider resolves) may survive it."""
+    from sky.utils import dag_utils
+
+    from launcher.skytask import task_for_launch
+
+    cfg = load_config(project / "launcher.yaml")
+    task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV,
+                  out=tmp_path / "t.yaml")
+    monkeypatch.setenv("SKYPILOT_DOCKER_USERNAME", "robot")
+    monkeypatch.setenv("SKYPILOT_DOCKER_PASSWORD", "registry-pass")
+    monkeypatch.setenv("SKYPILOT_DOCKER_SERVER", "registry.example.com")
+    sent = task_for_launch(sky, task.path, {"HF_TOKEN": "hf_secret_value"})
+    dag = sky.Dag()
+    dag.add(sent)
+    wire = dag_utils.dump_dag_to_yaml_str(dag)
+    [received] = dag_utils.load_dag_from_yaml_str(wire).tasks
+    assert not received.managed_secret_refs
+    values = {k: v.get_secret_value() for k, v in received.secrets.items()}
+    assert values["HF_TOKEN"] == "hf_secret_value" and values["SKYPILOT_DOCKER_PASSWORD"] == "registry-pass"
+    assert "hf_secret_value" not in task.path.read_text() and "registry-pass" not in task.path.read_text()
+    [resources] = list(received.resources)
+    assert resources.extract_docker_image() is not None
+
+
+def test_a_template_secret_is_a_name_never_a_value(project: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.skytask import task_for_launch
+
+    template = yaml.safe_load((Path(__file__).parent.parent / "sky" / "smoke.yaml").read_text())
+    (project / "sky").mkdir()
+    cfg = load_config(project / "launcher.yaml")
+    (project / "sky" / "smoke.yaml").write_text(yaml.safe_dump({**template, "secrets": {"HF_TOKEN": None}}))
+    task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml")
+    assert "secrets" not in yaml.safe_load(task.yaml_text)  # the 0.13-style null entry is dropped, not sent
+    (project / "sky" / "smoke.yaml").write_text(yaml.safe_dump({**template, "secrets": {"HF_TOKEN": "hf_x"}}))
+    with pytest.raises(BadInput, match="secrets.HF_TOKEN holds a value"):
+        render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "u.yaml")
+    monkeypatch.setenv("SKYPILOT_DOCKER_USERNAME", "robot")  # one of three: refused, not half-passed
+    with pytest.raises(BadInput, match="private registry needs all of"):
+        task_for_launch(sky, task.path, {})
 
 
 def test_dry_run_prints_yaml_skypilot_accepts_and_records_nothing(project: Path, tmp_path: Path) -> None:
     res = run_cli(["up", "probe", "--gpus", "T4:2", "--backend", "sky", "--dry-run"], cwd=project)
     # It prints all of it, and exits as the real launch would: a file:// store is bad input on sky.
     assert_one_line_error(res, 2, "a real launch would be refused", "hf://owner/repo")
-    text = res.out.split("sha256", 1)[1].split("\n", 1)[1].split("\nnote:")[0].split("\nquota:")[0]
+    text = res.out.split("sha256", 1)[1].split("\n", 1)[1].split("\nskypilot:")[0]
     (tmp_path / "printed.yaml").write_text(text)
     assert sky.Task.from_yaml(str(tmp_path / "printed.yaml")).num_nodes == 1
     assert "quota: 2 legs x 90 min x 2 GPUs x 1 nodes = 6.00 GPU-h" in res.out
@@ -87,96 +163,3 @@ def test_sky_launch_needs_a_reachable_store(project: Path) -> None:
     assert run_rows(project) == 0
 
 
-@pytest.fixture
-def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
-    """The project with a hub store and a (recorded) pushed image of its reviewed files."""
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["store"] = "hf://tester/ckpts"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
-    monkeypatch.setenv("HF_TOKEN", "hf_good")
-    cfg = load_config(project / "launcher.yaml")
-    ledger = Ledger(cfg.state_path / "ledger.db")
-    files = ledger.latest_review().files
-    row = ledger.record_image({"tag": "t", "image_id": "sha256:" + "0" * 64, "base": "b", "lock": "cpu.lock",
-                               "files_digest": files_digest(files), "files": files, "runtime_digest": "r",
-                               "built_at": 0.0, "seconds": 0.0})
-    ledger.set_pushed(row, REF)
-    ledger.close()
-    return cfg
-
-
-def run_sky(cfg, monkeypatch: pytest.MonkeyPatch, standin: RecordingSky, rung: str, gpus: str | None):  # noqa: ANN001, ANN201
-    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
-    return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None)
-
-
-def test_one_new_cluster_per_leg_always_downed_and_billed(sky_project, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    standin = RecordingSky(sky_project.root / "train.py", job_exit=JOB_FAILED)
-    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
-    checks = {c.name: c for c in outcome.checks}
-    # The stand-in's "GPU" is this CPU: smoke's device checks say no; everything else holds.
-    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
-        {n: c.detail for n, c in checks.items() if not c.ok}
-    launched = standin.clusters_of("launch")
-    assert len(launched) == len(set(launched)) == 3
-    assert standin.clusters_of("down") == launched  # down for every leg, in order
-    for cluster in launched:  # launch -> stream -> tail -> down, per leg
-        seq = [c for c in standin.calls if c[1] in (cluster, f"launch:{cluster}", f"down:{cluster}")]
-        assert [name for name, _ in seq] == ["launch", "stream_and_get", "tail_logs", "down", "stream_and_get"]
-    ledger = Ledger(sky_project.state_path / "ledger.db")
-    run = ledger.runs()[0]
-    ledger.close()
-    assert run["image"] == REF and run["backend"] == "sky"
-    for leg in run["legs"]:
-        # The exit code is the trainer's own (from its events), not tail_logs' JobExitCode (100).
-        assert leg["exit_code"] == 0 and leg["task_sha256"] and leg["command"][:2] == ["sky", "launch"]
-        billed_s = math.ceil((leg["ended_at"] - leg["started_at"]) / 60) * 60
-        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600)
-        assert leg["cost_usd"] == pytest.approx(leg["billed_gpu_hours"] * 0.35)
-
-
-def test_failed_setup_is_still_downed_and_billed(sky_project, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    standin = RecordingSky(sky_project.root / "train.py", fail_setup=True)
-    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
-    assert outcome.exit_code == 1
-    assert standin.clusters_of("down") == standin.clusters_of("launch") and len(standin.clusters_of("launch")) == 1
-    leg0 = next(c for c in outcome.checks if c.name == "leg 0 finished")
-    assert not leg0.ok and "sky error: RuntimeError: Failed to run setup" in leg0.detail
-    ledger = Ledger(sky_project.state_path / "ledger.db")
-    [leg] = ledger.runs()[0]["legs"]
-    ledger.close()
-    assert leg["billed_gpu_hours"] == pytest.approx(60 / 3600)  # the one-minute minimum is billed all the same
-
-
-def test_kill_downs_the_cluster(sky_project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # noqa: ANN001
-    import time
-
-    from launcher.backends.base import LegSpec
-    from launcher.backends.sky import SkyBackend
-
-    standin = RecordingSky(sky_project.root / "train.py")
-    backend = SkyBackend(sky_project, REF, sky=standin)
-    env = {**ENV, "LAUNCHER_STORE": "hf://tester/ckpts", "LAUNCHER_MAX_STEPS": "100000"}
-    lines: list[str] = []
-    handle = backend.launch(LegSpec("killrun", 0, "smoke", ("python", "train.py"), env,
-                                    log_path=tmp_path / "leg-0.log", gpus=parse_gpus("T4:1")), on_line=lines.append)
-    deadline = time.time() + 60
-    while not any('"event": "step"' in ln for ln in lines) and time.time() < deadline:
-        time.sleep(0.05)
-    result = backend.kill(handle, reason="drill")
-    assert result.killed and result.exit_code == -9 and result.end_reason == "drill"
-    assert standin.clusters_of("down")[0] == handle.instance
-
-
-def test_no_cloud_is_exit_2_with_skypilots_reason_and_nothing_billed(sky_project, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    standin = RecordingSky(sky_project.root / "train.py", no_cloud=True)
-    with pytest.raises(BadInput, match="SkyPilot could not launch: NoCloudAccessError: No cloud access"):
-        run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
-    assert standin.clusters_of("down") == []  # nothing was provisioned, nothing to tear down
-    ledger = Ledger(sky_project.state_path / "ledger.db")
-    run = ledger.runs()[0]
-    held = ledger.conn.execute("SELECT settled_gpu_hours FROM reservations").fetchone()[0]
-    ledger.close()
-    assert run["exit_code"] == 2 and run["verdict"] == "error" and run["billed_gpu_hours"] == 0
-    assert [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0] and held == 0

@@ -72,6 +72,12 @@ class LegResult:
     """After a kill: how many processes of the leg the backend found and killed (None: not counted)."""
     survivors: int | None = None
     """After a kill: processes (or containers) of the leg still there once the kill returned (None: not counted)."""
+    instance_hourly_usd: float | None = None
+    """What one instance (node) cost per hour, host VM included, where the backend knows it
+    (sky: SkyPilot's optimizer); None: the config's per-GPU prices."""
+    cost_source: str | None = None
+    placement: dict[str, str] | None = None
+    """Where the leg ran (sky: cloud, region, zone, instance type)."""
 
     @property
     def wall_seconds(self) -> float:
@@ -81,9 +87,12 @@ class LegResult:
 class Backend(Protocol):
     name: str
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
+               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
         """Start the leg on a fresh instance; stream each output line to the host
-        log and to `on_line`."""
+        log and to `on_line`. `on_instance` is called with the handle once the
+        instance is named and before anything is provisioned or billed (where the
+        backend can: sky), else right after it started: the ledger records the leg there."""
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         """Block until the leg ends (None if `timeout` passed first)."""

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 from urllib.parse import unquote, urlparse
 
 from launcher.backends import leash
@@ -72,7 +72,8 @@ class DockerBackend:
         self.image = image
         self.network = network
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
+               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
         name = container_name(spec)
         docker("rm", "-f", name, check=False)  # a leftover of a crashed launcher must not be reused
         store = store_path(dict(spec.env))
@@ -90,6 +91,8 @@ class DockerBackend:
                                                  docker=docker_cli()))
         handle.pump = threading.Thread(target=pump_lines, args=(proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
+        if on_instance is not None:
+            on_instance(handle)
         return handle
 
     def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str) -> LegResult:

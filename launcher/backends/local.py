@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.backends import leash
@@ -80,7 +80,8 @@ class LocalBackend:
         self.root = root or Path(tempfile.gettempdir()) / LEGS_ROOT
         self.keep_dirs = bool(os.environ.get("LAUNCHER_KEEP_LEG_DIRS")) if keep_dirs is None else keep_dirs
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
+               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
         self.root.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
         try:
@@ -105,10 +106,14 @@ class LocalBackend:
             if on_line:
                 on_line(line)
             handle.early_exit = 127
+            if on_instance is not None:
+                on_instance(handle)
             return handle
         handle.leash = self._leash(handle)
         handle.pump = threading.Thread(target=pump_lines, args=(handle.proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
+        if on_instance is not None:
+            on_instance(handle)  # a local leg costs nothing before it starts: recorded once it has a pid
         return handle
 
     def _leash(self, handle: _LocalHandle) -> subprocess.Popen[bytes]:

@@ -1,42 +1,168 @@
 """SkyPilot backend: a fresh cluster per leg, on SkyPilot's Python SDK (0.14 API).
 
-Each leg: render + validate its task YAML, `sky.launch` on a new cluster name
-(so the disk is empty), stream the launch and then the job's logs into the host
-log, and `sky.down` in a `finally` — a failed setup does not tear itself down.
-`kill` = `sky.down` of that leg's cluster. The leg's exit code comes from the
-runtime's own events (`done` / `stop`), not from `tail_logs`, which returns
-SkyPilot's JobExitCode. Billed time runs from the launch request to teardown
-confirmed, rounded up to the provider's billing granularity.
+Each leg: render + validate its task YAML (launcher.skytask), ask SkyPilot's
+optimizer what it would launch and what that costs (host VM included), name
+the cluster in the ledger (`on_instance`) *before* anything is provisioned,
+`sky.launch`, stream the launch and then the job's logs into the host log, and
+`sky.down` in a `finally`. The leg's exit code comes from the runtime's own
+events (`done` / `stop`), not from `tail_logs`, which returns SkyPilot's
+JobExitCode. Billed time runs from the launch request to teardown confirmed,
+rounded up to the provider's billing granularity, or SkyPilot's own
+`cost_report` duration for the cluster where it has one.
 
-The `sky` module is imported lazily (and can be injected: the tests use a
-recording stand-in, as no cloud is reachable from the build machine).
+Nothing here assumes what SkyPilot did: a failed launch asks `sky.status`
+whether a cluster exists (and downs it, billed, if so); failures are told
+apart with `isinstance` against `sky.exceptions`; a cluster that is already
+gone (`ClusterDoesNotExist`) counts as down. A launcher that dies anyway leaves
+the cluster's backstops (autostop with down, the hard cap; see skytask) and the
+ledger row naming it, which the next launcher command reaps (`reap`).
+
+The `sky` module is imported lazily (the tests inject a strict stand-in for
+what needs a live cluster; pricing and dry runs go to SkyPilot's own API server).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink
 from launcher.config import Config
-from launcher.errors import BadInput
+from launcher.errors import BadInput, Refused
 from launcher.evidence import LegEvents, exit_code_from_events
-from launcher.skytask import RenderedTask, render, sky_module
+from launcher.skytask import RenderedTask, render, sky_module, task_for_launch
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)
-# SkyPilot's errors for "could not even ask a cloud": nothing was provisioned, nothing is billed.
-NOT_LAUNCHED = ("NoCloudAccessError", "ResourcesUnavailableError", "ApiServerConnectionError",
-                "CloudUserIdentityError", "NotSupportedError", "CatalogError")
+HARD_CAP_GRACE_S = 600
+"""The hard cap on the cluster: the leg's deadline plus this (the trainer stops itself at the deadline)."""
 
 
 def cluster_name(spec: LegSpec) -> str:
     """A new, valid cluster name per leg (lowercase, starts with a letter, <= 35 chars)."""
     tail = re.sub(r"[^a-z0-9-]", "-", spec.run_id.lower())[-24:].strip("-")
-    return f"pf-{tail}-l{spec.leg}"[:35]
+    role = "s" if spec.env.get("LAUNCHER_RUN_ID", spec.run_id) != spec.run_id else "l"
+    return f"pf-{tail}-{role}{spec.leg}"[:35]
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """SkyPilot's error as one plain line (its messages carry terminal colours)."""
+    return " ".join(ANSI.sub("", f"{type(err).__name__}: {err}").split())[:limit]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What SkyPilot's optimizer would launch for a task, and its price."""
+
+    cloud: str
+    region: str | None
+    instance_type: str | None
+    accelerators: str | None
+    use_spot: bool
+    nodes: int
+    hourly_usd: float
+    """The whole cluster, per hour: every node's VM, GPUs and host included."""
+
+    def describe(self) -> str:
+        where = f"{self.cloud} {self.region or 'any region'}"
+        what = f"{self.nodes} x {self.instance_type or '?'}" + (f" ({self.accelerators})" if self.accelerators else "")
+        return f"{what} on {where}{' spot' if self.use_spot else ''}: ${self.hourly_usd:.2f}/h"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cloud": self.cloud, "region": self.region, "instance_type": self.instance_type,
+                "accelerators": self.accelerators, "use_spot": self.use_spot, "nodes": self.nodes,
+                "hourly_usd": self.hourly_usd}
+
+
+def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
+    """SkyPilot's errors that mean "this machine cannot launch anything as configured":
+    no cloud enabled, a catalog it cannot read, bad or missing credentials, no API
+    server. Bad input (exit 2): nothing was provisioned, nothing is billed."""
+    exc = sky.exceptions
+    names = ("NoCloudAccessError", "CloudError", "CloudUserIdentityError", "InvalidCloudCredentials",
+             "InvalidCloudConfigs", "ApiServerConnectionError", "ApiServerAuthenticationError",
+             "NotSupportedError", "InvalidClusterNameError", "PermissionDeniedError", "ProvisionPrechecksError",
+             "ResourcesMismatchError", "InvalidSkyPilotConfigError", "NoWorkspaceAccessError")
+    return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
+
+
+def classify(sky: Any, err: BaseException) -> BadInput | Refused | None:
+    """The launcher error a SkyPilot exception means, by type; None: a failure of this leg."""
+    if isinstance(err, sky.exceptions.ResourcesUnavailableError):
+        tried = [one_line(e, 120) for e in (getattr(err, "failover_history", None) or [])][-3:]
+        return Refused(f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
+                       + (f" (tried: {'; '.join(tried)})" if tried else ""),
+                       hint="run it again with --retry-until-up to wait for capacity, or ask for other --gpus")
+    if isinstance(err, setup_errors(sky)):
+        return BadInput(f"SkyPilot could not launch: {one_line(err)}",
+                        hint="`sky check` says which clouds are enabled; `sky api info` whether the API server is up")
+    return None
+
+
+def optimizer_pick(sky: Any, task: Any) -> Pick:
+    """SkyPilot's own optimizer on this task (its catalog, its cost model, on its API server):
+    the resources it chose and their hourly price for all nodes, host VM included.
+
+    In 0.14.1 the `optimize` request returns no value to a client (the optimized DAG is
+    not serialized); what it gives is its table of considered resources, in the request's
+    log, with the chosen row marked. That table is read here."""
+    dag = sky.Dag()
+    dag.add(task)
+    table = _Capture()
+    sky.stream_and_get(sky.optimize(dag), output_stream=table)
+    return parse_optimizer_table(table.text, int(task.num_nodes or 1))
+
+
+def parse_optimizer_table(text: str, nodes: int) -> Pick:
+    """The chosen row of SkyPilot's "Considered resources" table:
+    INFRA (cloud (region or zone)) | INSTANCE ([Spot]) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
+    lines = [ANSI.sub("", line) for line in text.splitlines()]
+    header = next((line for line in lines if "INSTANCE" in line and "COST" in line), None)
+    chosen = next((line for line in lines if "\u2714" in line), None)
+    if header is None or chosen is None:
+        raise RuntimeError("SkyPilot's optimizer printed no chosen resources: " + " ".join(text.split())[-200:])
+    names = re.split(r"\s{2,}", header.strip())
+    row = dict(zip(names, re.split(r"\s{2,}", chosen.strip())))
+    infra = re.match(r"(\S+)(?: \((\S+)\))?", row.get("INFRA", row.get("CLOUD", "")))
+    if infra is None or "COST ($)" not in row:
+        raise RuntimeError(f"SkyPilot's optimizer table has an unexpected shape: {chosen.strip()!r}")
+    where = infra.group(2)
+    region = where.rsplit("-", 1)[0] if where and re.search(r"-[a-z]$", where) else where
+    instance = row.get("INSTANCE", "")
+    gpus = row.get("GPUS", "-")
+    return Pick(infra.group(1), region, instance.replace("[Spot]", "") or None,
+                None if gpus in ("-", "") else gpus, "[Spot]" in instance, nodes, float(row["COST ($)"]))
+
+
+def placement_of(handle: Any) -> dict[str, str]:
+    """cloud / region / zone / instance_type of a launched cluster, from its handle."""
+    res = getattr(handle, "launched_resources", None)
+    if res is None:
+        return {}
+    out = {"cloud": getattr(res, "cloud", None), "region": getattr(res, "region", None),
+           "zone": getattr(res, "zone", None), "instance_type": getattr(res, "instance_type", None)}
+    return {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
+
+
+class _Capture:
+    """An output stream that keeps what SkyPilot writes to it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class LineWriter:
@@ -62,9 +188,15 @@ class LineWriter:
 @dataclass
 class _SkyHandle(LegHandle):
     task: RenderedTask | None = None
+    pick: Pick | None = None
+    cost_source: str = "config prices"
     thread: threading.Thread | None = None
     outcome: dict[str, Any] = field(default_factory=dict)
     killed: str | None = None
+    request: Any = None
+    """The pending `sky.launch` request, cancelled if the leg is killed before it returned."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the launch request is sent: a kill waits for its id, or stops it being sent."""
 
 
 class SkyBackend:
@@ -73,65 +205,138 @@ class SkyBackend:
     name = "sky"
     billing_granularity_s = BILLING_GRANULARITY_S
 
-    def __init__(self, cfg: Config, image_ref: str, nodes: int = 1, sky: Any = None) -> None:
+    def __init__(self, cfg: Config, image_ref: str, nodes: int = 1, sky: Any = None,
+                 retry_until_up: bool = False) -> None:
         self.cfg, self.image_ref, self.nodes = cfg, image_ref, nodes
         self.sky = sky or sky_module()
+        self.retry_until_up = retry_until_up
+        self.placement: dict[str, str] = {}
+        """Where leg 0 landed: later legs of the rung are pinned there."""
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None) -> LegHandle:
-        task = render(self.cfg, spec.rung, gpus=spec.gpus, nodes=self.nodes, image_ref=self.image_ref,
-                      leg_env=dict(spec.env), out=spec.log_path.with_suffix(".sky.yaml"))
+    def render_leg(self, spec: LegSpec, out: Any) -> RenderedTask:
+        deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
+        hard_stop = deadline + HARD_CAP_GRACE_S if deadline > 0 else None
+        return render(self.cfg, spec.rung, gpus=spec.gpus, nodes=self.nodes, image_ref=self.image_ref,
+                      leg_env=dict(spec.env), out=out, hard_stop=hard_stop, pin=self.placement)
+
+    def price(self, task: Any) -> tuple[Pick | None, str]:
+        """SkyPilot's pick and price where its optimizer can run; else (None, why)."""
+        try:
+            return optimizer_pick(self.sky, task), "skypilot optimizer"
+        except Exception as err:  # noqa: BLE001 - no catalog, no server: the config's prices, said so
+            return None, f"SkyPilot's optimizer: {one_line(err, 200)}"
+
+    def dry_launch(self, spec: LegSpec, out: Any) -> tuple[RenderedTask, Pick | None, str]:
+        """What `launch` would send, sent as SkyPilot's own dry run (`sky.launch(...,
+        dryrun=True)`: its parser, its optimizer, nothing provisioned); with the pick and
+        price, or why there is none (no API server, no catalog, no cloud enabled)."""
+        rendered = self.render_leg(spec, out)
+        task = task_for_launch(self.sky, rendered.path, dict(spec.secrets))
+        pick, source = self.price(task)
+        if pick is None:
+            return rendered, None, source
+        try:
+            with contextlib.redirect_stdout(_Capture()):  # the client prints "Running on cluster: ..."
+                self.sky.stream_and_get(self.sky.launch(task, cluster_name=cluster_name(spec), dryrun=True),
+                                        output_stream=_Capture())
+        except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
+            mapped = classify(self.sky, err)
+            return rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")
+        return rendered, pick, source
+
+    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
+               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+        rendered = self.render_leg(spec, spec.log_path.with_suffix(".sky.yaml"))
+        task = task_for_launch(self.sky, rendered.path, dict(spec.secrets))
+        pick, source = self.price(task)
         cluster = cluster_name(spec)
-        handle = _SkyHandle(spec, cluster, time.time(), ("sky", "launch", "-c", cluster, str(task.path)), task=task)
-        handle.thread = threading.Thread(target=self._run, args=(handle, on_line), daemon=True)
+        handle = _SkyHandle(spec, cluster, time.time(), ("sky", "launch", "-c", cluster, str(rendered.path)),
+                            task=rendered, pick=pick, cost_source=source if pick else "config prices")
+        if pick is None:
+            handle.outcome["price_note"] = source
+        if on_instance is not None:
+            on_instance(handle)  # the ledger names the cluster before anything is provisioned
+        handle.thread = threading.Thread(target=self._run, args=(handle, task, on_line), daemon=True)
         handle.thread.start()
         return handle
 
-    def _run(self, handle: _SkyHandle, on_line: LineSink | None) -> None:
+    def _run(self, handle: _SkyHandle, task: Any, on_line: LineSink | None) -> None:
         """launch -> stream -> tail -> down (always), recording what happened."""
         spec, sky, out = handle.spec, self.sky, handle.outcome
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with spec.log_path.open("w", encoding="utf-8") as log:
             stream = LineWriter(log, on_line)
+            if handle.pick is not None:
+                stream.write(f"launcher: SkyPilot's pick: {handle.pick.describe()}\n")
+            else:
+                stream.write(f"launcher: no SkyPilot price ({out.get('price_note')}): launcher.yaml prices\n")
             try:
-                task = sky.Task.from_yaml(str(handle.task.path))
-                if spec.secrets and hasattr(task, "update_secrets"):
-                    task.update_secrets(dict(spec.secrets))
                 try:
-                    job_id, _ = sky.stream_and_get(sky.launch(task, cluster_name=handle.instance),
-                                                   output_stream=stream)
+                    with handle.lock:
+                        if handle.killed:
+                            raise RuntimeError("killed before its launch request was sent")
+                        handle.request = sky.launch(task, cluster_name=handle.instance,
+                                                    retry_until_up=self.retry_until_up)
+                    job_id, launched = sky.stream_and_get(handle.request, output_stream=stream)
                 except Exception as err:
-                    if type(err).__name__ in NOT_LAUNCHED:
-                        out["not_launched"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                    out["launch_error"] = err
                     raise
+                out["placement"] = placement_of(launched)
+                if spec.leg == 0 and not self.placement and out["placement"]:
+                    self.placement = dict(out["placement"])
                 out["job_exit"] = sky.tail_logs(handle.instance, job_id, follow=True, output_stream=stream)
             except Exception as err:  # noqa: BLE001 - setup failures, lost clusters: recorded, then down
-                stream.write(f"launcher: sky leg failed: {type(err).__name__}: {err}\n")
-                out["error"] = f"{type(err).__name__}: {err}"
+                stream.write(f"launcher: sky leg failed: {one_line(err)}\n")
+                out["error"] = one_line(err)
             finally:
-                try:
-                    if "not_launched" not in out:  # nothing was provisioned when no cloud could be asked
-                        sky.stream_and_get(sky.down(handle.instance), output_stream=stream)
-                    out["down"] = True
-                except Exception as err:  # noqa: BLE001 - a leaked cluster bills: say so loudly
-                    stream.write(f"launcher: sky down {handle.instance} FAILED: {err}; check `sky status`\n")
-                    out["down"] = False
+                out["down"], note = self._teardown(handle, stream)
+                if note:
+                    out["down_note"] = note
                 out["ended_at"] = time.time()
+                out["billed_s"] = self._billed_seconds(handle)
+
+    def _teardown(self, handle: _SkyHandle, stream: Any) -> tuple[bool | str, str]:
+        """After a failed launch, ask SkyPilot whether a cluster exists before deciding
+        there is nothing to down or bill; otherwise down it."""
+        if "launch_error" in handle.outcome:
+            try:
+                if not cluster_up(self.sky, handle.instance):
+                    return "gone", ""
+            except Exception:  # noqa: BLE001 - could not ask: down it anyway
+                pass
+        return down(self.sky, handle.instance, stream)
+
+    def _billed_seconds(self, handle: _SkyHandle) -> float:
+        """Instance-seconds: SkyPilot's own duration for the cluster where it reports one,
+        else launch request to teardown confirmed; rounded up per node, times nodes."""
+        if handle.outcome.get("down") == "gone" and "launch_error" in handle.outcome:
+            return 0.0  # it never existed: nothing was provisioned, nothing is billed
+        seconds = handle.outcome.get("ended_at", time.time()) - handle.started_at
+        reported = cost_row(self.sky, handle.instance)
+        if reported is not None:
+            seconds = reported[1]
+        minutes = max(1, math.ceil(seconds / self.billing_granularity_s))  # a provisioned machine bills a minimum
+        return minutes * self.billing_granularity_s * self.nodes
 
     def _result(self, handle: _SkyHandle) -> LegResult:
-        if "not_launched" in handle.outcome:  # no cloud could be asked: exit 2, nothing billed
-            raise BadInput(f"SkyPilot could not launch: {handle.outcome['not_launched']}",
-                           hint="`sky check` says which clouds are enabled")
+        out = handle.outcome
+        err = out.get("launch_error")
+        mapped = classify(self.sky, err) if err is not None and not handle.killed else None
+        if mapped is not None and out.get("billed_s", 0.0) == 0.0:
+            raise mapped  # nothing was provisioned (asked of sky.status): exit 2 or 3, nothing billed
         events = LegEvents.read(handle.spec.leg, handle.spec.log_path)
         code = exit_code_from_events(events)
         if code is None:
-            code = 1 if handle.outcome.get("error") or handle.outcome.get("job_exit", 1) else 0
-        ended = handle.outcome.get("ended_at", time.time())
-        billed_s = math.ceil((ended - handle.started_at) / self.billing_granularity_s) * self.billing_granularity_s
-        reason = handle.killed or ("sky error: " + handle.outcome["error"] if "error" in handle.outcome else "exited")
-        if handle.outcome.get("down") is False:
-            reason += "; teardown NOT confirmed"
+            code = 1 if out.get("error") or out.get("job_exit", 1) else 0
+        ended = out.get("ended_at", time.time())
+        reason = handle.killed or ("sky error: " + out["error"] if "error" in out else "exited")
+        if out.get("down") is False:
+            reason += "; teardown NOT confirmed: " + out.get("down_note", "")
+        hourly = handle.pick.hourly_usd / handle.pick.nodes if handle.pick else None
         return LegResult(-9 if handle.killed else code, handle.started_at, ended, bool(handle.killed), reason,
-                         billed_seconds=billed_s * self.nodes)
+                         billed_seconds=out.get("billed_s", 0.0), instance_hourly_usd=hourly,
+                         cost_source=handle.cost_source,
+                         placement=out.get("placement") or None)
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _SkyHandle) and handle.thread is not None
@@ -139,12 +344,86 @@ class SkyBackend:
         return None if handle.thread.is_alive() else self._result(handle)
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
+        """Lose the cluster: cancel a launch still in flight (the API server would carry
+        it on without us), then down it; the leg thread's own `down` confirms."""
         assert isinstance(handle, _SkyHandle) and handle.thread is not None
-        handle.killed = reason
-        try:
-            self.sky.stream_and_get(self.sky.down(handle.instance))
-        except Exception as err:  # noqa: BLE001 - the leg thread's own `down` reports a real failure
-            handle.outcome.setdefault("kill_error", f"{type(err).__name__}: {err}")
+        with handle.lock:  # a launch request in flight gets its id first: it is cancelled, not orphaned
+            handle.killed = reason
+        if handle.request is not None and "placement" not in handle.outcome:
+            try:
+                self.sky.api_cancel(handle.request)
+            except Exception as err:  # noqa: BLE001 - the down below is what matters
+                handle.outcome.setdefault("kill_error", one_line(err))
+        ok, note = down(self.sky, handle.instance, None)
+        if not ok:
+            handle.outcome.setdefault("kill_error", note)
         handle.thread.join(120)
-        handle.outcome.pop("not_launched", None)  # killed on purpose: bill what ran
         return self._result(handle)
+
+
+def down(sky: Any, cluster: str, stream: Any) -> tuple[bool | str, str]:
+    """`sky down`: (True, '') done; ('gone', '') there was no such cluster (nothing to
+    bill, nothing leaked); (False, why) it may still be billing."""
+    try:
+        sky.stream_and_get(sky.down(cluster), output_stream=stream)
+        return True, ""
+    except sky.exceptions.ClusterDoesNotExist:
+        return "gone", ""
+    except Exception as err:  # noqa: BLE001 - a leaked cluster bills: say so loudly
+        note = f"sky down {cluster} FAILED: {one_line(err)}; check `sky status`"
+        if stream is not None:
+            stream.write(f"launcher: {note}\n")
+        return False, note
+
+
+def cluster_up(sky: Any, cluster: str) -> bool:
+    """Does SkyPilot know this cluster (in any state)? Asked, never assumed."""
+    return any(_field(r, "name") == cluster for r in sky.get(sky.status(cluster_names=[cluster])) or [])
+
+
+def _field(row: Any, name: str) -> Any:
+    return row[name] if isinstance(row, dict) else getattr(row, name, None)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    cluster: str
+    was_up: bool
+    ended_at: float | None
+    """When it stopped billing: now for one taken down here, SkyPilot's record for one already gone."""
+    detail: str
+
+
+def reap(cluster: str) -> Reaped:
+    """A leg whose launcher died: is its cluster still there? If so cancel its job and
+    down it now. Either way, when did it stop billing (SkyPilot's cost report)."""
+    sky = sky_module()
+    try:
+        up = cluster_up(sky, cluster)
+    except Exception as err:  # noqa: BLE001 - unknown: say so, never assume it gone
+        return Reaped(cluster, False, None, f"could not ask SkyPilot about {cluster}: {one_line(err)}; "
+                      f"check `sky status` and `sky down {cluster}`")
+    if not up:
+        report = cost_row(sky, cluster)
+        ended = None if report is None else report[0] + report[1]
+        return Reaped(cluster, False, ended, f"cluster {cluster} is already gone")
+    try:
+        sky.stream_and_get(sky.cancel(cluster, all=True))
+    except Exception:  # noqa: BLE001 - down takes the job with it
+        pass
+    ok, note = down(sky, cluster, None)
+    if ok is False:
+        return Reaped(cluster, True, None, note)
+    return Reaped(cluster, True, time.time(), f"cluster {cluster} was still up: taken down")
+
+
+def cost_row(sky: Any, cluster: str) -> tuple[float, float] | None:
+    """(launched_at, seconds up) from SkyPilot's cost report for the cluster; None where it has none."""
+    try:
+        rows = sky.get(sky.cost_report())
+    except Exception:  # noqa: BLE001 - our own measure stands
+        return None
+    for row in rows or []:
+        if _field(row, "name") == cluster and _field(row, "duration") is not None:
+            return float(_field(row, "launched_at") or 0.0), float(_field(row, "duration"))
+    return None

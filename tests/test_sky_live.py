@@ -1,0 +1,200 @@
+"""The sky backend's legs on live clusters: the strict stand-in (tests/sky_standin.py)
+for the clusters (no cloud is reachable), SkyPilot's own API server for everything
+that needs none (the optimizer's pick and price). Each leg's job runs the rendered
+task's real setup and run, torchrun included, against the loopback Hub store."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sky
+import yaml
+
+from launcher import up as up_module
+from launcher.backends.sky import optimizer_pick
+from launcher.errors import BadInput, Refused
+from launcher.ledger import Ledger
+from launcher.skytask import task_for_launch
+from tests.conftest import SKY_IMAGE_REF as REF
+from tests.sky_standin import StrictSky
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cloud(sky_project, hub_server, tmp_path: Path) -> dict[str, str]:  # noqa: ANN001
+    """Where the stand-in keeps its clusters, the image's /app (the reviewed files) and what
+    a cloud machine reaches by itself (the loopback Hub standing in for huggingface.co)."""
+    app = tmp_path / "app"
+    ledger = Ledger(sky_project.state_path / "ledger.db")
+    reviewed = ledger.latest_review().files
+    ledger.close()
+    for rel in reviewed:  # what the image bakes into /app
+        (app / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sky_project.root / rel, app / rel)
+    return {"PREFLIGHT_TEST_SKY_STATE": str(tmp_path / "sky-state"), "PREFLIGHT_TEST_SKY_APP": str(app),
+            "PREFLIGHT_TEST_SKY_CLUSTER_ENV": json.dumps({"HF_ENDPOINT": hub_server.url,
+                                                          "HF_HUB_DISABLE_XET": "1"})}
+
+
+def strict(cloud: dict[str, str], **flags: bool) -> StrictSky:
+    return StrictSky(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), Path(cloud["PREFLIGHT_TEST_SKY_APP"]),
+                     cluster_env=json.loads(cloud["PREFLIGHT_TEST_SKY_CLUSTER_ENV"]), **flags)
+
+
+def run_sky(cfg, monkeypatch: pytest.MonkeyPatch, standin: StrictSky, rung: str, gpus: str | None):  # noqa: ANN001, ANN201
+    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
+    return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None)
+
+
+def ledger_run(cfg) -> dict:  # noqa: ANN001
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    try:
+        return ledger.runs()[0]
+    finally:
+        ledger.close()
+
+
+def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_project, cloud,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """T4:2 smoke, three legs: each on a new cluster, each downed; each priced by SkyPilot's
+    optimizer on the vendored catalog (host VM included), billed per started minute; legs 1
+    and 2 pinned to where leg 0 landed."""
+    standin = strict(cloud)
+    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:2")
+    checks = {c.name: c for c in outcome.checks}
+    # The stand-in's "GPUs" are this CPU: smoke's device checks say no; everything else holds.
+    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
+        {n: c.detail for n, c in checks.items() if not c.ok}
+    launched = standin.clusters_of("launch")
+    assert len(launched) == len(set(launched)) == 3
+    assert standin.clusters_of("down") == launched  # down for every leg, in order
+    run = ledger_run(sky_project)
+    assert run["image"] == REF and run["backend"] == "sky" and run["cost_source"] == "skypilot optimizer"
+    rendered = sky_project.state_path / "runs" / run["id"] / "leg-0.sky.yaml"
+    pick = optimizer_pick(sky, task_for_launch(sky, rendered, {}))  # SkyPilot's own pick, asked directly
+    assert pick.instance_type == "n1-highmem-8" and pick.cloud == "GCP"
+    assert pick.hourly_usd > 2 * sky_project.prices["T4"]  # the host VM is billed too: GPU prices alone undercount
+    for leg in run["legs"]:
+        # The exit code is the trainer's own (from its events), not tail_logs' JobExitCode.
+        assert leg["exit_code"] == 0 and leg["task_sha256"] and leg["command"][:2] == ["sky", "launch"]
+        billed_s = math.ceil((leg["ended_at"] - leg["started_at"]) / 60) * 60
+        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600 * 2)
+        assert leg["hourly_usd"] == pytest.approx(pick.hourly_usd)
+        assert leg["cost_usd"] == pytest.approx(billed_s / 3600 * pick.hourly_usd)
+        assert leg["cost_source"] == "skypilot optimizer"
+        assert leg["placement"]["instance_type"] == "n1-highmem-8"
+    pinned = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())["resources"]
+    assert pinned["instance_type"] == "n1-highmem-8" and pinned["cloud"] == "gcp"
+    assert run["cost_usd"] == pytest.approx(sum(leg["cost_usd"] for leg in run["legs"]))
+
+
+def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(sky_project, cloud,  # noqa: ANN001
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    template = yaml.safe_load((REPO / "sky" / "smoke.yaml").read_text())
+    (sky_project.root / "sky").mkdir()
+    (sky_project.root / "sky" / "smoke.yaml").write_text(yaml.safe_dump({**template, "setup": "exit 1"}))
+    standin = strict(cloud)
+    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
+    assert outcome.exit_code == 1
+    assert standin.clusters_of("down") == standin.clusters_of("launch") and len(standin.clusters_of("launch")) == 1
+    leg0 = next(c for c in outcome.checks if c.name == "leg 0 finished")
+    assert not leg0.ok
+    [leg] = ledger_run(sky_project)["legs"]
+    assert leg["billed_gpu_hours"] == pytest.approx(60 / 3600)  # the one-minute minimum is billed all the same
+
+
+@pytest.mark.parametrize("flag, error, needle, code", [
+    ("no_cloud", BadInput, "SkyPilot could not launch: NoCloudAccessError", 2),
+    ("capacity", Refused, "SkyPilot found no capacity", 3),
+])
+def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                                        flag: str, error: type, needle: str, code: int) -> None:
+    standin = strict(cloud, **{flag: True})
+    with pytest.raises(error, match=needle) as err:
+        run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
+    if flag == "capacity":
+        assert "--retry-until-up" in err.value.hint
+    assert standin.clusters_of("down") == []  # SkyPilot said no cluster exists: nothing to tear down
+    assert standin.clusters_of("status")  # ... and it was asked, not assumed
+    run = ledger_run(sky_project)
+    ledger = Ledger(sky_project.state_path / "ledger.db")
+    held = ledger.conn.execute("SELECT settled_gpu_hours FROM reservations").fetchone()[0]
+    ledger.close()
+    assert run["exit_code"] == code and run["billed_gpu_hours"] == 0 and held == 0
+    assert [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0]
+
+
+def launcher_with_standin(args: list[str], cwd: Path, cloud: dict[str, str]) -> subprocess.Popen[str]:
+    """The real launcher CLI in a process of its own, its `sky` the stand-in."""
+    env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "tests.sky_standin", "launcher", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_step(cfg, proc: subprocess.Popen[str], timeout_s: float = 180) -> dict:  # noqa: ANN001
+    """Until leg 0 of the newest run printed a step; that leg's ledger row."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        runs = sorted((cfg.state_path / "runs").glob("*/leg-0.log")) if (cfg.state_path / "runs").exists() else []
+        if runs and '"event": "step"' in runs[-1].read_text(errors="replace"):
+            return ledger_run(cfg)["legs"][0]
+        time.sleep(0.2)
+    raise AssertionError("leg 0 printed no step in time")
+
+
+def test_a_killed_launchers_cluster_is_found_downed_and_billed_by_the_next_command(sky_project, cloud) -> None:  # noqa: ANN001
+    """kill -9 of `launcher up smoke --backend sky` mid-leg: the cluster bills on (SkyPilot
+    would not stop it); the YAML it runs carries the backstops; the next launcher command
+    asks SkyPilot, downs the cluster and settles the leg's billed time to that moment."""
+    proc = launcher_with_standin(["up", "smoke", "--gpus", "T4:1", "--backend", "sky"], sky_project.root, cloud)
+    leg = wait_for_step(sky_project, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    watcher = strict(cloud)
+    [status] = watcher.get(watcher.status(cluster_names=[leg["instance"]]))
+    assert status.status == sky.ClusterStatus.UP  # the launcher is gone, its cluster is not
+    task = yaml.safe_load(Path(leg["log_path"]).with_suffix(".sky.yaml").read_text())
+    assert task["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
+    assert "exec timeout --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
+    before = time.time()
+    env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "tests.sky_standin", "launcher", "spend"], cwd=sky_project.root,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "was still up: taken down" in res.stderr
+    assert leg["instance"] in watcher.clusters_of("down")
+    assert watcher.get(watcher.status(cluster_names=[leg["instance"]])) == []
+    run = ledger_run(sky_project)
+    [dead] = [x for x in run["legs"] if x["leg"] == 0]
+    assert run["verdict"] == "launcher died" and dead["ended_at"] >= before
+    billed_s = math.ceil((dead["ended_at"] - dead["started_at"]) / 60) * 60
+    assert dead["billed_gpu_hours"] == pytest.approx(billed_s / 3600)
+    assert dead["cost_usd"] == pytest.approx(billed_s / 3600 * dead["hourly_usd"])
+    ledger = Ledger(sky_project.state_path / "ledger.db")
+    settled = ledger.conn.execute("SELECT settled_gpu_hours, settled_how FROM reservations").fetchone()
+    ledger.close()
+    assert settled[0] == pytest.approx(run["billed_gpu_hours"]) and "cluster's end" in settled[1]
+
+
+def test_sigterm_tears_the_cluster_down_as_ctrl_c_does(sky_project, cloud) -> None:  # noqa: ANN001
+    proc = launcher_with_standin(["up", "smoke", "--gpus", "T4:1", "--backend", "sky"], sky_project.root, cloud)
+    leg = wait_for_step(sky_project, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    watcher = strict(cloud)
+    assert leg["instance"] in watcher.clusters_of("down")
+    assert watcher.get(watcher.status(cluster_names=[leg["instance"]])) == []
+    run = ledger_run(sky_project)
+    assert run["verdict"] == "interrupted" and all(x["ended_at"] for x in run["legs"])

@@ -1,0 +1,91 @@
+"""The real-SkyPilot tier: SkyPilot 0.14.1's own API server, offline (tests/sky_server.py,
+started for the session by conftest), its parser, optimizer, prices and exceptions, on
+the vendored public catalog. Everything goes through the sky backend's own code path;
+nothing here stands in for SkyPilot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sky
+
+from launcher.backends.base import LegSpec
+from launcher.backends.sky import SkyBackend, down, reap
+from launcher.config import load_config, parse_gpus
+from tests.conftest import SKY_IMAGE_REF as REF
+from tests.conftest import assert_one_line_error, run_cli, sky_server_of
+from tests.test_sky_live import ledger_run
+
+ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
+       "LAUNCHER_MAX_STEPS": "30", "LAUNCHER_DEADLINE": "0", "LAUNCHER_FILES_SHA256": "{}"}
+# What SkyPilot's optimizer picks on GCP for each shape (catalogs/v8, vendored).
+EXPECTED = {"T4:2": "n1-highmem-8", "A100:8": "a2-highgpu-8g", "H100:8": "a3-highgpu-8g"}
+
+
+@pytest.mark.parametrize("rung", ["rehearsal", "smoke", "probe", "run"])
+@pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("A100:8", 1), ("H100:8", 2)])
+def test_every_rung_and_shape_passes_skypilots_own_dry_run_with_a_pick_and_a_price(
+        project: Path, tmp_path: Path, rung: str, gpus: str, nodes: int) -> None:
+    cfg = load_config(project / "launcher.yaml")
+    spec = None if rung == "rehearsal" else parse_gpus(gpus)
+    backend = SkyBackend(cfg, REF, nodes, sky=sky)
+    leg = LegSpec("r", 0, rung, tuple(cfg.trainer.command), ENV, {"HF_TOKEN": "hf_not_a_real_token"}, gpus=spec)
+    task, pick, why = backend.dry_launch(leg, tmp_path / "leg-0.sky.yaml")  # sky.launch(..., dryrun=True)
+    assert pick is not None, why
+    assert why == "skypilot optimizer" and pick.cloud == "GCP" and pick.nodes == nodes and pick.hourly_usd > 0
+    if spec is None:  # a CPU rung: the default CPU families, 4+ vCPUs as the template asks
+        assert pick.accelerators is None and pick.instance_type.split("-")[0] in ("n2", "n4")
+    else:
+        assert pick.instance_type == EXPECTED[gpus] and pick.accelerators == gpus
+    if nodes > 1:  # the price is the cluster's: every node's VM and GPUs (the table shows cents)
+        one_node = SkyBackend(cfg, REF, 1, sky=sky).dry_launch(leg, tmp_path / "one.sky.yaml")[1]
+        assert pick.hourly_usd == pytest.approx(one_node.hourly_usd * nodes, abs=0.01 * nodes)
+
+
+def test_the_cli_dry_run_shows_skypilots_pick_and_price(project: Path) -> None:
+    res = run_cli(["up", "probe", "--gpus", "T4:2", "--backend", "sky", "--dry-run"], cwd=project)
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("skypilot:"))
+    assert "picks 1 x n1-highmem-8 (T4:2) on GCP" in line and "/h (SkyPilot's optimizer, host VM included)" in line
+    price = float(line.split("$", 1)[1].split("/h", 1)[0])
+    assert price > 2 * 0.35  # the host VM on top of two T4s: what the config's GPU prices alone would say
+    assert "quota: 2 legs x 90 min x 2 GPUs" in res.out
+
+
+def test_no_cloud_enabled_is_exit_2_with_nothing_billed(sky_project) -> None:  # noqa: ANN001
+    """SkyPilot's own NoCloudAccessError, raised by its server: nothing provisioned (asked
+    of sky.status), nothing billed, one line naming SkyPilot's reason."""
+    server = sky_server_of()
+    server.set_enabled([])
+    try:
+        res = run_cli(["up", "smoke", "--gpus", "T4:1", "--backend", "sky"], cwd=sky_project.root)
+    finally:
+        server.set_enabled(["GCP"])
+    assert_one_line_error(res, 2, "SkyPilot could not launch: NoCloudAccessError")
+    run = ledger_run(sky_project)
+    assert run["billed_gpu_hours"] == 0 and [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0]
+
+
+def test_a_catalog_skypilot_cannot_fetch_is_exit_2_with_nothing_billed(sky_project) -> None:  # noqa: ANN001
+    """A cloud whose catalog is not on this machine (and the network is not reachable):
+    SkyPilot's CloudError, by type, exit 2, nothing billed."""
+    server = sky_server_of()
+    server.set_enabled(["AWS"])
+    try:
+        res = run_cli(["up", "smoke", "--gpus", "T4:1", "--backend", "sky"], cwd=sky_project.root)
+    finally:
+        server.set_enabled(["GCP"])
+    assert_one_line_error(res, 2, "SkyPilot could not launch: CloudError")
+    run = ledger_run(sky_project)
+    assert run["billed_gpu_hours"] == 0
+
+
+def test_a_cluster_that_does_not_exist_is_gone_not_a_failed_teardown() -> None:
+    assert down(sky, "pf-never-launched-l0", None) == ("gone", "")  # SkyPilot's ClusterDoesNotExist, by type
+    reaped = reap("pf-never-launched-l0")
+    assert not reaped.was_up and reaped.ended_at is None and "already gone" in reaped.detail
+
+
+def test_no_exception_is_matched_by_name() -> None:
+    source = (Path(__file__).parent.parent / "launcher" / "backends" / "sky.py").read_text()
+    assert "__name__ in" not in source and "type(err).__name__ ==" not in source
