@@ -27,6 +27,16 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_DISABLE_XET=1
+# What SkyPilot's docker runtime apt-installs on every fresh node before the job
+# starts (billed minutes): baked in for images meant for clouds (`launcher image
+# build --gpu`, or `--sky`); empty for local docker legs. SkyPilot still runs its
+# apt-get, which then finds everything installed.
+ARG SKY_NODE_PACKAGES=""
+# hadolint ignore=DL3008,SC2086
+RUN if [ -n "$SKY_NODE_PACKAGES" ]; then \
+      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        $SKY_NODE_PACKAGES && rm -rf /var/lib/apt/lists/*; \
+    fi
 COPY --from=deps /opt/venv /opt/venv
 COPY runtime/ /opt/preflight/runtime/
 # The reviewed files: a leg runs from here, and its writes (checkpoints, data)

@@ -43,6 +43,7 @@ bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py
 	$(PY) bench/session_overhead.py
 	$(HF_VENV)/bin/python bench/hf_resume_skip.py
+	$(PY) bench/sky_node_setup.py
 
 clean:
 	rm -rf $(VENV) $(HF_VENV) .demo

@@ -279,6 +279,8 @@ app.add_typer(image_app, name="image")
 @image_app.command("build")
 def image_build(base: Optional[str] = typer.Option(None, "--base", help="Base image (default: digest-pinned)."),
                 gpu: bool = typer.Option(False, "--gpu", help="CUDA torch base + docker/gpu.lock."),
+                sky: Optional[bool] = typer.Option(None, "--sky/--no-sky", help="Bake in what SkyPilot installs on "
+                                                   "each fresh node (default: with --gpu)."),
                 config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Build the image from the reviewed files; record its id and baked hashes in the ledger."""
     from launcher import image
@@ -289,7 +291,7 @@ def image_build(base: Optional[str] = typer.Option(None, "--base", help="Base im
     say = (err_console if json_out else console).print
     ledger = Ledger(cfg.state_path / "ledger.db")
     try:
-        built = image.build(cfg, ledger, base or cfg.image.base, gpu, say)
+        built = image.build(cfg, ledger, base or cfg.image.base, gpu, say, sky=sky)
     finally:
         ledger.close()
     if json_out:

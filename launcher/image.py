@@ -32,6 +32,10 @@ CPU_BASE = "python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c
 GPU_BASE = ("pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime"
             "@sha256:2b59b1b91885677814f78be1f8df48a25d5dc952eb6580eaecfefca510f9afd3")
 LABEL = "org.preflight"
+SKY_NODE_PACKAGES = ("rsync", "curl", "wget", "patch", "openssh-server", "python3-pip", "fuse")
+"""What SkyPilot 0.14's docker runtime apt-installs in the container on every fresh node
+(sky/provision/docker_utils.py): baked into images meant for clouds, so a leg's billed
+provisioning does not download and install them (bench/sky_node_setup.py)."""
 PLATFORM_FLAGS = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
                   "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
                   "--platform", "manylinux2014_x86_64"]
@@ -109,8 +113,10 @@ def build_context(cfg: Config, reviewed: dict[str, str], lock: Path, dest: Path,
     shutil.copytree(wheelhouse(cfg, lock, say), dest / "wheelhouse", ignore=shutil.ignore_patterns(".complete"))
 
 
-def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callable[[str], None]) -> BuiltImage:
-    """Build the leg image from the reviewed files and record it in the ledger."""
+def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callable[[str], None],
+          sky: bool | None = None) -> BuiltImage:
+    """Build the leg image from the reviewed files and record it in the ledger. `sky` (default:
+    with `gpu`) bakes in what SkyPilot's runtime installs on each fresh node."""
     docker_cli()
     cmp = guard_hashes(cfg, ledger)  # an image is built only from reviewed bytes
     lock = SOURCE_ROOT / "docker" / ("gpu.lock" if gpu else "cpu.lock")
@@ -125,6 +131,8 @@ def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callabl
     with tempfile.TemporaryDirectory(prefix="preflight-image-") as tmp:
         build_context(cfg, cmp.current, lock, Path(tmp), say)
         argv = ["build", "-t", tag, "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"LOCK=docker/{lock.name}"]
+        if gpu if sky is None else sky:
+            argv += ["--build-arg", "SKY_NODE_PACKAGES=" + " ".join(SKY_NODE_PACKAGES)]
         for key, value in labels.items():
             argv += ["--label", f"{key}={value}"]
         say(f"docker build -t {tag} (base {base})")

@@ -214,7 +214,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         from launcher.spend import project, reserve, settle
 
         held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
-                       cfg.prices.get(gpus.name) if gpus else None, allow_overdraft)  # exit 3 when over quota
+                       _gpu_hour_price(cfg, backend, rung, gpus, nodes), allow_overdraft)  # exit 3 when over quota
         ctx.quota_left_hours = held.remaining_gpu_hours
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
@@ -250,6 +250,18 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
             settle(ledger, held.id, ctx.run_id)
     finally:
         ledger.close()
+
+
+def _gpu_hour_price(cfg: Config, backend: Backend, rung: Rung, gpus: GpuSpec | None, nodes: int) -> float | None:
+    """What the quota guard reserves USD at, per GPU-hour: SkyPilot's optimizer price of the
+    whole instance (host VM included) spread over its GPUs where it can say, else the config's."""
+    if gpus is None:
+        return None
+    quote = getattr(backend, "quote", None)
+    pick = quote(rung.name, gpus) if quote is not None and rung.legs else None
+    if pick is not None:
+        return pick.hourly_usd / (gpus.count * nodes)
+    return cfg.prices.get(gpus.name)
 
 
 def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,

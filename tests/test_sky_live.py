@@ -21,6 +21,7 @@ import yaml
 
 from launcher import up as up_module
 from launcher.backends.sky import optimizer_pick
+from launcher.config import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger import Ledger
 from launcher.skytask import task_for_launch
@@ -198,3 +199,40 @@ def test_sigterm_tears_the_cluster_down_as_ctrl_c_does(sky_project, cloud) -> No
     assert watcher.get(watcher.status(cluster_names=[leg["instance"]])) == []
     run = ledger_run(sky_project)
     assert run["verdict"] == "interrupted" and all(x["ended_at"] for x in run["legs"])
+
+
+def test_the_usd_budget_is_guarded_at_skypilots_price_not_the_gpus_alone(sky_project, cloud,  # noqa: ANN001
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 smoke legs x 10 min of T4:2: $0.35 at the config's GPU prices, $0.585 at SkyPilot's
+    (n1-highmem-8 with its two T4s, $1.17/h). A $0.50 budget fits the first and not the second."""
+    data = yaml.safe_load((sky_project.root / "launcher.yaml").read_text())
+    data["quota"]["budget_usd"] = 0.5
+    (sky_project.root / "launcher.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(sky_project.root / "launcher.yaml")
+    standin = strict(cloud)
+    with pytest.raises(Refused, match=r"\$0\.58 > budget \$0\.5"):
+        run_sky(cfg, monkeypatch, standin, "smoke", "T4:2")
+    assert standin.clusters_of("launch") == []
+
+
+def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, cloud, tmp_path: Path) -> None:  # noqa: ANN001
+    """Ctrl-C in the first instant: the launch request may be in flight on the API server,
+    which would carry it on without us. The kill cancels it, then downs whatever exists."""
+    from launcher.backends.base import LegSpec
+    from launcher.backends.sky import SkyBackend
+    from launcher.config import parse_gpus
+
+    standin = strict(cloud)
+    backend = SkyBackend(sky_project, REF, sky=standin)
+    env = {"LAUNCHER_RUN_ID": "quick", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke",
+           "LAUNCHER_STORE": "hf://tester/ckpts", "LAUNCHER_MAX_STEPS": "100000",
+           "LAUNCHER_DEADLINE": str(int(time.time() + 600)), "LAUNCHER_FILES_SHA256": "{}"}
+    recorded: list[str] = []
+    handle = backend.launch(LegSpec("quick", 0, "smoke", ("python", "train.py"), env,
+                                    log_path=tmp_path / "leg-0.log", gpus=parse_gpus("T4:1")),
+                            on_instance=lambda h: recorded.append(h.instance))
+    assert recorded == [handle.instance]  # named before anything was sent
+    result = backend.kill(handle, reason="interrupted")
+    assert result.killed and result.end_reason.startswith("interrupted")
+    time.sleep(3)  # a request that was still running would have provisioned by now
+    assert standin.get(standin.status(cluster_names=[handle.instance])) == []

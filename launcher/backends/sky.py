@@ -226,6 +226,17 @@ class SkyBackend:
         except Exception as err:  # noqa: BLE001 - no catalog, no server: the config's prices, said so
             return None, f"SkyPilot's optimizer: {one_line(err, 200)}"
 
+    def quote(self, rung: str, gpus: Any) -> Pick | None:
+        """SkyPilot's price for one leg of this rung (what the quota guard reserves at);
+        None where its optimizer cannot run."""
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="preflight-quote-") as tmp:
+            spec = LegSpec("quote", 0, rung, tuple(self.cfg.trainer.command), {}, gpus=gpus)
+            rendered = self.render_leg(spec, Path(tmp) / "quote.sky.yaml")
+            return self.price(self.sky.Task.from_yaml(str(rendered.path)))[0]
+
     def dry_launch(self, spec: LegSpec, out: Any) -> tuple[RenderedTask, Pick | None, str]:
         """What `launch` would send, sent as SkyPilot's own dry run (`sky.launch(...,
         dryrun=True)`: its parser, its optimizer, nothing provisioned); with the pick and
