@@ -40,17 +40,27 @@ def test_leg_over_budget_is_killed_and_recorded(tmp_path: Path, monkeypatch: pyt
 
 
 def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> None:
+    from launcher.backends.base import LegResult
+
+    def ran(seconds: float, **priced: object) -> LegResult:
+        return LegResult(0, 0.0, seconds, False, "exited", **priced)  # type: ignore[arg-type]
+
     cfg = Config(project="t", prices={"T4": 0.35}, root=tmp_path)
     ctx = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
                           parse_gpus("T4:2"), lambda leg, line: None)
-    hours, cost = ctx.billed(1800.0)
-    assert hours == pytest.approx(1.0) and cost == pytest.approx(0.35)
+    hours, cost, source = ctx.billed(ran(1800.0))
+    assert hours == pytest.approx(1.0) and cost == pytest.approx(0.35) and source == "config prices"
     cpu = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
                           None, lambda leg, line: None)
-    assert cpu.billed(1800.0) == (0.0, 0.0)
+    assert cpu.billed(ran(1800.0)) == (0.0, 0.0, "none")
     unpriced = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
                                parse_gpus("H200:1"), lambda leg, line: None)
-    assert unpriced.billed(3600.0) == (1.0, None)  # unknown price: no made-up cost
+    assert unpriced.billed(ran(3600.0)) == (1.0, None, "none")  # unknown price: no made-up cost
+    # Where the backend priced the whole instance (sky: SkyPilot's optimizer, host VM included),
+    # the cost is instance-hours at that price, not GPU-hours at the config's.
+    hours, cost, source = ctx.billed(ran(1800.0, billed_seconds=1800.0, instance_hourly_usd=1.17,
+                                         cost_source="skypilot optimizer"))
+    assert hours == pytest.approx(1.0) and cost == pytest.approx(0.585) and source == "skypilot optimizer"
 
 
 def test_cpu_rungs_hide_the_gpus_from_their_legs(tmp_path: Path) -> None:

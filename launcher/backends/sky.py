@@ -294,7 +294,9 @@ class SkyBackend:
                     raise
                 out["placement"] = placement_of(launched)
                 if spec.leg == 0 and not self.placement and out["placement"]:
-                    self.placement = dict(out["placement"])
+                    # Same cloud, region and machine for the rung's other legs; any zone of the
+                    # region (a zone pin turns one zone's capacity into a failed leg).
+                    self.placement = {k: v for k, v in out["placement"].items() if k != "zone"}
                 out["job_exit"] = sky.tail_logs(handle.instance, job_id, follow=True, output_stream=stream)
             except Exception as err:  # noqa: BLE001 - setup failures, lost clusters: recorded, then down
                 stream.write(f"launcher: sky leg failed: {one_line(err)}\n")
