@@ -93,9 +93,9 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
         assert leg["hourly_usd"] == pytest.approx(pick.hourly_usd)
         assert leg["cost_usd"] == pytest.approx(billed_s / 3600 * pick.hourly_usd)
         assert leg["cost_source"] == "skypilot optimizer"
-        assert leg["placement"]["instance_type"] == "n1-highmem-8"
+        assert leg["placement"]["instance_type"] == "n1-highmem-8" and leg["placement"]["use_spot"] == "false"
     pinned = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())["resources"]
-    assert pinned["instance_type"] == "n1-highmem-8" and pinned["cloud"] == "gcp"
+    assert pinned["instance_type"] == "n1-highmem-8" and pinned["cloud"] == "gcp" and pinned["use_spot"] is False
     assert run["cost_usd"] == pytest.approx(sum(leg["cost_usd"] for leg in run["legs"]))
 
 

@@ -142,13 +142,16 @@ def parse_optimizer_table(text: str, nodes: int) -> Pick:
 
 
 def placement_of(handle: Any) -> dict[str, str]:
-    """cloud / region / zone / instance_type of a launched cluster, from its handle."""
+    """cloud / region / zone / instance_type / use_spot of a launched cluster, from its handle."""
     res = getattr(handle, "launched_resources", None)
     if res is None:
         return {}
     out = {"cloud": getattr(res, "cloud", None), "region": getattr(res, "region", None),
            "zone": getattr(res, "zone", None), "instance_type": getattr(res, "instance_type", None)}
-    return {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
+    found = {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
+    if found and getattr(res, "use_spot", None) is not None:
+        found["use_spot"] = "true" if res.use_spot else "false"
+    return found
 
 
 class _Capture:
@@ -296,7 +299,8 @@ class SkyBackend:
                 if spec.leg == 0 and not self.placement and out["placement"]:
                     # Same cloud, region and machine for the rung's other legs; any zone of the
                     # region (a zone pin turns one zone's capacity into a failed leg).
-                    self.placement = {k: v for k, v in out["placement"].items() if k != "zone"}
+                    # Spot or not stays the template's choice.
+                    self.placement = {k: v for k, v in out["placement"].items() if k not in ("zone", "use_spot")}
                 out["job_exit"] = sky.tail_logs(handle.instance, job_id, follow=True, output_stream=stream)
             except Exception as err:  # noqa: BLE001 - setup failures, lost clusters: recorded, then down
                 stream.write(f"launcher: sky leg failed: {one_line(err)}\n")
