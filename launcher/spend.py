@@ -230,15 +230,16 @@ def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: s
     """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
     record): billed from its start to then, at the price it was launched at; the run and
     its reservation settled again with the sum of the run's legs."""
-    import math
     import time
 
+    from launcher.backends.base import billed_seconds
+
     with ledger.transaction() as db:
-        row = db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes, r.gpu_name FROM legs l "
+        row = db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes FROM legs l "
                          "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?", (run_id, leg)).fetchone()
         if row is None:
             return
-        seconds = math.ceil(max(0.0, ended_at - row["started_at"]) / granularity_s) * granularity_s * row["nodes"]
+        seconds = billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
         hours = seconds / 3600.0 * row["gpu_count"]
         usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
         db.execute("UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), end_reason=? "

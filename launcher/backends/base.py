@@ -101,6 +101,14 @@ class Backend(Protocol):
         """Kill the leg and destroy its disk, as a lost instance would."""
 
 
+def billed_seconds(seconds: float, granularity_s: float) -> float:
+    """What a provider bills one machine for `seconds` up: rounded up to its granularity,
+    with one unit at least (per-second billing with a one-minute minimum: AWS, GCP, Azure)."""
+    import math
+
+    return max(1, math.ceil(seconds / granularity_s)) * granularity_s
+
+
 def pump_lines(lines: Iterable[str], log: IO[str], on_line: LineSink | None) -> None:
     """Copy a leg's output to its host-side log (flushed per line: a killed leg
     keeps every line it printed) and to the live view."""

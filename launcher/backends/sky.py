@@ -24,14 +24,13 @@ what needs a live cluster; pricing and dry runs go to SkyPilot's own API server)
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
-from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink
+from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, billed_seconds
 from launcher.config import Config
 from launcher.errors import BadInput, Refused
 from launcher.evidence import LegEvents, exit_code_from_events
@@ -74,11 +73,6 @@ class Pick:
         where = f"{self.cloud} {self.region or 'any region'}"
         what = f"{self.nodes} x {self.instance_type or '?'}" + (f" ({self.accelerators})" if self.accelerators else "")
         return f"{what} on {where}{' spot' if self.use_spot else ''}: ${self.hourly_usd:.2f}/h"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"cloud": self.cloud, "region": self.region, "instance_type": self.instance_type,
-                "accelerators": self.accelerators, "use_spot": self.use_spot, "nodes": self.nodes,
-                "hourly_usd": self.hourly_usd}
 
 
 def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
@@ -332,8 +326,7 @@ class SkyBackend:
         reported = cost_row(self.sky, handle.instance)
         if reported is not None:
             seconds = reported[1]
-        minutes = max(1, math.ceil(seconds / self.billing_granularity_s))  # a provisioned machine bills a minimum
-        return minutes * self.billing_granularity_s * self.nodes
+        return billed_seconds(seconds, self.billing_granularity_s) * self.nodes
 
     def _result(self, handle: _SkyHandle) -> LegResult:
         out = handle.outcome
