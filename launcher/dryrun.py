@@ -74,15 +74,14 @@ def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | No
               reviewed: dict[str, str], env: dict[str, str]) -> list[str]:
     """Leg 0's task YAML, and SkyPilot's own dry run of it: the instance its optimizer
     picks and what that costs per hour, host VM included (with the rung's total at that price)."""
-    import os
-
     from launcher.backends.base import LegSpec
     from launcher.backends.sky import SkyBackend
+    from launcher.legs import exported_secrets
     from launcher.skytask import sky_module
 
     ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
-    secrets = {name: os.environ[name] for name in cfg.secrets if name in os.environ}
-    spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, secrets, gpus=gpus)
+    spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, exported_secrets(cfg),
+                   gpus=gpus)
     backend = SkyBackend(cfg, ref, nodes, sky=sky_module())
     with tempfile.TemporaryDirectory() as tmp:
         task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")

@@ -43,6 +43,11 @@ def redact(env: dict[str, str], secret_names: list[str]) -> dict[str, str]:
     return {k: (REDACTED if k in secret_names or SECRET_LIKE.search(k) else v) for k, v in env.items()}
 
 
+def exported_secrets(cfg: Config) -> dict[str, str]:
+    """The values of launcher.yaml's `secrets:` that this environment exports."""
+    return {name: os.environ[name] for name in cfg.secrets if name in os.environ}
+
+
 @dataclass
 class RunContext:
     """What every leg of one run shares."""
@@ -95,7 +100,7 @@ class RunContext:
         }
 
     def secrets(self) -> dict[str, str]:
-        found = {name: os.environ[name] for name in self.cfg.secrets if name in os.environ}
+        found = exported_secrets(self.cfg)
         if self.store_key is not None:
             found[KEY_ENV] = self.store_key.hex()
         return found
@@ -105,10 +110,6 @@ class RunContext:
         from runtime.store import open_store
 
         return open_store(self.store_uri, f"runs/{self.run_id}", key=self.store_key)
-
-    def instance_hourly(self, pick: Any) -> float | None:
-        """One instance's price per hour where the backend priced it (sky: SkyPilot's optimizer)."""
-        return None if pick is None else pick.hourly_usd / max(1, pick.nodes)
 
     def billed(self, result: LegResult) -> tuple[float, float | None, str]:
         """(GPU-hours, USD, cost source) of a leg: instance-seconds x GPUs per node; priced per
@@ -213,7 +214,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
                               "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
                               "pid": getattr(getattr(handle, "proc", None), "pid", None),
                               "role": "straight" if ending.straight else None,
-                              "hourly_usd": ctx.instance_hourly(getattr(handle, "pick", None)),
+                              "hourly_usd": getattr(getattr(handle, "pick", None), "instance_hourly_usd", None),
                               "cost_source": getattr(handle, "cost_source", None)})
 
     try:

@@ -69,6 +69,11 @@ class Pick:
     hourly_usd: float
     """The whole cluster, per hour: every node's VM, GPUs and host included."""
 
+    @property
+    def instance_hourly_usd(self) -> float:
+        """One node's share: what the ledger records per leg and bills per instance-hour."""
+        return self.hourly_usd / max(1, self.nodes)
+
     def describe(self) -> str:
         where = f"{self.cloud} {self.region or 'any region'}"
         what = f"{self.nodes} x {self.instance_type or '?'}" + (f" ({self.accelerators})" if self.accelerators else "")
@@ -342,7 +347,7 @@ class SkyBackend:
         reason = handle.killed or ("sky error: " + out["error"] if "error" in out else "exited")
         if out.get("down") is False:
             reason += "; teardown NOT confirmed: " + out.get("down_note", "")
-        hourly = handle.pick.hourly_usd / handle.pick.nodes if handle.pick else None
+        hourly = handle.pick.instance_hourly_usd if handle.pick else None
         return LegResult(-9 if handle.killed else code, handle.started_at, ended, bool(handle.killed), reason,
                          billed_seconds=out.get("billed_s", 0.0), instance_hourly_usd=hourly,
                          cost_source=handle.cost_source,
