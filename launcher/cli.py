@@ -95,6 +95,9 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
        steps: Optional[int] = typer.Option(None, "--steps", help="Steps for this rung, overriding the config."),
        retry_until_up: bool = typer.Option(False, "--retry-until-up", help="sky: when no cloud has capacity, "
                                            "keep retrying (SkyPilot's retry_until_up) instead of exiting 3."),
+       skip_preflight: Optional[str] = typer.Option(None, "--skip-preflight", metavar="REASON",
+                                                    help="run: launch without a passing report; the reason is "
+                                                    "recorded in the ledger, status and later reports."),
        verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.live import LegView
@@ -105,7 +108,7 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
     cfg = _load(config)
     if dry_run:
         text, refusal = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps,
-                                         allow_overdraft=allow_overdraft)
+                                         allow_overdraft=allow_overdraft, skip_preflight=skip_preflight)
         if json_out:
             print_json({"dry_run": True, "text": text, "would_launch": refusal is None,
                         "refusal": refusal.message if refusal else None})
@@ -116,7 +119,7 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
         return
     with LegView(err_console if json_out else console, verbose) as view:
         outcome = run_up(cfg, config, rung, backend, gpus, view, nodes, allow_overdraft, cpu=cpu, steps=steps,
-                         retry_until_up=retry_until_up)
+                         retry_until_up=retry_until_up, skip_preflight=skip_preflight)
     if json_out:
         print_json({"run_id": outcome.run_id, "rung": outcome.rung, "ok": outcome.ok,
                     "seconds": round(outcome.seconds, 3), "checks": [c.to_json() for c in outcome.checks]})

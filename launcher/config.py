@@ -121,6 +121,27 @@ class RungConfig:
                               f"got {self.budget_minutes}")
 
 
+MAX_RESTARTS_ON_ERRORS = 100
+
+
+@dataclass(frozen=True)
+class RunConfig(RungConfig):
+    """Rung 4, the run: carried leg after leg to `steps`, each leg on a fresh instance."""
+
+    max_restarts_on_errors: int = 3
+    """The run stops (exit 1, a crash loop) once this many legs in a row ended without a
+    newer verified checkpoint in the store (0 counts as 1). A preempted leg that made no
+    progress counts too: nothing here can tell a lost instance from one its trainer
+    brought down. On sky this is also the managed job's `job_recovery.max_restarts_on_errors`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.max_restarts_on_errors, bool) or not isinstance(self.max_restarts_on_errors, int) or \
+                not 0 <= self.max_restarts_on_errors <= MAX_RESTARTS_ON_ERRORS:
+            raise ConfigError("rungs.run.max_restarts_on_errors",
+                              f"must be a whole number 0 to {MAX_RESTARTS_ON_ERRORS}, got {self.max_restarts_on_errors!r}")
+
+
 @dataclass(frozen=True)
 class RungsConfig:
     """Per-rung budgets. `static` needs none: it runs on the host in seconds."""
@@ -128,7 +149,8 @@ class RungsConfig:
     rehearsal: RungConfig = field(default_factory=lambda: RungConfig(steps=20, budget_minutes=5))
     smoke: RungConfig = field(default_factory=lambda: RungConfig(steps=30, budget_minutes=10))
     probe: RungConfig = field(default_factory=lambda: RungConfig(steps=2000, budget_minutes=90))
-    run: RungConfig = field(default_factory=lambda: RungConfig(steps=100_000, budget_minutes=24 * 60))
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=100_000, budget_minutes=24 * 60))
+    """The run: `steps` in all; `budget_minutes` per leg (and `quota.session_hours`)."""
     drill: RungConfig = field(default_factory=lambda: RungConfig(steps=40, budget_minutes=10))
     """`launcher drill cold-resume`: steps the run trains in all, budget per leg."""
 

@@ -62,7 +62,8 @@ class Kill:
     """The launcher's read of that checkpoint, against what the legs' logs say was verified."""
 
 
-def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None) -> Check:  # noqa: ANN001
+def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  # noqa: ANN001
+                           when: str = "the kill") -> Check:
     """The resume point must not come only from the store as found: every checkpoint the
     legs' logs call verified may be pruned, never lost, so the newest one the store holds
     is at least the newest the logs verified; and the launcher reads it back itself."""
@@ -71,10 +72,10 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None) ->
     leg = outs[-1].events.leg
     claimed = [int(e["step"]) for o in outs for _, e in o.events.all("verify") if e.get("ok")]
     newest_claimed = max(claimed) if claimed else None
-    name = f"leg {leg}: the store after the kill holds the newest verified checkpoint"
+    name = f"leg {leg}: the store after {when} holds the newest verified checkpoint"
     if newest_claimed is not None and (newest is None or newest < newest_claimed):
         return Check(name, False, f"the logs say step {newest_claimed} was verified, but the newest verified "
-                     f"checkpoint in the store after the kill is {newest}: the store lost checkpoints")
+                     f"checkpoint in the store after {when} is {newest}: the store lost checkpoints")
     if newest is None:
         return Check(name, True, "nothing verified yet, in the logs or the store: a fresh start is right")
     ok, detail, _ = read_checkpoint(store, newest)

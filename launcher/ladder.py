@@ -41,7 +41,9 @@ RUNGS: tuple[Rung, ...] = (
     Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
          (1, 2, 3, 4, 5, 7)),
-    Rung("run", 4, "fresh instance(s)", "The run itself.", True, 1, (5,), available=False),
+    Rung("run", 4, "fresh instance(s), leg after leg", "The run itself: carried to its last step, every "
+         "resume checked, spend watched against the plan (after a signed report with every proof PASS).",
+         True, 1, (5,)),
 )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -29,6 +29,7 @@ MIGRATIONS = {
     6: ["ALTER TABLE legs ADD COLUMN role TEXT"],
     7: ["ALTER TABLE legs ADD COLUMN hourly_usd REAL", "ALTER TABLE legs ADD COLUMN cost_source TEXT",
         "ALTER TABLE legs ADD COLUMN placement TEXT"],
+    8: ["ALTER TABLE runs ADD COLUMN preflight TEXT"],
 }
 LOCK_WAIT_S = 5.0
 """How long a command waits for another launcher's write before it says who holds the ledger."""
@@ -59,7 +60,8 @@ CREATE TABLE IF NOT EXISTS runs (
     billed_gpu_hours REAL,
     cost_usd    REAL,
     cost_source TEXT,                      -- config prices | catalog | none
-    image       TEXT                       -- image id (sha256:...) the legs ran, docker/sky backends
+    image       TEXT,                      -- image id (sha256:...) the legs ran, docker/sky backends
+    preflight   TEXT                       -- rung run: JSON, the report that let it launch or why it skipped one
 );
 CREATE TABLE IF NOT EXISTS reservations (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -389,6 +391,7 @@ class Ledger:
         out = []
         for row in self._db.execute(sql, args).fetchall():
             run = _clean(dict(row), RUN_NUMBERS, {})
+            run["preflight"] = _json_or_none(run.get("preflight"))
             rid = row["id"]
             run["files"] = {str(r["path"]): str(r["sha256"]) for r in
                             self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}

@@ -66,6 +66,18 @@ class RunContext:
     """GPU-hours the quota still allows this run (None: no cap): bounds each leg's deadline."""
     store_key: bytes | None = None
     """The project's store key (launcher.storekey): a secret of every leg."""
+    reservation_id: int | None = None
+    """The quota guard's reservation for this run (the run rung grows it leg by leg)."""
+    gpu_hour_price: float | None = None
+    allow_overdraft: bool = False
+
+    def hold_leg(self, want_gpu_hours: float):  # noqa: ANN201 - launcher.spend.LegGrant
+        """The next leg's share of the quota (launcher.spend.hold_leg)."""
+        from launcher.spend import hold_leg
+
+        assert self.reservation_id is not None
+        return hold_leg(self.cfg, self.ledger, self.reservation_id, self.run_id, want_gpu_hours,
+                        self.gpu_hour_price, self.allow_overdraft)
 
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""

@@ -158,9 +158,41 @@ def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
               f"signature.json); check it with `launcher report --check {folder}`")
 
 
+def print_run_progress(out: Console, r: dict[str, Any]) -> None:
+    """The run against its plan: progress, restarts, rate, ETA, spend, projection."""
+    width = 30
+    filled = int(width * (r["percent"] or 0) / 100)
+    out.print(f"  progress: {escape('[' + '#' * filled + '.' * (width - filled) + ']')} step {r['step']:,} of "
+              f"{r['steps'] or '?':,} ({r['percent']} %); {r['legs']} legs, {r['restarts']} restarts")
+    plan = r.get("plan") or {}
+    rate = r.get("rate")
+    if rate:
+        vs = f" ({100 * rate['vs_plan']:.0f} % of the probe's {plan['tok_s']:,.0f})" if "vs_plan" in rate else ""
+        out.print(f"  rate now: {rate['tok_s']:,.0f} tok/s, {rate['step_s']:.3g} s/step over steps "
+                  f"{rate['window'][0]}..{rate['window'][1]}{vs}")
+    if "eta_s" in r:
+        out.print(f"  ETA: {r['eta_s'] / 3600:,.2f} h; projected total {r['projected_gpu_hours']:,.2f} GPU-h"
+                  + (f" of the {r['quota_gpu_hours_for_run']:,.2f} the quota leaves this run"
+                     if "quota_gpu_hours_for_run" in r else ""))
+    sp = r["spent"]
+    usd = "" if sp["usd"] is None else f", ${sp['usd']:,.2f}"
+    est = (f" (report's estimate: {plan['gpu_hours']:,.2f} GPU-h" + (f", ${plan['usd']:,.2f}" if plan.get("usd") else "")
+           + ")") if plan.get("gpu_hours") else ""
+    out.print(f"  spent: {sp['gpu_hours']:,.3f} GPU-h{usd}{est}")
+    for w in r["warnings"]:
+        out.print(f"  [yellow]warning[/yellow]: {escape(w)}")
+
+
 def print_status(out: Console, s: dict[str, Any]) -> None:
     """`launcher status`: the check before a kill."""
     out.print(f"[bold]{s['run']}[/bold]  rung {s['rung']}  backend {s['backend']}  on {s['gpus']}  {s['state']}")
+    gate = s.get("preflight")
+    if gate:
+        out.print("  preflight: " + (f"[yellow]skipped[/yellow] ({escape(str(gate.get('reason')))})"
+                                     if gate.get("gate") == "skipped" else
+                                     f"report {escape(str(gate.get('report')))} (digest {str(gate.get('digest'))[:16]})"))
+    if s.get("run_progress"):
+        print_run_progress(out, s["run_progress"])
     leg = s.get("leg")
     if leg is None:
         out.print("  no leg launched")

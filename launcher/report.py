@@ -527,6 +527,9 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
     if "gpu_hours" in out:
         remaining = spend["remaining_gpu_hours"]
         out["fits"] = remaining is None or out["gpu_hours"] <= remaining
+    actuals = [run_actuals(r) for r in runs if r.rung == "run" and r.row["ended_at"] is not None]
+    if actuals:
+        out["actuals"] = actuals
     # memory and checkpoint cost: the target's leg if any, else the longest leg measured (labelled)
     leg = measured or rate_leg(runs, gpu=False)
     if leg:
@@ -551,7 +554,42 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
     return out
 
 
+def run_actuals(run: RunData) -> dict[str, Any]:
+    """A finished run beside its plan (the report that let it launch, as the ledger recorded it)."""
+    from launcher.watch import rate_now
+
+    row = run.row
+    steps = [int(e["step"]) for ev in run.legs for _, e in ev.all("step")]
+    rate = rate_now(run.legs)
+    gate = row.get("preflight") or {}
+    plan = gate.get("plan") or {}
+    hours = (row["ended_at"] - row["started_at"]) / 3600.0
+    out = {"run": run.id, "gpus": run.gpus, "verdict": row["verdict"], "legs": len(row["legs"]),
+           "restarts": max(0, len(row["legs"]) - 1), "last_step": max(steps, default=0),
+           "wall_hours": hours, "billed_gpu_hours": row["billed_gpu_hours"], "usd": row["cost_usd"],
+           "tok_s": rate["tok_s"] if rate else None,
+           "preflight": {"gate": gate.get("gate"), "reason": gate.get("reason"), "report": gate.get("report")},
+           "plan": {k: plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd")}}
+    return out
+
+
 # --- building the folder ----------------------------------------------------------
+
+def derive(cfg: Config, runs: list[RunData], cite: Evidence) -> dict[int, Proof]:
+    """The eight proofs, from the runs' ledger rows and leg logs alone."""
+    pairs = [p for run in runs if run.rung in RESUME_RUNGS for p in resumes(run)]
+    never = [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]
+    return {
+        1: proof_1(pairs, cite, never, runs),
+        2: proof_resume_checks(2, runs, cfg, cite, never),
+        3: proof_resume_checks(3, runs, cfg, cite, never),
+        4: proof_resume_checks(4, runs, cfg, cite, never),
+        5: proof_5(runs, cfg, cite),
+        6: proof_6(runs, cite),
+        7: proof_7(runs, cite),
+        8: proof_8(runs, cite, cfg),
+    }
+
 
 def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, dict[str, Any]]:
     """Write the report folder (atomically: a temp dir renamed into place); returns (path, json)."""
@@ -567,18 +605,7 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
         rows = select_runs(ledger, run_ids)
         runs = [load_run(r) for r in rows]
         cite = Evidence()
-        pairs = [p for run in runs if run.rung in RESUME_RUNGS for p in resumes(run)]
-        never = [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]
-        proofs = {
-            1: proof_1(pairs, cite, never, runs),
-            2: proof_resume_checks(2, runs, cfg, cite, never),
-            3: proof_resume_checks(3, runs, cfg, cite, never),
-            4: proof_resume_checks(4, runs, cfg, cite, never),
-            5: proof_5(runs, cfg, cite),
-            6: proof_6(runs, cite),
-            7: proof_7(runs, cite),
-            8: proof_8(runs, cite, cfg),
-        }
+        proofs = derive(cfg, runs, cite)
         numbers = plan(cfg, ledger, runs, proofs, cite)
         images = {r.id: r.row.get("image") for r in runs if r.row.get("image")}
         report = {

@@ -85,6 +85,17 @@ def _plan(p: dict[str, Any]) -> list[str]:
             verdict = "**fits**" if p["fits"] else "**does NOT fit**"
             arith += f"; the run needs {p['gpu_hours']:,.2f}: {verdict}"
         lines.append(f"- **Quota**: {arith} (the same figures as `launcher spend`).")
+    for a in p.get("actuals", []):
+        plan = a["plan"]
+        gate = a["preflight"]
+        why = (f"launched past report {gate['report']}" if gate["gate"] == "passed" else
+               f"launched with the preflight SKIPPED: {gate['reason']}")
+        lines.append(f"- **The run, actual vs plan** ({a['run']}, {a['gpus']}, {a['verdict']}; {why}): "
+                     f"{a['last_step']:,} steps in {a['legs']} legs ({a['restarts']} restarts); "
+                     f"{_vs(a['tok_s'], plan['tok_s'], 'tok/s', ',.0f')}; "
+                     f"wall {_vs(a['wall_hours'], plan['eta_hours'], 'h', ',.2f')}; "
+                     f"{_vs(a['billed_gpu_hours'], plan['gpu_hours'], 'GPU-h', ',.3f')}; "
+                     f"{_vs(a['usd'], plan['usd'], 'USD', ',.2f')}.")
     m = p.get("memory")
     if m:
         lines.append(f"- **Memory** ({m['run']} leg {m['leg']}, {m['on']}): peak {m['peak_bytes'] / 2**20:,.1f} MiB; "
@@ -106,6 +117,12 @@ def _plan(p: dict[str, Any]) -> list[str]:
         for e in (p.get(key) or {}).get("evidence", []):
             lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
     return lines
+
+
+def _vs(got: float | None, want: float | None, unit: str, fmt: str) -> str:
+    """An actual beside its planned figure."""
+    return (f"{got:{fmt}} {unit}" if got is not None else "-") + (
+        f" (plan {want:{fmt}})" if want is not None else " (no plan)")
 
 
 def _quote(text: str) -> str:

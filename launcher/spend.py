@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -168,21 +170,38 @@ def period_totals(db: Any, since: datetime | None) -> tuple[float, float, float,
     return float(used), float(used_usd), float(held), float(held_usd)
 
 
+def _free(cfg: Config, used: float, used_usd: float, held: float, held_usd: float, price: float | None) -> float:
+    """GPU-hours the quota and the USD budget still allow (inf: no cap)."""
+    free = math.inf
+    if cfg.quota.gpu_hours is not None:
+        free = cfg.quota.gpu_hours - used - held
+    if cfg.quota.budget_usd is not None and price:
+        free = min(free, (cfg.quota.budget_usd - used_usd - held_usd) / price)
+    return free
+
+
 def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projection, price: float | None,
-            allow_overdraft: bool) -> Reservation:
+            allow_overdraft: bool, at_least: float | None = None) -> Reservation:
     """The guard. Reconcile, check used + reserved + this rung against the quota and
     the USD budget, and reserve — one BEGIN IMMEDIATE transaction, so concurrent
-    launchers never reserve more than the quota. Refuses with exit 3, arithmetic in one line."""
+    launchers never reserve more than the quota. Refuses with exit 3, arithmetic in one line.
+
+    `at_least` (GPU-hours; the run): when the rung does not fit, reserve what is left
+    instead, provided it is at least this much (the run's legs then stop at the quota)."""
     import os
     import socket
     import time
 
     from launcher.errors import Refused
 
-    usd = proj.rung_gpu_hours * (price or 0.0)
     with ledger.transaction() as db:
         dead = reconcile(db)
         used, used_usd, held, held_usd = period_totals(db, proj.period_from)
+        free = _free(cfg, used, used_usd, held, held_usd, price)
+        capped = at_least is not None and not allow_overdraft and at_least <= free < proj.rung_gpu_hours
+        if capped:
+            proj = dataclasses.replace(proj, rung_gpu_hours=free)
+        usd = proj.rung_gpu_hours * (price or 0.0)
         total = used + held + proj.rung_gpu_hours
         since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
         line = (f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
@@ -200,6 +219,8 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
             raise Refused("quota: " + "; ".join(over), hint="wait for the next period, lower the rung's budget, "
                           "or pass --allow-overdraft (recorded)")
         arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
+        if capped:
+            arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
         if over:
             arithmetic = "OVERDRAFT: " + "; ".join(over)
         rid = db.execute(
@@ -212,6 +233,38 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
     clean_up(dead, ledger)
     remaining = None if quota is None else max(0.0, quota - used - held)
     return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
+
+
+@dataclass(frozen=True)
+class LegGrant:
+    """What the quota lets the run's next leg spend."""
+
+    gpu_hours: float
+    """GPU-hours the leg may bill (inf: no cap)."""
+    billed_gpu_hours: float
+    """What the run's legs billed so far."""
+    left_gpu_hours: float
+    """What the quota and budget still allow in the period, this run's bills counted (inf: no cap)."""
+
+
+def hold_leg(cfg: Config, ledger: Ledger, reservation_id: int, run_id: str, want_gpu_hours: float,
+             price: float | None, allow_overdraft: bool = False) -> LegGrant:
+    """Before each leg of the run: the run's reservation becomes what its legs billed plus
+    this leg's share, at most what the quota and budget still allow once every other
+    launcher's bills and holds are counted (one transaction, like `reserve`)."""
+    since = period_start(cfg)
+    with ledger.transaction() as db:
+        billed, billed_usd = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) "
+                                        "FROM legs WHERE run_id=?", (run_id,)).fetchone()
+        used, used_usd, held, held_usd = period_totals(db, since)
+        mine = db.execute("SELECT gpu_hours, usd FROM reservations WHERE id=?", (reservation_id,)).fetchone()
+        others, others_usd = held - mine["gpu_hours"], held_usd - mine["usd"]
+        left = _free(cfg, used + billed, used_usd + billed_usd, others, others_usd, price)
+        grant = want_gpu_hours if allow_overdraft else max(0.0, min(want_gpu_hours, left))
+        hold = billed + (grant if math.isfinite(grant) else 0.0)
+        db.execute("UPDATE reservations SET gpu_hours=?, usd=? WHERE id=?",
+                   (hold, billed_usd + (grant * (price or 0.0) if math.isfinite(grant) else 0.0), reservation_id))
+    return LegGrant(grant, float(billed), left)
 
 
 def settle(ledger: Ledger, reservation_id: int, run_id: str) -> None:

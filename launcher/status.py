@@ -90,6 +90,11 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         end_dead_runs(ledger)  # a run whose launcher died shows as ended, not as the live one
         run = pick_run(ledger, run_id)
         stops = ledger.stops(run["id"])
+        left = None
+        if run["rung"] == "run":
+            from launcher.watch import quota_for_run
+
+            left = quota_for_run(cfg, ledger, run["id"])
     finally:
         ledger.close()
     legs = [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in run["legs"]]
@@ -97,8 +102,14 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
                            "gpus": f"{run['gpu_name']}:{run['gpu_count']}" if run["gpu_count"] else "CPU",
                            "state": "running" if run["ended_at"] is None else f"ended: {run['verdict']}",
                            "legs": len(run["legs"]), "stops": stops}
+    if run.get("preflight"):
+        out["preflight"] = run["preflight"]
     if not run["legs"]:
         return out
+    if run["rung"] == "run":
+        from launcher.watch import watch
+
+        out["run_progress"] = watch(run, legs, left, cfg.prices.get(run["gpu_name"]) if run["gpu_name"] else None)
     row, ev = run["legs"][-1], legs[-1]
     start = ev.first("start")
     last_step = ev.last("step")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, Backend, get_backend
 from launcher.backends.base import StagedFile
+from launcher.chain import MIN_LEG_S
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.evidence import Check
@@ -94,8 +96,8 @@ def check_nodes(nodes: int) -> None:
 
 
 def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
-            cpu: bool = False, steps: int | None = None, allow_overdraft: bool = False
-            ) -> tuple[str, LauncherError | None]:
+            cpu: bool = False, steps: int | None = None, allow_overdraft: bool = False,
+            skip_preflight: str | None = None) -> tuple[str, LauncherError | None]:
     """What `up` would launch, and the quota arithmetic; launches, records and creates nothing
     (the ledger is only read, if there is one). Returns the text and the error the real
     launch would end in (None: it would launch): every check the real one makes, in its
@@ -105,6 +107,8 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
     from launcher.spend import project
 
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu, steps=steps)
+    if skip_preflight is not None:
+        check_skip_reason(rung, skip_preflight)
     cfg = with_steps(cfg, rung, steps)
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     stops: list[LauncherError] = []
@@ -126,7 +130,21 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
             except LauncherError as err:
                 stops.append(err)
         text = describe(cfg, ledger, rung, backend_name, gpus, nodes, current, image)
-        if not allow_overdraft and not project(cfg, ledger, rung, gpus, nodes).fits:
+        if rung.name == "run" and ledger is not None and cmp is not None:
+            try:
+                gate = _gate(cfg, ledger, rung, current, image, gpus, skip_preflight)
+                text += ("\npreflight: skipped, reason recorded: " + str(gate["reason"]) if gate["gate"] == "skipped"
+                         else f"\npreflight: report {Path(gate['report']).name} passes (proofs "
+                         f"{', '.join(map(str, gate['proofs']))} PASS)")
+            except Refused as err:
+                stops.append(err)
+                text += f"\npreflight: {err.message}"
+        proj = project(cfg, ledger, rung, gpus, nodes)
+        if rung.name == "run" and gpus is not None:  # not refused for not fitting whole: its legs stop at the quota
+            if not allow_overdraft and proj.remaining is not None and \
+                    proj.remaining < MIN_LEG_S / 3600.0 * gpus.count * nodes:
+                stops.append(Refused(f"the quota leaves {proj.remaining:.3f} GPU-h: not one leg of the run fits"))
+        elif not allow_overdraft and not proj.fits:
             stops.append(Refused("the quota does not fit this rung (the arithmetic is above)"))
     finally:
         if ledger is not None:
@@ -161,12 +179,22 @@ def _sky_store(cfg: Config) -> None:
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
        show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False, cpu: bool = False,
-       steps: int | None = None, retry_until_up: bool = False) -> Outcome:
+       steps: int | None = None, retry_until_up: bool = False, skip_preflight: str | None = None) -> Outcome:
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
+    if skip_preflight is not None:
+        check_skip_reason(rung, skip_preflight)
     cfg = with_steps(cfg, rung, steps)
     return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft,
-                   retry_until_up=retry_until_up)
+                   retry_until_up=retry_until_up, skip_preflight=skip_preflight)
+
+
+def check_skip_reason(rung: Rung, reason: str) -> None:
+    if rung.name != "run":
+        raise BadInput(f"--skip-preflight: only the run has a preflight gate (not rung {rung.name!r})")
+    if not reason.strip() or len(reason) > 500 or any(ord(c) < 32 for c in reason):
+        raise BadInput("--skip-preflight needs a reason: one line of 1 to 500 characters, e.g. "
+                       "--skip-preflight \"re-run of a run whose report passed; only the data changed\"")
 
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
@@ -192,7 +220,7 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
 def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,
             show: Callable[[int, str], None], nodes: int,
             runner: Callable[[RunContext, Any], list[Check]], allow_overdraft: bool = False,
-            retry_until_up: bool = False) -> Outcome:
+            retry_until_up: bool = False, skip_preflight: str | None = None) -> Outcome:
     """Guard, record, run `runner`, close the record (also when interrupted)."""
     if rung.legs and backend_name == "docker":
         from launcher.image import docker_cli
@@ -208,18 +236,23 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
     try:
         cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
         backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes, retry_until_up)
+        preflight = _gate(cfg, ledger, rung, cmp.current, image, gpus, skip_preflight)  # exit 3: no passing report
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
                          nodes)
         from launcher.spend import project, reserve, settle
 
+        ctx.gpu_hour_price = _gpu_hour_price(cfg, backend, rung, gpus, nodes)
+        ctx.allow_overdraft = allow_overdraft
+        at_least = (MIN_LEG_S / 3600.0 * gpus.count * nodes) if rung.name == "run" and gpus else None
         held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
-                       _gpu_hour_price(cfg, backend, rung, gpus, nodes), allow_overdraft)  # exit 3 when over quota
+                       ctx.gpu_hour_price, allow_overdraft, at_least=at_least)  # exit 3 when over quota
         ctx.quota_left_hours = held.remaining_gpu_hours
+        ctx.reservation_id = held.id
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
-        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image),
-                         cmp.current)
+        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image,
+                              preflight=json.dumps(preflight) if preflight else None), cmp.current)
         began = time.time()
         checks: list[Check] = []
         verdict, exit_code = "error", 1
@@ -238,6 +271,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
             return outcome
         except LauncherError as err:
             verdict, exit_code = ("refused" if isinstance(err, Refused) else "error"), err.exit_code
+            checks = list(getattr(err, "checks", checks))  # the run's checks up to a mid-run refusal
             raise
         except KeyboardInterrupt:
             verdict, exit_code = "interrupted", 130
@@ -250,6 +284,18 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
             settle(ledger, held.id, ctx.run_id)
     finally:
         ledger.close()
+
+
+def _gate(cfg: Config, ledger: Ledger, rung: Rung, files: dict[str, str], image: str | None,
+          gpus: GpuSpec | None, skip_preflight: str | None) -> dict[str, Any] | None:
+    """The run launches only past a passing report (launcher.gate), or with a recorded reason."""
+    if rung.name != "run":
+        return None
+    from launcher import gate
+
+    if skip_preflight is not None:
+        return gate.skipped(skip_preflight)
+    return gate.check(cfg, ledger, files, image, gpus).to_json()
 
 
 def _gpu_hour_price(cfg: Config, backend: Backend, rung: Rung, gpus: GpuSpec | None, nodes: int) -> float | None:
@@ -282,6 +328,10 @@ def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashCompar
         from launcher.static import run_static
 
         return run_static(ctx, cmp)
+    if ctx.rung.name == "run":
+        from launcher.chain import run_chain
+
+        return run_chain(ctx)
     steps = ctx.cfg.rung(ctx.rung.name).steps
     if ctx.rung.name == "probe":
         from launcher.probe import run_probe

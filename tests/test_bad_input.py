@@ -148,6 +148,8 @@ for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
     BAD_VALUES[("rungs", _rung, "steps")] = [0, 1, -1, 10**9, 1.5, "10", None, True, 10**30, NAN]
     BAD_VALUES[("rungs", _rung, "budget_minutes")] = [NAN, INF, -INF, 0, -1, 10**6, "5", True, None]
     BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3]
+BAD_VALUES[("rungs", "run", "max_restarts_on_errors")] = [-1, 101, 1.5, "3", True, None, NAN]
+BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone
 # Globs that parse but reach into the launcher's own state: refused where globs are expanded.
 BAD_GLOBS = [["**/*"], [".launcher/*"], ["train.py", ".launcher/ledger.db"], ["*", "**/*.db"], [".*/**"]]
 

@@ -92,7 +92,8 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "static", "--backend", "azure"], "unknown backend"),
     (["up", "rehearsal", "--nodes", "2"], "only the sky backend"),
     (["up", "rehearsal", "--nodes", "0"], "--nodes"),
-    (["up", "run", "--gpus", "T4:2"], "not available"),
+    (["up", "run"], "--gpus"),
+    (["up", "run", "--gpus", "T4:2", "--skip-preflight", ""], "--skip-preflight needs a reason"),
     (["up"], "Missing argument"),
     (["frobnicate"], "frobnicate"),
 ])

@@ -233,3 +233,58 @@ def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tu
     probes = [rid for rung, rid in picked if rung == "probe"]
     assert probes == ["older-gpu-probe", cpu_probe["id"]]
     assert [rung for rung, _ in picked].count("rehearsal") == 1
+
+
+# --- the gate in front of rung 4 -----------------------------------------------------
+
+def test_the_run_launches_only_past_a_signed_passing_report(ladder: tuple[Path, dict[str, str]],
+                                                            tmp_path: Path) -> None:
+    root, env = ladder
+    proj = clone(root, tmp_path / "proj")
+    res = run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env)
+    assert res.code == 3 and "no signed preflight report for exactly these files" in res.out
+    assert run_cli(["report"], cwd=proj, env=env).code == 0  # into .launcher/reports/
+    res = run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env)
+    assert res.code == 0 and "passes (proofs 1, 2, 3, 4, 6, 7, 8 PASS)" in res.out, res.out + res.err
+    # on a GPU the rate must have been measured there: proof 5 is named, with the command that makes it
+    res = run_cli(["up", "run", "--gpus", "T4:1"], cwd=proj, env=env)
+    assert_one_line_error(res, 3, "not every proof PASS", "proof 5 MISSING", "launcher up probe --gpus T4:1")
+    res = run_cli(["up", "run", "--cpu", "--steps", "20", "--json"], cwd=proj, env=env)
+    assert res.code == 0, res.err
+    run = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=proj, env=env).json()[0]
+    [folder] = list((proj / ".launcher" / "reports").iterdir())
+    assert run["preflight"]["gate"] == "passed" and run["preflight"]["report"] == str(folder)
+    assert run["preflight"]["digest"] == json.loads((folder / "signature.json").read_text())["digest"]
+    status = run_cli(["status", run["id"]], cwd=proj, env=env).out
+    assert f"preflight: report {folder}" in status and "step 20 of 20 (100.0 %); 1 legs, 0 restarts" in status
+    # a finished run's actuals go beside the plan in the next report
+    data = report_json(proj, env, tmp_path / "after")
+    [actual] = data["plan"]["actuals"]
+    assert actual["run"] == run["id"] and actual["last_step"] == 20 and actual["preflight"]["gate"] == "passed"
+    assert "The run, actual vs plan" in (tmp_path / "after" / "preflight.md").read_text()
+
+
+def test_an_edited_or_hollow_report_lets_nothing_launch(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = ladder
+    proj = clone(root, tmp_path / "proj")
+    assert run_cli(["report"], cwd=proj, env=env).code == 0
+    [folder] = list((proj / ".launcher" / "reports").iterdir())
+    body = (folder / "preflight.json").read_text()
+    (folder / "preflight.json").write_text(body.replace('"project": "proj"', '"project": "proj2"'))
+    res = run_cli(["up", "run", "--cpu"], cwd=proj, env=env)
+    assert_one_line_error(res, 3, f"report {folder.name} fails its signature", "edited: preflight.json")
+    (folder / "preflight.json").write_text(body)
+    assert run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env).code == 0
+    # the signed report still says PASS, but the drill's evidence is gone from the ledger's logs
+    with sqlite3.connect(proj / ".launcher" / "ledger.db") as db:
+        logs = [r[0] for r in db.execute("SELECT l.log_path FROM legs l JOIN runs r ON r.id = l.run_id "
+                                         "WHERE r.rung = 'drill'")]
+    for log in logs:
+        Path(log).unlink()
+    res = run_cli(["up", "run", "--cpu"], cwd=proj, env=env)
+    assert_one_line_error(res, 3, f"report {folder.name} says proof", "PASS, but its runs in the ledger give")
+    # and reviewed files that changed since the report have none
+    (proj / "train.py").write_text((proj / "train.py").read_text() + "\n# changed\n")
+    assert run_cli(["review"], cwd=proj, env=env).code == 0
+    res = run_cli(["up", "run", "--cpu"], cwd=proj, env=env)
+    assert_one_line_error(res, 3, "no signed preflight report for exactly these files")

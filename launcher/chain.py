@@ -1,0 +1,187 @@
+"""Rung 4, the run: leg after leg, each on a fresh instance, to the run's last step.
+
+Every leg gets LAUNCHER_MAX_STEPS = the run's steps and a deadline from its budget
+(`rungs.run.budget_minutes`, `quota.session_hours`, and what the quota still
+allows); it trains until it is done, its deadline (a final verified checkpoint,
+then exit), or until it is lost (preempted, killed, crashed). The next leg resumes
+from the store. After each leg the launcher reads the store itself: the newest
+verified checkpoint there is where the next leg must resume, and every checkpoint
+the logs call verified must still be there. Each resume is checked as the drill
+checks it (position, LR, loss, no re-read); the first bad one stops the run.
+
+The run stops:
+- done: a leg reached the run's steps (exit 0);
+- a bad resume, or a store that lost a verified checkpoint (exit 1, the check named);
+- a crash loop: `max_restarts_on_errors` legs in a row left no newer verified
+  checkpoint (exit 1, naming the newest verified one);
+- the quota: too little is left for another leg; the last leg's deadline already
+  came from what was left, so it pushed a final checkpoint (exit 3, with what the
+  rest of the run needs);
+- `launcher stop` (the leg pushes its final checkpoint; no further leg launches).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from launcher.errors import Refused
+from launcher.evidence import Check, LegEvents, silent
+from launcher.legs import LegOutcome, RunContext, run_leg
+
+MIN_LEG_S = 30.0
+"""The shortest leg worth launching before the run has measured one (the quota's floor for
+its first leg). From then on: twice the longest a leg took from launch to its first
+verified checkpoint, at least MIN_MEASURED_LEG_S; a shorter leg could not push one."""
+MIN_MEASURED_LEG_S = 10.0
+MAX_LEGS = 10_000
+
+
+class QuotaOut(Refused):
+    """The quota ran out mid-run (exit 3); the checks so far travel with it into the ledger."""
+
+    def __init__(self, message: str, checks: list[Check], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.checks = checks
+
+
+def step_seconds(legs: list[LegEvents]) -> float | None:
+    """Median seconds per step over the run's legs (from the step events' times)."""
+    gaps = []
+    for ev in legs:
+        times = [(int(e["step"]), float(e["t"])) for _, e in ev.all("step") if "t" in e]
+        gaps += [(t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2) in zip(times, times[1:]) if s2 > s1]
+    return statistics.median(gaps) if gaps else None
+
+
+def min_leg_s(outs: list[LegOutcome]) -> float:
+    """The shortest leg worth launching, from what this run's legs measured (see MIN_LEG_S)."""
+    firsts = []
+    for out in outs:
+        first = next((e for _, e in out.events.all("verify") if e.get("ok") and "t" in e), None)
+        if first is not None:
+            firsts.append(float(first["t"]) - out.result.started_at)
+    return max(MIN_MEASURED_LEG_S, 2.0 * max(firsts)) if firsts else MIN_LEG_S
+
+
+def newest_in_store(store: Any) -> tuple[int | None, str | None]:
+    from runtime.cycle import newest_verified
+
+    newest = newest_verified(store)
+    return (newest.step, newest.name) if newest else (None, None)
+
+
+def describe_end(out: LegOutcome) -> str:
+    r, ev = out.result, out.events
+    stop, last = ev.last("stop"), ev.last("step")
+    how = (f"stopped on {stop[1]['reason']}" if stop else "killed" if r.killed else f"exited {r.exit_code}")
+    return (f"{how} ({r.end_reason}) after {r.wall_seconds:.0f} s at step "
+            f"{int(last[1]['step']) if last else '-'}")
+
+
+def check_resume_point(ev: LegEvents, expected: int | None) -> Check:
+    """The leg resumed from the newest verified checkpoint the launcher read in the store
+    before launching it (a fresh start only if there was none)."""
+    resume = ev.first("resume")
+    got = int(resume[1]["from_step"]) if resume else None
+    name = f"leg {ev.leg} resumed from the newest verified checkpoint"
+    where = "a fresh start" if got is None else f"step {got}"
+    return Check(name, got == expected, f"{where}; the newest verified checkpoint in the store before leg {ev.leg} "
+                 f"was {'none' if expected is None else f'step {expected}'}", ev.pointer(resume))
+
+
+def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int | None, after: int | None,
+               exact: bool) -> list[Check]:
+    """What the launcher checks after leg i: the store kept what the logs verified, and the
+    leg's resume (if it resumed and trained) was exact."""
+    from launcher.drill import check_store_after_kill
+    from launcher.resume_checks import check_batches, check_loss, check_lr
+
+    checks = [check_store_after_kill(store, outs, after, when="its end")]
+    i = len(outs) - 1
+    ev = outs[-1].events
+    if i > 0:
+        checks.append(check_resume_point(ev, before))
+        if ev.first("resume") is not None and ev.all("step"):
+            legs = [o.events for o in outs]
+            checks += [check_lr(legs, i), check_batches(legs, i), check_loss(legs, i, exact)]
+    return checks
+
+
+def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple[int | None, str | None],
+              steps: int, checks: list[Check], shortest: float) -> QuotaOut:
+    step_s = step_seconds([o.events for o in outs])
+    left = newest[0] or 0
+    gpus = ctx.gpu_count * ctx.nodes
+    need = (steps - left) * step_s * gpus / 3600.0 if step_s else None
+    rest = (f"the rest (steps {left + 1}..{steps}) needs about {need:,.2f} GPU-h at the measured {step_s:.3g} s/step"
+            if need is not None else f"the rest is steps {left + 1}..{steps}")
+    where = f"{newest[1]} (step {left})" if newest[1] else "no verified checkpoint"
+    msg = (f"quota: {max(0.0, grant.left_gpu_hours):.3f} GPU-h left in the period, less than one "
+           f"{shortest:.0f} s leg on {gpus} GPUs; {rest}; the run stopped at {where}, verified in the store")
+    checks = checks + [Check("the quota allows another leg", False, msg)]
+    return QuotaOut(msg, checks, hint=f"resume it later: `launcher up run` again once the quota resets "
+                    "(the store holds the checkpoint), or raise quota.gpu_hours")
+
+
+def run_chain(ctx: RunContext) -> list[Check]:
+    """Carry the run to its last step; returns the checks (QuotaOut when the quota runs out)."""
+    from launcher.rehearsal import check_leg_exit
+    from launcher.resume_checks import check_no_repeat, check_sample_index
+
+    run_cfg = ctx.cfg.rungs.run
+    steps = run_cfg.steps
+    store = ctx.open_store()
+    exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
+    outs: list[LegOutcome] = []
+    checks: list[Check] = []
+    newest = newest_in_store(store)
+    stalled = 0
+    gpus = ctx.gpu_count * ctx.nodes
+    budget_h = run_cfg.budget_minutes / 60.0 * gpus
+    for leg in range(MAX_LEGS):
+        if ctx.reservation_id is not None and gpus:
+            grant = ctx.hold_leg(budget_h)
+            shortest = min_leg_s(outs)
+            if grant.gpu_hours * 3600.0 / gpus < shortest:
+                raise quota_out(ctx, outs, grant, newest, steps, checks, shortest)
+            ctx.quota_left_hours = grant.gpu_hours if math.isfinite(grant.gpu_hours) else None
+        if leg:
+            ctx.show(leg, f"launcher: leg {leg} (restart {leg}) resumes from "
+                     f"{newest[1] or 'nothing verified: a fresh start'}\n")
+        out = run_leg(ctx, leg, steps)
+        outs.append(out)
+        if silent(out.events):
+            return checks + [check_leg_exit(out)]  # the trainer does not speak the contract: no restart helps
+        before = newest[0]
+        newest = newest_in_store(store)
+        found = leg_checks(ctx, store, outs, before, newest[0], exact)
+        checks.append(Check(f"leg {leg} ended", True, describe_end(out) + "; newest verified in the store: "
+                            + (f"step {newest[0]}" if newest[0] is not None else "none")))
+        checks += found
+        if not all(c.ok or c.missing for c in found):
+            return checks  # a bad resume or a store that lost a checkpoint: the run must not go on
+        done = out.events.last("done")
+        if done and int(done[1]["step"]) == steps and out.result.exit_code == 0:
+            legs = [o.events for o in outs]
+            checks.append(Check("the run ended at exactly its step count", True,
+                                f"leg {leg} finished at step {steps} of {steps} after {leg} restarts",
+                                out.events.pointer(done)))
+            checks.append(check_no_repeat(legs))
+            witness = check_sample_index(legs)
+            return checks + ([witness] if witness else [])
+        if ctx.ledger.stop_requested(ctx.run_id):
+            return checks  # `launcher stop`: the leg pushed its final checkpoint; up records "stopped"
+        progressed = newest[0] is not None and (before is None or newest[0] > before)
+        stalled = 0 if progressed else stalled + 1
+        if stalled >= max(1, run_cfg.max_restarts_on_errors):
+            where = f"{newest[1]} (step {newest[0]})" if newest[1] else "none (nothing was ever verified)"
+            checks.append(Check("the run makes progress", False,
+                                f"crash loop: {stalled} legs in a row left no newer verified checkpoint "
+                                f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
+                                f"verified checkpoint is {where}; the last leg {describe_end(out)}",
+                                out.events.pointer(out.events.last("stop"))))
+            return checks
+    checks.append(Check("the run ended within the leg cap", False, f"{MAX_LEGS} legs and not done"))
+    return checks
