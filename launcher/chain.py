@@ -121,8 +121,9 @@ def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple
     msg = (f"quota: {max(0.0, grant.left_gpu_hours):.3f} GPU-h left in the period, less than one "
            f"{shortest:.0f} s leg on {gpus} GPUs; {rest}; the run stopped at {where}, verified in the store")
     checks = checks + [Check("the quota allows another leg", False, msg)]
-    return QuotaOut(msg, checks, hint=f"resume it later: `launcher up run` again once the quota resets "
-                    "(the store holds the checkpoint), or raise quota.gpu_hours")
+    return QuotaOut(msg, checks, hint=f"the checkpoint stays in the store under runs/{ctx.run_id}; raise "
+                    "quota.gpu_hours or wait for the next period (continuing this run id is not in this version: "
+                    "a new `launcher up run` starts from step 0)")
 
 
 def run_chain(ctx: RunContext) -> list[Check]:

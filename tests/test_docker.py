@@ -245,3 +245,32 @@ def test_a_killed_launcher_leaves_no_container_running(built: Path, tmp_path: Pa
     assert containers(f"preflight-{run_id}") == []
     s = run_cli(["status", run_id, "--json"], cwd=root)
     assert s.code == 0 and s.json()["state"] == "ended: launcher died"
+
+
+def test_a_run_in_containers_carried_across_a_killed_container(built: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.test_run_rung import configure, events, leg_row, start_run, wait_for
+
+    root = tmp_path / "proj"
+    shutil.copytree(built, root, ignore=shutil.ignore_patterns("runs", "store"))
+    configure(root, steps=60, command="python train.py --ckpt-every 5 --data-delay 0.05")
+    proc, out = start_run(root, "--backend", "docker", "--cpu", "--skip-preflight", "the docker chain's test")
+    try:
+        row = wait_for(lambda: leg_row(root, 0), timeout=300)
+        log = Path(row["log_path"])
+        wait_for(lambda: any(e["event"] == "prune" for e in events(log)), timeout=300)
+        subprocess.run(["docker", "kill", row["instance"]], check=True, capture_output=True)  # the instance is lost
+        assert proc.wait(timeout=600) == 0, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = run_cli(["ledger", "--json"], cwd=root).json()[0]
+    assert run["rung"] == "run" and run["backend"] == "docker" and run["verdict"] == "pass" and len(run["legs"]) == 2
+    assert run["legs"][0]["instance"] != run["legs"][1]["instance"]
+    checks = {c["name"]: c for c in run["checks"]}
+    assert all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
+    for name in ("leg 1 resumed from the newest verified checkpoint", "leg 1: exact data position (batch hashes)",
+                 "leg 1: LR follows the schedule", "leg 1: loss continuity", "the run ended at exactly its step count"):
+        assert checks[name]["ok"], checks[name]
+    assert containers(f"preflight-{run['id']}") == []
