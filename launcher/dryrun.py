@@ -47,7 +47,8 @@ def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus:
              reviewed: dict[str, str], image: str | None) -> str:
     """The rendered leg-0 launch and the quota arithmetic, as text."""
     straight = " (+1 straight-through leg on the CPU, the oracle)" if rung.name in ("rehearsal", "drill") and not gpus else ""
-    out = [f"dry run: rung {rung.name} on {backend}, {rung.legs} legs{straight}, nothing launched or recorded"]
+    legs = "leg after leg to its last step" if rung.name == "run" else f"{rung.legs} legs{straight}"
+    out = [f"dry run: rung {rung.name} on {backend}, {legs}, nothing launched or recorded"]
     from launcher.legs import redact
 
     env = redact(leg0_env(cfg, rung, reviewed), cfg.secrets)  # printed: redacted like the ledger
@@ -84,8 +85,17 @@ def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | No
                    gpus=gpus)
     backend = SkyBackend(cfg, ref, nodes, sky=sky_module())
     with tempfile.TemporaryDirectory() as tmp:
-        task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")
-    out = [f"# leg 0 task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
+        if rung.name == "run":  # one managed job; its first attempt's deadline stands for the job's
+            from launcher.backends.skyjob import dry_run
+
+            run_cfg = cfg.rungs.run
+            deadline = float(env["LAUNCHER_DEADLINE"])
+            task, pick, why = dry_run(backend, spec, Path(tmp) / "job-0.sky.yaml", deadline,
+                                      run_cfg.budget_minutes * 60.0, run_cfg.max_restarts_on_errors)
+        else:
+            task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")
+    what = "managed job" if rung.name == "run" else "leg 0"
+    out = [f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
     if pick is None:
         out.append(f"skypilot: no pick or price ({why}); the costs below use launcher.yaml prices")
     else:

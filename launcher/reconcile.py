@@ -70,11 +70,13 @@ def clean_up(dead: "list[DeadRun]", ledger: Ledger) -> None:
 
 def _reap_cluster(ledger: Ledger, run_id: str, leg: dict) -> None:
     """Down the dead leg's cluster if SkyPilot still has it, and bill the leg to when it stopped."""
-    from launcher.backends.sky import reap
+    from launcher.backends.sky import reap, reap_job
+    from launcher.backends.skyjob import job_id_of
     from launcher.spend import settle_leg
 
     try:
-        reaped = reap(leg["instance"])
+        job = job_id_of(leg["instance"])
+        reaped = reap_job(job) if job is not None else reap(leg["instance"])
     except LauncherError as err:  # skypilot not installed here: say what to check
         reaped = None
         sys.stderr.write(f"note: run {run_id} leg {leg['leg']} ran on cluster {leg['instance']}: {err.message}; "

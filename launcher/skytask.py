@@ -43,6 +43,8 @@ IMAGE_REF = re.compile(r"^docker:[\w./:-]+(@sha256:[0-9a-f]{64})?$")
 AUTOSTOP_IDLE_MINUTES = 10
 """The cluster downs itself this long after its job ended, if nobody did it sooner."""
 HARD_CAP_KILL_AFTER_S = 120
+HARD_CAP_GRACE_S = 600
+"""The hard cap: the leg's deadline plus this (the trainer stops itself at the deadline)."""
 """After the hard cap's SIGTERM, SIGKILL this much later (the trainer pushes its final checkpoint first)."""
 DOCKER_LOGIN_VARS = ("SKYPILOT_DOCKER_USERNAME", "SKYPILOT_DOCKER_PASSWORD", "SKYPILOT_DOCKER_SERVER")
 """A private registry's credentials: passed like the other secrets, all three or none."""
@@ -90,6 +92,56 @@ def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_re
     `hard_stop` (unix seconds): the run command is killed then, whatever the
     trainer does. `pin`: cloud / region / zone / instance_type for this leg (the
     placement leg 0 got), so the legs of one rung run on the same kind of machine."""
+    task = _filled(cfg, rung, gpus=gpus, nodes=nodes, image_ref=image_ref, leg_env=leg_env, pin=pin)
+    task["resources"]["autostop"] = {"idle_minutes": AUTOSTOP_IDLE_MINUTES, "down": True}
+    if hard_stop is not None:
+        task["envs"]["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
+        task["run"] = hard_capped(str(task.get("run") or ""))
+    return _write(task, cfg, out)
+
+
+def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str, leg_env: dict[str, str],
+               out: Path, job_deadline: float, leg_budget_s: float, max_restarts: int) -> RenderedTask:
+    """The run as ONE SkyPilot managed job: `resources.job_recovery` with the config's
+    max_restarts_on_errors, spot first with on-demand fallback (the template's `ordered`),
+    and a deadline that belongs to the job, not to one recovery.
+
+    SkyPilot relaunches the same task on every recovery, envs unchanged, so an absolute
+    LAUNCHER_DEADLINE fixed at submission would make a late recovery stop at once. Each
+    attempt computes its own: its leg budget from now, never past the job's deadline
+    (what the quota allows); the hard cap follows it. No autostop: SkyPilot's jobs
+    controller downs each recovery's cluster itself (it overrides any autostop)."""
+    task = _filled(cfg, "run", gpus=gpus, nodes=nodes, image_ref=image_ref, leg_env=leg_env, pin=None)
+    resources = task["resources"]
+    resources.pop("autostop", None)
+    recovery = resources.get("job_recovery")
+    recovery = {"strategy": recovery} if isinstance(recovery, str) else dict(recovery or {})
+    if str(recovery.get("strategy", "")).lower() == "none":
+        raise BadInput("sky/run.yaml: job_recovery.strategy none drops max_restarts_on_errors: the run needs "
+                       "recovery (FAILOVER or EAGER_NEXT_REGION)")
+    recovery["max_restarts_on_errors"] = max_restarts
+    resources["job_recovery"] = recovery
+    task["envs"].pop("LAUNCHER_DEADLINE", None)
+    task["envs"]["PREFLIGHT_JOB_DEADLINE"] = str(int(job_deadline))
+    task["envs"]["PREFLIGHT_LEG_BUDGET_S"] = str(int(leg_budget_s))
+    task["run"] = attempt_deadline(str(task.get("run") or ""))
+    return _write(task, cfg, out)
+
+
+def attempt_deadline(run: str) -> str:
+    """`run` for a managed job: each attempt's LAUNCHER_DEADLINE is its own leg budget from
+    now, capped at the job's deadline; the hard cap is that plus grace."""
+    return ("# preflight: this attempt's deadline (a recovery gets its own budget, never past the job's)\n"
+            "now=$(date +%s)\n"
+            "LAUNCHER_DEADLINE=$(( now + PREFLIGHT_LEG_BUDGET_S ))\n"
+            "[ \"$LAUNCHER_DEADLINE\" -le \"$PREFLIGHT_JOB_DEADLINE\" ] || LAUNCHER_DEADLINE=$PREFLIGHT_JOB_DEADLINE\n"
+            "export LAUNCHER_DEADLINE\n"
+            f"left=$(( LAUNCHER_DEADLINE + {HARD_CAP_GRACE_S} - now )); [ \"$left\" -gt 0 ] || left=1\n"
+            f"exec timeout --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+
+
+def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
+            leg_env: dict[str, str], pin: dict[str, str] | None) -> dict[str, Any]:
     import yaml
 
     template = yaml.safe_load(template_path(cfg, rung).read_text()) or {}
@@ -104,15 +156,17 @@ def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_re
         raise BadInput(f"image reference {image_ref!r} is not repo[:tag][@sha256:<digest>]")
     resources["image_id"] = f"docker:{image_ref}"
     resources.update({k: v for k, v in (pin or {}).items() if v})
-    resources["autostop"] = {"idle_minutes": AUTOSTOP_IDLE_MINUTES, "down": True}
     task["num_nodes"] = nodes
     task["envs"] = {**(task.get("envs") or {}), **leg_env, "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
     task["secrets"] = _template_secrets(task.get("secrets"), rung)
     if not task["secrets"]:
         del task["secrets"]
-    if hard_stop is not None:
-        task["envs"]["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
-        task["run"] = hard_capped(str(task.get("run") or ""))
+    return task
+
+
+def _write(task: dict[str, Any], cfg: Config, out: Path) -> RenderedTask:
+    import yaml
+
     check_mounts(task, cfg.root)
     text = yaml.dump(task, Dumper=_block_dumper(), sort_keys=False)
     out.parent.mkdir(parents=True, exist_ok=True)

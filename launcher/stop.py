@@ -46,6 +46,14 @@ def _signal(leg: dict[str, Any], backend: str, sig: int) -> None:
             os.killpg(int(leg["pid"]), sig)  # the leg runs in its own session: pgid == pid
         except ProcessLookupError:
             pass
+    elif backend == "sky":
+        from launcher.backends.skyjob import cancel, job_id_of
+        from launcher.skytask import sky_module
+
+        job = job_id_of(leg["instance"])
+        why = cancel(sky_module(), job, graceful=sig == signal.SIGTERM) if job is not None else "not a managed job"
+        if why is not None:
+            raise BadInput(f"sky.jobs.cancel of {leg['instance']}: {why}")
     elif backend == "docker":
         from launcher.image import docker_cli
 
@@ -96,9 +104,12 @@ def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None])
         if run["ended_at"] is not None:
             raise BadInput(f"run {run_id} is not running: it ended ({run['verdict']})",
                            hint=f"`launcher status {run_id}` shows where it stopped")
-        if run["backend"] not in ("local", "docker"):
-            raise BadInput(f"launcher stop: the {run['backend']} backend cannot be signalled by this version "
-                           "(local and docker can)", hint="`sky cancel` then `sky down` the leg's cluster")
+        live_legs = [leg for leg in run["legs"] if leg["ended_at"] is None]
+        if run["backend"] not in ("local", "docker") and not (
+                run["backend"] == "sky" and run["rung"] == "run" and live_legs):
+            raise BadInput(f"launcher stop: the {run['backend']} backend's {run['rung']} legs cannot be signalled by "
+                           "this version (local, docker and the sky run's managed job can)",
+                           hint="`sky cancel` then `sky down` the leg's cluster")
         live = [leg for leg in run["legs"] if leg["ended_at"] is None]
         leg = live[-1] if live else None
         if leg is not None and run["backend"] == "local" and not leg.get("pid"):

@@ -328,6 +328,10 @@ def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashCompar
         from launcher.static import run_static
 
         return run_static(ctx, cmp)
+    if ctx.rung.name == "run" and ctx.backend.name == "sky":
+        from launcher.chain_sky import run_managed
+
+        return run_managed(ctx)
     if ctx.rung.name == "run":
         from launcher.chain import run_chain
 

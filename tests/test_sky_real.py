@@ -80,3 +80,26 @@ def test_a_cluster_that_does_not_exist_is_gone_not_a_failed_teardown() -> None:
 def test_no_exception_is_matched_by_name() -> None:
     source = (Path(__file__).parent.parent / "launcher" / "backends" / "sky.py").read_text()
     assert "__name__ in" not in source and "type(err).__name__ ==" not in source
+
+
+@pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("H100:8", 2)])
+def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: Path, tmp_path: Path, gpus: str,
+                                                                      nodes: int) -> None:
+    from launcher.backends.skyjob import dry_run
+
+    cfg = load_config(project / "launcher.yaml")
+    backend = SkyBackend(cfg, REF, nodes, sky=sky)
+    leg = LegSpec("r", 0, "run", tuple(cfg.trainer.command), dict(ENV, LAUNCHER_RUNG="run"),
+                  {"HF_TOKEN": "hf_not_a_real_token"}, gpus=parse_gpus(gpus))
+    task, pick, why = dry_run(backend, leg, tmp_path / "job-0.sky.yaml", 2e9, 9 * 3600, 3)
+    assert pick is not None, why
+    assert pick.instance_type == EXPECTED[gpus] and pick.use_spot is True  # spot first: the `ordered` list
+    on_demand = SkyBackend(cfg, REF, nodes, sky=sky).dry_launch(
+        LegSpec("r", 0, "probe", tuple(cfg.trainer.command), ENV, gpus=parse_gpus(gpus)), tmp_path / "od.yaml")[1]
+    assert pick.hourly_usd < on_demand.hourly_usd  # SkyPilot's spot price, below the on-demand one
+    loaded = sky.Task.from_yaml(str(task.path))
+    resources = list(loaded.resources)
+    assert [r.use_spot for r in resources] == [True, False]  # ordered: spot, then on-demand
+    assert all(r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3} for r in resources)
+    assert "LAUNCHER_DEADLINE" not in loaded.envs and loaded.envs["PREFLIGHT_LEG_BUDGET_S"] == str(9 * 3600)
+    assert "autostop" not in task.yaml_text  # SkyPilot's jobs controller downs each recovery's cluster itself

@@ -34,11 +34,9 @@ from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, bill
 from launcher.config import Config
 from launcher.errors import BadInput, Refused
 from launcher.evidence import LegEvents, exit_code_from_events
-from launcher.skytask import RenderedTask, render, sky_module, task_for_launch
+from launcher.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)
-HARD_CAP_GRACE_S = 600
-"""The hard cap on the cluster: the leg's deadline plus this (the trainer stops itself at the deadline)."""
 
 
 def cluster_name(spec: LegSpec) -> str:
@@ -442,3 +440,29 @@ def cost_row(sky: Any, cluster: str) -> tuple[float, float] | None:
         if _field(row, "name") == cluster and _field(row, "duration") is not None:
             return float(_field(row, "launched_at") or 0.0), float(_field(row, "duration"))
     return None
+
+
+TERMINAL_JOB_STATUSES = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
+                         "FAILED_NO_RESOURCE", "FAILED_CONTROLLER")
+
+
+def reap_job(job_id: int) -> Reaped:
+    """A managed job whose launcher died: still running, it is cancelled now (its leg billed
+    to now); already ended, to when SkyPilot says it ended. Never assumed either way."""
+    from launcher.backends.skyjob import cancel, record
+
+    sky = sky_module()
+    name = f"managed job {job_id}"
+    try:
+        rec = record(sky, job_id)
+    except Exception as err:  # noqa: BLE001 - unknown: say so
+        return Reaped(name, False, None, f"could not ask SkyPilot about {name}: {one_line(err)}; check "
+                      f"`sky jobs queue` and `sky jobs cancel {job_id}`")
+    if rec is None:
+        return Reaped(name, False, None, f"SkyPilot has no {name}; check `sky jobs queue`")
+    if rec["status"] in TERMINAL_JOB_STATUSES:
+        return Reaped(name, False, rec.get("end_at"), f"{name} had already ended ({rec['status']})")
+    why = cancel(sky, job_id, graceful=False)
+    if why is not None:
+        return Reaped(name, True, None, f"{name} is {rec['status']} and could not be cancelled: {why}")
+    return Reaped(name, True, time.time(), f"{name} was still {rec['status']}: cancelled")

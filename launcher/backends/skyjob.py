@@ -1,0 +1,199 @@
+"""The run on SkyPilot as ONE managed job (`sky.jobs.launch`), its recoveries as legs.
+
+SkyPilot's jobs controller owns the job's life: it replaces a preempted instance
+(spot first, on-demand when spot has none, `ordered` in sky/run.yaml) and restarts
+a failed `run` up to `job_recovery.max_restarts_on_errors` times, relaunching the
+same task on a fresh cluster each time. The launcher follows the job's log
+(`sky.jobs.tail_logs`, which keeps streaming across recoveries) and splits it into
+legs: the runtime prints a `session` event first thing in every attempt, so a
+second one in the stream is the next attempt. After the job ends, SkyPilot's own
+record (`sky.jobs.queue_v2`: status, recovery_count, job_duration) is read and set
+against what the stream showed.
+
+The `sky` module is SkyPilot's (or the strict stand-in the tests inject).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from launcher.backends.base import LegSpec
+from launcher.backends.sky import Pick, SkyBackend, one_line
+from launcher.skytask import RenderedTask, render_job, task_for_launch
+
+JOB_PREFIX = "sky-job-"
+"""A managed job's legs carry `sky-job-<id>` as their instance in the ledger."""
+RECORD_FIELDS = ["job_id", "job_name", "status", "recovery_count", "submitted_at", "start_at", "end_at",
+                 "last_recovered_at", "job_duration", "failure_reason", "cloud", "region", "zone",
+                 "cluster_resources"]
+
+
+def job_id_of(instance: str | None) -> int | None:
+    """The managed job id a leg row names (None: not a managed-job leg)."""
+    if not instance or not instance.startswith(JOB_PREFIX):
+        return None
+    digits = instance[len(JOB_PREFIX):].split()[0]
+    return int(digits) if digits.isdigit() else None
+
+
+class LegSplitter:
+    """`tail_logs`' output stream: each whole line goes to the current leg's log and the live
+    view; a rank-0 `session` event, once the current leg already printed one, is the next
+    attempt: `on_new_leg(leg)` runs first (it closes the leg and opens the next)."""
+
+    def __init__(self, leg: int, log_for: Callable[[int], Path], on_line: Callable[[int, str], None],
+                 on_new_leg: Callable[[int], None]) -> None:
+        self.leg, self.log_for, self.on_line, self.on_new_leg = leg, log_for, on_line, on_new_leg
+        self._buf = ""
+        self._seen_session = False
+        self._log: IO[str] = self._open(leg)
+
+    def _open(self, leg: int) -> IO[str]:
+        path = self.log_for(leg)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a", encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self._line(line + "\n")
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        from runtime.events import parse_line
+
+        event = parse_line(line) if '"session"' in line else None  # SkyPilot may prefix a job's lines
+        if event is not None and event["event"] == "session" and event.get("rank", 0) == 0:
+            if self._seen_session:
+                self._log.close()
+                self.on_new_leg(self.leg + 1)
+                self.leg += 1
+                self._log = self._open(self.leg)
+            self._seen_session = True
+        self._log.write(line)
+        self._log.flush()
+        self.on_line(self.leg, line)
+
+    def flush(self) -> None:
+        self._log.flush()
+
+    def close(self) -> None:
+        if self._buf:
+            self._line(self._buf + "\n")
+            self._buf = ""
+        self._log.close()
+
+
+@dataclass
+class ManagedJob:
+    """One submitted managed job: what was sent, its id, SkyPilot's pick and price."""
+
+    backend: SkyBackend
+    spec: LegSpec
+    rendered: RenderedTask
+    pick: Pick | None
+    cost_source: str
+    price_note: str = ""
+    """Why there is no SkyPilot price (no API server, no catalog), when there is none."""
+    submitted_at: float = 0.0
+    job_id: int | None = None
+    request: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def instance(self) -> str:
+        return f"{JOB_PREFIX}{self.job_id}" if self.job_id is not None else f"{JOB_PREFIX}pending"
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return ("sky", "jobs", "launch", "-n", self.name, str(self.rendered.path))
+
+    @property
+    def name(self) -> str:
+        return re.sub(r"[^a-z0-9-]", "-", self.spec.run_id.lower())[-40:].strip("-") or "preflight-run"
+
+
+def prepare(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
+            max_restarts: int) -> tuple[ManagedJob, Any]:
+    """Render and validate the job's task, price it with SkyPilot's optimizer; (job, Task)."""
+    rendered = render_job(backend.cfg, gpus=spec.gpus, nodes=backend.nodes, image_ref=backend.image_ref,
+                          leg_env=dict(spec.env), out=out, job_deadline=job_deadline, leg_budget_s=leg_budget_s,
+                          max_restarts=max_restarts)
+    task = task_for_launch(backend.sky, rendered.path, dict(spec.secrets))
+    pick, source = backend.price(task)
+    return ManagedJob(backend, spec, rendered, pick, source if pick else "config prices",
+                      price_note="" if pick else source), task
+
+
+def submit(job: ManagedJob, task: Any) -> int:
+    """`sky.jobs.launch`: 0.14.1 answers a list of job ids (and the controller's handle)."""
+    sky = job.backend.sky
+    job.submitted_at = time.time()
+    job.request = sky.jobs.launch(task, name=job.name)
+    ids, _controller = sky.stream_and_get(job.request, output_stream=_Discard())
+    if not ids:
+        raise RuntimeError("sky.jobs.launch returned no job id")
+    job.job_id = int(ids[0])
+    return job.job_id
+
+
+def follow(job: ManagedJob, stream: LegSplitter) -> int | None:
+    """Stream the job's log across its recoveries until it ends; SkyPilot's JobExitCode."""
+    return job.backend.sky.jobs.tail_logs(job_id=job.job_id, follow=True, output_stream=stream)
+
+
+def record(sky: Any, job_id: int) -> dict[str, Any] | None:
+    """SkyPilot's record of the job (`jobs.queue_v2` with the fields the launcher reads)."""
+    records, _total, _counts, _all = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=[job_id],
+                                                               fields=RECORD_FIELDS))
+    for rec in records:
+        if int(rec["job_id"]) == job_id:
+            status = rec["status"]
+            return {k: (getattr(status, "value", status) if k == "status" else rec.get(k)) for k in RECORD_FIELDS}
+    return None
+
+
+def cancel(sky: Any, job_id: int, graceful: bool) -> str | None:
+    """`sky.jobs.cancel`; graceful: SIGTERM to the job's processes first (its final
+    checkpoint), then teardown. None when sent, else why it could not be."""
+    try:
+        sky.get(sky.jobs.cancel(job_ids=[job_id], graceful=graceful))
+    except Exception as err:  # noqa: BLE001 - said, never raised over the error that led here
+        return one_line(err)
+    return None
+
+
+class _Discard:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
+            max_restarts: int) -> tuple[RenderedTask, Pick | None, str]:
+    """The job's task through SkyPilot's own dry run (`sky.launch(..., dryrun=True)`: its
+    parser, its optimizer over the `ordered` candidates; managed jobs have no dry run of
+    their own), with the pick and price of the first candidate that can launch (spot)."""
+    import contextlib
+
+    from launcher.backends.sky import _Capture, classify
+
+    job, task = prepare(backend, spec, out, job_deadline, leg_budget_s, max_restarts)
+    if job.pick is None:
+        return job.rendered, None, job.price_note
+    sky = backend.sky
+    try:
+        with contextlib.redirect_stdout(_Capture()):
+            sky.stream_and_get(sky.launch(task, cluster_name=f"pf-dry-{job.name}"[:35], dryrun=True),
+                               output_stream=_Capture())
+    except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
+        mapped = classify(sky, err)
+        return job.rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")
+    return job.rendered, job.pick, "skypilot optimizer"

@@ -1,0 +1,180 @@
+"""Rung 4 on SkyPilot: the run as one managed job, each recovery a leg.
+
+The same rules as launcher.chain, applied as the job goes: when the job's log shows
+the next attempt (launcher.backends.skyjob.LegSplitter), the attempt before it is
+closed in the ledger (billed from its start to the next one's), the store is read,
+and the new attempt's resume is checked once it ended. A bad resume, a store that
+lost a verified checkpoint, or a crash loop cancels the job. A job that ends by its
+deadline (the leg budget; the session cap) without reaching the last step is
+followed by the next job, from the store, while the quota allows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from launcher.backends.base import LegResult, billed_seconds
+from launcher.chain import (describe_end, leg_checks, min_leg_s, newest_in_store, quota_out)
+from launcher.evidence import Check, LegEvents
+from launcher.legs import LegOutcome, RunContext, redact
+
+MAX_JOB_S = 7 * 24 * 3600.0
+"""A job's deadline when no quota bounds it: a week (the longest leg budget there is)."""
+
+
+class _Legs:
+    """The ledger rows and outcomes of the job's attempts, as the stream shows them."""
+
+    def __init__(self, ctx: RunContext, job: Any, outs: list[LegOutcome]) -> None:
+        self.ctx, self.job, self.outs = ctx, job, outs
+        self.open: dict[int, float] = {}
+
+    def log(self, leg: int) -> Any:
+        return self.ctx.run_dir / f"leg-{leg}.log"
+
+    def begin(self, leg: int, started_at: float) -> None:
+        ctx, job = self.ctx, self.job
+        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": "sky", "instance": job.instance,
+                              "command": list(job.command), "env": redact(dict(job.spec.env), ctx.cfg.secrets),
+                              "log_path": str(self.log(leg)), "started_at": started_at,
+                              "task_sha256": job.rendered.sha256, "pid": None, "role": None,
+                              "hourly_usd": job.pick.instance_hourly_usd if job.pick else None,
+                              "cost_source": job.cost_source})
+        self.open[leg] = started_at
+
+    def end(self, leg: int, ended_at: float, reason: str, killed: bool) -> LegOutcome:
+        from launcher.evidence import exit_code_from_events
+
+        started = self.open.pop(leg)
+        events = LegEvents.read(leg, self.log(leg))
+        code = exit_code_from_events(events)
+        seconds = billed_seconds(max(0.0, ended_at - started), self.ctx.backend.billing_granularity_s)
+        job = self.job
+        result = LegResult(code, started, ended_at, killed, reason, billed_seconds=seconds * self.ctx.nodes,
+                           instance_hourly_usd=job.pick.instance_hourly_usd if job.pick else None,
+                           cost_source=job.cost_source)
+        hours, cost, source = self.ctx.billed(result)
+        self.ctx.ledger.end_leg(self.ctx.run_id, leg, ended_at=ended_at, exit_code=code, killed=killed,
+                                end_reason=reason, billed_gpu_hours=hours, cost_usd=cost, cost_source=source)
+        out = LegOutcome(result, events)
+        self.outs.append(out)
+        return out
+
+
+def run_managed(ctx: RunContext) -> list[Check]:
+    """The run as managed jobs until its last step; returns the checks."""
+    from launcher.backends import skyjob
+
+    run_cfg = ctx.cfg.rungs.run
+    steps = run_cfg.steps
+    store = ctx.open_store()
+    exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
+    outs: list[LegOutcome] = []
+    checks: list[Check] = []
+    state = {"newest": newest_in_store(store), "stalled": 0, "stop": None}
+    gpus = max(1, ctx.gpu_count * ctx.nodes)
+    leg = 0
+    while True:
+        grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
+        job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
+        if job_s < min_leg_s(outs):
+            raise quota_out(ctx, outs, grant, state["newest"], steps, checks, min_leg_s(outs))
+        now = time.time()
+        env = ctx.leg_env(leg, steps, now + job_s)
+        from launcher.backends.base import LegSpec
+
+        spec = LegSpec(ctx.run_id, leg, "run", tuple(ctx.cfg.trainer.command), env, ctx.secrets(), ctx.files,
+                       ctx.run_dir / f"leg-{leg}.log", ctx.gpus)
+        job, task = skyjob.prepare(ctx.backend, spec, ctx.run_dir / f"job-{leg}.sky.yaml", now + job_s,
+                                   min(run_cfg.budget_minutes * 60.0, job_s), run_cfg.max_restarts_on_errors)
+        legs = _Legs(ctx, job, outs)
+        first = leg
+        try:
+            skyjob.submit(job, task)
+            legs.begin(leg, job.submitted_at)
+            ctx.show(leg, f"launcher: managed job {job.job_id} submitted: {job.pick.describe() if job.pick else ''}\n")
+
+            def on_new_leg(new: int) -> None:
+                now = time.time()
+                ended = legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
+                                 "the attempt before was preempted or its run failed", killed=True)
+                legs.begin(new, now)
+                stop = _after_leg(ctx, store, outs, ended, state, exact, run_cfg.max_restarts_on_errors, checks)
+                if stop and state["stop"] is None:
+                    state["stop"] = stop
+                    skyjob.cancel(ctx.backend.sky, job.job_id, graceful=False)
+
+            splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg)
+            try:
+                code = skyjob.follow(job, splitter)
+            finally:
+                splitter.close()
+            leg = splitter.leg
+        except BaseException:
+            if job.job_id is not None:  # interrupted or failed: the job must not go on billing without us
+                skyjob.cancel(ctx.backend.sky, job.job_id, graceful=False)
+            for open_leg in list(legs.open):
+                legs.end(open_leg, time.time(), "launcher interrupted: job cancelled", killed=True)
+            raise
+        rec = skyjob.record(ctx.backend.sky, job.job_id) or {}
+        final = legs.end(leg, time.time(), f"job {rec.get('status', '?')} (tail_logs exit {code})", killed=False)
+        stop = _after_leg(ctx, store, outs, final, state, exact, run_cfg.max_restarts_on_errors, checks)
+        checks.append(_job_check(job, rec, leg - first + 1))
+        done = final.events.last("done")
+        if state["stop"] or stop:
+            return checks
+        if done and int(done[1]["step"]) == steps and final.result.exit_code == 0:
+            from launcher.resume_checks import check_no_repeat, check_sample_index
+
+            all_legs = [o.events for o in outs]
+            checks.append(Check("the run ended at exactly its step count", True,
+                                f"leg {leg} finished at step {steps} of {steps} after {leg} recoveries and restarts",
+                                final.events.pointer(done)))
+            checks.append(check_no_repeat(all_legs))
+            witness = check_sample_index(all_legs)
+            return checks + ([witness] if witness else [])
+        if ctx.ledger.stop_requested(ctx.run_id):
+            return checks
+        if rec.get("status") not in ("SUCCEEDED",):
+            where = state["newest"]
+            checks.append(Check("the run makes progress", False,
+                                f"SkyPilot ended the job {rec.get('status')}: {rec.get('failure_reason') or ''} "
+                                f"(job_recovery.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
+                                f"verified checkpoint is {where[1] or 'none'}"))
+            return checks
+        leg += 1  # the job stopped at its deadline before the last step: the next job resumes from the store
+
+
+def _after_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], ended: LegOutcome, state: dict[str, Any],
+               exact: bool, max_restarts: int, checks: list[Check]) -> str | None:
+    """The launcher's checks after an attempt: the store kept what it verified, its resume
+    was exact, and the run is not in a crash loop. The reason to stop, or None."""
+    before = state["newest"][0]
+    state["newest"] = newest_in_store(store)
+    after = state["newest"][0]
+    found = leg_checks(ctx, store, outs, before, after, exact)
+    checks.append(Check(f"leg {ended.events.leg} ended", True, describe_end(ended) + "; newest verified in the store: "
+                        + (f"step {after}" if after is not None else "none")))
+    checks.extend(found)
+    if not all(c.ok or c.missing for c in found):
+        return "a resume check failed"
+    progressed = after is not None and (before is None or after > before)
+    state["stalled"] = 0 if progressed else state["stalled"] + 1
+    if state["stalled"] >= max(1, max_restarts) and not ended.events.last("done"):
+        checks.append(Check("the run makes progress", False,
+                            f"crash loop: {state['stalled']} legs in a row left no newer verified checkpoint "
+                            f"(rungs.run.max_restarts_on_errors: {max_restarts}); the newest verified checkpoint is "
+                            f"{state['newest'][1] or 'none'}; the last leg {describe_end(ended)}"))
+        return "crash loop"
+    return None
+
+
+def _job_check(job: Any, rec: dict[str, Any], attempts: int) -> Check:
+    """What the stream showed, against SkyPilot's own record of the job."""
+    recoveries = rec.get("recovery_count")
+    ok = recoveries is not None and int(recoveries) + 1 == attempts
+    return Check(f"managed job {job.job_id}: every recovery became a leg", ok,
+                 f"SkyPilot's record: {rec.get('status')}, recovery_count {recoveries}, job_duration "
+                 f"{rec.get('job_duration')} s; the launcher saw {attempts} attempt(s) in the job's log")
