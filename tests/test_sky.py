@@ -31,16 +31,18 @@ def test_every_rung_renders_yaml_skypilot_accepts(project: Path, tmp_path: Path,
     task = render(cfg, rung, gpus=spec, nodes=nodes, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml")
     parsed = sky.Task.from_yaml(str(task.path))  # SkyPilot's own parser, again, on the file as written
     assert parsed.num_nodes == nodes
-    [resources] = list(parsed.resources)
-    assert resources.image_id is not None and REF in str(resources.image_id)
-    if spec is not None:
-        assert resources.accelerators == {spec.name: spec.count}
+    candidates = list(parsed.resources)  # the run's template tries spot, then on-demand
+    assert [r.use_spot for r in candidates] == ([True, False] if rung == "run" else [False])
+    for resources in candidates:
+        assert resources.image_id is not None and REF in str(resources.image_id)
+        if spec is not None:
+            assert resources.accelerators == {spec.name: spec.count}
+        assert resources.autostop_config is not None and resources.autostop_config.down
     assert parsed.envs["LAUNCHER_TRAIN_ARGS"] == "train.py --ckpt-every 5"
     assert "hf_" not in task.yaml_text and "secrets" not in yaml.safe_load(task.yaml_text)
     assert not parsed.managed_secret_refs  # nothing for a secrets provider to resolve: values come at launch
     # The backstops a launcher that dies leaves behind: autostop with down, and the hard cap around `run`.
     assert yaml.safe_load(task.yaml_text)["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
-    assert resources.autostop_config is not None and resources.autostop_config.down
 
 
 def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path, tmp_path: Path) -> None:
@@ -163,3 +165,48 @@ def test_sky_launch_needs_a_reachable_store(project: Path) -> None:
     assert run_rows(project) == 0
 
 
+
+
+def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jobs(project: Path,
+                                                                                  tmp_path: Path) -> None:
+    """SkyPilot reruns the same `run`, envs unchanged, on every recovery: the rendered job computes
+    each attempt's LAUNCHER_DEADLINE when it starts (its leg budget from then), capped at the job's.
+    Run by bash as SkyPilot would, with torchrun standing in as a printer of the deadline."""
+    import subprocess
+
+    from launcher.skytask import render_job
+
+    cfg = load_config(project / "launcher.yaml")
+    now = int(time.time())
+    task = render_job(cfg, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "job.yaml",
+                      job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
+    parsed = yaml.safe_load(task.yaml_text)
+    assert parsed["resources"]["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 2}
+    assert "LAUNCHER_DEADLINE" not in parsed["envs"] and "autostop" not in parsed["resources"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "torchrun").write_text('#!/bin/sh\necho "deadline=$LAUNCHER_DEADLINE"\n')
+    (bindir / "torchrun").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LAUNCHER_APP_DIR": str(tmp_path), "SKYPILOT_NUM_NODES": "1",
+           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+           **{k: str(v) for k, v in parsed["envs"].items()}}
+
+    def attempt(job_deadline: int) -> int:
+        out = subprocess.run(["bash", "-c", parsed["run"]], env=dict(env, PREFLIGHT_JOB_DEADLINE=str(job_deadline)),
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().split("=")[1])
+
+    assert attempt(now + 3600) == pytest.approx(time.time() + 600, abs=5)  # a leg budget from now
+    assert attempt(now + 120) == now + 120  # a late recovery: what is left of the job's, not a stale deadline
+    parsed["resources"]["job_recovery"] = "none"
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "sky").mkdir()
+    (tmp_path / "own" / "sky" / "run.yaml").write_text(yaml.safe_dump(dict(parsed, run="echo hi")))
+    own = load_config(project / "launcher.yaml")
+    import dataclasses
+
+    own = dataclasses.replace(own, root=tmp_path / "own")
+    with pytest.raises(Exception, match="drops max_restarts_on_errors"):
+        render_job(own, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "j2.yaml",
+                   job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
