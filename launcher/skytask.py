@@ -137,7 +137,7 @@ def attempt_deadline(run: str) -> str:
             "[ \"$LAUNCHER_DEADLINE\" -le \"$PREFLIGHT_JOB_DEADLINE\" ] || LAUNCHER_DEADLINE=$PREFLIGHT_JOB_DEADLINE\n"
             "export LAUNCHER_DEADLINE\n"
             f"left=$(( LAUNCHER_DEADLINE + {HARD_CAP_GRACE_S} - now )); [ \"$left\" -gt 0 ] || left=1\n"
-            f"exec timeout --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+            f"exec timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
 
 
 def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
@@ -189,10 +189,17 @@ def _template_secrets(entries: Any, rung: str) -> dict[str, Any]:
 def hard_capped(run: str) -> str:
     """`run` under a wall-clock cap at $PREFLIGHT_HARD_STOP: SIGTERM then (the trainer's
     final push) SIGKILL. Autostop only counts idle time once the job has ended, so a
-    trainer that never stops would keep the cluster billing without this."""
+    trainer that never stops would keep the cluster billing without this.
+
+    `--foreground`: without it `timeout` moves itself and the trainer into a process group
+    of their own, out of the job's, and SkyPilot's graceful cancel (SIGTERM to the job's
+    process group) would reach nothing: the trainer would push no final checkpoint before
+    its cluster is torn down (the strict stand-in caught this). In the job's group, the
+    SIGTERM reaches torchrun, which hands it to its workers; the cap itself still fires,
+    and --kill-after still kills."""
     return ("# preflight: the hard cap (the leg's deadline + grace); autostop downs the cluster after it\n"
             "left=$(( PREFLIGHT_HARD_STOP - $(date +%s) )); [ \"$left\" -gt 0 ] || left=1\n"
-            f"exec timeout --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+            f"exec timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
 
 
 def task_for_launch(sky: Any, path: Path, secrets: dict[str, str]) -> Any:

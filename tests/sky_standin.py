@@ -35,8 +35,84 @@ thing it stands in for. So:
   cloud machine would reach by itself (the hub a test stands up in place of
   huggingface.co: HF_ENDPOINT, ...) is given explicitly as `cluster_env`.
 
+Managed jobs (`fake.jobs`: `launch`, `queue_v2`, `queue`, `cancel`, `tail_logs`, each bound
+against the real `sky.jobs.<name>`, and the real client's request body built to validate the
+arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1,2" / name /
+"all"), ("jobs.tail_logs", job id or name), ("jobs.queue_v2", None), ...):
+- `jobs.launch` does what the real client does (`convert_entrypoint_to_dag`, the job name,
+  SkyPilot's own `sdk.validate` against the session's API server — a bad job_recovery strategy
+  is its ValueError, raised by the call — then `dump_dag_to_yaml_str`). The worker does the
+  server's part with SkyPilot's code (`maybe_infer_and_fill_dag_and_task_names`,
+  `fill_default_config_in_dag_for_job_launch`: differing job_recovery across the candidates is
+  its ValueError from `get`), allocates the job id (1, 2, ... under a lock) and starts the job's
+  controller, a detached process (its own session): a killed client leaves the job running.
+  `get` yields `([job_id], None)`: there is no controller cluster, so no controller handle.
+  Several candidate resources (`ordered`, `any_of`, an accelerator list) are accepted here:
+  SkyPilot's optimizer (the session's API server) picks once per job, and every attempt runs on
+  that pick (`ordered`: the first launchable entry, e.g. spot before on-demand; `any_of`: the
+  cheapest). The pick's cloud and region are the job's; zone is None.
+- The controller runs the job PENDING -> STARTING -> RUNNING. Each attempt is a FRESH cluster
+  directory (`jobs/<id>/attempts/<n>/`: fresh `home/`, fresh copy of the image the job was
+  submitted with) running setup then run exactly as a plain cluster's job, with the same
+  environment rules plus the controller's SKYPILOT_TASK_ID / SKYPILOT_TASK_IDS (the same for
+  every attempt), SKYPILOT_MANAGED_JOB_ID, SKYPILOT_JOB_RANK=0, SKYPILOT_NUM_JOBS=1 and
+  SKYPILOT_CLUSTER_INFO; the task's envs are those of the submit, for every attempt. Every
+  attempt appends to ONE log (`jobs/<id>/job.log`, what `tail_logs` streams), in order, with a
+  `stand-in: ...` line between attempts saying why the job recovered. An ended attempt's
+  cluster is torn down: what still runs in its session is killed, its home/ and app/ removed.
+- `preempt_job(state_dir, job_id)` (or `python tests/sky_standin.py preempt <state_dir> <id>`)
+  loses the current attempt's instance: every process of its session SIGKILLed. The controller
+  sees the cluster gone: RECOVERING, then a new attempt; unlimited, as for real.
+  `recovery_count` counts every recovery and restart, once the job is RUNNING again.
+- A user failure (run or setup exits non-zero; the job's bash killed by anything but
+  `preempt_job` is SkyPilot's FAILED_DRIVER) restarts the job on a fresh attempt while restarts
+  <= job_recovery.max_restarts_on_errors (default 0); an exit code in recover_on_exit_codes
+  restarts without counting. Otherwise FAILED (setup: FAILED_SETUP), with SkyPilot's
+  failure_reason ("Job exited with exit code N (user program failure). To see the details,
+  run: sky jobs logs --controller <id>"). Exit 0: SUCCEEDED.
+- What SkyPilot's controller retries forever stays STARTING (or RECOVERING) in backoff here too,
+  retried every CAPACITY_RETRY_S: a secret without a value (SkyPilot's own RuntimeError, in
+  `jobs/<id>/controller.log`), no capacity (`capacity=True`). A launch the optimizer refuses
+  (e.g. an accelerator no catalog has) is FAILED_PRECHECKS. `no_cloud=True`: `jobs.launch`
+  fails with NoCloudAccessError (the jobs controller itself cannot be launched). A controller
+  that dies makes its job FAILED_CONTROLLER (its cluster torn down) when next looked at.
+- `jobs.cancel` (exactly one of job_ids / name / all(_users), SkyPilot's ValueError otherwise;
+  a terminal job is skipped, a PENDING one cancelled at once) writes a signal file that the
+  controller polls every JOBS_CANCEL_POLL_S (0.5 s; real: 15 s): CANCELLING, then the attempt is
+  SIGKILLed with its cluster (no signal first), CANCELLED. graceful=True: SIGTERM to the job's
+  process group first, then up to graceful_timeout (None: GRACEFUL_CANCEL_TIMEOUT_S) for the
+  session to exit, then the kill.
+- `jobs.queue_v2` yields `(records, total, status_counts, total_no_filter)`: SkyPilot's own
+  ManagedJobRecord through its own encoder/JSON/decoder, status the real ManagedJobStatus,
+  newest first. `fields` as the real server honours it: unrequested fields are None (job_id,
+  task_id, status always sent), fields=None sends all, an unknown field is SkyPilot's
+  ValueError. Filled: job_id, task_id=0, job_name, task_name, status, schedule_state,
+  recovery_count, submitted_at, start_at, end_at, last_recovered_at (-1 before the start),
+  job_duration (the sum of the attempts' run times), failure_reason, details, resources
+  (SkyPilot's string), cluster_resources(_full), cloud / region / zone / infra (the live
+  cluster's, then the cached ones or '-'), workspace, user_name / user_hash, user_yaml
+  (secrets redacted), priority, current_cluster_name. `jobs.queue` (v1, deprecated, logs the
+  warning) gives a list with the default fields.
+- `jobs.tail_logs` is not a request (as for real): it streams the one log from the start to
+  output_stream (stdout if None), following across recoveries until the job is terminal, and
+  returns the JobExitCode (0 SUCCEEDED, 100 any FAILED_*, 103 CANCELLED, 102 not found);
+  follow=False writes what is there and returns None.
+- `job_record(state_dir, job_id)` is the record on disk (`jobs/<id>/job.json`) with
+  `attempts` (each one's launched/started/ended times, use_spot, outcome, exit code) and
+  job_duration, for tests and billing checks; `shutdown_jobs(state_dir)` kills every
+  controller and attempt (test cleanup).
+- Refused (NotImplementedError): pools, num_jobs other than None/1, job groups and pipelines
+  (explicit job_group, or launching from inside a job group), more than one node,
+  `_need_confirmation`, workdir / file_mounts / storage / volumes, `queue_v2(sort_by=,
+  sort_order=, infra_match=)`, `cancel(pool=, task=)`, `tail_logs(controller=True,
+  tail_offset=, task=, preload_content=False)`. Not emulated: a recovery lands on the same
+  placement (SkyPilot's EAGER_NEXT_REGION may move it to another region); the controller does
+  not restart itself (emergency recovery); job clusters are not in `status()` nor
+  `cost_report()` (their attempts' times are in the job's record); `jobs.wait` and
+  `download_logs` are absent.
+
 What it cannot emulate, and so refuses (NotImplementedError) rather than fake:
-more than one node, several candidate resources, `workdir` / `file_mounts` /
+more than one node, several candidate resources (for a plain `launch`), `workdir` / `file_mounts` /
 storage or volume mounts, `resize`, SkyPilot's internal `_...` launch arguments,
 streaming a server-side `log_path`, `tail_logs(preload_content=False)`.
 What it does not do (stricter than SkyPilot, or simply absent): it never reuses
@@ -50,8 +126,9 @@ claimed its cluster leaves it behind (INIT, or UP with its job running if the
 job had started), as a real cancelled launch can — `down` removes it.
 Process bookkeeping reads /proc: Linux only.
 
-Run as a script: `python tests/sky_standin.py serve-request <dir>` is the worker;
-`python -m tests.sky_standin launcher <args...>` runs the real launcher CLI with
+Run as a script: `python tests/sky_standin.py serve-request <dir>` is the worker,
+`job-controller <job dir>` a managed job's controller, `preempt <state_dir> <job_id>` preempts a
+managed job; `python -m tests.sky_standin launcher <args...>` runs the real launcher CLI with
 this stand-in installed from the environment (see `install_from_env`).
 """
 
@@ -243,6 +320,7 @@ class StrictSky:
         self._state = _State(self.state_dir)
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
         self._real_requests: set[str] = set()
+        self.jobs = _StrictJobs(self)
 
     # -- bookkeeping
 
@@ -495,6 +573,209 @@ class StrictSky:
                 time.sleep(POLL_S)
 
 
+# ---------------------------------------------------------------- managed jobs: the client (`sky.jobs`)
+
+# How often a job's controller looks for a cancel signal. SkyPilot's controller polls every 15 s;
+# the stand-in polls faster so that tests stay short (the order of events is the same).
+JOBS_CANCEL_POLL_S = 0.5
+# graceful cancel with graceful_timeout=None: how long the SIGTERMed job may take to exit before it is
+# killed with its cluster. SkyPilot gives no fixed grace (it flushes MOUNT_CACHED uploads, then tears down).
+GRACEFUL_CANCEL_TIMEOUT_S = 10.0
+
+
+class _StrictJobs:
+    """`sky.jobs` (managed jobs) as the stand-in emulates it: see the module docstring."""
+
+    def __init__(self, owner: StrictSky) -> None:
+        import sky.jobs as real_jobs
+
+        self._sky = owner
+        self._real = real_jobs
+        self.ManagedJobStatus = real_jobs.ManagedJobStatus
+
+    def _bind(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The real `sky.jobs.<name>`'s arguments for this call, defaults applied (TypeError as it would)."""
+        bound = inspect.signature(getattr(self._real, name)).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    @staticmethod
+    def _body(model: str, /, **fields: Any) -> None:
+        """Build the real client's request body: its pydantic validation errors, as for real."""
+        from sky.server.requests import payloads
+
+        getattr(payloads, model)(**fields)
+
+    def launch(self, *args: Any, **kwargs: Any) -> str:
+        """Submit a managed job; a request id. `get` yields `([job_id], None)`: real SkyPilot gives
+        the jobs controller's handle second; the stand-in has no controller cluster, so None."""
+        a = self._bind("launch", args, kwargs)
+        from sky.client import sdk as client_sdk
+        from sky.jobs.client import sdk as jobs_sdk
+        from sky.skylet import constants as sky_constants
+        from sky.utils import dag_utils
+
+        if a["pool"] is not None:
+            raise NotImplementedError("stand-in: jobs.launch(pool=...): pools are not emulated")
+        if a["num_jobs"] not in (None, 1):
+            raise NotImplementedError(f"stand-in: jobs.launch(num_jobs={a['num_jobs']!r}): only one job per launch "
+                                      "is emulated")
+        if a["_need_confirmation"]:
+            raise NotImplementedError("stand-in: jobs.launch(_need_confirmation=True) is not emulated")
+        group = a["job_group"]
+        if isinstance(group, jobs_sdk._AutoJobGroup):  # noqa: SLF001 - the real default's own type
+            if (os.environ.get(sky_constants.MANAGED_JOB_ID_ENV_VAR, "").isdigit()
+                    and os.environ.get(sky_constants.ROOT_JOB_ID_ENV_VAR, "").isdigit()):
+                raise NotImplementedError("stand-in: launching from inside a job group attaches the job to it; "
+                                          "job groups are not emulated")
+        elif group is not None:
+            raise NotImplementedError("stand-in: jobs.launch(job_group=...): job groups are not emulated")
+        dag = dag_utils.convert_entrypoint_to_dag(a["task"])  # a deep copy, as the real client makes
+        if a["name"] is not None:
+            dag.name = a["name"]
+        if len(dag.tasks) != 1 or getattr(dag, "is_job_group", lambda: False)():
+            raise NotImplementedError("stand-in: a managed job of more than one task (pipeline, job group) is "
+                                      "not emulated")
+        [task] = dag.tasks
+        if task.num_nodes > 1:
+            raise NotImplementedError(f"stand-in: num_nodes={task.num_nodes}: more than one node is not emulated")
+        client_sdk.validate(dag)  # SkyPilot's own: the client's file checks, then the API server's validation
+        if task.workdir or task.file_mounts or task.storage_mounts or task.volumes:
+            raise NotImplementedError("stand-in: workdir, file_mounts, storage and volume mounts are not "
+                                      "emulated (nothing would be uploaded)")
+        self._sky._record("jobs.launch", dag.name)
+        dag_yaml = dag_utils.dump_dag_to_yaml_str(dag)
+        args_on_disk = {"name": a["name"], "num_jobs": a["num_jobs"], "no_cloud": self._sky.no_cloud,
+                        "capacity": self._sky.capacity, "app_dir": str(self._sky.app_dir.resolve())}
+        return self._sky._submit("jobs_launch", None, args_on_disk,
+                                 secret_payload={"dag_yaml": dag_yaml, "cluster_env": self._sky.cluster_env})
+
+    def queue_v2(self, *args: Any, **kwargs: Any) -> str:
+        """A request id; `get` yields `(records, total, status_counts, total_no_filter)` with
+        SkyPilot's own ManagedJobRecord, `fields` honoured as the real server does."""
+        a = self._bind("queue_v2", args, kwargs)
+        for name in ("sort_by", "sort_order", "infra_match"):
+            if a[name] is not None:
+                raise NotImplementedError(f"stand-in: jobs.queue_v2({name}=...) is not emulated")
+        fields = list(a["fields"]) if a["fields"] is not None else None
+        self._body("JobsQueueV2Body", refresh=a["refresh"], skip_finished=a["skip_finished"],
+                   all_users=a["all_users"], job_ids=a["job_ids"], limit=a["limit"], fields=fields,
+                   statuses=a["statuses"], submitted_after=a["submitted_after"],
+                   submitted_before=a["submitted_before"], name_match=a["name_match"])
+        self._sky._record("jobs.queue_v2", None)
+        return self._sky._submit("jobs_queue", None, {
+            "version": 2, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": a["limit"],
+            "fields": fields, "statuses": a["statuses"], "submitted_after": a["submitted_after"],
+            "submitted_before": a["submitted_before"], "name_match": a["name_match"]})
+
+    def queue(self, *args: Any, **kwargs: Any) -> str:
+        """Deprecated v1: `get` yields a list of records with the default fields (version=2: as queue_v2)."""
+        a = self._bind("queue", args, kwargs)
+        if a["version"] not in (1, 2):
+            raise ValueError(f"Invalid queue version: {a['version']}. Must be 1 or 2.")
+        if a["version"] == 2:
+            return self.queue_v2(refresh=a["refresh"], skip_finished=a["skip_finished"],
+                                 all_users=a["all_users"], job_ids=a["job_ids"])
+        from sky import sky_logging
+
+        sky_logging.init_logger("sky.jobs.client.sdk").warning(
+            "sky.jobs.queue(version=1) is deprecated and will be removed in v0.13. Use "
+            "sky.jobs.queue(version=2) or sky.jobs.queue_v2() instead.")
+        self._body("JobsQueueBody", refresh=a["refresh"], skip_finished=a["skip_finished"],
+                   all_users=a["all_users"], job_ids=a["job_ids"])
+        self._sky._record("jobs.queue", None)
+        return self._sky._submit("jobs_queue", None, {
+            "version": 1, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": None,
+            "fields": None, "statuses": None, "submitted_after": None, "submitted_before": None,
+            "name_match": None})
+
+    def cancel(self, *args: Any, **kwargs: Any) -> str:
+        """A request id; the cancel lands when the job's controller next polls (see JOBS_CANCEL_POLL_S)."""
+        a = self._bind("cancel", args, kwargs)
+        if a["pool"] is not None:
+            raise NotImplementedError("stand-in: jobs.cancel(pool=...): pools are not emulated")
+        if a["task"] is not None:
+            raise NotImplementedError("stand-in: jobs.cancel(task=...): cancelling one task of a job group is "
+                                      "not emulated")
+        self._body("JobsCancelBody", name=a["name"], job_ids=a["job_ids"], all=a["all"], all_users=a["all_users"],
+                   pool=a["pool"], graceful=a["graceful"], graceful_timeout=a["graceful_timeout"], task=a["task"])
+        job_ids = None if a["job_ids"] is None else [int(j) for j in a["job_ids"]]
+        label = (",".join(map(str, job_ids)) if job_ids else a["name"] if a["name"] is not None
+                 else "all" if a["all"] or a["all_users"] else None)
+        self._sky._record("jobs.cancel", label)
+        return self._sky._submit("jobs_cancel", None, {
+            "name": a["name"], "job_ids": job_ids, "all": a["all"], "all_users": a["all_users"], "pool": a["pool"],
+            "graceful": a["graceful"], "graceful_timeout": a["graceful_timeout"]})
+
+    def tail_logs(self, *args: Any, **kwargs: Any) -> int | None:
+        """Stream the job's one log (every attempt's output, in order) from the start, following
+        across recoveries until the job is terminal; its JobExitCode. follow=False: None."""
+        a = self._bind("tail_logs", args, kwargs)
+        if a["tail"] is not None and a["tail"] <= 0:
+            raise ValueError(f"tail must be None or a positive integer, got {a['tail']}.")
+        if a["tail_offset"] is not None and a["tail_offset"] < 0:
+            raise ValueError(f"tail_offset must be None or a non-negative integer, got {a['tail_offset']}.")
+        if a["output_stream"] is not None and not a["preload_content"]:
+            raise ValueError("output_stream cannot be specified when preload_content is False")
+        self._body("JobsLogsBody", name=a["name"], job_id=a["job_id"], follow=a["follow"], controller=a["controller"],
+                   refresh=a["refresh"], tail=a["tail"], tail_offset=a["tail_offset"], task=a["task"])
+        self._sky._record("jobs.tail_logs", str(a["job_id"]) if a["job_id"] is not None else a["name"])
+        if a["controller"]:
+            raise NotImplementedError("stand-in: jobs.tail_logs(controller=True) is not emulated")
+        if a["tail_offset"] is not None:
+            raise NotImplementedError("stand-in: jobs.tail_logs(tail_offset=...) is not emulated")
+        if not a["preload_content"]:
+            raise NotImplementedError("stand-in: jobs.tail_logs(preload_content=False) is not emulated")
+        if a["task"] is not None:
+            raise NotImplementedError("stand-in: jobs.tail_logs(task=...): job groups are not emulated")
+        from sky import exceptions
+        from sky.jobs.state import ManagedJobStatus
+
+        if a["name"] is not None and a["job_id"] is not None:
+            raise ValueError("Cannot specify both name and job_id.")
+        out = a["output_stream"] if a["output_stream"] is not None else sys.stdout
+        root = self._sky._state.root
+
+        def not_found(message: str) -> int | None:
+            out.write(message + "\n")
+            return JOB_NOT_FOUND if a["follow"] else None
+
+        job_id = a["job_id"]
+        if job_id is None and a["name"] is None:
+            ids = _job_ids(root)
+            if not ids:
+                return not_found("No managed job found.")
+            job_id = ids[-1]
+        elif job_id is None:
+            ids = _nonterminal_job_ids_by_name(root, a["name"])
+            if not ids:
+                return not_found(f"No running managed job found with name {a['name']!r}.")
+            if len(ids) > 1:
+                raise ValueError(f"Multiple running jobs found with name {a['name']!r}.")
+            [job_id] = ids
+        jobdir = _job_dir(root, job_id)
+        if jobdir is None:
+            return not_found(f"Job {job_id} not found.")
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        with (jobdir / "job.log").open("rb") as log:
+            if a["tail"] is not None:
+                lines = decoder.decode(log.read()).splitlines(keepends=True)
+                out.write("".join(lines[-a["tail"]:]))
+            while True:
+                rec = _refresh_dead_controller(jobdir)
+                status = ManagedJobStatus(rec["status"])
+                chunk = log.read()
+                if chunk:
+                    out.write(decoder.decode(chunk))
+                if not a["follow"]:
+                    return None
+                if status.is_terminal():  # the controller writes the log before it sets a terminal status
+                    out.write(decoder.decode(log.read(), final=True))
+                    out.write(f"Managed job finished: {job_id} (status: {status.value}).\n")
+                    return int(exceptions.JobExitCode.from_managed_job_status(status))
+                time.sleep(POLL_S)
+
+
 # ---------------------------------------------------------------- the worker (the "API server")
 
 def _redacted_yaml(dag_yaml: str) -> str:
@@ -534,6 +815,30 @@ def _job_script(cdir: Path, has_setup: bool) -> str:
             f"bash {q['run.sh']}\nrc=$?\n"
             f'[ "$rc" -eq 0 ] || echo "stand-in: job {JOB_ID} failed with return code $rc"\n'
             'finish "$rc" false\nexit "$rc"\n')
+
+
+def _spawn_job(task: Any, cdir: Path, accelerators: dict[str, Any] | None, cluster_env: dict[str, str], *,
+               has_setup: bool, log_path: Path, append: bool = False,
+               extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a cluster's job (setup, then run) in `cdir`: bash in a session of its own, with the
+    environment a fresh cloud machine gives it (see the module docstring), output to `log_path`."""
+    if has_setup:
+        (cdir / "setup.sh").write_text(str(task.setup))
+    (cdir / "run.sh").write_text(str(task.run or ""))
+    (cdir / "job.sh").write_text(_job_script(cdir, has_setup))
+    env = {k: os.environ[k] for k in MACHINE_ENV if k in os.environ}
+    env.update(cluster_env)
+    env.update({k: str(v) for k, v in (task.envs or {}).items()})
+    env.update({k: v.get_secret_value() for k, v in (task.secrets or {}).items()})
+    env.update({"HOME": str(cdir / "home"), "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
+                "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
+                "LAUNCHER_APP_DIR": str(cdir / "app")})
+    env.update(extra_env or {})
+    env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
+    with log_path.open("ab" if append else "wb") as log:
+        return subprocess.Popen(["bash", str(cdir / "job.sh")], cwd=cdir / "home", env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 class _Worker:
@@ -641,22 +946,7 @@ class _Worker:
     def _start_job(self, task: Any, cdir: Path, accelerators: dict[str, Any] | None,
                    cluster_env: dict[str, str]) -> None:
         has_setup = bool(task.setup) and not self.req["args"]["no_setup"]
-        if has_setup:
-            (cdir / "setup.sh").write_text(str(task.setup))
-        (cdir / "run.sh").write_text(str(task.run or ""))
-        (cdir / "job.sh").write_text(_job_script(cdir, has_setup))
-        env = {k: os.environ[k] for k in MACHINE_ENV if k in os.environ}
-        env.update(cluster_env)
-        env.update({k: str(v) for k, v in (task.envs or {}).items()})
-        env.update({k: v.get_secret_value() for k, v in (task.secrets or {}).items()})
-        env.update({"HOME": str(cdir / "home"), "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
-                    "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
-                    "LAUNCHER_APP_DIR": str(cdir / "app")})
-        env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
-        with (cdir / "job.log").open("wb") as log:
-            proc = subprocess.Popen(["bash", str(cdir / "job.sh")], cwd=cdir / "home", env=env,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        proc = _spawn_job(task, cdir, accelerators, cluster_env, has_setup=has_setup, log_path=cdir / "job.log")
         _write_json(cdir / "job.json", {"pgid": proc.pid, "start": _start_time(proc.pid), "started_at": time.time()})
 
     # -- the other requests
@@ -776,12 +1066,180 @@ class _Worker:
                 self.say(f"cancelled request {rdir.name}")
         return cancelled
 
+    # -- managed jobs (sky.jobs): the API server's half; the job itself runs under its controller
+
+    def _jobs_launch(self, payload: dict[str, Any]) -> tuple[list[int], None]:
+        from sky import exceptions
+        from sky.backends import backend_utils
+        from sky.jobs import utils as managed_job_utils
+        from sky.skylet import constants as sky_constants
+        from sky.utils import common_utils, dag_utils
+
+        args = self.req["args"]
+        self.say("jobs.launch request")
+        dag = dag_utils.load_dag_from_yaml_str(payload["dag_yaml"])  # what the API server does with the body
+        if len(dag.tasks) != 1:
+            raise NotImplementedError("stand-in: a managed job of more than one task is not emulated")
+        [task] = dag.tasks
+        resources = list(task.resources)
+        for res in resources[1:]:  # the server's own checks (jobs/server/core.py)
+            if res.priority != resources[0].priority:
+                raise ValueError(f"Task {task.name!r}: All resources must have the same priority. Found priority "
+                                 f"{res.priority} but expected {resources[0].priority}.")
+        priority = resources[0].priority if resources[0].priority is not None else sky_constants.DEFAULT_PRIORITY
+        dag_utils.maybe_infer_and_fill_dag_and_task_names(dag)
+        dag_utils.fill_default_config_in_dag_for_job_launch(dag)  # differing job_recovery: SkyPilot's ValueError
+        if args["no_cloud"]:  # the jobs controller itself cannot be launched
+            raise exceptions.NoCloudAccessError("Cloud access is not set up. Run: sky check")
+        task.update_envs({"SKYPILOT_NUM_JOBS": str(args["num_jobs"] or 1)})
+        recovery = list(task.resources)[0].job_recovery
+        record = {
+            "job_name": dag.name, "task_name": task.name, "status": "PENDING", "schedule_state": "WAITING",
+            "submitted_at": None, "start_at": None, "end_at": None, "last_recovered_at": -1, "recovery_count": 0,
+            "failure_reason": None, "backoff": None,
+            "resources": backend_utils.get_task_resources_str(task, is_managed_job=True),
+            "job_recovery": recovery if isinstance(recovery, dict) else {"strategy": recovery},
+            "priority": priority, "user_name": getpass.getuser(), "user_hash": common_utils.get_user_hash(),
+            "user_yaml": _redacted_yaml(payload["dag_yaml"]), "placement": None, "attempts": [],
+            "controller": None, "done": False, "cluster_name": None,
+        }
+        job_id, jobdir = _new_job(self.state.root, record)
+        _update_job(jobdir, cluster_name=managed_job_utils.generate_managed_job_cluster_name(task.name, job_id))
+        # The image the job was submitted with: every attempt's /app is a copy of this, never of a later app_dir.
+        shutil.copytree(args["app_dir"], jobdir / "image", symlinks=True)
+        with (jobdir / "controller.out").open("ab") as out:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "job-controller", str(jobdir)],
+                                    stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=jobdir,
+                                    start_new_session=True)
+        _update_job(jobdir, controller={"pid": proc.pid, "start": _start_time(proc.pid)})
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # a controller that died at once is FAILED_CONTROLLER
+            proc.stdin.write(pickle.dumps({"dag_yaml": dag_utils.dump_dag_to_yaml_str(dag),
+                                           "cluster_env": payload["cluster_env"],
+                                           "app_dir": str(jobdir / "image"), "capacity": args["capacity"]}))
+            proc.stdin.close()
+        self.say(f"Launching managed job {dag.name!r}: job id {job_id}")
+        return [job_id], None
+
+    def _jobs_queue(self, _payload: Any) -> Any:
+        from sky.jobs import constants as managed_job_constants
+        from sky.jobs import state as managed_job_state
+        from sky.jobs import utils as managed_job_utils
+        from sky.schemas.api import responses
+        from sky.server.requests.serializers import decoders, encoders
+
+        args = self.req["args"]
+        fields = args["fields"]
+        if args["version"] == 1:  # the server asks for the default fields (and their dependencies)
+            fields = managed_job_utils._update_fields(  # noqa: SLF001 - SkyPilot's own field expansion
+                list(managed_job_constants.DEFAULT_MANAGED_JOB_FIELDS))[0]
+        elif fields:  # an unknown field is SkyPilot's ValueError('Unknown field: ...')
+            for field in managed_job_utils._update_fields(list(fields))[0]:  # noqa: SLF001
+                managed_job_state._map_response_field_to_db_column(field)  # noqa: SLF001
+        if args["limit"] is not None and args["limit"] < 1:
+            raise ValueError(f"Limit must be at least 1, got {args['limit']}")
+        now = time.time()
+        rows = [_queue_row(rec, now) for rec in (_refresh_dead_controller(d) for d in _job_dirs(self.state.root))
+                if rec is not None]
+        total_no_filter = len(rows)
+        if args["skip_finished"]:
+            rows = [r for r in rows if not r["status"].is_terminal()]
+        if args["job_ids"] is not None:
+            rows = [r for r in rows if r["job_id"] in args["job_ids"]]
+        if args["name_match"] is not None:
+            rows = [r for r in rows if args["name_match"] in (r["job_name"] or "")]
+        for bound, keep in (("submitted_after", lambda t, b: t >= b), ("submitted_before", lambda t, b: t <= b)):
+            if args[bound] is not None:  # a job not yet submitted counts as "now", a terminal one as never
+                rows = [r for r in rows if (r["submitted_at"] is not None and keep(r["submitted_at"], args[bound]))
+                        or (r["submitted_at"] is None and not r["status"].is_terminal() and keep(now, args[bound]))]
+        status_counts: dict[str, int] = {}
+        for r in rows:
+            status_counts[r["status"].value] = status_counts.get(r["status"].value, 0) + 1
+        if args["statuses"]:
+            rows = [r for r in rows if r["status"].value in args["statuses"]]
+        total = len(rows)
+        rows.sort(key=lambda r: r["job_id"], reverse=True)  # newest first, as SkyPilot sorts by default
+        if args["limit"] is not None:
+            rows = rows[:args["limit"]]
+        if fields:  # what was not asked for is not sent (job_id, task_id and status always are)
+            keep_fields = set(fields) | {"job_id", "task_id", "status"}
+            rows = [{k: v for k, v in r.items() if k in keep_fields} for r in rows]
+        # Through SkyPilot's own encoder, JSON and decoder, as the records travel for real.
+        if args["version"] == 1:
+            return decoders.decode_jobs_queue(json.loads(json.dumps(encoders.encode_jobs_queue(rows))))
+        records = [responses.ManagedJobRecord(**r) for r in rows]
+        wire = encoders.encode_jobs_queue_v2((records, total, status_counts, total_no_filter))
+        return decoders.decode_jobs_queue_v2(json.loads(json.dumps(wire)))
+
+    def _jobs_cancel(self, _payload: Any) -> None:
+        from sky.jobs.state import ManagedJobStatus
+
+        args = self.req["args"]
+        job_ids = list(dict.fromkeys(args["job_ids"] or []))
+        name, everything = args["name"], args["all"] or args["all_users"]
+        if sum([bool(job_ids), name is not None, args["pool"] is not None, everything]) != 1:
+            given = ([f"job_ids={','.join(map(str, job_ids))}"] if job_ids else []) + (
+                [f"name={name}"] if name is not None else []) + (
+                [f"pool={args['pool']}"] if args["pool"] is not None else []) + (
+                ["all"] if args["all"] else []) + (["all_users"] if args["all_users"] else [])
+            raise ValueError(f"Can only specify one of JOB_IDS, name, pool, or all/all_users. Provided "
+                             f"{' '.join(given)!r}.")
+        if everything:
+            job_ids = [j for j in _job_ids(self.state.root) if not _terminal(_refresh_dead_controller(
+                self.state.root / "jobs" / str(j)))]
+            if not job_ids:
+                self.say("No job to cancel.")
+                return None
+        elif name is not None:
+            job_ids = _nonterminal_job_ids_by_name(self.state.root, name)
+            if not job_ids:
+                self.say(f"No running job found with name {name!r}.")
+                return None
+            if len(job_ids) > 1:
+                self.say(f"Multiple running jobs found with name {name!r}.\nJob IDs: {job_ids}")
+                raise RuntimeError("Please specify the job ID instead of the job name.")
+        cancelled = []
+        for job_id in job_ids:
+            jobdir = _job_dir(self.state.root, job_id)
+            rec = _refresh_dead_controller(jobdir) if jobdir is not None else None
+            if rec is None:
+                self.say(f"Job {job_id} not found. Skipped.")
+                continue
+            with _locked(jobdir / ".lock"):
+                rec = _read_json(jobdir / "job.json")
+                status = ManagedJobStatus(rec["status"])
+                if status.is_terminal():
+                    self.say(f"Job {job_id} is already in terminal state {status.value}. Skipped.")
+                    continue
+                if status == ManagedJobStatus.PENDING:  # its controller has not started it: cancelled at once
+                    rec.update(status="CANCELLED", end_at=time.time(), schedule_state="DONE")
+                    _write_json(jobdir / "job.json", rec)
+                else:  # the controller's signal file (SkyPilot's ~/.sky/signals/<job_id>)
+                    _write_json(jobdir / "cancel.json", {"graceful": bool(args["graceful"]),
+                                                         "graceful_timeout": args["graceful_timeout"],
+                                                         "at": time.time()})
+            cancelled.append(job_id)
+        if not cancelled:
+            self.say("No job to cancel.")
+        else:
+            who = (f"Job with ID {cancelled[0]} is" if len(cancelled) == 1
+                   else f"Jobs with IDs {', '.join(map(str, cancelled))} are")
+            self.say(f"{who} scheduled to be cancelled.")
+        return None
+
 
 def optimizer_placement(task: Any) -> dict[str, Any]:
     """Where a real launch of this task would land: the pick of SkyPilot's own optimizer
     (the API server the test session runs, on the vendored catalog), read from its table
     as the launcher reads it. A launch SkyPilot could not plan fails here as it would for
     real (no catalog: CloudError; no cloud: NoCloudAccessError)."""
+    pick = _optimizer_pick(task)
+    return {"cloud": pick.cloud, "region": pick.region, "zone": None, "instance_type": pick.instance_type}
+
+
+def _optimizer_pick(task: Any) -> Any:
+    """SkyPilot's optimizer's chosen row for the task (launcher.backends.sky.Pick: cloud, region,
+    instance_type, accelerators, use_spot, ...); its errors as SkyPilot raises them."""
     import io
 
     import sky as real_sky
@@ -792,8 +1250,7 @@ def optimizer_placement(task: Any) -> dict[str, Any]:
     dag.add(task)
     table = io.StringIO()
     real_sky.stream_and_get(real_sky.optimize(dag), output_stream=table)
-    pick = parse_optimizer_table(table.getvalue(), int(task.num_nodes or 1))
-    return {"cloud": pick.cloud, "region": pick.region, "zone": None, "instance_type": pick.instance_type}
+    return parse_optimizer_table(table.getvalue(), int(task.num_nodes or 1))
 
 
 def _placement_of(meta: dict[str, Any]) -> dict[str, Any]:
@@ -805,6 +1262,519 @@ def serve_request(rdir: Path) -> None:
     """The worker's entry point: the request's secret payload arrives on stdin."""
     payload = pickle.loads(sys.stdin.buffer.read())
     _Worker(rdir).serve(payload)
+
+
+# ---------------------------------------------------------------- managed jobs: on-disk state and the controller
+
+def _job_dirs(root: Path) -> list[Path]:
+    jobs = root / "jobs"
+    if not jobs.is_dir():
+        return []
+    dirs = [d for d in jobs.iterdir() if d.name.isdigit() and (d / "job.json").exists()]
+    return sorted(dirs, key=lambda d: int(d.name))
+
+
+def _job_ids(root: Path) -> list[int]:
+    return [int(d.name) for d in _job_dirs(root)]
+
+
+def _job_dir(root: Path, job_id: Any) -> Path | None:
+    """A job's directory if the job exists."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        return None
+    path = root / "jobs" / str(job_id)
+    return path if (path / "job.json").exists() else None
+
+
+def _new_job(root: Path, record: dict[str, Any]) -> tuple[int, Path]:
+    """Allocate the next job id (1, 2, ...) under a lock; write the job's first record."""
+    with _locked(root / "locks" / "jobs.lock"):
+        jobs = root / "jobs"
+        jobs.mkdir(parents=True, exist_ok=True)
+        job_id = max((int(d.name) for d in jobs.iterdir() if d.name.isdigit()), default=0) + 1
+        jobdir = jobs / str(job_id)
+        jobdir.mkdir()
+        (jobdir / "job.log").touch()
+        _write_json(jobdir / "job.json", {"job_id": job_id, **record})
+    return job_id, jobdir
+
+
+def _update_job(jobdir: Path, mutate: Any = None, **changes: Any) -> dict[str, Any]:
+    """Read-modify-write a job's record under its lock; the new record."""
+    with _locked(jobdir / ".lock"):
+        rec = _read_json(jobdir / "job.json")
+        rec.update(changes)
+        if mutate is not None:
+            mutate(rec)
+        _write_json(jobdir / "job.json", rec)
+        return rec
+
+
+def _terminal(rec: dict[str, Any] | None) -> bool:
+    from sky.jobs.state import ManagedJobStatus
+
+    return rec is not None and ManagedJobStatus(rec["status"]).is_terminal()
+
+
+def _nonterminal_job_ids_by_name(root: Path, name: str) -> list[int]:
+    ids = []
+    for jobdir in _job_dirs(root):
+        rec = _refresh_dead_controller(jobdir)
+        if rec is not None and rec["job_name"] == name and not _terminal(rec):
+            ids.append(rec["job_id"])
+    return ids
+
+
+def _live_attempt(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The attempt whose cluster is up (its job may have ended), if any."""
+    attempts = rec.get("attempts") or []
+    return attempts[-1] if attempts and attempts[-1].get("ended_at") is None else None
+
+
+def _refresh_dead_controller(jobdir: Path) -> dict[str, Any] | None:
+    """The job's record; a job whose controller died before finishing it becomes FAILED_CONTROLLER
+    (its cluster torn down), as SkyPilot's `update_managed_jobs_statuses` makes it."""
+    rec = _read_json(jobdir / "job.json")
+    if rec is None or rec.get("done") or _terminal(rec) or not rec.get("controller"):
+        return rec
+    if _alive(rec["controller"]["pid"], rec["controller"]["start"]):
+        return rec
+    with _locked(jobdir / ".lock"):
+        rec = _read_json(jobdir / "job.json")
+        if rec.get("done") or _terminal(rec) or _alive(rec["controller"]["pid"], rec["controller"]["start"]):
+            return rec
+        now = time.time()
+        attempt = _live_attempt(rec)
+        if attempt is not None:
+            if attempt.get("pid"):
+                _kill_session(attempt["pid"], attempt["start"])
+            attempt.update(ended_at=now, outcome="controller_failed")
+        rec.update(status="FAILED_CONTROLLER", end_at=rec.get("end_at") or now, schedule_state="DONE", done=True,
+                   failure_reason="Controller process has exited abnormally (Controller process is dead). For "
+                                  f"more details, run: sky jobs logs --controller {rec['job_id']}")
+        _write_json(jobdir / "job.json", rec)
+        return rec
+
+
+def _job_duration(rec: dict[str, Any], now: float) -> float:
+    """The sum of the attempts' run times (provisioning and recovery excluded), as SkyPilot counts it."""
+    total = 0.0
+    for attempt in rec.get("attempts") or []:
+        if attempt.get("started_at") is None:
+            continue
+        end = attempt.get("ended_at") or rec.get("end_at") or now
+        total += max(0.0, end - attempt["started_at"])
+    return total
+
+
+def _queue_row(rec: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job's row with every field the stand-in fills (the queue drops what was not asked for)."""
+    from sky.jobs.state import ManagedJobStatus
+    from sky.utils import infra_utils
+
+    status = ManagedJobStatus(rec["status"])
+    placement = rec.get("placement") or {}
+    details = None
+    if rec.get("backoff") and not status.is_terminal():
+        details = "In backoff, waiting for resources"
+    if rec.get("failure_reason"):
+        details = f"{details} - {rec['failure_reason']}" if details else f"Failure: {rec['failure_reason']}"
+    row: dict[str, Any] = {
+        "job_id": rec["job_id"], "task_id": 0, "job_name": rec["job_name"], "task_name": rec["task_name"],
+        "job_duration": _job_duration(rec, now), "workspace": "default", "status": status,
+        "schedule_state": rec["schedule_state"], "resources": rec["resources"],
+        "recovery_count": rec["recovery_count"], "details": details, "failure_reason": rec["failure_reason"],
+        "user_name": rec["user_name"], "user_hash": rec["user_hash"], "submitted_at": rec["submitted_at"],
+        "start_at": rec["start_at"], "end_at": rec["end_at"], "last_recovered_at": rec["last_recovered_at"],
+        "user_yaml": rec["user_yaml"], "run_timestamp": rec.get("run_timestamp"), "priority": rec["priority"],
+        "pool": None, "current_cluster_name": rec["cluster_name"], "is_job_group": False,
+        "controller_pid": (rec.get("controller") or {}).get("pid"),
+    }
+    cloud, region, zone = placement.get("cloud"), placement.get("region"), placement.get("zone")
+    if _live_attempt(rec) is not None and placement:  # read from the live cluster's handle
+        acc = _accelerators_str(placement.get("accelerators"))
+        shown = (f"1x{'[Spot]' if placement.get('use_spot') else ''}"
+                 f"({f'gpus={acc}, ' if acc else ''}{placement.get('instance_type')}, ...)")
+        row.update(cluster_resources=shown, cluster_resources_full=shown, cloud=cloud, region=region, zone=zone,
+                   infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(),
+                   accelerators=placement.get("accelerators"), cluster_name_on_cloud=rec["cluster_name"],
+                   internal_external_ips=[("127.0.0.1", "127.0.0.1")])
+    else:  # no cluster: the last cached infra, and the requested resources if it ever launched
+        cached = rec["resources"] if cloud else None
+        row.update(infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(), cloud=cloud or "-",
+                   region=region or "-", zone=zone or "-", cluster_resources=cached or "-",
+                   cluster_resources_full=cached or "-")
+    return row
+
+
+def job_record(state_dir: Path, job_id: int) -> dict[str, Any] | None:
+    """A managed job's record on disk (None if there is no such job), for tests: status (the
+    ManagedJobStatus value), recovery_count, failure_reason, placement, `attempts` (each: attempt,
+    cluster_dir, launched_at, started_at, ended_at, use_spot, accelerators, outcome — succeeded /
+    failed / failed_setup / driver_failed / preempted / cancelled / controller_failed — and
+    exit_code), task_id_env (SKYPILOT_TASK_ID), and job_duration (the sum of the attempts' run times)."""
+    jobdir = _job_dir(Path(state_dir), job_id)
+    rec = _refresh_dead_controller(jobdir) if jobdir is not None else None
+    if rec is not None:
+        rec["job_duration"] = _job_duration(rec, time.time())
+    return rec
+
+
+def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0) -> None:
+    """Preempt a managed job: its current attempt's instance is lost (every process of the attempt's
+    session is SIGKILLed, no signal first). Waits up to `timeout_s` for an attempt to be running;
+    RuntimeError if the job does not exist, has ended, or none runs by then. The job's controller
+    notices and recovers it on a fresh cluster."""
+    root = Path(state_dir)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        jobdir = _job_dir(root, int(job_id))
+        rec = _refresh_dead_controller(jobdir) if jobdir is not None else None
+        if rec is None:
+            raise RuntimeError(f"stand-in: no managed job {job_id} under {root}")
+        if _terminal(rec):
+            raise RuntimeError(f"stand-in: managed job {job_id} has ended ({rec['status']}): nothing to preempt")
+        attempt = _live_attempt(rec)
+        if attempt is not None and attempt.get("pid") and _alive(attempt["pid"], attempt["start"]):
+            (Path(attempt["cluster_dir"]) / "preempted").write_text(f"{time.time()}\n")  # the cluster is gone
+            _kill_session(attempt["pid"], attempt["start"])
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"stand-in: managed job {job_id} has no running attempt to preempt "
+                               f"(status {rec['status']})")
+        time.sleep(POLL_S)
+
+
+def shutdown_jobs(state_dir: Path) -> None:
+    """Kill every managed job's controller and attempt under `state_dir` (test cleanup; a job left
+    unfinished then reads FAILED_CONTROLLER)."""
+    for jobdir in _job_dirs(Path(state_dir)):
+        rec = _read_json(jobdir / "job.json") or {}
+        if rec.get("controller"):
+            _kill_session(rec["controller"]["pid"], rec["controller"]["start"])
+        attempt = _live_attempt(rec)
+        if attempt is not None and attempt.get("pid"):
+            _kill_session(attempt["pid"], attempt["start"])
+
+
+class _Prechecks(Exception):
+    """SkyPilot's ProvisionPrechecksError: the job cannot launch at all (FAILED_PRECHECKS)."""
+
+    def __init__(self, reasons: list[BaseException]) -> None:
+        super().__init__(reasons)
+        self.reasons = reasons
+
+
+class _Controller:
+    """One managed job's controller: a detached process (its own session) that runs the job's
+    attempts, each on a fresh cluster directory, recovering from preemptions and user failures."""
+
+    def __init__(self, jobdir: Path) -> None:
+        self.dir = jobdir
+        self.job_id = int(jobdir.name)
+        self.log = (jobdir / "controller.log").open("a", encoding="utf-8", buffering=1)
+        self.placement: dict[str, Any] | None = None
+        self.current: dict[str, Any] | None = None  # the running attempt
+
+    def say(self, line: str) -> None:
+        self.log.write(f"{time.strftime('%H:%M:%S')} stand-in controller: {line}\n")
+
+    def user_log(self, line: str) -> None:
+        """A line of the job's own log (between attempts only: no attempt is writing then)."""
+        with (self.dir / "job.log").open("a", encoding="utf-8") as log:
+            log.write(f"stand-in: {line}\n")
+
+    def update(self, mutate: Any = None, **changes: Any) -> dict[str, Any]:
+        return _update_job(self.dir, mutate, **changes)
+
+    def cancel_signal(self) -> dict[str, Any] | None:
+        if not self.dir.is_dir():  # the state dir was removed under us (a test's tmp dir): nothing to run for
+            if self.current is not None:
+                _kill_session(self.current["pid"], self.current["start"])
+            os._exit(0)
+        return _read_json(self.dir / "cancel.json")
+
+    def finish(self, status: str, failure_reason: str | None = None) -> None:
+        now = time.time()
+
+        def mutate(rec: dict[str, Any]) -> None:
+            attempt = _live_attempt(rec)
+            if attempt is not None:
+                attempt.setdefault("outcome", status.lower())
+                attempt["ended_at"] = now
+            if failure_reason is not None:
+                rec["failure_reason"] = failure_reason
+            rec.update(status=status, end_at=now, schedule_state="DONE", backoff=None, done=True)
+
+        self.update(mutate)
+        self.say(f"job {self.job_id} finished: {status}")
+
+    # -- the job's life
+
+    def run(self, payload: dict[str, Any]) -> None:
+        from sky import sky_logging
+        from sky.skylet import constants as sky_constants
+        from sky.utils import common_utils, dag_utils
+
+        self.payload = payload
+        self.dag = dag_utils.load_dag_from_yaml_str(payload["dag_yaml"])  # as the controller loads the job's DAG
+        [self.task] = self.dag.tasks
+        run_timestamp = sky_logging.get_run_timestamp()
+        task_id_env = common_utils.get_global_job_id(run_timestamp, self.dag.name, str(self.job_id), task_id=0,
+                                                     is_managed_job=True)
+        # Fixed once for the job's life: every attempt (every recovery) gets the same values.
+        self.task.update_envs({sky_constants.TASK_ID_ENV_VAR: task_id_env,
+                               sky_constants.TASK_ID_LIST_ENV_VAR: task_id_env,
+                               sky_constants.MANAGED_JOB_ID_ENV_VAR: str(self.job_id), "SKYPILOT_JOB_RANK": "0"})
+        self.task.envs.pop(sky_constants.ROOT_JOB_ID_ENV_VAR, None)
+        recovery = list(self.task.resources)[0].job_recovery
+        recovery = dict(recovery) if isinstance(recovery, dict) else {"strategy": recovery}
+        max_restarts = int(recovery.get("max_restarts_on_errors") or 0)
+        codes = recovery.get("recover_on_exit_codes")
+        recover_codes = [codes] if isinstance(codes, int) else [int(c) for c in (codes or [])]
+        with _locked(self.dir / ".lock"):
+            rec = _read_json(self.dir / "job.json")
+            if rec["status"] == "CANCELLED":  # cancelled while PENDING
+                rec["done"] = True
+                _write_json(self.dir / "job.json", rec)
+                return
+            rec.update(status="STARTING", schedule_state="LAUNCHING", submitted_at=time.time(),
+                       run_timestamp=run_timestamp, task_id_env=task_id_env)
+            _write_json(self.dir / "job.json", rec)
+        self.say(f"job {self.job_id} ({self.dag.name!r}) starting; SKYPILOT_TASK_ID={task_id_env}")
+        restarts = 0
+        while True:
+            started = self.launch_attempt()
+            if started is None:  # cancelled, or it cannot launch at all: the job has ended
+                return
+            proc, attempt = started
+            outcome, code = self.watch(proc, attempt)
+            if outcome == "cancelled":
+                return
+            if outcome == "succeeded":
+                self.finish("SUCCEEDED")
+                return
+            if outcome == "preempted":
+                self.recover(f"the job cluster of attempt {attempt['attempt']} was preempted; recovering the job "
+                             "on a fresh cluster")
+                continue
+            # The user's program failed (run or setup exited non-zero, or its driver died).
+            exit_codes = [code] if code is not None else None
+            matching = [c for c in exit_codes or [] if c in recover_codes]
+            if matching:
+                self.recover(f"exit code(s) {matching} matched recover_on_exit_codes {recover_codes}; restarting "
+                             "the job on a fresh cluster")
+                continue
+            restarts += 1
+            if restarts <= max_restarts:
+                desc = f"Job exited with exit code {code}" if code is not None else "Job failed (FAILED_DRIVER)"
+                self.recover(f"{desc}. Restarting the job (restart {restarts} of {max_restarts} on errors) on a "
+                             "fresh cluster")
+                continue
+            details = f"To see the details, run: sky jobs logs --controller {self.job_id}"
+            if outcome == "driver_failed":
+                details = ("The job driver on the remote cluster failed. This can be caused by the job taking too "
+                           "much memory or other resources. Try adding more memory, CPU, or disk in your job "
+                           f"definition. {details}")
+            desc = f"Job exited with exit code {code}" if code is not None else "Job failed (FAILED_DRIVER)"
+            self.finish("FAILED_SETUP" if outcome == "failed_setup" else "FAILED",
+                        f"{desc} (user program failure). {details}")
+            return
+
+    def recover(self, why: str) -> None:
+        self.user_log(why)
+        self.say(why)
+        self.update(status="RECOVERING", schedule_state="LAUNCHING")
+
+    def launch_attempt(self) -> tuple[subprocess.Popen[bytes], dict[str, Any]] | None:
+        """Launch the next attempt on a fresh cluster, retrying (forever, as SkyPilot's first launch
+        does) what may succeed later; None if the job ended instead (cancelled, FAILED_PRECHECKS)."""
+        from sky import exceptions, execution
+        from sky.utils import common_utils
+
+        while True:
+            signal_ = self.cancel_signal()
+            if signal_ is not None:
+                self.update(status="CANCELLING")
+                self.finish("CANCELLED")
+                return None
+            try:
+                execution._resolve_managed_secrets(self.dag)  # noqa: SLF001 - what the controller's launch does
+                if self.payload["capacity"]:
+                    wanted = _accelerators_str(self._candidates()[0].accelerators) or "CPU"
+                    raise exceptions.ResourcesUnavailableError(
+                        f"Failed to acquire resources ({wanted}) in every zone of {PLACEMENT['cloud']}.",
+                        failover_history=[exceptions.ResourcesUnavailableError("stand-in: no capacity")])
+                if self.placement is None:
+                    self.placement = self.optimize()
+            except _Prechecks as err:
+                reason = "; ".join(common_utils.format_exception(r, use_bracket=True) for r in err.reasons)
+                self.say(f"Provision prechecks failed: {reason}")
+                self.finish("FAILED_PRECHECKS", reason)
+                return None
+            except Exception as err:  # noqa: BLE001 - SkyPilot retries the launch after any other failure
+                self.say(f"Failed to launch a cluster with error: {common_utils.format_exception(err)}; retrying "
+                         f"in {CAPACITY_RETRY_S:.0f}s")
+                self.update(schedule_state="ALIVE_BACKOFF", backoff=common_utils.format_exception(err))
+                deadline = time.monotonic() + CAPACITY_RETRY_S
+                while time.monotonic() < deadline and self.cancel_signal() is None:
+                    time.sleep(JOBS_CANCEL_POLL_S)
+                continue
+            return self.start_attempt()
+
+    def _candidates(self) -> list[Any]:
+        return list(self.task.resources)
+
+    def optimize(self) -> dict[str, Any]:
+        """Where the attempts run: SkyPilot's optimizer's pick among the candidates (an `ordered`
+        list in order, `any_of` the cheapest), from the session's API server as plain launches."""
+        from sky import exceptions
+        from sky.utils import dag_utils
+
+        [task] = dag_utils.load_dag_from_yaml_str(self.payload["dag_yaml"]).tasks  # a fresh copy
+        # The controller strips job_recovery before launching (StrategyExecutor.make).
+        task.set_resources(type(task.resources)([r.copy(job_recovery=None) for r in task.resources]))
+        try:
+            pick = _optimizer_pick(task)
+        except exceptions.ResourcesUnavailableError as err:
+            if not any(isinstance(e, exceptions.ResourcesUnavailableError) for e in err.failover_history):
+                raise _Prechecks(list(err.failover_history) or [err]) from err
+            raise
+        except (exceptions.InvalidClusterNameError, exceptions.NoCloudAccessError,
+                exceptions.ResourcesMismatchError) as err:
+            raise _Prechecks([err]) from err
+        candidates = self._candidates()
+        chosen = next((r for r in candidates if bool(r.use_spot) == pick.use_spot
+                       and _accelerators_str(dict(r.accelerators) if r.accelerators else None) == pick.accelerators),
+                      None) or next((r for r in candidates if bool(r.use_spot) == pick.use_spot), candidates[0])
+        placement = {"cloud": pick.cloud, "region": pick.region, "zone": None, "instance_type": pick.instance_type,
+                     "use_spot": bool(chosen.use_spot),
+                     "accelerators": dict(chosen.accelerators) if chosen.accelerators else None}
+        self.say(f"optimizer's pick: {placement}")
+        return placement
+
+    def start_attempt(self) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+        assert self.placement is not None
+        rec = _read_json(self.dir / "job.json")
+        number = len(rec["attempts"]) + 1
+        cdir = self.dir / "attempts" / str(number)
+        cdir.mkdir(parents=True)
+        launched_at = time.time()
+        shutil.copytree(self.payload["app_dir"], cdir / "app", symlinks=True)
+        (cdir / "home").mkdir()
+        cluster = rec["cluster_name"]
+        info = {"cluster_name": cluster, "cloud": self.placement["cloud"], "region": self.placement["region"],
+                "zone": self.placement["zone"]}
+        proc = _spawn_job(self.task, cdir, self.placement["accelerators"], self.payload["cluster_env"],
+                          has_setup=bool(self.task.setup), log_path=self.dir / "job.log", append=True,
+                          extra_env={"SKYPILOT_CLUSTER_INFO": json.dumps(info)})
+        now = time.time()
+        attempt = {"attempt": number, "cluster_dir": str(cdir), "cluster_name": cluster, "launched_at": launched_at,
+                   "started_at": now, "ended_at": None, "pid": proc.pid, "start": _start_time(proc.pid),
+                   "use_spot": self.placement["use_spot"], "accelerators": self.placement["accelerators"]}
+
+        def mutate(rec: dict[str, Any]) -> None:
+            if rec["status"] == "RECOVERING":
+                rec["recovery_count"] += 1  # counted once the job is running again, as SkyPilot counts it
+            if rec["start_at"] is None:
+                rec["start_at"] = now
+            rec["attempts"].append(attempt)
+            rec.update(status="RUNNING", last_recovered_at=now, schedule_state="ALIVE", backoff=None,
+                       placement=self.placement)
+
+        self.current = attempt
+        self.update(mutate)
+        self.say(f"attempt {number} running on a fresh cluster {cdir}")
+        return proc, attempt
+
+    def watch(self, proc: subprocess.Popen[bytes], attempt: dict[str, Any]) -> tuple[str, int | None]:
+        """Until the attempt's job ends or a cancel arrives: (outcome, exit code)."""
+        next_check = 0.0
+        while True:
+            if time.monotonic() >= next_check:
+                signal_ = self.cancel_signal()
+                if signal_ is not None:
+                    self.cancel(proc, attempt, signal_)
+                    return "cancelled", None
+                next_check = time.monotonic() + JOBS_CANCEL_POLL_S
+            if proc.poll() is not None:
+                break
+            time.sleep(POLL_S)
+        cdir = Path(attempt["cluster_dir"])
+        done = _read_json(cdir / "job.exit")
+        if done is not None:
+            code = int(done["exit"])
+            outcome = "succeeded" if code == 0 and not done["setup_failed"] else (
+                "failed_setup" if done["setup_failed"] else "failed")
+        elif (cdir / "preempted").exists():
+            outcome, code = "preempted", None
+        else:  # killed without a word: SkyPilot's FAILED_DRIVER
+            outcome, code = "driver_failed", None
+        self.end_attempt(proc, attempt, outcome, code)
+        return outcome, code
+
+    def end_attempt(self, proc: subprocess.Popen[bytes], attempt: dict[str, Any], outcome: str,
+                    code: int | None) -> None:
+        """The attempt's cluster is torn down: whatever still runs there dies with it, its disk goes."""
+        _kill_session(proc.pid, attempt["start"])
+        proc.wait()
+        self.current = None
+        now = time.time()
+
+        def mutate(rec: dict[str, Any]) -> None:
+            rec["attempts"][attempt["attempt"] - 1].update(ended_at=now, outcome=outcome, exit_code=code)
+
+        self.update(mutate)
+        cdir = Path(attempt["cluster_dir"])
+        for disk in ("home", "app"):
+            shutil.rmtree(cdir / disk, ignore_errors=True)
+        self.say(f"attempt {attempt['attempt']} ended: {outcome} (exit code {code}); its cluster is torn down")
+
+    def cancel(self, proc: subprocess.Popen[bytes], attempt: dict[str, Any], signal_: dict[str, Any]) -> None:
+        """Non-graceful: the cluster is torn down with the job on it (no signal first). Graceful: SIGTERM
+        to the job's process group first, then up to graceful_timeout for it to exit."""
+        self.update(status="CANCELLING")
+        self.say(f"cancelling job {self.job_id} (graceful={signal_.get('graceful')})")
+        if signal_.get("graceful") and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            timeout = signal_.get("graceful_timeout")
+            deadline = time.monotonic() + (GRACEFUL_CANCEL_TIMEOUT_S if timeout is None else float(timeout))
+            while _session_alive(proc.pid) and time.monotonic() < deadline:
+                proc.poll()
+                time.sleep(POLL_S)
+        self.end_attempt(proc, attempt, "cancelled", None)
+        self.finish("CANCELLED")
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether any live (non-zombie) process is still in session `sid`."""
+    for entry in os.listdir("/proc"):
+        stat = _proc_stat(int(entry)) if entry.isdigit() else None
+        if stat and stat[3] == str(sid) and stat[0] != "Z":
+            return True
+    return False
+
+
+def run_controller(jobdir: Path) -> None:
+    """The job controller's entry point: the job's DAG (secrets and all) arrives on stdin."""
+    payload = pickle.loads(sys.stdin.buffer.read())
+    controller = _Controller(jobdir)
+    try:
+        controller.run(payload)
+    except BaseException:  # noqa: BLE001 - a crashed controller fails its job, as SkyPilot's does
+        import traceback
+
+        controller.say(traceback.format_exc())
+        rec = _read_json(jobdir / "job.json") or {}
+        attempt = _live_attempt(rec)
+        if attempt is not None and attempt.get("pid"):
+            _kill_session(attempt["pid"], attempt["start"])
+        if not _terminal(rec):
+            controller.finish("FAILED_CONTROLLER", "Controller process has exited abnormally (stand-in: see "
+                                                   f"{jobdir / 'controller.log'}). For more details, run: "
+                                                   f"sky jobs logs --controller {jobdir.name}")
+        raise
 
 
 # ---------------------------------------------------------------- running the real launcher against it
@@ -835,12 +1805,19 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve-request"] and len(argv) == 2:
         serve_request(Path(argv[1]))
         return 0
+    if argv[:1] == ["job-controller"] and len(argv) == 2:
+        run_controller(Path(argv[1]))
+        return 0
+    if argv[:1] == ["preempt"] and len(argv) == 3:
+        preempt_job(Path(argv[1]), int(argv[2]))
+        return 0
     if argv[:1] == ["launcher"]:
         install_from_env()
         from launcher.entry import main as launcher_main
 
         return launcher_main(argv[1:])
-    print("usage: sky_standin.py serve-request <request dir> | launcher <args...>", file=sys.stderr)
+    print("usage: sky_standin.py serve-request <request dir> | job-controller <job dir> | "
+          "preempt <state dir> <job id> | launcher <args...>", file=sys.stderr)
     return 2
 
 

@@ -59,7 +59,7 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     task = render(cfg, "rehearsal", gpus=None, nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml",
                   hard_stop=time.time() + 60)
     parsed = yaml.safe_load(task.yaml_text)
-    assert "exec timeout --signal=TERM --kill-after=120" in parsed["run"]
+    assert "exec timeout --foreground --signal=TERM --kill-after=120" in parsed["run"]
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')

@@ -1,0 +1,131 @@
+"""Rung 4 on sky: the run as one managed job, on the strict stand-in's managed jobs (SkyPilot's
+own task parser, loader, secrets and record types; no cloud). A preemption mid-run is a
+recovery SkyPilot's controller makes; the launcher must see it as a new leg that resumes
+from the store, checked like every other resume, and billed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import up as up_module
+from tests.sky_standin import preempt_job
+from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
+
+SKIP = "the sky run's own test"
+
+
+def configure(cfg, **run: object) -> object:  # noqa: ANN001
+    from launcher.config import load_config
+
+    path = cfg.root / "launcher.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["trainer"]["command"] = "python train.py --ckpt-every 5 --data-delay 0.05"
+    data["rungs"]["run"] = {"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run}
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def events(log: Path) -> list[dict]:
+    out = []
+    if log.is_file():
+        for line in log.read_text(errors="replace").splitlines():
+            if '{"event": ' in line:
+                try:
+                    out.append(json.loads(line[line.index('{"event": '):]))
+                except ValueError:
+                    pass
+    return out
+
+
+def run_in_thread(cfg, monkeypatch, standin, gpus: str = "T4:1"):  # noqa: ANN001, ANN201
+    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
+    monkeypatch.setattr("launcher.skytask.sky_module", lambda: standin)
+    result: dict = {}
+
+    def go() -> None:
+        try:
+            result["outcome"] = up_module.up(cfg, cfg.root / "launcher.yaml", "run", "sky", gpus,
+                                             lambda leg, line: None, skip_preflight=SKIP)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            result["error"] = err
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_for(what, timeout: float = 180.0):  # noqa: ANN001, ANN201
+    until = time.time() + timeout
+    while time.time() < until:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out: {what}")
+
+
+def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_store(
+        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    cfg = configure(sky_project)
+    standin = strict(cloud)
+    thread, result = run_in_thread(cfg, monkeypatch, standin)
+    runs = cfg.state_path / "runs"
+    log0 = wait_for(lambda: next(iter(runs.glob("*/leg-0.log")), None))
+    wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))  # a whole storage cycle first
+    job_id = wait_for(lambda: ledger_run(cfg)["legs"] and ledger_run(cfg)["legs"][0]["instance"])
+    preempt_job(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), int(job_id.rsplit("-", 1)[1]))  # the spot VM is gone
+    thread.join(600)
+    assert not thread.is_alive() and "error" not in result, result
+    outcome = result["outcome"]
+    checks = {c.name: c for c in outcome.checks}
+    assert outcome.ok, {n: c.detail for n, c in checks.items() if not c.ok}
+    run = ledger_run(cfg)
+    assert run["verdict"] == "pass" and len(run["legs"]) == 2
+    assert run["preflight"] == {"gate": "skipped", "reason": SKIP}
+    assert {leg["instance"] for leg in run["legs"]} == {job_id}  # one managed job, two attempts
+    assert run["legs"][0]["killed"] and "SkyPilot recovered the job" in run["legs"][0]["end_reason"]
+    pushed = [e["step"] for e in events(Path(run["legs"][0]["log_path"])) if e["event"] == "verify" and e["ok"]]
+    resume = next(e for e in events(Path(run["legs"][1]["log_path"])) if e["event"] == "resume")
+    assert resume["from_step"] == max(pushed)  # the newest verified before the preemption
+    for name in ("leg 1 resumed from the newest verified checkpoint", "leg 1: LR follows the schedule",
+                 "leg 1: exact data position (batch hashes)", "leg 1: loss continuity",
+                 "the run ended at exactly its step count", f"managed job {job_id.rsplit('-', 1)[1]}: every "
+                 "recovery became a leg"):
+        assert checks[name].ok, checks[name]
+    assert "recovery_count 1" in checks[f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg"].detail
+    assert all(leg["billed_gpu_hours"] > 0 and leg["cost_source"] == "skypilot optimizer" for leg in run["legs"])
+    assert run["billed_gpu_hours"] == pytest.approx(sum(leg["billed_gpu_hours"] for leg in run["legs"]))
+    assert [c for c, _ in standin.calls if c.startswith("jobs.")][:1] == ["jobs.launch"]
+
+
+def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_checkpoint(
+        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    import os
+    import subprocess
+    import sys
+
+    cfg = configure(sky_project, steps=100_000)
+    standin = strict(cloud)
+    thread, result = run_in_thread(cfg, monkeypatch, standin)
+    log0 = wait_for(lambda: next(iter((cfg.state_path / "runs").glob("*/leg-0.log")), None))
+    wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))
+    run_id = log0.parent.name
+    stop = subprocess.run([sys.executable, "-m", "tests.sky_standin", "launcher", "stop", run_id, "--timeout", "120",
+                           "--json"], cwd=cfg.root, env={**os.environ, **cloud}, capture_output=True, text=True,
+                          timeout=300)
+    thread.join(300)
+    assert not thread.is_alive()
+    st = json.loads(stop.stdout)
+    assert stop.returncode == 0 and st["clean"] is True and st["loadable"]["ok"] is True, (st, stop.stderr[-2000:])
+    assert ("jobs.cancel", "1") in standin.calls
+    run = ledger_run(cfg)
+    assert run["verdict"] == "stopped" and len(run["legs"]) == 1
+    logs = events(Path(run["legs"][0]["log_path"]))
+    assert next(e for e in logs if e["event"] == "stop")["reason"] == "sigterm"  # graceful: SIGTERM first
+    assert st["final_step"] == st["checkpoint_step"]
