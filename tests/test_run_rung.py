@@ -177,3 +177,34 @@ def test_without_a_report_the_run_is_refused_naming_the_proofs(project: Path) ->
     res = run_cli(["up", "rehearsal", "--skip-preflight", "x"], cwd=project)
     assert_one_line_error(res, 2, "only the run has a preflight gate")
     assert run_rows(project) == 0
+
+
+def _step_events(n: int, step_s: float, tok_s: float, t0: float = 1000.0) -> list[str]:
+    return [json.dumps({"event": "step", "t": t0 + i * step_s, "rank": 0, "step": i, "loss": 1.0, "lr": 0.1,
+                        "tokens": 512, "tok_s": tok_s, "step_s": step_s}) for i in range(1, n + 1)]
+
+
+def test_status_warns_when_the_rate_falls_under_the_probes_or_the_projection_crosses_the_quota(
+        tmp_path: Path) -> None:
+    from launcher.evidence import LegEvents
+    from launcher.watch import watch
+
+    log = tmp_path / "leg-0.log"
+    log.write_text("\n".join(_step_events(100, 1.0, 800.0)) + "\n")  # 800 tok/s, 1 s/step
+    now = time.time()
+    run = {"gpu_count": 2, "nodes": 1, "ended_at": None, "gpu_name": "T4",
+           "preflight": {"gate": "passed", "plan": {"tok_s": 1000.0, "eta_hours": 2.0, "gpu_hours": 4.0, "usd": 4.68}},
+           "legs": [{"leg": 0, "env": {"LAUNCHER_MAX_STEPS": "10000"}, "ended_at": None, "started_at": now - 3600,
+                     "billed_gpu_hours": None, "cost_usd": None, "hourly_usd": 1.17, "end_reason": None}]}
+    w = watch(run, [LegEvents.read(0, log)], quota_for_run=10.0)
+    assert w["step"] == 100 and w["percent"] == 1.0 and w["restarts"] == 0
+    assert w["rate"]["vs_plan"] == pytest.approx(0.8) and w["eta_s"] == pytest.approx(9900, rel=1e-3)
+    assert w["spent"]["gpu_hours"] == pytest.approx(2.0, rel=1e-3) and w["spent"]["usd"] == pytest.approx(1.17, 1e-3)
+    # 2 GPU-h spent + 9,900 s x 2 GPUs = 7.5 GPU-h projected, under the 10 the quota leaves
+    assert w["projected_gpu_hours"] == pytest.approx(7.5, rel=1e-3)
+    assert [x.split(" ")[0] for x in w["warnings"]] == ["rate"]  # 20 % under the probe's: more than 10 %
+    assert "20 % under the probe's 1,000 tok/s" in w["warnings"][0]
+    w = watch(run, [LegEvents.read(0, log)], quota_for_run=5.0)
+    assert any("crosses what the quota leaves this run (5.00 GPU-h)" in x for x in w["warnings"])
+    log.write_text("\n".join(_step_events(100, 1.0, 950.0)) + "\n")  # 5 % under: within the band
+    assert watch(run, [LegEvents.read(0, log)], quota_for_run=None)["warnings"] == []
