@@ -129,3 +129,36 @@ def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_
     logs = events(Path(run["legs"][0]["log_path"]))
     assert next(e for e in logs if e["event"] == "stop")["reason"] == "sigterm"  # graceful: SIGTERM first
     assert st["final_step"] == st["checkpoint_step"]
+
+
+def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_checkpoint(
+        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    """A trainer that dies after step 12 on every attempt: SkyPilot restarts it (max_restarts_on_errors),
+    every restart resumes from step 10 and dies again; the run stops with exit 1, naming step 10."""
+    from launcher.ledger import Ledger
+    from launcher.manifest import files_digest, hash_reviewed
+    from tests.conftest import SKY_IMAGE_REF
+
+    train = sky_project.root / "train.py"
+    hook = "        x, y, first_sample = data.next_batch()\n"
+    planted = train.read_text().replace(hook, hook + "        if sess.step_count == 12:\n            raise SystemExit(7)\n")
+    train.write_text(planted)
+    (Path(cloud["PREFLIGHT_TEST_SKY_APP"]) / "train.py").write_text(planted)  # the image bakes the new bytes
+    cfg = configure(sky_project, max_restarts_on_errors=1)
+    files = hash_reviewed(cfg)
+    ledger = Ledger(cfg.state_path / "ledger.db")
+    ledger.record_review(files_digest(files), files)
+    row = ledger.record_image({"tag": "t2", "image_id": "sha256:" + "1" * 64, "base": "b", "lock": "cpu.lock",
+                               "files_digest": files_digest(files), "files": files, "runtime_digest": "r",
+                               "built_at": 0.0, "seconds": 0.0})
+    ledger.set_pushed(row, SKY_IMAGE_REF)
+    ledger.close()
+    thread, result = run_in_thread(cfg, monkeypatch, strict(cloud))
+    thread.join(600)
+    assert not thread.is_alive() and "error" not in result, result
+    outcome = result["outcome"]
+    assert outcome.exit_code == 1
+    [loop] = [c for c in outcome.checks if c.name == "the run makes progress"]
+    assert not loop.ok and "step-00000010" in loop.detail, loop.detail
+    run = ledger_run(cfg)
+    assert run["verdict"] == "fail" and 2 <= len(run["legs"]) <= 3
