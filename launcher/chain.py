@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import Refused
@@ -126,63 +127,93 @@ def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple
                     "a new `launcher up run` starts from step 0)")
 
 
+@dataclass
+class Progress:
+    """Where the run stands between legs: the newest verified checkpoint the launcher read
+    in the store (step, name), and how many legs in a row added none."""
+
+    newest: tuple[int | None, str | None]
+    stalled: int = 0
+
+
+def reached_end(out: LegOutcome, steps: int) -> bool:
+    done = out.events.last("done")
+    return bool(done and int(done[1]["step"]) == steps and out.result.exit_code == 0)
+
+
+def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Progress, exact: bool,
+              checks: list[Check]) -> str | None:
+    """After a leg ended: read the store, check the leg (its resume, what it verified) and the
+    crash-loop rule; the checks go into `checks`. Returns why the run must stop, or None."""
+    run_cfg = ctx.cfg.rungs.run
+    ended = outs[-1]
+    before = progress.newest[0]
+    progress.newest = newest_in_store(store)
+    after, name = progress.newest
+    found = leg_checks(ctx, store, outs, before, after, exact)
+    checks.append(Check(f"leg {ended.events.leg} ended", True, describe_end(ended) + "; newest verified in the "
+                        "store: " + (f"step {after}" if after is not None else "none")))
+    checks.extend(found)
+    if not all(c.ok or c.missing for c in found):
+        return "a resume check failed"  # or a store that lost a checkpoint: the run must not go on
+    if reached_end(ended, run_cfg.steps) or ctx.ledger.stop_requested(ctx.run_id):
+        return None
+    progressed = after is not None and (before is None or after > before)
+    progress.stalled = 0 if progressed else progress.stalled + 1
+    if progress.stalled < max(1, run_cfg.max_restarts_on_errors):
+        return None
+    where = f"{name} (step {after})" if name else "none (nothing was ever verified)"
+    checks.append(Check("the run makes progress", False,
+                        f"crash loop: {progress.stalled} leg(s) in a row left no newer verified checkpoint "
+                        f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest verified "
+                        f"checkpoint is {where}; the last leg {describe_end(ended)}",
+                        ended.events.pointer(ended.events.last("stop"))))
+    return "crash loop"
+
+
+def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
+    """The checks of a run that reached its last step: the whole timeline's."""
+    from launcher.resume_checks import check_no_repeat, check_sample_index
+
+    last = outs[-1].events
+    legs = [o.events for o in outs]
+    witness = check_sample_index(legs)
+    return [Check("the run ended at exactly its step count", True, f"leg {last.leg} finished at step {steps} of "
+                  f"{steps} after {len(outs) - 1} restarts", last.pointer(last.last("done"))),
+            check_no_repeat(legs)] + ([witness] if witness else [])
+
+
 def run_chain(ctx: RunContext) -> list[Check]:
     """Carry the run to its last step; returns the checks (QuotaOut when the quota runs out)."""
     from launcher.rehearsal import check_leg_exit
-    from launcher.resume_checks import check_no_repeat, check_sample_index
 
-    run_cfg = ctx.cfg.rungs.run
-    steps = run_cfg.steps
+    steps = ctx.cfg.rungs.run.steps
     store = ctx.open_store()
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
     outs: list[LegOutcome] = []
     checks: list[Check] = []
-    newest = newest_in_store(store)
-    stalled = 0
+    progress = Progress(newest_in_store(store))
     gpus = ctx.gpu_count * ctx.nodes
-    budget_h = run_cfg.budget_minutes / 60.0 * gpus
+    budget_h = ctx.cfg.rungs.run.budget_minutes / 60.0 * gpus
     for leg in range(MAX_LEGS):
         if ctx.reservation_id is not None and gpus:
             grant = ctx.hold_leg(budget_h)
             shortest = min_leg_s(outs)
             if grant.gpu_hours * 3600.0 / gpus < shortest:
-                raise quota_out(ctx, outs, grant, newest, steps, checks, shortest)
+                raise quota_out(ctx, outs, grant, progress.newest, steps, checks, shortest)
             ctx.quota_left_hours = grant.gpu_hours if math.isfinite(grant.gpu_hours) else None
         if leg:
             ctx.show(leg, f"launcher: leg {leg} (restart {leg}) resumes from "
-                     f"{newest[1] or 'nothing verified: a fresh start'}\n")
+                     f"{progress.newest[1] or 'nothing verified: a fresh start'}\n")
         out = run_leg(ctx, leg, steps)
         outs.append(out)
         if silent(out.events):
             return checks + [check_leg_exit(out)]  # the trainer does not speak the contract: no restart helps
-        before = newest[0]
-        newest = newest_in_store(store)
-        found = leg_checks(ctx, store, outs, before, newest[0], exact)
-        checks.append(Check(f"leg {leg} ended", True, describe_end(out) + "; newest verified in the store: "
-                            + (f"step {newest[0]}" if newest[0] is not None else "none")))
-        checks += found
-        if not all(c.ok or c.missing for c in found):
-            return checks  # a bad resume or a store that lost a checkpoint: the run must not go on
-        done = out.events.last("done")
-        if done and int(done[1]["step"]) == steps and out.result.exit_code == 0:
-            legs = [o.events for o in outs]
-            checks.append(Check("the run ended at exactly its step count", True,
-                                f"leg {leg} finished at step {steps} of {steps} after {leg} restarts",
-                                out.events.pointer(done)))
-            checks.append(check_no_repeat(legs))
-            witness = check_sample_index(legs)
-            return checks + ([witness] if witness else [])
+        if judge_leg(ctx, store, outs, progress, exact, checks):
+            return checks
+        if reached_end(out, steps):
+            return checks + finished(outs, steps)
         if ctx.ledger.stop_requested(ctx.run_id):
             return checks  # `launcher stop`: the leg pushed its final checkpoint; up records "stopped"
-        progressed = newest[0] is not None and (before is None or newest[0] > before)
-        stalled = 0 if progressed else stalled + 1
-        if stalled >= max(1, run_cfg.max_restarts_on_errors):
-            where = f"{newest[1]} (step {newest[0]})" if newest[1] else "none (nothing was ever verified)"
-            checks.append(Check("the run makes progress", False,
-                                f"crash loop: {stalled} legs in a row left no newer verified checkpoint "
-                                f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
-                                f"verified checkpoint is {where}; the last leg {describe_end(out)}",
-                                out.events.pointer(out.events.last("stop"))))
-            return checks
     checks.append(Check("the run ended within the leg cap", False, f"{MAX_LEGS} legs and not done"))
     return checks

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from launcher.backends.base import LegResult, billed_seconds
-from launcher.chain import (describe_end, leg_checks, min_leg_s, newest_in_store, quota_out)
+from launcher.chain import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 from launcher.evidence import Check, LegEvents
 from launcher.legs import LegOutcome, RunContext, redact
 
@@ -73,14 +73,15 @@ def run_managed(ctx: RunContext) -> list[Check]:
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
     outs: list[LegOutcome] = []
     checks: list[Check] = []
-    state = {"newest": newest_in_store(store), "stalled": 0, "stop": None}
+    progress = Progress(newest_in_store(store))
+    stopping: list[str] = []
     gpus = max(1, ctx.gpu_count * ctx.nodes)
     leg = 0
     while True:
         grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
         job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
         if job_s < min_leg_s(outs):
-            raise quota_out(ctx, outs, grant, state["newest"], steps, checks, min_leg_s(outs))
+            raise quota_out(ctx, outs, grant, progress.newest, steps, checks, min_leg_s(outs))
         now = time.time()
         env = ctx.leg_env(leg, steps, now + job_s)
         from launcher.backends.base import LegSpec
@@ -98,12 +99,12 @@ def run_managed(ctx: RunContext) -> list[Check]:
 
             def on_new_leg(new: int) -> None:
                 now = time.time()
-                ended = legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
+                legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
                                  "the attempt before was preempted or its run failed", killed=True)
                 legs.begin(new, now)
-                stop = _after_leg(ctx, store, outs, ended, state, exact, run_cfg.max_restarts_on_errors, checks)
-                if stop and state["stop"] is None:
-                    state["stop"] = stop
+                stop = judge_leg(ctx, store, outs, progress, exact, checks)
+                if stop and not stopping:
+                    stopping.append(stop)
                     skyjob.cancel(ctx.backend.sky, job.job_id, graceful=False)
 
             splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg)
@@ -120,55 +121,21 @@ def run_managed(ctx: RunContext) -> list[Check]:
             raise
         rec = skyjob.record(ctx.backend.sky, job.job_id) or {}
         final = legs.end(leg, time.time(), f"job {rec.get('status', '?')} (tail_logs exit {code})", killed=False)
-        stop = _after_leg(ctx, store, outs, final, state, exact, run_cfg.max_restarts_on_errors, checks)
+        stop = judge_leg(ctx, store, outs, progress, exact, checks)
         checks.append(_job_check(job, rec, leg - first + 1))
-        done = final.events.last("done")
-        if state["stop"] or stop:
+        if stopping or stop:
             return checks
-        if done and int(done[1]["step"]) == steps and final.result.exit_code == 0:
-            from launcher.resume_checks import check_no_repeat, check_sample_index
-
-            all_legs = [o.events for o in outs]
-            checks.append(Check("the run ended at exactly its step count", True,
-                                f"leg {leg} finished at step {steps} of {steps} after {leg} recoveries and restarts",
-                                final.events.pointer(done)))
-            checks.append(check_no_repeat(all_legs))
-            witness = check_sample_index(all_legs)
-            return checks + ([witness] if witness else [])
+        if reached_end(final, steps):
+            return checks + finished(outs, steps)
         if ctx.ledger.stop_requested(ctx.run_id):
             return checks
         if rec.get("status") not in ("SUCCEEDED",):
-            where = state["newest"]
             checks.append(Check("the run makes progress", False,
                                 f"SkyPilot ended the job {rec.get('status')}: {rec.get('failure_reason') or ''} "
                                 f"(job_recovery.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
-                                f"verified checkpoint is {where[1] or 'none'}"))
+                                f"verified checkpoint is {progress.newest[1] or 'none'}"))
             return checks
         leg += 1  # the job stopped at its deadline before the last step: the next job resumes from the store
-
-
-def _after_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], ended: LegOutcome, state: dict[str, Any],
-               exact: bool, max_restarts: int, checks: list[Check]) -> str | None:
-    """The launcher's checks after an attempt: the store kept what it verified, its resume
-    was exact, and the run is not in a crash loop. The reason to stop, or None."""
-    before = state["newest"][0]
-    state["newest"] = newest_in_store(store)
-    after = state["newest"][0]
-    found = leg_checks(ctx, store, outs, before, after, exact)
-    checks.append(Check(f"leg {ended.events.leg} ended", True, describe_end(ended) + "; newest verified in the store: "
-                        + (f"step {after}" if after is not None else "none")))
-    checks.extend(found)
-    if not all(c.ok or c.missing for c in found):
-        return "a resume check failed"
-    progressed = after is not None and (before is None or after > before)
-    state["stalled"] = 0 if progressed else state["stalled"] + 1
-    if state["stalled"] >= max(1, max_restarts) and not ended.events.last("done"):
-        checks.append(Check("the run makes progress", False,
-                            f"crash loop: {state['stalled']} legs in a row left no newer verified checkpoint "
-                            f"(rungs.run.max_restarts_on_errors: {max_restarts}); the newest verified checkpoint is "
-                            f"{state['newest'][1] or 'none'}; the last leg {describe_end(ended)}"))
-        return "crash loop"
-    return None
 
 
 def _job_check(job: Any, rec: dict[str, Any], attempts: int) -> Check:

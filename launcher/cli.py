@@ -9,7 +9,6 @@ traceback. Heavy imports (torch never, skypilot/docker lazily) stay out of
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -192,9 +191,6 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
            limit: int = typer.Option(20, "--limit", min=1, max=100_000, help="Newest N runs."),
            config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Show recorded runs and legs: command lines, file hashes, exit codes, GPU-hours."""
-    from launcher.ledger import Ledger
-    from launcher.render import console, print_json, print_ledger
-
     from launcher.listing import show_ledger
 
     show_ledger(config, run_id, limit, json_out)

@@ -16,7 +16,8 @@ def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -
     assert_one_line_error(run_cli(["up", "rehearsal", "--cpu"], cwd=project), 2, "already runs on the CPU")
     assert_one_line_error(run_cli(["up", "probe", "--cpu", "--steps", "1"], cwd=project), 2, "--steps 1")
     assert_one_line_error(run_cli(["up", "static", "--steps", "5"], cwd=project), 2, "trains nothing")
-    assert_one_line_error(run_cli(["up", "run", "--gpus", "T4:1"], cwd=project), 2, "not available")
+    assert_one_line_error(run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", ""], cwd=project), 2,
+                          "--skip-preflight needs a reason")
     assert run_rows(project) == 0
     dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project)
     assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out

@@ -71,7 +71,8 @@ def leg_row(root: Path, leg: int) -> dict | None:
         return None
     with sqlite3.connect(db) as conn:
         conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM legs WHERE leg=? AND role IS NULL", (leg,)).fetchone()
+        row = conn.execute("SELECT l.* FROM legs l JOIN runs r ON r.id = l.run_id WHERE r.rung = 'run' AND "
+                           "l.leg = ? AND l.role IS NULL ORDER BY r.started_at DESC", (leg,)).fetchone()
     return dict(row) if row else None
 
 
@@ -142,7 +143,7 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
     out = res.json()
     assert res.code == 1, out
     [loop] = [c for c in out["checks"] if c["name"] == "the run makes progress"]
-    assert not loop["ok"] and "2 legs in a row" in loop["detail"] and "step-00000010 (step 10)" in loop["detail"]
+    assert not loop["ok"] and "2 leg(s) in a row" in loop["detail"] and "step-00000010 (step 10)" in loop["detail"]
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
     assert len(run["legs"]) == 3 and run["verdict"] == "fail"
 
