@@ -23,7 +23,6 @@ The run stops:
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +44,6 @@ class QuotaOut(Refused):
     def __init__(self, message: str, checks: list[Check], hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.checks = checks
-
-
-def step_seconds(legs: list[LegEvents]) -> float | None:
-    """Median seconds per step over the run's legs (from the step events' times)."""
-    gaps = []
-    for ev in legs:
-        times = [(int(e["step"]), float(e["t"])) for _, e in ev.all("step") if "t" in e]
-        gaps += [(t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2) in zip(times, times[1:]) if s2 > s1]
-    return statistics.median(gaps) if gaps else None
 
 
 def min_leg_s(outs: list[LegOutcome]) -> float:
@@ -112,7 +102,10 @@ def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int 
 
 def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple[int | None, str | None],
               steps: int, checks: list[Check], shortest: float) -> QuotaOut:
-    step_s = step_seconds([o.events for o in outs])
+    from launcher.watch import rate_now
+
+    rate = rate_now([o.events for o in outs])
+    step_s = rate["step_s"] if rate else None
     left = newest[0] or 0
     gpus = ctx.gpu_count * ctx.nodes
     need = (steps - left) * step_s * gpus / 3600.0 if step_s else None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import Pick, SkyBackend, one_line
+from launcher.backends.sky import Pick, SkyBackend, _Capture, one_line
 from launcher.skytask import RenderedTask, render_job, task_for_launch
 
 JOB_PREFIX = "sky-job-"
@@ -135,7 +135,7 @@ def submit(job: ManagedJob, task: Any) -> int:
     sky = job.backend.sky
     job.submitted_at = time.time()
     job.request = sky.jobs.launch(task, name=job.name)
-    ids, _controller = sky.stream_and_get(job.request, output_stream=_Discard())
+    ids, _controller = sky.stream_and_get(job.request, output_stream=_Capture())
     if not ids:
         raise RuntimeError("sky.jobs.launch returned no job id")
     job.job_id = int(ids[0])
@@ -168,14 +168,6 @@ def cancel(sky: Any, job_id: int, graceful: bool) -> str | None:
     return None
 
 
-class _Discard:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
 def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
             max_restarts: int) -> tuple[RenderedTask, Pick | None, str]:
     """The job's task through SkyPilot's own dry run (`sky.launch(..., dryrun=True)`: its
@@ -183,7 +175,7 @@ def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, 
     their own), with the pick and price of the first candidate that can launch (spot)."""
     import contextlib
 
-    from launcher.backends.sky import _Capture, classify
+    from launcher.backends.sky import classify
 
     job, task = prepare(backend, spec, out, job_deadline, leg_budget_s, max_restarts)
     if job.pick is None:
