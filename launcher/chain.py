@@ -35,6 +35,11 @@ MIN_LEG_S = 30.0
 its first leg). From then on: twice the longest a leg took from launch to its first
 verified checkpoint, at least MIN_MEASURED_LEG_S; a shorter leg could not push one."""
 MIN_MEASURED_LEG_S = 10.0
+
+
+def first_leg_gpu_hours(gpus: int) -> float:
+    """The least the quota must leave a run on `gpus` GPUs (all nodes) for it to launch at all."""
+    return MIN_LEG_S / 3600.0 * gpus
 MAX_LEGS = 10_000
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, Backend, get_backend
 from launcher.backends.base import StagedFile
-from launcher.chain import MIN_LEG_S
+from launcher.chain import first_leg_gpu_hours
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.evidence import Check
@@ -142,7 +142,7 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
         proj = project(cfg, ledger, rung, gpus, nodes)
         if rung.name == "run" and gpus is not None:  # not refused for not fitting whole: its legs stop at the quota
             if not allow_overdraft and proj.remaining is not None and \
-                    proj.remaining < MIN_LEG_S / 3600.0 * gpus.count * nodes:
+                    proj.remaining < first_leg_gpu_hours(gpus.count * nodes):
                 stops.append(Refused(f"the quota leaves {proj.remaining:.3f} GPU-h: not one leg of the run fits"))
         elif not allow_overdraft and not proj.fits:
             stops.append(Refused("the quota does not fit this rung (the arithmetic is above)"))
@@ -244,7 +244,7 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
 
         ctx.gpu_hour_price = _gpu_hour_price(cfg, backend, rung, gpus, nodes)
         ctx.allow_overdraft = allow_overdraft
-        at_least = (MIN_LEG_S / 3600.0 * gpus.count * nodes) if rung.name == "run" and gpus else None
+        at_least = first_leg_gpu_hours(gpus.count * nodes) if rung.name == "run" and gpus else None
         held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
                        ctx.gpu_hour_price, allow_overdraft, at_least=at_least)  # exit 3 when over quota
         ctx.quota_left_hours = held.remaining_gpu_hours
