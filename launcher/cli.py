@@ -138,7 +138,7 @@ def drill_cold_resume(
         backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
         gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
         kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
-        at: str = typer.Option("after-push", "--at", help="after-push | mid-push | mid-verify | mid-step | random"),
+        at: str = typer.Option("after-push", "--at", help="after-push | mid-save | mid-push | mid-verify | mid-step | random"),
         seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:

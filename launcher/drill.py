@@ -4,10 +4,13 @@ empty disk, and check that the run resumed exactly — N times.
 Moments, read from the leg's own events (each after the leg's first completed
 storage cycle, so there is a verified checkpoint to fall back to):
   after-push   a checkpoint went through its whole cycle (`prune` seen)
-  mid-push     the next checkpoint was saved and handed to the pusher (`save`): upload in flight
+  mid-save     the next checkpoint was snapshot and its background write is in flight (an
+               asynchronous `save`); a trainer that saves synchronously has no such moment
+  mid-push     the next checkpoint was written and handed to the upload (`serialized`, or a
+               synchronous `save`): upload in flight
   mid-verify   the next checkpoint was uploaded and is being read back (`push`)
   mid-step     two steps after the leg's first completed cycle
-  random       one of the above per kill (seeded)
+  random       one of the above but mid-save, per kill (seeded)
 On the local backend the leg is frozen (SIGSTOP) at that line and killed with
 its disk; then the store is read — the newest *verified* checkpoint there is
 where the next leg must resume. A kill mid-push or mid-verify
@@ -27,7 +30,9 @@ from launcher.rehearsal import check_leg_exit
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 
-MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
+MOMENTS = ("after-push", "mid-save", "mid-push", "mid-verify", "mid-step")
+RANDOM_MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
+"""What `random` picks from: the moments every trainer has (a synchronous save has no mid-save)."""
 
 
 def kill_predicate(moment: str) -> Callable[[str], bool]:
@@ -46,7 +51,9 @@ def kill_predicate(moment: str) -> Callable[[str], bool]:
             return False
         if kind == "step":
             seen["steps_after"] += 1
-        return {"mid-push": kind == "save", "mid-verify": kind == "push",
+        background = kind == "save" and event.get("async_save") is True
+        return {"mid-save": background,
+                "mid-push": kind == "serialized" or (kind == "save" and not background), "mid-verify": kind == "push",
                 "mid-step": kind == "step" and seen["steps_after"] == 2}.get(moment, False)
     return at
 
@@ -92,7 +99,7 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
         if leg == kills:
             outs.append(run_leg(ctx, leg, steps))
             break
-        chosen = rng.choice(MOMENTS) if moment == "random" else moment
+        chosen = rng.choice(RANDOM_MOMENTS) if moment == "random" else moment
         seen: list[str] = []
         predicate = kill_predicate(chosen)
 

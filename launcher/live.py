@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.events import DAMAGED, parse_line
 
-QUIET = {"session", "step", "save", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
+QUIET = {"session", "step", "save", "serialized", "flops", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
 PUSH_WAIT_SHOWN_S = 0.5
 
 
@@ -54,6 +54,15 @@ def event_summary(e: dict[str, Any]) -> str:
         return f"skipped {e['name']} (never resumed from): {e['reason']}"
     if kind == "save":
         return f"saved step {e['step']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
+    if kind == "serialized":
+        return f"wrote {e.get('name', e['step'])} in the background: {_mb(e.get('bytes'))} in {e.get('seconds', 0):.2f} s"
+    if kind == "flops":
+        if not e.get("flops_per_token"):
+            return f"FLOPs not counted: {e.get('note', 'no count')}"
+        formula = (f"; 6N + 12LdT gives {e['formula_flops_per_token'] / 1e6:,.2f}"
+                   if e.get("formula_flops_per_token") else "")
+        return (f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
+                f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})")
     if kind == "push":
         return f"pushed {e['name']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s"
     if kind == "verify":
@@ -71,11 +80,16 @@ def event_summary(e: dict[str, Any]) -> str:
         return f"memory at step {e['step']}: {what} {_mb(e['peak_max'])} (max across ranks)"
     if kind == "rate":
         err = "" if e.get("rel_err") is None else f" +-{100 * e['rel_err']:.1f} %"
-        return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}; "
+        mfu = (f"; MFU {100 * e['mfu']:.1f} %" if e.get("mfu") is not None else
+               f"; {e['flop_s'] / 1e12:,.3g} TFLOP/s" if e.get("flop_s") else "")
+        return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}{mfu}; "
                 f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}")
     if kind == "health":
         gpu = f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free" \
             if e.get("gpu_total_bytes") else ""
+        util = e.get("gpu_util")
+        if isinstance(util, dict) and util.get("mean") is not None:
+            gpu += f", GPU busy {util['mean']:.0f} % ({util.get('source', '?')})"
         return (f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
                 f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}")
     if kind == "push_wait":

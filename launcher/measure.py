@@ -97,10 +97,16 @@ def check_memory(ev: LegEvents, run_steps: int) -> Check:
 
 
 def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
-    """Seconds per checkpoint on the critical path (save) and off it (push, verify),
-    the cadence they ran at, and what cadence the numbers allow."""
+    """Seconds per checkpoint on the critical path (save) and off it (serialise, push,
+    verify), the cadence they ran at, and what cadence the numbers allow.
+
+    `save` seconds are the critical path whichever way the leg saved: with the state
+    serialised in the background they are the snapshot (+ any wait for the pusher),
+    and the `serialized` events carry the serialisation; the checkpoint's bytes are
+    the pushed ones (a background `save` only knows the state's tensor bytes)."""
     saves = ev.all("save")
     pushes = ev.all("push")
+    serialized = ev.all("serialized")
     verifies = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
     step_s = [float(e["step_s"]) for _, e in ev.all("step") if e.get("step_s")]
     if not saves or not pushes or not verifies or len(step_s) < 2:
@@ -114,15 +120,18 @@ def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
     save_s = statistics.mean(float(e["seconds"]) for _, e in saves)
     push_s = statistics.mean(float(e["seconds"]) for _, e in pushes)
     verify_s = statistics.mean(float(e["seconds"]) for _, e in verifies)
+    serialize_s = statistics.mean(float(e["seconds"]) for _, e in serialized) if serialized else 0.0
     waits = ev.all("push_wait")
     overhead = save_s / (interval * step_time) if interval else None
-    return {"checkpoints": len(saves), "bytes": int(saves[-1][1]["bytes"]), "save_s": save_s, "push_s": push_s,
-            "verify_s": verify_s, "bytes_read": int(verifies[-1][1]["bytes_read"]), "step_s": step_time,
+    return {"checkpoints": len(saves), "bytes": int(pushes[-1][1]["bytes"]), "save_s": save_s, "push_s": push_s,
+            "verify_s": verify_s, "serialize_s": serialize_s, "background_save": bool(serialized),
+            "bytes_read": int(verifies[-1][1]["bytes_read"]), "step_s": step_time,
             "interval_steps": interval, "overhead": overhead, "push_waits": len(waits),
             "wait_s": sum(float(e["seconds"]) for _, e in waits),
             # the cadence that keeps critical-path cost <= 1 %, and the one an upload needs to finish in time
             "min_interval_1pct": max(1, int(-(-save_s // (0.01 * step_time)))) if step_time else None,
-            "min_interval_upload": max(1, int(-(-(push_s + verify_s) // step_time))) if step_time else None,
+            "min_interval_upload": (max(1, int(-(-(serialize_s + push_s + verify_s) // step_time)))
+                                    if step_time else None),
             "evidence": ev.pointer(saves[-1]) + ev.pointer(pushes[-1]) + ev.pointer(verifies[-1])}
 
 
@@ -158,12 +167,30 @@ PHASES = {
     "sync": ("cross-rank sync", "communication between ranks is the bottleneck"),
     "ckpt": ("checkpoint saves", "checkpoint work on the critical path is the bottleneck: save less often or "
              "asynchronously"),
+    "drain": ("waiting for the device", "the device's queued work is the bottleneck"),
+    "session": ("batch hashing", "the leg API's own per-step cost is the bottleneck"),
+    "other": ("untimed trainer code", "the trainer's code outside its timed phases is the bottleneck"),
+    "host": ("host overhead", "the host cannot queue work fast enough to keep the GPU busy: larger batches or "
+             "torch.compile"),
 }
+HOST_SIDE = ("data", "sync", "ckpt", "session")
+
+
+def _device_phases(e: dict[str, Any]) -> dict[str, float]:
+    """A GPU step: device seconds for the lapped work (CUDA events), host seconds for the rest,
+    and `host` = the wall time neither accounts for (the GPU waited on the host)."""
+    host, gpu = e["phases"], e["gpu_phases"]
+    out = {k: float(gpu.get(k, 0.0)) for k in ("compute", "optimizer")}
+    out.update({k: float(host.get(k, 0.0)) for k in HOST_SIDE})
+    wall = float(e.get("step_s") or 0.0) + out["ckpt"]
+    out["host"] = max(0.0, wall - sum(out.values()))
+    return out
 
 
 def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     """Where step time went over the sustained window (or every step past the
-    warm-up when no rate was measured), by phase; background pushes apart."""
+    warm-up when no rate was measured), by phase; background pushes apart. On a GPU
+    the lapped phases are the device's own seconds (runtime.steptime)."""
     rate = sustained(ev)
     steps = [(n, e) for n, e in ev.all("step") if isinstance(e.get("phases"), dict)]
     if not steps:
@@ -173,7 +200,13 @@ def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     else:  # no sustained window: skip the warm-up steps where there are enough, else only the first
         lo, hi = (steps[20 if len(steps) > 25 else min(1, len(steps) - 1)][1]["step"], steps[-1][1]["step"])
     window = [(n, e) for n, e in steps if lo <= e["step"] <= hi] or steps
-    totals = {k: sum(float(e["phases"].get(k, 0.0)) for _, e in window) for k in PHASES}
+    device = sum(isinstance(e.get("gpu_phases"), dict) for _, e in window) > len(window) // 2
+    if device:
+        window = [(n, e) for n, e in window if isinstance(e.get("gpu_phases"), dict)]
+    per = [_device_phases(e) if device else {k: float(v) for k, v in e["phases"].items() if k in PHASES}
+           for _, e in window]
+    totals = {k: sum(p.get(k, 0.0) for p in per) for k in PHASES}
+    totals = {k: v for k, v in totals.items() if v > 0 or k in ("data", "compute", "optimizer", "sync", "ckpt")}
     total = sum(totals.values())
     if total <= 0:
         return None
@@ -181,18 +214,22 @@ def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     top = max(shares, key=shares.get)  # type: ignore[arg-type]
     label, meaning = PHASES[top]
     background = [e for _, e in ev.all("push")] + [e for _, e in ev.all("verify")]
-    return {"steps": len(window), "from_step": window[0][1]["step"], "to_step": window[-1][1]["step"],
-            "seconds": totals, "shares": shares, "largest": top, "per_step_s": total / len(window),
-            "verdict": f"{label} {100 * shares[top]:.0f} % of step time: {meaning}",
-            "background_s": sum(float(e.get("seconds", 0.0)) for e in background),
-            "background_events": len(background),
-            "evidence": ev.pointer(window[0]) + ev.pointer(window[-1])}
+    out = {"steps": len(window), "from_step": window[0][1]["step"], "to_step": window[-1][1]["step"],
+           "seconds": totals, "shares": shares, "largest": top, "per_step_s": total / len(window),
+           "verdict": f"{label} {100 * shares[top]:.0f} % of step time: {meaning}",
+           "background_s": sum(float(e.get("seconds", 0.0)) for e in background),
+           "background_events": len(background), "device": device,
+           "evidence": ev.pointer(window[0]) + ev.pointer(window[-1])}
+    if device:
+        out["device_busy"] = (totals.get("compute", 0.0) + totals.get("optimizer", 0.0)) / total
+    return out
 
 
 def describe_breakdown(b: dict[str, Any]) -> str:
     parts = ", ".join(f"{PHASES[k][0]} {100 * b['shares'][k]:.1f} %" for k in sorted(b["shares"], key=b["shares"].get,
                                                                                     reverse=True))
-    return (f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step): {parts}. "
+    how = "; forward/backward and optimizer in the GPU's own time (CUDA events)" if b.get("device") else ""
+    return (f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step{how}): {parts}. "
             f"{b['verdict']}. Off the critical path: {b['background_events']} push/verify events, "
             f"{b['background_s']:.2f} s (not counted as step time)")
 

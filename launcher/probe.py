@@ -9,6 +9,7 @@ checked like every resume (position, LR, loss continuity, no re-read).
 
 from __future__ import annotations
 
+from launcher.efficiency import check_efficiency, check_utilisation
 from launcher.evidence import Check
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
@@ -34,9 +35,11 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     if need_gpu:
         checks.append(check_device(first))
     checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]
-    breakdown = check_breakdown(first.events)
-    if breakdown is not None:
-        checks.append(breakdown)
+    gpu_name, gpu_total = (ctx.gpus.name if ctx.gpus else None), ctx.gpu_count * ctx.nodes
+    for extra in (check_breakdown(first.events), check_efficiency(first.events, gpu_name, gpu_total, run_steps),
+                  check_utilisation(first.events)):
+        if extra is not None:
+            checks.append(extra)
     pushed, pushed_step = check_pushed(first.events)
     checks.append(pushed)
     if not (pushed.ok and first.result.exit_code == 0):

@@ -240,6 +240,10 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     b = s.get("breakdown")
     if b:
         out.print(f"  step time: {escape(b['summary'])}")
+    if s.get("efficiency"):
+        out.print(f"  efficiency: {escape(s['efficiency']['summary'])}")
+    if s.get("gpu_idle"):
+        out.print(f"  GPU utilisation: {escape(s['gpu_idle']['summary'])}")
     warnings = s.get("warnings", [])
     out.print(f"  warnings/errors in this leg's log: {sum(w['count'] for w in warnings)} lines, {len(warnings)} kinds")
     for w in warnings:

@@ -551,6 +551,32 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
             out["checkpoint"] = {k: v for k, v in c.items() if k != "evidence"}
             out["checkpoint"].update({"run": run.id, "leg": ev.leg, "on": run.gpus, "ok": check.ok,
                                       "verdict": check.detail, "evidence": cite.cite(run, c["evidence"])})
+        eff = efficiency_plan(cfg, run, ev, p5 if measured else None, cite, c)
+        if eff:
+            out["efficiency"] = eff
+    return out
+
+
+def efficiency_plan(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, cite: Evidence,
+                    checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    """MFU, GPU idle and why, and the run's ETA/GPU-hours at the measured and a reachable MFU."""
+    from launcher.efficiency import describe, describe_idle, efficiency, idle_breakdown, levers, what_if
+
+    gpu_n = (int(run.row["gpu_count"] or 0) * int(run.row["nodes"] or 1)) if run.on_gpu else 0
+    e = efficiency(ev, run.row["gpu_name"] if run.on_gpu else None, gpu_n)
+    if e is None:
+        return None
+    out: dict[str, Any] = {"run": run.id, "leg": ev.leg, "on": run.gpus, "summary": describe(e),
+                           **{k: e.get(k) for k in ("flops_per_token", "formula_flops_per_token", "flop_s", "mfu",
+                                                     "mfu_note", "dtype", "gpu", "peak_flop_s", "compiled")},
+                           "evidence": cite.cite(run, e["evidence"])}
+    idle = idle_breakdown(ev)
+    if idle:
+        out["idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}
+    tps = sustained(ev)["tokens_per_step"] if sustained(ev) else None
+    if p5 is not None and tps and gpu_n:
+        out["what_if"] = what_if(e, cfg.rungs.run.steps, tps, p5.numbers["eta_s"] / 3600.0, gpu_n)
+    out["levers"] = levers(e, ev, checkpoint)
     return out
 
 

@@ -113,9 +113,35 @@ def _plan(p: dict[str, Any]) -> list[str]:
     b = p.get("breakdown")
     if b:
         lines.append(f"- **Where step time goes** ({b['run']} leg {b['leg']}, {b['on']}): {b['summary']}.")
-    for key in ("memory", "checkpoint", "breakdown"):
+    lines += _efficiency(p.get("efficiency"))
+    for key in ("memory", "checkpoint", "breakdown", "efficiency"):
         for e in (p.get(key) or {}).get("evidence", []):
             lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
+    return lines
+
+
+def _efficiency(e: dict[str, Any] | None) -> list[str]:
+    """MFU, GPU idle and why, and what efficiency would buy."""
+    if not e:
+        return []
+    lines = [f"- **Efficiency** ({e['run']} leg {e['leg']}, {e['on']}): {e['summary']}."]
+    if e.get("idle"):
+        lines.append(f"- **GPU utilisation**: {e['idle']['summary']}.")
+    w = e.get("what_if")
+    if w:
+        at = (f"at the measured MFU ({100 * w['measured_mfu']:.1f} %)" if w["measured_mfu"] is not None
+              else "at the measured rate")
+        text = (f"- **What efficiency would buy**: the run is {w['run_flops']:.3g} FLOPs; {at} it takes "
+                f"{w['eta_hours']:,.2f} h = {w['gpu_hours']:,.2f} GPU-h")
+        r = w.get("reachable")
+        if r:
+            text += (f"; at a reachable {100 * r['mfu']:.0f} % MFU of the {r['dtype']} peak it would take "
+                     f"**{r['eta_hours']:,.2f} h = {r['gpu_hours']:,.2f} GPU-h** ({r['why']})")
+        else:
+            text += f"; no reachable figure: {w.get('reachable_note')}"
+        lines.append(text + ".")
+    if e.get("levers"):
+        lines.append("- **Levers, from what the probe measured**: " + "; ".join(e["levers"]) + ".")
     return lines
 
 

@@ -19,6 +19,8 @@ from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
+from launcher.efficiency import describe as describe_efficiency
+from launcher.efficiency import describe_idle, efficiency, idle_breakdown
 from launcher.measure import describe_breakdown, step_breakdown
 from launcher.reconcile import end_dead_runs
 from launcher.spend import pid_alive
@@ -142,6 +144,15 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     if breakdown:
         out["breakdown"] = {"summary": describe_breakdown(breakdown), "largest": breakdown["largest"],
                             "shares": breakdown["shares"], "per_step_s": breakdown["per_step_s"]}
+    on_gpu = bool(run.get("gpu_name")) and int(run.get("gpu_count") or 0) > 0
+    eff = efficiency(ev, run.get("gpu_name") if on_gpu else None,
+                     int(run.get("gpu_count") or 0) * int(run.get("nodes") or 1) if on_gpu else 0)
+    if eff:
+        out["efficiency"] = {"summary": describe_efficiency(eff), "mfu": eff.get("mfu"), "mfu_note": eff.get("mfu_note"),
+                             "flop_s": eff.get("flop_s"), "flops_per_token": eff["flops_per_token"]}
+    idle = idle_breakdown(ev)
+    if idle:
+        out["gpu_idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}
     out["warnings"] = warnings_in(Path(row["log_path"]))
     out["damaged_lines"] = ev.damaged()
     return out

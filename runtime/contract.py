@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 INT, NUM, OPT_NUM, STR, BOOL, LIST, DICT = "int", "number", "number or null", "string", "bool", "list", "object"
+OPT_DICT = "object or null"
 MAX_INT = 1 << 62
 
 # event -> {field: type}; fields named here are required. Other fields are free.
@@ -25,6 +26,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "resume_skip": {"name": STR, "step": INT, "reason": STR},
     "step": {"step": INT, "loss": NUM, "lr": NUM},
     "save": {"step": INT, "bytes": INT, "seconds": NUM},
+    "serialized": {"step": INT, "name": STR, "bytes": INT, "seconds": NUM},
     "push": {"step": INT, "name": STR, "bytes": INT, "seconds": NUM},
     "push_wait": {"step": INT, "seconds": NUM},
     "push_failed": {"step": INT, "error": STR},
@@ -34,6 +36,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "memory": {"step": INT, "peak_max": NUM},
     "rate": {"step": INT, "tok_s": NUM, "window_first": INT, "window_last": INT, "seconds": NUM, "rel_err": OPT_NUM},
     "health": {},
+    "flops": {"step": INT, "flops_per_token": OPT_NUM},
     "stop": {"reason": STR},
     "done": {"step": INT},
 }
@@ -43,6 +46,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "eta_s": OPT_NUM, "total_steps": INT, "max_steps": INT, "params": INT, "world_size": INT,
     "mem_max_bytes": OPT_NUM, "final_checkpoint_verified": BOOL, "failures": LIST, "checkpoint": STR,
     "sample_index": INT, "batch_hash": STR, "lr": NUM, "epoch": INT, "state_bytes": DICT, "tokens_consumed": INT,
+    "flops_per_token": OPT_NUM, "formula_flops_per_token": NUM, "flop_s": NUM, "mfu": OPT_NUM, "by_dtype": DICT,
+    "gpu_phases": DICT, "async_save": BOOL, "blocked_s": NUM, "gpu_util": OPT_DICT, "dtype": STR, "compiled": BOOL, "device_name": STR,
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 
@@ -55,6 +60,8 @@ def _is(value: Any, kind: str) -> bool:
             return kind == OPT_NUM
         return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                 and abs(value) <= 1e300)
+    if kind == OPT_DICT:
+        return value is None or isinstance(value, dict)
     return isinstance(value, {STR: str, BOOL: bool, LIST: list, DICT: dict}[kind])
 
 
@@ -69,9 +76,13 @@ def check_event(record: dict[str, Any]) -> str | None:
     for name, want in OPTIONAL_FIELDS.items():
         if name in record and name not in EVENT_FIELDS.get(kind, {}) and not _is(record[name], want):
             return f"{kind} event: {name} is {str(record[name])[:40]!r}, not a {want}"
-    phases = record.get("phases")
-    if isinstance(phases, dict) and not all(_is(v, NUM) for v in phases.values()):
-        return f"{kind} event: a phase time is not a number"
+    for key in ("phases", "gpu_phases", "by_dtype"):
+        values = record.get(key)
+        if isinstance(values, dict) and not all(_is(v, NUM) and v >= 0 for v in values.values()):
+            return f"{kind} event: a value in {key} is not a non-negative number"
+    util = record.get("gpu_util")
+    if isinstance(util, dict) and not (_is(util.get("mean"), NUM) and 0 <= util["mean"] <= 100):
+        return f"{kind} event: gpu_util.mean is not a percentage"
     sizes = record.get("state_bytes")
     if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):
         return f"{kind} event: a state size is not a byte count"

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runtime import events
 from runtime.store.base import CheckpointInfo, Manifest, Store, StoreError
@@ -124,10 +124,19 @@ def _lower_priority(niceness: int = 10) -> None:
 class Pusher:
     """Runs the cycle off the training loop's critical path, in one background thread.
 
-    Policy (never skip a push): one push uploads while at most one more waits
-    in the queue; a third `submit` blocks the training loop until a slot frees,
-    and says so in a `push_wait` event with the seconds it waited. Pushes run in
-    order, so prune always anchors on the newest verified checkpoint.
+    Policy (never skip a push): one checkpoint goes through its cycle while at most
+    one more waits in the queue; a third `submit` blocks the training loop until a
+    slot frees, and says so in a `push_wait` event with the seconds it waited.
+    Checkpoints run in order (serialise N, push N, verify N, then N+1), so prune
+    always anchors on the newest verified checkpoint.
+
+    A queued item is a written checkpoint (`submit`: folder + manifest) or one still
+    to be written (`submit_job`: an object with `step`, `name`, `materialize()` ->
+    (folder, manifest) and `discard()`, e.g. checkpoint.PendingCheckpoint): the
+    worker writes it first and prints `serialized`. `submit_job` waits for the slot
+    *before* it builds the item, so at most two unwritten snapshots (the one being
+    written, the one waiting) exist at once. `last_cycle_s` covers the whole of the
+    last item: write (if any) + push + verify + delete + prune.
     """
 
     def __init__(self, store: Store, *, keep: int = 2, verify_budget: int = DEFAULT_BUDGET_BYTES,
@@ -136,38 +145,66 @@ class Pusher:
         self.replace = replace
         self.keep = keep
         self.verify_budget = verify_budget
-        self.queue: queue.Queue[tuple[Path, Manifest] | None] = queue.Queue(maxsize=max_waiting)
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=max_waiting)
+        self._slots = threading.Semaphore(max_waiting)
+        """One per queue place: taken before an item is built, given back when the worker takes it."""
         self.results: list[CycleResult] = []
         self.failures: list[tuple[int, str]] = []
         self.last_cycle_s = 0.0
         self._thread = threading.Thread(target=self._work, name="pusher", daemon=True)
         self._thread.start()
 
+    def reserve(self, step: int) -> float:
+        """Wait for a place in the queue (then held for the caller's next item); the seconds waited."""
+        if self._slots.acquire(blocking=False):
+            return 0.0
+        began = time.perf_counter()
+        self._slots.acquire()
+        waited = time.perf_counter() - began
+        events.emit("push_wait", step=step, seconds=round(waited, 4),
+                    reason="previous push still uploading and another queued")
+        return waited
+
     def submit(self, local_dir: Path, manifest: Manifest) -> float:
         """Queue a checkpoint for the cycle; returns the seconds the caller was blocked."""
-        if self.queue.full():
-            began = time.perf_counter()
-            self.queue.put((local_dir, manifest))
-            waited = time.perf_counter() - began
-            events.emit("push_wait", step=manifest.step, seconds=round(waited, 4),
-                        reason="previous push still uploading and another queued")
-            return waited
-        self.queue.put((local_dir, manifest))
-        return 0.0
+        waited = self.reserve(manifest.step)
+        self.queue.put((local_dir, manifest))  # never blocks: the place is reserved
+        return waited
+
+    def submit_job(self, step: int, build: Callable[[], Any]) -> float:
+        """Wait for a place in the queue, then `build()` the item (a snapshot: taken only
+        once it has a place) and queue it; returns the seconds the caller was blocked."""
+        waited = self.reserve(step)
+        try:
+            job = build()
+        except BaseException:
+            self._slots.release()
+            raise
+        self.queue.put(job)
+        return waited
 
     def _work(self) -> None:
         _lower_priority()
         while (item := self.queue.get()) is not None:
-            local_dir, manifest = item
+            self._slots.release()
             began = time.perf_counter()
+            job = None if isinstance(item, tuple) else item
+            step, name = (item.step, item.name) if job is not None else (item[1].step, item[1].name)
             try:
+                if job is not None:
+                    local_dir, manifest = job.materialize()
+                    events.emit("serialized", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,
+                                seconds=round(time.perf_counter() - began, 4))
+                else:
+                    local_dir, manifest = item
                 self.results.append(run_cycle(self.store, local_dir, manifest, keep=self.keep,
                                               verify_budget=self.verify_budget, replace=self.replace))
             except Exception as err:  # noqa: BLE001 - reported as an event; training goes on
-                self.failures.append((manifest.step, f"{type(err).__name__}: {err}"))
-                events.emit("push_failed", step=manifest.step, name=manifest.name,
-                            error=f"{type(err).__name__}: {err}")
+                self.failures.append((step, f"{type(err).__name__}: {err}"))
+                events.emit("push_failed", step=step, name=name, error=f"{type(err).__name__}: {err}")
             finally:
+                if job is not None:
+                    job.discard()  # no-op once written; frees the snapshot when writing failed
                 self.last_cycle_s = time.perf_counter() - began
                 self.queue.task_done()
         self.queue.task_done()

@@ -19,8 +19,11 @@ What it does for the trainer (DESIGN.md's leg contract):
   that fetches, checks and loads; damaged ones are skipped with `resume_skip`;
 - `step()` prints the `step` event every step, with the hash of the batch it was
   handed (the launcher's data checks rest on that hash, not on what the trainer
-  says), saves on the cadence and runs the storage cycle in the background
-  (push, verify by reading back, delete the local copy, prune);
+  says), snapshots the state on the cadence (a copy at the step boundary: the state
+  at one step) and writes it and runs the storage cycle in the background (write,
+  push, verify by reading back, delete the local copy, prune; runtime.checkpoint);
+- counts the leg's first step's FLOPs and times each step's phases without a device
+  sync (runtime.steptime): the `flops` event, MFU in `rate`, `gpu_phases` on `step`;
 - stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
   (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
   every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
@@ -43,13 +46,16 @@ import torch
 
 from runtime import events
 from runtime.batches import batch_digest
-from runtime.checkpoint import load_local, save_local
+from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state
 from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
+from runtime.flops import compiled_graphs
 from runtime.health import Health
 from runtime.metrics import host_rss_bytes, sustained_rate
 from runtime.resume import restore_newest
+from runtime.peaks import gpu_of_device_name, peak_flops
 from runtime.state import rng_state, set_rng_state, stale_files
+from runtime.steptime import FlopProbe, StepClock, device_name
 from runtime.store import StoreError, open_store
 
 EXIT_FAILED = 1    # final checkpoint not verified, non-finite loss, a rank timed out
@@ -122,7 +128,8 @@ class Session:
                  total_steps: int | None = None, max_steps: int | None = None, verify_bytes: int = 2 << 20,
                  metrics_every: int = 10, health_every: float = 30.0,
                  lr_schedule: Callable[[int], float] | None = None, world: World | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, breakdown: bool = True, count_flops: bool = True,
+                 flops_formula: float | None = None, async_save: bool = True) -> None:
         env = os.environ
         self.run_id = env.get("LAUNCHER_RUN_ID", "local")
         self.leg = int(env.get("LAUNCHER_LEG", "0"))
@@ -140,6 +147,17 @@ class Session:
             device = f"cuda:{self.world.local_rank}"
             torch.cuda.set_device(device)
         self.device = device
+        self.clock = StepClock(device, breakdown)
+        self.flop_probe = FlopProbe(device, count_flops)
+        self.flops_formula = flops_formula
+        """The trainer's own FLOPs per token (e.g. runtime.flops.transformer_flops_per_token), shown
+        beside the count: the count, not this, is what MFU rests on."""
+        self.async_save = async_save
+        self._snapshot_pool: SnapshotPool | None = None
+        """Snapshot on the critical path, serialise in the background (runtime.checkpoint);
+        False: torch.save on the critical path, as before."""
+        self.flops_per_token: float | None = None
+        self.flops_dtype = "fp32"
         self.tracked: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         """Plain values (numbers, strings, lists, dicts, tensors) saved and restored with the state."""
@@ -252,6 +270,7 @@ class Session:
 
     def running(self) -> bool:
         """Whether to run one more step: the one stop decision, agreed by every rank."""
+        self.flop_probe.abandon()
         if self.exit_code is not None:
             return False
         self._t0 = time.perf_counter()
@@ -262,21 +281,18 @@ class Session:
         local = local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._last_step_s,
                            bool(self._sigterm))
         code = int(self.world.max(local))
-        self._laps: dict[str, float] = {"sync": time.perf_counter() - self._t0}
-        self._mark = time.perf_counter()
         if code:
             self.reason = STOP_CODES[code]
             return False
+        self.clock.start(time.perf_counter() - self._t0, self._t0)
+        self.flop_probe.begin()
         return True
 
     def lap(self, phase: str) -> None:
         """Charge the time since the previous lap (or the step's start) to `phase`
-        (data, compute, optimizer...): the step event's breakdown."""
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self._laps[phase] = self._laps.get(phase, 0.0) + now - self._mark
-        self._mark = now
+        (data, compute, optimizer...): the step event's breakdown. Never syncs the device
+        (runtime.steptime)."""
+        self.clock.lap(phase)
 
     def step(self, loss: Any, *, batch: Any = None, tokens: int = 0, lr: float | None = None,
              sample_index: int | None = None, epoch: int | None = None, **fields: Any) -> None:
@@ -287,14 +303,23 @@ class Session:
         `tokens`: tokens the step consumed across all ranks. `lr`: defaults to the tracked
         optimizer's LR when the step began. `sample_index`, `epoch`: the trainer's own
         position, a second witness beside the hash."""
-        local = float(loss.item() if hasattr(loss, "item") else loss)
+        clock = self.clock
+        lapped = clock.close_lapped()
+        flops = self.flop_probe.end(int(tokens), self.world.world_size, self.step_count + 1)
+        local = float(loss.item() if hasattr(loss, "item") else loss)  # waits for the step's queued work
+        hashed = time.perf_counter()
         digest = batch_digest(batch) if batch is not None else None
         self.step_count += 1
         self.tokens += int(tokens)
+        meaned = time.perf_counter()
         global_loss = self.world.mean(local)
         end = time.perf_counter()
         self._last_step_s = end - self._t0
-        self._laps["sync"] += end - self._mark
+        clock.charge("drain", hashed - lapped)
+        clock.charge("session", meaned - hashed)
+        clock.charge("sync", end - meaned)
+        if flops is not None:
+            self._flops_event(flops)
         if not math.isfinite(global_loss):  # never push a poisoned state
             events.emit("stop", reason="nonfinite_loss", step=self.step_count, loss=global_loss)
             if self.pusher:
@@ -321,8 +346,8 @@ class Session:
                     lr=lr, tokens=self.tokens,
                     tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
                     step_s=round(self._last_step_s, 4), mem_max_bytes=self._mem_max,
-                    phases={k: round(v, 5) for k, v in {**self._laps, "ckpt": self._ckpt_s}.items()},
-                    **extra, **fields)
+                    phases={k: round(v, 5) for k, v in {**clock.laps, "ckpt": self._ckpt_s}.items()},
+                    **extra, **self._gpu_phases(), **fields)
         self._ckpt_s = 0.0
         if step % self.ckpt_every == 0:
             began = time.perf_counter()
@@ -331,21 +356,59 @@ class Session:
 
     def checkpoint(self) -> None:
         """Snapshot the state now (on the critical path, so it is the state at one step),
-        then hand the storage cycle to the background pusher."""
+        then hand the rest to the background pusher.
+
+        `async_save` (the default): the snapshot copies every tensor (runtime.checkpoint.snapshot_state: pinned host
+        buffers for CUDA tensors, no device sync) once the pusher's queue has a place
+        for it, and the pusher's worker serialises it (`serialized` event) before its
+        storage cycle. False: no copy, torch.save + manifest here, on the critical path.
+        `save`: `seconds` is the time on the critical path (gather, any wait for a queue
+        place, snapshot or serialisation), `bytes` the checkpoint's bytes (async: the
+        state's tensor bytes, each storage once; `serialized` has the file bytes)."""
         began = time.perf_counter()
         rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
-        self.pushed_at = self.step_count
+        self.pushed_at = step = self.step_count
         if self.pusher is None:
             return
-        state = {name: obj.state_dict() for name, obj in self.tracked.items()}
-        state.update(rng=rngs, step=self.step_count, tokens=self.tokens, extra=self.extra)
-        folder, manifest = save_local(state, self.work / "ckpt", self.step_count,
-                                      {"run_id": self.run_id, "params": self.params, **self.meta})
-        blocked = self.pusher.submit(folder, manifest)
-        sizes = {name: tensor_bytes(value) for name, value in state.items() if name != "rng"}
-        events.emit("save", step=self.step_count, bytes=manifest.total_bytes,
-                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4),
-                    state_bytes={k: v for k, v in sizes.items() if v}, params=self.params)
+        meta = {"run_id": self.run_id, "params": self.params, **self.meta}
+        sizes: dict[str, int] = {}
+
+        def take() -> dict[str, Any]:
+            state = {name: obj.state_dict() for name, obj in self.tracked.items()}
+            state.update(rng=rngs, step=step, tokens=self.tokens, extra=self.extra)
+            sizes.update((name, tensor_bytes(value)) for name, value in state.items() if name != "rng")
+            return state
+
+        if self.async_save:
+            pool = self._snapshot_pool = self._snapshot_pool or SnapshotPool()
+            copied: list[int] = []
+
+            def build() -> PendingCheckpoint:
+                snap = snapshot_state(take(), pool)
+                copied.append(snap.bytes)
+                return PendingCheckpoint(snap, self.work / "ckpt", step, meta)
+
+            blocked = self.pusher.submit_job(step, build)  # a place in the queue first: two snapshots at most
+            nbytes = copied[0]
+        else:
+            folder, manifest = save_local(take(), self.work / "ckpt", step, meta)
+            blocked = self.pusher.submit(folder, manifest)
+            nbytes = manifest.total_bytes
+        events.emit("save", step=step, bytes=nbytes, seconds=round(time.perf_counter() - began, 4),
+                    blocked_s=round(blocked, 4), state_bytes={k: v for k, v in sizes.items() if v},
+                    params=self.params, async_save=self.async_save)
+
+    def _gpu_phases(self) -> dict[str, Any]:
+        gpu = self.clock.gpu_phases()
+        return {"gpu_phases": {k: round(v, 5) for k, v in gpu.items()}} if gpu is not None else {}
+
+    def _flops_event(self, flops: dict[str, Any]) -> None:
+        self.flops_per_token = flops.get("flops_per_token")
+        self.flops_dtype = flops.get("dtype") or "fp32"
+        if self.world.is_main:
+            if self.flops_formula:
+                flops["formula_flops_per_token"] = float(self.flops_formula)
+            events.emit("flops", **flops)
 
     def _emit_window(self) -> None:
         """Per window: memory (cross-rank MAX) and the sustained rate + ETA; a health line."""
@@ -361,9 +424,22 @@ class Session:
             eta = max(0, self.total_steps - step) * per_step / rate.tok_s
             events.emit("rate", step=step, tok_s=round(rate.tok_s, 1), window_first=rate.first_step,
                         window_last=rate.last_step, seconds=round(rate.seconds, 3), rel_err=rate.rel_err,
-                        total_steps=self.total_steps, eta_s=round(eta, 1))
+                        total_steps=self.total_steps, eta_s=round(eta, 1), **self._efficiency(rate.tok_s))
         if self.health is not None:
             self.health.maybe_emit(step)
+
+    def _efficiency(self, tok_s: float) -> dict[str, Any]:
+        """FLOP/s at this rate and MFU against the device's dense peak (runtime.peaks)."""
+        if not self.flops_per_token:
+            return {}
+        flop_s = tok_s * self.flops_per_token
+        gpu = gpu_of_device_name(device_name(self.device)) if self.device.startswith("cuda") else None
+        peak, why = peak_flops(gpu, self.flops_dtype)
+        out: dict[str, Any] = {"flops_per_token": round(self.flops_per_token, 1), "flop_s": round(flop_s, 1),
+                               "dtype": self.flops_dtype, "compiled": compiled_graphs() > 0}
+        if peak is None:
+            return {**out, "mfu": None, "mfu_note": why}
+        return {**out, "mfu": round(flop_s / (peak * self.world.world_size), 5), "peak_flop_s": peak}
 
     # --- the end ----------------------------------------------------------------------
 
@@ -378,7 +454,8 @@ class Session:
             self.checkpoint()
         ok = True
         if self.pusher is not None:
-            self.pusher.drain()
+            self.pusher.drain()  # every snapshot serialised, every checkpoint through its cycle
+            self._snapshot_pool = None  # the reusable host buffers go
             ok = step == self.resumed_at or self.pusher.verified(step)
         self.world.barrier("rank 0 finishing its pushes")
         ok = bool(self.world.broadcast(ok))  # only rank 0 can know; every rank exits the same way

@@ -36,6 +36,7 @@ import torch
 from runtime.cursor import DataOrder, Position
 from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.dist import RankTimeout
+from runtime.flops import transformer_flops_per_token
 from runtime.model import GPT, GPTConfig
 from runtime.session import EXIT_FAILED, EXIT_REFUSED, Session, device_memory  # noqa: F401 - re-exported
 
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=".", help="the leg's local disk")
     p.add_argument("--data-delay", type=float, default=0.0,
                    help="seconds slept per batch: simulates a slow input pipeline (tests, drills)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast the forward pass to bf16 (weights and optimizer state stay fp32)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
+    p.add_argument("--sync-save", action="store_true",
+                   help="write each checkpoint on the critical path instead of snapshotting it and writing it in "
+                        "the background (for comparison)")
     p.add_argument("--health-every", type=float, default=30.0,
                    help="seconds between `health` events (disk, RAM, GPU memory per process)")
     return p
@@ -84,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sess = Session(ckpt_every=args.ckpt_every, keep=args.keep, workdir=args.workdir, device=args.device,
                        total_steps=args.total_steps, max_steps=args.max_steps, verify_bytes=args.verify_bytes,
-                       metrics_every=args.metrics_every, health_every=args.health_every,
+                       metrics_every=args.metrics_every, health_every=args.health_every, async_save=not args.sync_save,
                        lr_schedule=lambda s: args.lr * lr_factor(s, args.warmup, args.total_steps, args.schedule))
         try:
             return train(args, sess)
@@ -111,6 +118,11 @@ def train(args: argparse.Namespace, sess: Session) -> int:
     model = raw
     if world.distributed:
         model = torch.nn.parallel.DistributedDataParallel(raw, device_ids=[device] if "cuda" in device else None)
+    forward = torch.compile(model) if args.compile else model
+    autocast = torch.autocast("cuda" if "cuda" in device else "cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    # 6N + 12 L d T, N without the position table: shown beside the session's own count
+    sess.flops_formula = transformer_flops_per_token(
+        sum(p.numel() for p in raw.parameters()) - raw.pos.weight.numel(), args.n_layer, args.n_embd, args.block)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, args.warmup, args.total_steps, args.schedule))
@@ -126,7 +138,8 @@ def train(args: argparse.Namespace, sess: Session) -> int:
             time.sleep(args.data_delay)
         xb, yb = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         sess.lap("data")
-        loss = model(xb, yb)
+        with autocast:
+            loss = forward(xb, yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

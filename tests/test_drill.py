@@ -39,7 +39,7 @@ def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project:
     code, checks, _ = drill(project, "--kills", "2", "--at", "mid-push")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
     # Killed while step S was uploading: an older step V was the newest verified, and leg 1 resumed there.
-    found = re.search(r'"save", "step": (\d+)\}; newest verified in store after the kill: step (\d+)',
+    found = re.search(r'"serialized", "step": (\d+), "name": "step-\d+"\}; newest verified in store after the kill: step (\d+)',
                       checks["leg 0 killed mid-push"]["detail"])
     saving, verified = int(found.group(1)), int(found.group(2))
     assert verified < saving
@@ -47,6 +47,20 @@ def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project:
     replay = checks["leg 1: loss continuity"]
     assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
     assert "re-run reading the same batches" in checks["leg 1: exact data position (batch hashes)"]["detail"]
+    assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+
+
+def test_a_kill_during_the_background_write_never_leaves_a_verified_checkpoint(project: Path) -> None:
+    """Killed while the snapshot of step S was being written off the critical path: S never
+    reaches the store, the newest verified V < S is where the next leg resumes, exactly."""
+    code, checks, _ = drill(project, "--kills", "1", "--at", "mid-save")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    found = re.search(r'"save", "step": (\d+)\}; newest verified in store after the kill: step (\d+)',
+                      checks["leg 0 killed mid-save"]["detail"])
+    saving, verified = int(found.group(1)), int(found.group(2))
+    assert verified < saving
+    assert f"resumed at step {verified};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
     assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
     assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
 

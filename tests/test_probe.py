@@ -30,6 +30,10 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
     for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
         assert name in checks and checks[name]["evidence"], name
     assert "tok/s over steps" in checks["leg 0: sustained rate measured"]["detail"]
+    # FLOPs counted on the leg's first step, FLOP/s at the sustained rate, and no MFU on a CPU (no peak)
+    flops = checks["leg 0: FLOPs and MFU"]["detail"]
+    assert "MFLOP/token (counted on one step; 6N + 12LdT gives" in flops and "fp32 products" in flops
+    assert "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in flops
     for name in ("leg 1 resumed from the store", "leg 1: LR follows the schedule",
                  "leg 1: exact data position (batch hashes)", "no batch read twice (2 legs, 80 steps)",
                  "leg 1: the launcher read back its checkpoint from the store"):

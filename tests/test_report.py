@@ -16,7 +16,8 @@ import pytest
 
 from launcher.config import Config, RungConfig, RungsConfig
 from launcher.evidence import LegEvents
-from launcher.report import RunData, proof_5, proof_7, Evidence
+from launcher import report_md
+from launcher.report import Evidence, RunData, efficiency_plan, proof_5, proof_7
 from runtime.events import parse_line
 from tests.conftest import assert_one_line_error, run_cli
 
@@ -77,6 +78,10 @@ def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, 
             assert parse_line(line) == json.loads(e["text"]), (p["number"], e)
     md = (folder / "preflight.md").read_text()
     assert "6 of 8 proofs PASS" not in md and "7 of 8 proofs PASS, 0 FAIL, 1 MISSING" in md
+    # the plan says how much compute the legs did, and that a CPU has no peak to hold it against
+    eff = data["plan"]["efficiency"]
+    assert eff["flops_per_token"] > 0 and eff["flop_s"] > 0 and eff["mfu"] is None
+    assert "**Efficiency**" in md and "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in md
 
 
 def test_a_removed_verify_event_never_leaves_proof_7_passing(ladder: tuple[Path, dict[str, str]],
@@ -184,6 +189,24 @@ def test_proof_5_eta_is_the_run_steps_at_the_sustained_rate(tmp_path: Path) -> N
     noisy = _steps(60)
     noisy[-1]["rel_err"] = 0.08
     assert proof_5([_gpu_run(tmp_path, noisy)], cfg, Evidence()).status == "FAIL"
+
+
+def test_the_plan_states_mfu_and_what_a_reachable_mfu_would_buy(tmp_path: Path) -> None:
+    cfg = Config(project="t", rungs=RungsConfig(run=RungConfig(steps=90_000, budget_minutes=1440)), root=tmp_path)
+    events = [{"event": "flops", "rank": 0, "step": 1, "flops_per_token": 5e9, "dtype": "fp32",
+               "device_name": "Tesla T4", "formula_flops_per_token": 4.9e9}] + _steps(60)
+    run = _gpu_run(tmp_path, events)
+    p5 = proof_5([run], cfg, Evidence())
+    eff = efficiency_plan(cfg, run, run.legs[0], p5, Evidence(), None)
+    # 2,000 tok/s x 5 GFLOP/token = 10 TFLOP/s on 2 x T4 at 8.1 TFLOP/s fp32 each
+    assert eff["mfu"] == pytest.approx(10e12 / (2 * 8.1e12)) and eff["gpu"] == "T4"
+    w = eff["what_if"]
+    assert w["eta_hours"] == pytest.approx(51.2) and w["gpu_hours"] == pytest.approx(102.4)
+    run_flops = 90_000 * 4096 * 5e9
+    assert w["reachable"]["eta_hours"] == pytest.approx(run_flops / (0.4 * 65e12 * 2) / 3600)
+    assert any(lever.startswith("fp16 autocast") for lever in eff["levers"])
+    md = "\n".join(report_md._efficiency(eff))
+    assert "MFU 61.7 % of 2 x T4's dense fp32 peak" in md and "at a reachable 40 % MFU of the fp16 peak" in md
 
 
 def test_proof_7_flags_a_checkpoint_smaller_than_the_model_and_optimizer(tmp_path: Path) -> None:
