@@ -42,6 +42,8 @@ test: $(STAMP) $(HF_STAMP)
 bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py
 	$(PY) bench/session_overhead.py
+	$(PY) bench/breakdown_overhead.py
+	$(PY) bench/async_save.py
 	$(HF_VENV)/bin/python bench/hf_resume_skip.py
 	$(PY) bench/sky_node_setup.py
 

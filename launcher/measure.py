@@ -226,8 +226,8 @@ def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
 
 
 def describe_breakdown(b: dict[str, Any]) -> str:
-    parts = ", ".join(f"{PHASES[k][0]} {100 * b['shares'][k]:.1f} %" for k in sorted(b["shares"], key=b["shares"].get,
-                                                                                    reverse=True))
+    shown = [k for k in sorted(b["shares"], key=b["shares"].get, reverse=True) if b["shares"][k] >= 0.0005]
+    parts = ", ".join(f"{PHASES[k][0]} {100 * b['shares'][k]:.1f} %" for k in shown)
     how = "; forward/backward and optimizer in the GPU's own time (CUDA events)" if b.get("device") else ""
     return (f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step{how}): {parts}. "
             f"{b['verdict']}. Off the critical path: {b['background_events']} push/verify events, "

@@ -155,3 +155,6 @@ def test_breakdown_names_the_bottleneck(tmp_path: Path, delay: float, largest: s
     assert re.search(rf"\. {label} \d+ % of step time", detail), detail
     s = run_cli(["status", "--json"], cwd=root).json()
     assert s["breakdown"]["largest"] == largest, s["breakdown"]
+    # the FLOPs the leg did, and no MFU on a CPU: there is no peak to hold them against
+    assert s["efficiency"]["flop_s"] > 0 and s["efficiency"]["mfu"] is None
+    assert "no peak is known for a CPU" in s["efficiency"]["summary"]
