@@ -147,7 +147,9 @@ def check_cadence(ev: LegEvents) -> Check:
     ok = c["overhead"] <= CADENCE_OVERHEAD_MAX and c["push_waits"] == 0
     detail = (f"every {c['interval_steps']} steps: save {c['save_s']:.3f} s on the critical path = "
               f"{100 * c['overhead']:.2f} % of {c['interval_steps']} x {c['step_s']:.4f} s steps "
-              f"(needs <= {100 * CADENCE_OVERHEAD_MAX:.0f} %); push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
+              f"(needs <= {100 * CADENCE_OVERHEAD_MAX:.0f} %); "
+              + (f"write {c['serialize_s']:.3f} s + " if c["background_save"] else "")
+              + f"push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
               f"off it; {c['push_waits']} push waits")
     return Check(name, ok, detail, c["evidence"])
 

@@ -106,7 +106,9 @@ def _plan(p: dict[str, Any]) -> list[str]:
                    f"{100 * c['overhead']:.2f} % of step time ({'affordable' if c['ok'] else 'too costly'})"
                    if c["interval_steps"] else "One checkpoint in the leg, so no cadence was measured")
         lines.append(f"- **Checkpoint cycle** ({c['run']} leg {c['leg']}, {c['on']}, {c['bytes']:,} B): save "
-                     f"{c['save_s']:.3f} s on the critical path, push {c['push_s']:.3f} s and verify {c['verify_s']:.3f} s "
+                     f"{c['save_s']:.3f} s on the critical path, "
+                     + (f"write {c['serialize_s']:.3f} s, " if c.get("background_save") else "")
+                     + f"push {c['push_s']:.3f} s and verify {c['verify_s']:.3f} s "
                      f"in the background; median step {c['step_s']:.4f} s. {cadence}; keeping it under 1 % needs a checkpoint every "
                      f"{c['min_interval_1pct']} steps or more, and an upload to finish before the next needs every "
                      f"{c['min_interval_upload']} or more; {c['push_waits']} push waits.")

@@ -35,34 +35,32 @@ def test_two_kills_after_push_pass_and_are_recorded(project: Path) -> None:
                                                   "leg 2 resumed from the newest verified checkpoint"}
 
 
-def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project: Path) -> None:
-    code, checks, _ = drill(project, "--kills", "2", "--at", "mid-push")
+def fell_back(project: Path, kills: str, moment: str, at_event: str) -> dict[str, dict]:
+    """A drill killed at `moment` (the line of `at_event` for step S): an older step V was the
+    newest verified in the store, and the next leg resumed there, exactly."""
+    code, checks, _ = drill(project, "--kills", kills, "--at", moment)
     assert code == 0, [c for c in checks.values() if not c["ok"]]
-    # Killed while step S was uploading: an older step V was the newest verified, and leg 1 resumed there.
-    found = re.search(r'"serialized", "step": (\d+), "name": "step-\d+"\}; newest verified in store after the kill: step (\d+)',
-                      checks["leg 0 killed mid-push"]["detail"])
-    saving, verified = int(found.group(1)), int(found.group(2))
+    found = re.search(rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
+                      r"kill: step (\d+)", checks[f"leg 0 killed {moment}"]["detail"])
+    saving, verified = int(found.group(1)), int(found.group(3))
     assert verified < saving
     assert f"resumed at step {verified};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
+    assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    return checks
+
+
+def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project: Path) -> None:
+    checks = fell_back(project, "2", "mid-push", "serialized")  # written, its upload in flight
     replay = checks["leg 1: loss continuity"]
     assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
     assert "re-run reading the same batches" in checks["leg 1: exact data position (batch hashes)"]["detail"]
-    assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
 
 
 def test_a_kill_during_the_background_write_never_leaves_a_verified_checkpoint(project: Path) -> None:
     """Killed while the snapshot of step S was being written off the critical path: S never
-    reaches the store, the newest verified V < S is where the next leg resumes, exactly."""
-    code, checks, _ = drill(project, "--kills", "1", "--at", "mid-save")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    found = re.search(r'"save", "step": (\d+)\}; newest verified in store after the kill: step (\d+)',
-                      checks["leg 0 killed mid-save"]["detail"])
-    saving, verified = int(found.group(1)), int(found.group(2))
-    assert verified < saving
-    assert f"resumed at step {verified};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
-    assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    reaches the store; the next leg resumes from the newest verified V < S."""
+    fell_back(project, "1", "mid-save", "save")
 
 
 def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None:
