@@ -3,10 +3,11 @@
 Disk free under the leg's working dir, RAM available (/proc/meminfo), GPU
 memory per process (nvidia-smi's compute apps where it exists; the driver's
 free/total for this device otherwise), and GPU utilisation: the share of time a
-kernel was running on each of the node's GPUs, sampled once a second on a
-background thread through NVML (nvidia-ml-py) or, where that is missing,
-nvidia-smi, and averaged over the interval since the previous `health` event. `launcher status` shows the newest one
-with its age, on every backend, because it reads them from the leg's log.
+kernel was running on each of the node's GPUs, sampled on a background thread
+through NVML (nvidia-ml-py, once a second) or, where that is missing,
+nvidia-smi (every 5 s: each sample is a process), and averaged over the
+interval since the previous `health` event. `launcher status` shows the newest
+one with its age, on every backend, because it reads them from the leg's log.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Utilisation:
             return cls(read, "nvml")
         ids = _smi_ids(count)
         if smi_utilisation(ids) is not None:
-            return cls(lambda: smi_utilisation(ids), "nvidia-smi")
+            return cls(lambda: smi_utilisation(ids), "nvidia-smi", period=5.0)  # a process per sample
         return None
 
     def _loop(self) -> None:
