@@ -145,10 +145,11 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
     [loop] = [c for c in out["checks"] if c["name"] == "the run makes progress"]
     assert not loop["ok"] and "2 leg(s) in a row" in loop["detail"] and "step-00000010 (step 10)" in loop["detail"]
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
-    # Leg 0's push of step 10 races its own crash at step 12: when the crash wins, leg 1 verifies step
-    # 10 (progress) and the two legs in a row without progress are legs 2 and 3. Either way the
-    # last two legs resumed from step 10 and got no further.
-    assert len(run["legs"]) in (3, 4) and run["verdict"] == "fail"
+    # Each leg's background write + push of step 10 races its own crash at step 12: when the crash
+    # wins, that leg's step 10 never reaches the store, and the next leg resumes from step 5 and
+    # verifies 10 itself (progress). So 3 legs when leg 0 wins, more when crashes win; every time
+    # the last two legs resumed from step 10 and got no further.
+    assert len(run["legs"]) >= 3 and run["verdict"] == "fail"
     for leg in run["legs"][-2:]:
         resume = next(e for e in events(Path(leg["log_path"])) if e["event"] == "resume")
         assert resume["from_step"] == 10
