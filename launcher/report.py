@@ -573,7 +573,8 @@ def efficiency_plan(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, 
     idle = idle_breakdown(ev)
     if idle:
         out["idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}
-    tps = sustained(ev)["tokens_per_step"] if sustained(ev) else None
+    rate = sustained(ev)
+    tps = rate["tokens_per_step"] if rate else None
     if p5 is not None and tps and gpu_n:
         out["what_if"] = what_if(e, cfg.rungs.run.steps, tps, p5.numbers["eta_s"] / 3600.0, gpu_n)
     out["levers"] = levers(e, ev, checkpoint)
