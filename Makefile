@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.installed
 HF_VENV ?= .venv-hf
 HF_STAMP = $(HF_VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ test: $(STAMP) $(HF_STAMP)
 	bash scripts/sky-host.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/docker-engine.sh && bash scripts/make-base-image.sh; fi
 	PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --basetemp=$(CURDIR)/.pytest-tmp
+
+# The unit tier, for the inner loop (under 2 minutes): tests marked `unit` start no leg,
+# no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m unit -p no:cacheprovider --basetemp=$(CURDIR)/.pytest-tmp-fast
 
 bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
-from launcher.backends.base import LegResult, billed_seconds
+from launcher.backends import skyjob
+from launcher.backends.base import LegResult, LegSpec, billed_seconds
+from launcher.backends.skyapi import cancel, record
 from launcher.chain import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 from launcher.evidence import Check, LegEvents
 from launcher.legs import LegOutcome, RunContext, redact
@@ -65,8 +67,6 @@ class _Legs:
 
 def run_managed(ctx: RunContext) -> list[Check]:
     """The run as managed jobs until its last step; returns the checks."""
-    from launcher.backends import skyjob
-
     run_cfg = ctx.cfg.rungs.run
     steps = run_cfg.steps
     store = ctx.open_store()
@@ -75,53 +75,19 @@ def run_managed(ctx: RunContext) -> list[Check]:
     checks: list[Check] = []
     progress = Progress(newest_in_store(store))
     stopping: list[str] = []
-    gpus = max(1, ctx.gpu_count * ctx.nodes)
+
+    def judge() -> str | None:
+        return judge_leg(ctx, store, outs, progress, exact, checks)
+
     leg = 0
     while True:
-        grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
-        job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
-        if job_s < min_leg_s(outs):
-            raise quota_out(ctx, outs, grant, progress.newest, steps, checks, min_leg_s(outs))
-        now = time.time()
-        env = ctx.leg_env(leg, steps, now + job_s)
-        from launcher.backends.base import LegSpec
-
-        spec = LegSpec(ctx.run_id, leg, "run", tuple(ctx.cfg.trainer.command), env, ctx.secrets(), ctx.files,
-                       ctx.run_dir / f"leg-{leg}.log", ctx.gpus)
-        job, task = skyjob.prepare(ctx.backend, spec, ctx.run_dir / f"job-{leg}.sky.yaml", now + job_s,
-                                   min(run_cfg.budget_minutes * 60.0, job_s), run_cfg.max_restarts_on_errors)
+        job, task = _prepare_job(ctx, leg, outs, progress, checks)
         legs = _Legs(ctx, job, outs)
         first = leg
-        try:
-            skyjob.submit(job, task)
-            legs.begin(leg, job.submitted_at)
-            ctx.show(leg, f"launcher: managed job {job.job_id} submitted: {job.pick.describe() if job.pick else ''}\n")
-
-            def on_new_leg(new: int) -> None:
-                now = time.time()
-                legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
-                                 "the attempt before was preempted or its run failed", killed=True)
-                legs.begin(new, now)
-                stop = judge_leg(ctx, store, outs, progress, exact, checks)
-                if stop and not stopping:
-                    stopping.append(stop)
-                    skyjob.cancel(ctx.backend.sky, job.job_id, graceful=False)
-
-            splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg)
-            try:
-                code = skyjob.follow(job, splitter)
-            finally:
-                splitter.close()
-            leg = splitter.leg
-        except BaseException:
-            if job.job_id is not None:  # interrupted or failed: the job must not go on billing without us
-                skyjob.cancel(ctx.backend.sky, job.job_id, graceful=False)
-            for open_leg in list(legs.open):
-                legs.end(open_leg, time.time(), "launcher interrupted: job cancelled", killed=True)
-            raise
-        rec = skyjob.record(ctx.backend.sky, job.job_id) or {}
+        leg, code = _follow_job(ctx, job, task, legs, leg, judge, stopping)
+        rec = record(ctx.backend.sky, job.job_id) or {}
         final = legs.end(leg, time.time(), f"job {rec.get('status', '?')} (tail_logs exit {code})", killed=False)
-        stop = judge_leg(ctx, store, outs, progress, exact, checks)
+        stop = judge()
         checks.append(_job_check(job, rec, leg - first + 1))
         if stopping or stop:
             return checks
@@ -136,6 +102,61 @@ def run_managed(ctx: RunContext) -> list[Check]:
                                 f"verified checkpoint is {progress.newest[1] or 'none'}"))
             return checks
         leg += 1  # the job stopped at its deadline before the last step: the next job resumes from the store
+
+
+def _prepare_job(ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Progress,
+                 checks: list[Check]) -> tuple[skyjob.ManagedJob, Any]:
+    """The next managed job, its first leg `leg`, rendered and priced: its deadline is what
+    the quota grants it (a week where nothing bounds it); a quota that no longer fits one
+    leg ends the run (launcher.chain.quota_out)."""
+    run_cfg = ctx.cfg.rungs.run
+    gpus = max(1, ctx.gpu_count * ctx.nodes)
+    grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
+    job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
+    if job_s < min_leg_s(outs):
+        raise quota_out(ctx, outs, grant, progress.newest, run_cfg.steps, checks, min_leg_s(outs))
+    now = time.time()
+    env = ctx.leg_env(leg, run_cfg.steps, now + job_s)
+    spec = LegSpec(ctx.run_id, leg, "run", tuple(ctx.cfg.trainer.command), env, ctx.secrets(), ctx.files,
+                   ctx.run_dir / f"leg-{leg}.log", ctx.gpus)
+    return skyjob.prepare(ctx.backend, spec, ctx.run_dir / f"job-{leg}.sky.yaml", now + job_s,
+                          min(run_cfg.budget_minutes * 60.0, job_s), run_cfg.max_restarts_on_errors)
+
+
+def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs, leg: int,
+                judge: Callable[[], str | None], stopping: list[str]) -> tuple[int, int | None]:
+    """Submit the job and follow its log to its end, each recovery a new leg: the leg before
+    is closed and judged, and a failed judgement cancels the job (its reason kept in
+    `stopping`). (The job's last leg, tail_logs' exit code.) Interrupted or failed, the job
+    is cancelled, so it does not go on billing without the launcher, and its legs closed."""
+    first = leg
+    try:
+        skyjob.submit(job, task)
+        legs.begin(leg, job.submitted_at)
+        ctx.show(leg, f"launcher: managed job {job.job_id} submitted: {job.pick.describe() if job.pick else ''}\n")
+
+        def on_new_leg(new: int) -> None:
+            now = time.time()
+            legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
+                             "the attempt before was preempted or its run failed", killed=True)
+            legs.begin(new, now)
+            stop = judge()
+            if stop and not stopping:
+                stopping.append(stop)
+                cancel(ctx.backend.sky, job.job_id, graceful=False)
+
+        splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg)
+        try:
+            code = skyjob.follow(job, splitter)
+        finally:
+            splitter.close()
+        return splitter.leg, code
+    except BaseException:
+        if job.job_id is not None:  # interrupted or failed: the job must not go on billing without us
+            cancel(ctx.backend.sky, job.job_id, graceful=False)
+        for open_leg in list(legs.open):
+            legs.end(open_leg, time.time(), "launcher interrupted: job cancelled", killed=True)
+        raise
 
 
 def _job_check(job: Any, rec: dict[str, Any], attempts: int) -> Check:

@@ -10,23 +10,36 @@ import time
 from pathlib import Path
 
 from launcher.config import Config, GpuSpec, store_uri
-from launcher.ladder import Rung
+from launcher.ladder import Rung, first_leg_steps
 from launcher.ledger import Ledger
-from launcher.manifest import files_digest
 from launcher.spend import project
+from runtime.hashing import digest_lines as files_digest
 
 PLACEHOLDER_RUN = "dry-run"
 
 
-def leg0_env(cfg: Config, rung: Rung, reviewed: dict[str, str]) -> dict[str, str]:
-    import json
+def leg0_env(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
+             reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
+    """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
+    same facts: its step count (launcher.ladder.first_leg_steps), and its deadline capped by
+    the session cap and by what the quota still allows (as the quota guard would reserve)."""
+    from launcher.legs import leg_deadline, leg_env
 
-    steps = cfg.rung(rung.name).steps if rung.name != "static" else 0
-    budget = cfg.rung(rung.name).budget_minutes if rung.name != "static" else 0
-    return {**cfg.leg_env, "LAUNCHER_RUN_ID": PLACEHOLDER_RUN, "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": rung.name,
-            "LAUNCHER_STORE": store_uri(cfg), "LAUNCHER_MAX_STEPS": str(steps),
-            "LAUNCHER_DEADLINE": str(int(time.time() + budget * 60)),
-            "LAUNCHER_FILES_SHA256": json.dumps(reviewed, sort_keys=True)}
+    if not rung.legs:
+        return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
+    rung_cfg = cfg.rung(rung.name)
+    steps = first_leg_steps(rung.name, rung_cfg.steps, can_terminate(backend))
+    projection = project(cfg, ledger, rung, gpus, nodes)
+    left = None if projection.remaining is None else max(0.0, projection.remaining)
+    deadline = leg_deadline(cfg, rung_cfg.budget_minutes * 60.0, left, (gpus.count if gpus else 0) * nodes, now)
+    return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
+
+
+def can_terminate(backend: str) -> bool:
+    """Whether legs on this backend can be sent SIGTERM (it decides leg 0's step count)."""
+    from launcher.backends import backend_class
+
+    return backend_class(backend).can_terminate
 
 
 def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], dry_run: bool) -> str:
@@ -51,7 +64,7 @@ def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus:
     out = [f"dry run: rung {rung.name} on {backend}, {legs}, nothing launched or recorded"]
     from launcher.legs import redact
 
-    env = redact(leg0_env(cfg, rung, reviewed), cfg.secrets)  # printed: redacted like the ledger
+    env = redact(leg0_env(cfg, ledger, rung, backend, gpus, nodes, reviewed), cfg.secrets)  # printed: redacted like the ledger
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":

@@ -1,23 +1,45 @@
-"""Error types the CLI maps to exit codes (DESIGN.md: 0 ok, 1 the rung said no,
-2 bad input, 3 refused by a guard).
+"""Exit codes, error types, and the one ordered table that turns any exception into
+one line, a hint naming the next command, and an exit code (DESIGN.md: 0 ok, 1 the
+rung said no, 2 bad input, 3 refused by a guard; 70 a bug, 130 interrupted).
 
-Each error carries one line for the user and, where there is one, the command
-to run next. Tracebacks are shown only with LAUNCHER_DEBUG=1.
+Every command ends through `guarded`: a LauncherError prints as itself; anything
+else goes down `MAPPINGS` (the first rule that claims it wins: the ledger's and the
+store's errors, the file system's, undecodable input); what no rule claims is a bug
+(70). Tracebacks are shown only with LAUNCHER_DEBUG=1.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Callable
 
-EXIT_INTERNAL = 70
+
+class Exit(IntEnum):
+    """Every exit code the launcher ends with."""
+
+    OK = 0
+    NO = 1
+    """The rung ran and its answer is no (or a leg failed)."""
+    BAD_INPUT = 2
+    """Usage, config, an unknown name: nothing was launched or recorded."""
+    REFUSED = 3
+    """A guard refused: hashes, quota, the store's or the ledger's state."""
+    INTERNAL = 70
+    """A bug: no rule below claimed the exception."""
+    INTERRUPTED = 130
+
+
+EXIT_INTERNAL = int(Exit.INTERNAL)
 
 
 class LauncherError(Exception):
     """Base: a failure the user can act on, rendered as one line."""
 
-    exit_code = 1
+    exit_code = int(Exit.NO)
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -28,7 +50,7 @@ class LauncherError(Exception):
 class BadInput(LauncherError):
     """Usage, config, unknown rung, bad --gpus: nothing was launched or recorded."""
 
-    exit_code = 2
+    exit_code = int(Exit.BAD_INPUT)
 
 
 class ConfigError(BadInput):
@@ -44,43 +66,84 @@ class ConfigError(BadInput):
 class Refused(LauncherError):
     """A guard refused: hash mismatch, quota, dirty tree."""
 
-    exit_code = 3
+    exit_code = int(Exit.REFUSED)
 
 
 class RungFailed(LauncherError):
     """The rung ran and its answer is 'no'."""
 
-    exit_code = 1
+    exit_code = int(Exit.NO)
 
 
-def from_exception(err: BaseException) -> LauncherError | None:
-    """The one-line error (and exit code) for a failure that is the input's or the
-    machine's, not a bug; None for a bug (exit 70). Ordered: the first match wins."""
-    import errno
+@dataclass(frozen=True)
+class Mapping:
+    """One rule of the table: what it claims, and the error it makes of it (None: not its)."""
+
+    what: str
+    make: Callable[[BaseException], "LauncherError | None"]
+
+
+def _launcher(err: BaseException) -> LauncherError | None:
+    return err if isinstance(err, LauncherError) else None
+
+
+def _ledger(err: BaseException) -> LauncherError | None:
     import sqlite3
 
-    if isinstance(err, LauncherError):
-        return err
-    if isinstance(err, sqlite3.Error):
-        return _ledger_error(err)
-    if isinstance(err, OSError):
-        where = f" {str(err.filename)[:200]}" if err.filename else ""
-        reason = err.strerror or str(err)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return Refused(f"no space left on the device of{where or ' a file this command writes'}",
-                           hint="free some space (old leg logs, reports, checkpoints), then run it again")
-        if err.errno == errno.EROFS:
-            return Refused(f"cannot write{where}: read-only file system", hint="point state_dir at a writable folder")
-        if err.filename or err.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
-                                         errno.ELOOP, errno.ENOENT, errno.EINVAL, errno.EEXIST):
-            return BadInput(f"cannot use{where or ' a path'}: {reason}", hint="check the path and its permissions")
+    if not isinstance(err, sqlite3.Error):
         return None
+    text = str(err)
+    if "locked" in text or "busy" in text:
+        from launcher.ledger_holders import OPENED, describe_holders
+
+        who = "".join(describe_holders(p) for p in dict.fromkeys(OPENED))
+        return Refused(f"the ledger is locked{who}: {text}",
+                       hint="wait for the other launcher to finish (`launcher ledger` lists runs), then run it again")
+    if "full" in text:
+        return Refused(f"the ledger cannot be written: {text}", hint="free some space, then run it again")
+    if "readonly" in text or "read-only" in text:
+        return Refused(f"the ledger cannot be written: {text}", hint="make state_dir writable")
+    return Refused(f"the ledger is damaged: {text}",
+                   hint="move it aside (ledger.db*) and restore a backup; `sqlite3 ledger.db .recover` may save rows")
+
+
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.ELOOP,
+               errno.ENOENT, errno.EINVAL, errno.EEXIST)
+
+
+def _os(err: BaseException) -> LauncherError | None:
+    if not isinstance(err, OSError):
+        return None
+    where = f" {str(err.filename)[:200]}" if err.filename else ""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Refused(f"no space left on the device of{where or ' a file this command writes'}",
+                       hint="free some space (old leg logs, reports, checkpoints), then run it again")
+    if err.errno == errno.EROFS:
+        return Refused(f"cannot write{where}: read-only file system", hint="point state_dir at a writable folder")
+    if err.filename or err.errno in PATH_ERRNOS:
+        return BadInput(f"cannot use{where or ' a path'}: {err.strerror or err}", hint="check the path and its permissions")
+    return None
+
+
+def _nul(err: BaseException) -> LauncherError | None:
     if isinstance(err, ValueError) and "null byte" in str(err):
         return BadInput("a path or value holds a NUL byte", hint="check the arguments and launcher.yaml")
+    return None
+
+
+def _nested(err: BaseException) -> LauncherError | None:
     if isinstance(err, RecursionError):
         return BadInput("input nested too deeply to be read", hint="check the file or value given")
+    return None
+
+
+def _text(err: BaseException) -> LauncherError | None:
     if isinstance(err, UnicodeError):
         return BadInput(f"input is not valid text ({type(err).__name__})", hint="give UTF-8 text")
+    return None
+
+
+def _store(err: BaseException) -> LauncherError | None:
     from runtime.store import StoreAuthError, StoreError
 
     if isinstance(err, StoreAuthError):
@@ -90,20 +153,26 @@ def from_exception(err: BaseException) -> LauncherError | None:
     return None
 
 
-def _ledger_error(err: BaseException) -> LauncherError:
-    text = str(err)
-    if "locked" in text or "busy" in text:
-        from launcher.ledger import OPENED, describe_holders
+MAPPINGS: tuple[Mapping, ...] = (
+    Mapping("a launcher error: itself", _launcher),
+    Mapping("sqlite3.Error: the ledger locked, full, read-only or damaged (3)", _ledger),
+    Mapping("OSError: no space or a read-only disk (3); a path that cannot be used (2)", _os),
+    Mapping("ValueError on a NUL byte (2)", _nul),
+    Mapping("RecursionError: input nested too deeply (2)", _nested),
+    Mapping("UnicodeError: input that is not text (2)", _text),
+    Mapping("StoreAuthError, StoreError: the checkpoint store refused or failed (3)", _store),
+)
+"""Ordered: the first rule that claims an exception makes its one line."""
 
-        who = "".join(describe_holders(p) for p in dict.fromkeys(OPENED))
-        return Refused(f"the ledger is locked{who}: {text}",
-                       hint="wait for the other launcher to finish, then run it again")
-    if "full" in text:
-        return Refused(f"the ledger cannot be written: {text}", hint="free some space, then run it again")
-    if "readonly" in text or "read-only" in text:
-        return Refused(f"the ledger cannot be written: {text}", hint="make state_dir writable")
-    return Refused(f"the ledger is damaged: {text}",
-                   hint="move it aside (ledger.db*) and restore a backup; `sqlite3 ledger.db .recover` may save rows")
+
+def from_exception(err: BaseException) -> LauncherError | None:
+    """The one-line error (and exit code) for a failure that is the input's or the
+    machine's, not a bug; None for a bug (exit 70). The first rule of MAPPINGS wins."""
+    for rule in MAPPINGS:
+        made = rule.make(err)
+        if made is not None:
+            return made
+    return None
 
 
 def print_error(message: str, hint: str | None = None) -> None:
@@ -118,7 +187,7 @@ def exit_code_for(err: BaseException) -> int:
     130 interrupted, 70 a bug (the traceback only with LAUNCHER_DEBUG=1)."""
     if isinstance(err, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
-        return 130
+        return int(Exit.INTERRUPTED)
     if os.environ.get("LAUNCHER_DEBUG"):
         import traceback
 

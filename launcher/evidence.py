@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.contract import exit_code_of
 from runtime.events import DAMAGED, iter_events
 
 
@@ -122,17 +123,8 @@ def silent(ev: LegEvents) -> bool:
     return not ev.items
 
 
-# The runtime's stop reasons and the exit codes they mean (runtime/trainer.py).
-REFUSED_REASONS = {"stale_code", "cursor_mismatch", "store_error"}
-
-
 def exit_code_from_events(events: LegEvents) -> int | None:
-    """The leg's own verdict, read from its events: for backends whose transport
-    reports something else (SkyPilot's tail_logs returns a JobExitCode)."""
-    done = events.last("done")
-    if done is not None:
-        return 0 if done[1].get("final_checkpoint_verified", True) else 1
-    stop = events.last("stop")
-    if stop is not None and stop[1].get("reason") in REFUSED_REASONS:
-        return 3
-    return 1 if stop is not None else None
+    """The leg's own verdict, read from its events (runtime.contract.exit_code_of): for
+    backends whose transport reports something else (SkyPilot's tail_logs returns a JobExitCode)."""
+    done, stop = events.last("done"), events.last("stop")
+    return exit_code_of(done[1] if done else None, stop[1] if stop else None)

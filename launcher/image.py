@@ -11,7 +11,6 @@ The image's labels carry the sha256 of every baked file; launching refuses
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -25,7 +24,8 @@ from typing import Callable
 from launcher.config import Config
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ledger import Ledger
-from launcher.manifest import files_digest, guard_hashes, reviewed_paths, sha256_file, stage_files
+from launcher.manifest import guard_hashes, reviewed_paths, stage_files
+from runtime.hashing import digest_lines, sha256_file
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 CPU_BASE = "python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91"
@@ -86,7 +86,7 @@ def runtime_files() -> dict[str, Path]:
 
 def wheelhouse(cfg: Config, lock: Path, say: Callable[[str], None]) -> Path:
     """Wheels for `lock`, downloaded once per lock content (hashes checked by pip)."""
-    key = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
+    key = sha256_file(lock)[:16]
     target = cfg.state_path / "wheelhouse" / key
     if (target / ".complete").is_file():
         return target
@@ -121,11 +121,11 @@ def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callabl
     cmp = guard_hashes(cfg, ledger)  # an image is built only from reviewed bytes
     lock = SOURCE_ROOT / "docker" / ("gpu.lock" if gpu else "cpu.lock")
     base = base or (GPU_BASE if gpu else CPU_BASE)
-    digest = files_digest(cmp.current)
+    digest = digest_lines(cmp.current)
     runtime = {rel: sha256_file(p) for rel, p in runtime_files().items()}
     tag = f"preflight/{cfg.project}:{digest[:12]}"
     labels = {f"{LABEL}.files": json.dumps(cmp.current, sort_keys=True), f"{LABEL}.files-digest": digest,
-              f"{LABEL}.runtime-digest": files_digest(runtime), f"{LABEL}.base": base,
+              f"{LABEL}.runtime-digest": digest_lines(runtime), f"{LABEL}.base": base,
               f"{LABEL}.lock-sha256": sha256_file(lock)}
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="preflight-image-") as tmp:
@@ -159,7 +159,7 @@ def baked_files(image: str) -> dict[str, str]:
 
 def image_for_launch(cfg: Config, ledger: Ledger, reviewed: dict[str, str]) -> str:
     """The newest image built from exactly the reviewed files; refuse (exit 3) otherwise."""
-    built = ledger.images(files_digest(reviewed))
+    built = ledger.images(digest_lines(reviewed))
     newest = ledger.images()
     if not built:
         if newest:
@@ -181,7 +181,7 @@ def push(cfg: Config, ledger: Ledger, repository: str, say: Callable[[str], None
     """Tag the newest image built from the reviewed files and push it; returns repo@sha256:..."""
     cmp = guard_hashes(cfg, ledger)
     image = image_for_launch(cfg, ledger, cmp.current)
-    row = ledger.images(files_digest(cmp.current))[0]
+    row = ledger.images(digest_lines(cmp.current))[0]
     target = f"{repository}:{row['files_digest'][:12]}"
     docker("tag", image, target)
     say(f"docker push {target}")

@@ -47,6 +47,38 @@ RUNGS: tuple[Rung, ...] = (
 )
 
 
+RESUME_LEGS = 3
+"""Legs of a resume rung (rehearsal, smoke): leg 0 trains and pushes, each later leg resumes."""
+PROBE_TAIL_FRACTION = 0.1
+"""The share of the probe's steps left to its cold-resumed leg."""
+
+
+def resume_plan(steps: int, legs: int = RESUME_LEGS) -> list[int]:
+    """LAUNCHER_MAX_STEPS of each leg of a resume rung: equal shares, the last reaching `steps`."""
+    return [steps * (i + 1) // legs for i in range(legs)]
+
+
+def probe_plan(steps: int) -> list[int]:
+    """LAUNCHER_MAX_STEPS of the probe's two legs: the long measured leg, then the cold resume."""
+    first = max(1, steps - max(1, int(steps * PROBE_TAIL_FRACTION)))
+    return [first, steps]
+
+
+def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
+    """LAUNCHER_MAX_STEPS of a rung's leg 0. A resume rung's leg 0, on a backend that can
+    SIGTERM a leg, is given all but the last step of leg 1's share and stopped by SIGTERM
+    at the end of its own (launcher.rehearsal.plan_endings); the run and the drill train
+    to the end (the drill kills its legs on the way)."""
+    if rung == "static":
+        return 0
+    if rung == "probe":
+        return probe_plan(steps)[0]
+    if rung in ("rehearsal", "smoke"):
+        plan = resume_plan(steps)
+        return plan[1] - 1 if can_terminate else plan[0]
+    return steps
+
+
 def rung_named(name: str) -> Rung:
     """Look a rung up by name; an unknown name is bad input (exit 2)."""
     for rung in RUNGS:

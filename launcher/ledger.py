@@ -1,5 +1,7 @@
 """The SQLite ledger: every run, leg, reviewed-file hash, command line and
-billed GPU-hour.
+billed GPU-hour. Every SQL statement of the launcher is here (the tables and
+their migrations in launcher.ledger_schema; what reads return in
+launcher.ledger_rows); launcher.spend decides what may be spent, this records it.
 
 WAL mode, one transaction per fact: a kill -9 at any moment leaves either no
 row or a complete one (SQLite's atomic commit does the work; nothing here
@@ -11,237 +13,41 @@ whose launcher died reads ("running", never ended).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 8
-# Forward migrations, applied in order to ledgers written by older versions.
-MIGRATIONS = {
-    2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
-    3: ["ALTER TABLE legs ADD COLUMN task_sha256 TEXT"],
-    4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
-    5: ["ALTER TABLE reservations ADD COLUMN pid_start INTEGER"],
-    6: ["ALTER TABLE legs ADD COLUMN role TEXT"],
-    7: ["ALTER TABLE legs ADD COLUMN hourly_usd REAL", "ALTER TABLE legs ADD COLUMN cost_source TEXT",
-        "ALTER TABLE legs ADD COLUMN placement TEXT"],
-    8: ["ALTER TABLE runs ADD COLUMN preflight TEXT"],
-}
+from launcher.errors import Refused
+from launcher.ledger_holders import OPENED, describe_holders
+from launcher.ledger_rows import (LEG_NUMBERS, RUN_NUMBERS, ImageRow, LegBilling, LegRecord, LegRow,
+                                  PeriodTotals, ReservationRow, Review, RungSpend, RunRow, StopRow, clean,
+                                  json_or_none)
+from launcher.ledger_schema import SCHEMA_VERSION, create_or_migrate
+
 LOCK_WAIT_S = 5.0
 """How long a command waits for another launcher's write before it says who holds the ledger."""
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS reviews (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    created_at  REAL NOT NULL,
-    digest      TEXT NOT NULL,
-    files       TEXT NOT NULL              -- JSON {path: sha256}
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id          TEXT PRIMARY KEY,
-    project     TEXT NOT NULL,
-    rung        TEXT NOT NULL,
-    backend     TEXT NOT NULL,
-    gpu_name    TEXT,
-    gpu_count   INTEGER NOT NULL,
-    nodes       INTEGER NOT NULL,
-    store_uri   TEXT NOT NULL,
-    review_id   INTEGER REFERENCES reviews(id),
-    files_digest TEXT NOT NULL,
-    config_sha256 TEXT NOT NULL,
-    started_at  REAL NOT NULL,
-    ended_at    REAL,
-    exit_code   INTEGER,
-    verdict     TEXT,                      -- pass | fail | error (NULL while running)
-    billed_gpu_hours REAL,
-    cost_usd    REAL,
-    cost_source TEXT,                      -- config prices | catalog | none
-    image       TEXT,                      -- image id (sha256:...) the legs ran, docker/sky backends
-    preflight   TEXT                       -- rung run: JSON, the report that let it launch or why it skipped one
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id      TEXT NOT NULL,
-    rung        TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    host        TEXT NOT NULL,
-    pid         INTEGER NOT NULL,          -- the launcher holding it: a dead pid = a stale reservation
-    pid_start   INTEGER,                   -- that process's start time (clock ticks since boot): a reused pid is not it
-    gpu_hours   REAL NOT NULL,
-    usd         REAL NOT NULL,
-    overdraft   INTEGER NOT NULL DEFAULT 0,
-    arithmetic  TEXT NOT NULL,             -- the guard's line, as printed
-    settled_at  REAL,
-    settled_gpu_hours REAL,
-    settled_usd REAL,
-    settled_how TEXT                       -- billed | reconciled (launcher died)
-);
-CREATE TABLE IF NOT EXISTS images (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    tag         TEXT NOT NULL,
-    image_id    TEXT NOT NULL,             -- sha256:... as the engine names it
-    base        TEXT NOT NULL,
-    lock        TEXT NOT NULL,
-    files_digest TEXT NOT NULL,
-    files       TEXT NOT NULL,             -- JSON {path: sha256}: what is baked into /app
-    runtime_digest TEXT NOT NULL,
-    built_at    REAL NOT NULL,
-    seconds     REAL NOT NULL,
-    pushed_ref  TEXT                       -- repo@sha256:... once pushed
-);
-CREATE TABLE IF NOT EXISTS run_files (
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    path        TEXT NOT NULL,
-    sha256      TEXT NOT NULL,
-    PRIMARY KEY (run_id, path)
-);
-CREATE TABLE IF NOT EXISTS legs (
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    leg         INTEGER NOT NULL,
-    backend     TEXT NOT NULL,
-    instance    TEXT NOT NULL,             -- local dir / container / cluster name
-    command     TEXT NOT NULL,             -- JSON list: the exact argv
-    env         TEXT NOT NULL,             -- JSON {name: value}, secrets redacted
-    log_path    TEXT NOT NULL,
-    started_at  REAL NOT NULL,
-    ended_at    REAL,
-    exit_code   INTEGER,
-    killed      INTEGER NOT NULL DEFAULT 0,
-    end_reason  TEXT,
-    billed_gpu_hours REAL,
-    cost_usd    REAL,
-    task_sha256 TEXT,                      -- the rendered SkyPilot task YAML (sky backend)
-    pid         INTEGER,                   -- local backend: the leg's process (group) id, for `launcher stop`
-    role        TEXT,                      -- NULL for a leg of the run timeline, straight for the uninterrupted reference run
-    hourly_usd  REAL,                      -- one instance per hour, host VM included, where the backend priced it (sky)
-    cost_source TEXT,                      -- skypilot optimizer | config prices | none
-    placement   TEXT,                      -- JSON {cloud, region, zone, instance_type}: where the leg ran (sky)
-    PRIMARY KEY (run_id, leg)
-);
-CREATE TABLE IF NOT EXISTS stops (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    leg         INTEGER,                   -- the leg signalled (NULL: between legs)
-    requested_at REAL NOT NULL,            -- from here on the run launches no new leg
-    timeout_s   REAL NOT NULL,
-    ended_at    REAL,
-    outcome     TEXT,                      -- graceful | killed after timeout | no leg running (NULL: in progress)
-    final_step  INTEGER,                   -- the step the leg stopped at
-    checkpoint  TEXT,                      -- newest verified checkpoint in the store afterwards
-    verified    INTEGER,
-    loadable    INTEGER,                   -- fetched whole, hashes matched, state deserialized
-    detail      TEXT
-);
-CREATE TABLE IF NOT EXISTS checks (
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    seq         INTEGER NOT NULL,
-    name        TEXT NOT NULL,
-    ok          INTEGER NOT NULL,
-    detail      TEXT NOT NULL,
-    evidence    TEXT NOT NULL,             -- JSON list of pointers {leg, line, text}
-    PRIMARY KEY (run_id, seq)
-);
-"""
 
-
-OPENED: list[Path] = []
-"""Ledgers this process opened: an error about a locked one can then say who holds it."""
-
-
-def lock_holders(path: Path) -> list[tuple[int, str]]:
-    """(pid, command line) of processes holding a POSIX lock on the ledger or its WAL files
-    (Linux /proc/locks; [] elsewhere)."""
-    inodes = set()
-    for p in (path, path.with_name(path.name + "-shm"), path.with_name(path.name + "-wal")):
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        inodes.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    holders: dict[int, str] = {}
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        parts = line.replace("->", "").split()
-        try:
-            pid, dev = int(parts[4]), parts[5].split(":")
-            key = (int(dev[0], 16), int(dev[1], 16), int(dev[2]))
-        except (IndexError, ValueError):
-            continue
-        if key in inodes and pid != os.getpid():
-            found.append((parts[3] == "WRITE", pid))
-    writers = {pid for write, pid in found if write}  # in WAL mode only a writer blocks a writer
-    for pid in sorted(writers or {pid for _, pid in found}):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            cmd = "?"
-        holders[pid] = cmd[:160]
-    return sorted(holders.items())
-
-
-def describe_holders(path: Path) -> str:
-    found = lock_holders(path)
-    return (" by " + "; ".join(f"pid {pid} ({cmd})" for pid, cmd in found)) if found else ""
-
-
-RUN_NUMBERS = ("gpu_count", "nodes", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd")
-LEG_NUMBERS = ("leg", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd", "pid", "killed",
-               "hourly_usd")
-
-
-def _clean(row: dict[str, Any], numbers: tuple[str, ...], json_cols: dict[str, type]) -> dict[str, Any]:
-    """A row as readers expect it; what was damaged is set to None (or empty) and named."""
-    damaged = []
-    for col in numbers:
-        value = row.get(col)
-        if value is not None and (isinstance(value, (bytes, str)) or value != value):
-            damaged.append(col)
-            row[col] = None
-    for col, kind in json_cols.items():
-        try:
-            value = json.loads(row[col])
-            if not isinstance(value, kind):
-                raise ValueError
-            row[col] = value
-        except (TypeError, ValueError, RecursionError):
-            damaged.append(col)
-            row[col] = kind()
-    for col in ("id", "run_id", "rung", "backend", "instance", "log_path", "verdict", "files_digest"):
-        if col in row and row[col] is not None and not isinstance(row[col], str):
-            damaged.append(col)
-            row[col] = str(row[col])
-    if damaged:
-        row["damaged"] = damaged
-    return row
-
-
-def _json_or_none(text: Any) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class Review:
-    """A recorded `launcher review`: the reviewed files and their sha256."""
-
-    id: int
-    created_at: float
-    digest: str
-    files: dict[str, str]
+def period_totals(db: sqlite3.Connection, since: datetime | None) -> PeriodTotals:
+    """(used GPU-h, used USD, reserved GPU-h, reserved USD) in the period from `since`
+    (None: all time): what the runs billed, plus every reservation not yet settled."""
+    start = since.timestamp() if since else 0.0
+    used, used_usd = db.execute(
+        "SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM runs "
+        "WHERE started_at >= ? AND billed_gpu_hours IS NOT NULL", (start,)).fetchone()  # ended or reconciled
+    held, held_usd = db.execute(
+        "SELECT COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(usd), 0) FROM reservations WHERE settled_at IS NULL"
+    ).fetchone()
+    return PeriodTotals(float(used), float(used_usd), float(held), float(held_usd))
 
 
 class Ledger:
-    """The project's ledger at `<state_dir>/ledger.db`."""
+    """The project's ledger at `<state_dir>/ledger.db`: `with Ledger(path) as ledger:`
+    closes it on the way out (or call `close`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -251,8 +57,6 @@ class Ledger:
         self._db.row_factory = sqlite3.Row
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            from launcher.errors import Refused
-
             raise Refused(f"ledger {path} has schema v{version}; this launcher reads up to v{SCHEMA_VERSION}",
                           hint="upgrade preflight-launcher")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -260,32 +64,25 @@ class Ledger:
             return  # nothing to write: a reader never waits on another launcher's write lock
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        with self.transaction():
-            fresh = self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name='runs'").fetchone()[0] == 0
-            if not fresh:
-                for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
-                    for stmt in MIGRATIONS[target]:
-                        # ALTER TABLE <table> ADD COLUMN <col>: a missing table is created whole below,
-                        # a column already there is left as it is
-                        table, column = stmt.split()[2], stmt.split()[5]
-                        cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-                        if cols and column not in cols:
-                            self._db.execute(stmt)
-            for stmt in filter(str.strip, SCHEMA.split(";")):
-                self._db.execute(stmt)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        with self.transaction() as db:
+            create_or_migrate(db, version)
 
     @classmethod
     def open_existing(cls, path: Path) -> "Ledger | None":
         """Open the ledger if one exists; reading never creates one."""
         if path.exists() and not path.is_file():
-            from launcher.errors import Refused
-
             raise Refused(f"{path} is not a ledger file", hint="move it aside; the ledger is a SQLite file")
         return cls(path) if path.is_file() else None
 
     def close(self) -> None:
         self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -294,13 +91,15 @@ class Ledger:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT: all of it lands, or none of it."""
+        """BEGIN IMMEDIATE ... COMMIT: all of it lands, or none of it. Inside a transaction
+        already open on this ledger it is part of that one (which commits or rolls back)."""
+        if self._db.in_transaction:
+            yield self._db
+            return
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as err:
             if "locked" in str(err) or "busy" in str(err):
-                from launcher.errors import Refused
-
                 raise Refused(f"the ledger {self.path} is locked{describe_holders(self.path)} "
                               f"(waited {LOCK_WAIT_S:g} s)",
                               hint="wait for it to finish, or stop it, then run this again") from None
@@ -378,7 +177,7 @@ class Ledger:
 
     # --- reading -------------------------------------------------------------
 
-    def runs(self, limit: int | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, limit: int | None = None, run_id: str | None = None) -> list[RunRow]:
         """Runs, newest first, each with its legs, files and checks. A row damaged by hand
         (a JSON column that does not parse, a number that is text) is read as far as it
         goes: the bad value becomes None and the row says so under `damaged`."""
@@ -390,20 +189,28 @@ class Ledger:
             sql += f" LIMIT {int(limit)}"
         out = []
         for row in self._db.execute(sql, args).fetchall():
-            run = _clean(dict(row), RUN_NUMBERS, {})
-            run["preflight"] = _json_or_none(run.get("preflight"))
+            run = clean(dict(row), RUN_NUMBERS, {})
+            run["preflight"] = json_or_none(run.get("preflight"))
             rid = row["id"]
             run["files"] = {str(r["path"]): str(r["sha256"]) for r in
                             self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}
-            run["legs"] = [_clean(dict(r), LEG_NUMBERS, {"command": list, "env": dict})
+            run["legs"] = [self._leg_row(dict(r))
                            for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
-            for leg in run["legs"]:
-                leg["killed"] = bool(leg["killed"])
-                leg["placement"] = _json_or_none(leg.get("placement"))
-            run["checks"] = [_clean(dict(r, ok=bool(r["ok"])), (), {"evidence": list})
+            run["checks"] = [clean(dict(r, ok=bool(r["ok"])), (), {"evidence": list})
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)
         return out
+
+    @staticmethod
+    def _leg_row(row: dict[str, Any]) -> LegRow:
+        leg = clean(row, LEG_NUMBERS, {"command": list, "env": dict})
+        leg["killed"] = bool(leg["killed"])
+        leg["placement"] = json_or_none(leg.get("placement"))
+        return leg
+
+    def leg_records(self, run_id: str) -> list[LegRecord]:
+        """The run's legs as stored (JSON columns as text)."""
+        return [dict(r) for r in self._db.execute("SELECT * FROM legs WHERE run_id=?", (run_id,)).fetchall()]
 
     # --- graceful stops ---------------------------------------------------------
 
@@ -420,7 +227,7 @@ class Ledger:
         with self.transaction() as db:
             db.execute(f"UPDATE stops SET ended_at=?, {cols} WHERE id=?", (time.time(), *fields.values(), stop_id))
 
-    def stops(self, run_id: str) -> list[dict[str, Any]]:
+    def stops(self, run_id: str) -> list[StopRow]:
         return [dict(r) for r in self._db.execute("SELECT * FROM stops WHERE run_id=? ORDER BY id", (run_id,))]
 
     # --- images --------------------------------------------------------------
@@ -436,7 +243,7 @@ class Ledger:
         with self.transaction() as db:
             db.execute("UPDATE images SET pushed_ref=? WHERE id=?", (ref, image_row))
 
-    def images(self, files_digest: str | None = None) -> list[dict[str, Any]]:
+    def images(self, files_digest: str | None = None) -> list[ImageRow]:
         """Built images, newest first (only those baked from `files_digest` if given)."""
         sql, args = "SELECT * FROM images", ()
         if files_digest is not None:
@@ -446,3 +253,95 @@ class Ledger:
 
     def integrity_ok(self) -> bool:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    # --- spending: reservations and bills (the policy is launcher.spend's) --------
+
+    def period_totals(self, since: datetime | None) -> PeriodTotals:
+        """Billed and still-reserved GPU-hours and USD in the period from `since`."""
+        return period_totals(self._db, since)
+
+    def spend_by_rung(self, since: datetime | None) -> dict[str, RungSpend]:
+        """Each rung's bills and run count since `since` (None: all time)."""
+        start = since.timestamp() if since else 0.0
+        return {r["rung"]: {"gpu_hours": r["h"], "usd": r["usd"], "runs": r["n"]} for r in self._db.execute(
+            "SELECT rung, COALESCE(SUM(billed_gpu_hours), 0) AS h, COALESCE(SUM(cost_usd), 0) AS usd, COUNT(*) AS n "
+            "FROM runs WHERE started_at >= ? GROUP BY rung ORDER BY rung", (start,)).fetchall()}
+
+    def run_holds(self, run_id: str) -> tuple[float, float]:
+        """(GPU-hours the run's unsettled reservations hold, GPU-hours its run row billed)."""
+        held = self._db.execute("SELECT COALESCE(SUM(gpu_hours), 0) FROM reservations WHERE run_id=? AND "
+                                "settled_at IS NULL", (run_id,)).fetchone()[0]
+        own = self._db.execute("SELECT COALESCE(billed_gpu_hours, 0) FROM runs WHERE id=?", (run_id,)).fetchone()
+        return held, (own[0] if own else 0.0)
+
+    def legs_billed(self, run_id: str) -> tuple[float, float]:
+        """(GPU-hours, USD) the run's legs billed so far."""
+        billed, usd = self._db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) "
+                                       "FROM legs WHERE run_id=?", (run_id,)).fetchone()
+        return billed, usd
+
+    def any_unsettled(self) -> bool:
+        """Whether any reservation is held (one indexed read)."""
+        return self._db.execute("SELECT 1 FROM reservations WHERE settled_at IS NULL LIMIT 1").fetchone() is not None
+
+    def unsettled_reservations(self) -> list[ReservationRow]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM reservations WHERE settled_at IS NULL").fetchall()]
+
+    def reservation(self, reservation_id: int) -> ReservationRow:
+        return dict(self._db.execute("SELECT * FROM reservations WHERE id=?", (reservation_id,)).fetchone())
+
+    def reserve(self, run_id: str, rung: str, host: str, pid: int, pid_start: int | None, gpu_hours: float,
+                usd: float, overdraft: bool, arithmetic: str) -> int:
+        """Hold GPU-hours and USD for a run; returns the reservation's id."""
+        with self.transaction() as db:
+            return int(db.execute(
+                "INSERT INTO reservations (run_id, rung, created_at, host, pid, pid_start, gpu_hours, usd, overdraft, "
+                "arithmetic) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, rung, time.time(), host, pid, pid_start, gpu_hours, usd, int(overdraft),
+                 arithmetic)).lastrowid)
+
+    def set_hold(self, reservation_id: int, gpu_hours: float, usd: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE reservations SET gpu_hours=?, usd=? WHERE id=?", (gpu_hours, usd, reservation_id))
+
+    def settle_reservation(self, reservation_id: int, gpu_hours: float, usd: float, how: str) -> None:
+        """Replace the hold with what was spent; `how`: billed | reconciled (...)."""
+        with self.transaction() as db:
+            db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
+                       "WHERE id=?", (time.time(), gpu_hours, usd, how, reservation_id))
+
+    def settle_run_reservations(self, run_id: str, gpu_hours: float, usd: float, how: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
+                       "WHERE run_id=?", (time.time(), gpu_hours, usd, how, run_id))
+
+    # --- what a dead launcher left -------------------------------------------------
+
+    def end_orphan_leg(self, run_id: str, leg: int, ended_at: float) -> None:
+        """A leg whose launcher died before recording its end: killed, "launcher died"."""
+        with self.transaction() as db:
+            db.execute("UPDATE legs SET ended_at=?, killed=1, end_reason='launcher died' WHERE run_id=? AND leg=?",
+                       (ended_at, run_id, leg))
+
+    def end_orphan_run(self, run_id: str, gpu_hours: float, usd: float, ended_at: float) -> None:
+        """End a dead launcher's run where it is still open; what it recorded stays."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), "
+                       "cost_usd=COALESCE(cost_usd, ?), ended_at=COALESCE(ended_at, ?), "
+                       "verdict=COALESCE(verdict, 'launcher died') WHERE id=?", (gpu_hours, usd, ended_at, run_id))
+
+    def leg_billing(self, run_id: str, leg: int) -> LegBilling | None:
+        row = self._db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes FROM legs l "
+                               "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?", (run_id, leg)).fetchone()
+        return None if row is None else dict(row)
+
+    def rebill_leg(self, run_id: str, leg: int, ended_at: float, gpu_hours: float, usd: float | None,
+                   reason: str) -> tuple[float, float | None]:
+        """Bill a leg to `ended_at` and the run to the sum of its legs; returns (GPU-h, USD) of the run."""
+        with self.transaction() as db:
+            db.execute("UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), "
+                       "end_reason=? WHERE run_id=? AND leg=?", (ended_at, gpu_hours, usd, reason, run_id, leg))
+            billed, cost = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs "
+                                      "WHERE run_id=?", (run_id,)).fetchone()
+            db.execute("UPDATE runs SET billed_gpu_hours=?, cost_usd=? WHERE id=?", (billed, cost, run_id))
+        return billed, cost

@@ -1,14 +1,12 @@
 """Running one leg: its environment, its ledger rows, its budget.
 
-The leg environment is DESIGN.md's, identical on every backend:
-LAUNCHER_RUN_ID, LAUNCHER_LEG, LAUNCHER_RUNG, LAUNCHER_STORE,
-LAUNCHER_MAX_STEPS, LAUNCHER_DEADLINE. Secrets travel separately and are never
-recorded.
+The leg environment is DESIGN.md's, identical on every backend and in the dry
+run: runtime.contract.leg_env, filled in by `leg_env` here. Secrets travel
+separately and are never recorded.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets as pysecrets
@@ -25,6 +23,7 @@ from launcher.evidence import LegEvents
 from launcher.errors import LauncherError
 from launcher.ladder import Rung
 from launcher.ledger import Ledger
+from runtime import contract
 from runtime.store.seal import KEY_ENV
 
 SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY", re.IGNORECASE)
@@ -46,6 +45,27 @@ def redact(env: dict[str, str], secret_names: list[str]) -> dict[str, str]:
 def exported_secrets(cfg: Config) -> dict[str, str]:
     """The values of launcher.yaml's `secrets:` that this environment exports."""
     return {name: os.environ[name] for name in cfg.secrets if name in os.environ}
+
+
+def leg_deadline(cfg: Config, budget_s: float, quota_left_hours: float | None, gpus_total: int,
+                 now: float | None = None) -> float:
+    """LAUNCHER_DEADLINE of a leg starting `now`: its budget, capped by the session cap and by
+    what the quota still allows `gpus_total` GPUs (the run's, all nodes)."""
+    limits = [budget_s]
+    if cfg.quota.session_hours is not None:
+        limits.append(cfg.quota.session_hours * 3600)
+    if quota_left_hours is not None and gpus_total:
+        limits.append(quota_left_hours / gpus_total * 3600)
+    return (time.time() if now is None else now) + max(0.0, min(limits))
+
+
+def leg_env(cfg: Config, rung: str, run_id: str, leg: int, store_uri: str, max_steps: int, deadline: float,
+            files_sha256: dict[str, str], gpus: GpuSpec | None) -> dict[str, str]:
+    """A leg's environment from the config (its `leg_env`) and the run's facts: what real legs
+    get and what `up --dry-run` prints. The runtime refuses to run bytes other than `files_sha256`."""
+    return contract.leg_env(run_id=run_id, leg=leg, rung=rung, store=store_uri, max_steps=max_steps,
+                            deadline=deadline, files_sha256=files_sha256, on_gpu=gpus is not None,
+                            extra=cfg.leg_env)
 
 
 @dataclass
@@ -81,12 +101,7 @@ class RunContext:
 
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
-        limits = [budget_s]
-        if self.cfg.quota.session_hours is not None:
-            limits.append(self.cfg.quota.session_hours * 3600)
-        if self.quota_left_hours is not None and self.gpu_count:
-            limits.append(self.quota_left_hours / (self.gpu_count * self.nodes) * 3600)
-        return time.time() + max(0.0, min(limits))
+        return leg_deadline(self.cfg, budget_s, self.quota_left_hours, self.gpu_count * self.nodes)
 
     @property
     def run_dir(self) -> Path:
@@ -97,19 +112,9 @@ class RunContext:
         return self.gpus.count if self.gpus else 0
 
     def leg_env(self, leg: int, max_steps: int, deadline: float) -> dict[str, str]:
-        # A CPU rung on a machine that has GPUs still runs on the CPU: it is the
-        # rehearsal of the CPU path, and it must not bill or depend on a GPU.
-        cpu_only = {} if self.gpus else {"CUDA_VISIBLE_DEVICES": ""}
-        return {**cpu_only, **self.cfg.leg_env,
-            "LAUNCHER_RUN_ID": self.run_id,
-            "LAUNCHER_LEG": str(leg),
-            "LAUNCHER_RUNG": self.rung.name,
-            "LAUNCHER_STORE": self.store_uri,
-            "LAUNCHER_MAX_STEPS": str(max_steps),
-            "LAUNCHER_DEADLINE": str(int(deadline)),
-            # The runtime refuses to run bytes other than these (stale code on the instance).
-            "LAUNCHER_FILES_SHA256": json.dumps({rel: f.sha256 for rel, f in self.files.items()}, sort_keys=True),
-        }
+        """This leg's environment (runtime.contract.leg_env): the one the dry run shows too."""
+        return leg_env(self.cfg, self.rung.name, self.run_id, leg, self.store_uri, max_steps, deadline,
+                       {rel: f.sha256 for rel, f in self.files.items()}, self.gpus)
 
     def secrets(self) -> dict[str, str]:
         found = exported_secrets(self.cfg)
@@ -173,6 +178,73 @@ class LegOutcome:
     events: LegEvents
 
 
+class _Watch:
+    """One leg's output, watched as it comes: it marks that the trainer spoke the contract,
+    fires a drill's kill on the line it accepts, and ends the leg the way `ending` says."""
+
+    def __init__(self, ctx: RunContext, spec: LegSpec, deadline: float, ending: Ending,
+                 kill_when: Callable[[str], bool] | None) -> None:
+        self.ctx, self.spec, self.deadline, self.ending, self.kill_when = ctx, spec, deadline, ending, kill_when
+        self.trigger = threading.Event()
+        self.spoke = threading.Event()
+        self.started: list[LegHandle] = []
+        self.sent: set[str] = set()
+
+    def on_line(self, line: str) -> None:
+        ctx, ending, leg = self.ctx, self.ending, self.spec.leg
+        ctx.show(leg, line)
+        if not self.spoke.is_set() and '{"event": ' in line:
+            self.spoke.set()
+        if self.kill_when is not None and not self.trigger.is_set() and self.kill_when(line):
+            if self.started and ctx.backend.can_freeze:
+                ctx.backend.freeze(self.started[0])  # stop it right at this line: the kill lands here
+            self.trigger.set()
+        step = _step_of(line) if (ending.sigterm_at or ending.hold_at) and self.started else None
+        if step is None:
+            return
+        if ending.sigterm_at is not None and step >= ending.sigterm_at and "term" not in self.sent:
+            self.sent.add("term")
+            ctx.backend.terminate(self.started[0])
+        if ending.hold_at is not None and step >= ending.hold_at and "hold" not in self.sent and \
+                ctx.backend.can_freeze:
+            self.sent.add("hold")
+            ctx.backend.freeze(self.started[0])
+            ctx.show(leg, f"launcher: leg {leg} held at step {step} until its deadline is due\n")
+            time.sleep(max(0.0, self.deadline - 5.0 - time.time() + 0.5))
+            ctx.backend.thaw(self.started[0])
+
+    def record(self, handle: LegHandle) -> None:
+        """The instance exists: its ledger row, before anything can bill unrecorded."""
+        ctx, spec = self.ctx, self.spec
+        self.started.append(handle)
+        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": spec.leg, "backend": ctx.backend.name,
+                              "instance": handle.instance, "command": list(handle.command),
+                              "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(spec.log_path),
+                              "started_at": handle.started_at,
+                              "role": "straight" if self.ending.straight else None, **handle.ledger_fields()})
+
+    def wait(self, handle: LegHandle, budget_s: float, at_kill: Callable[[], str] | None) -> LegResult:
+        """Wait for the leg within its budget (and grace); kill it when it stays silent, when
+        a drill's line came, or when it runs over."""
+        ctx = self.ctx
+        give_up = time.time() + budget_s + max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
+        silent_by = time.time() + ctx.cfg.trainer.events_grace_s
+        while True:
+            if not self.spoke.is_set() and time.time() >= silent_by:
+                return ctx.backend.kill(handle, reason=f"no preflight event in {ctx.cfg.trainer.events_grace_s:g} s")
+            if self.trigger.is_set():
+                if ctx.backend.can_freeze:
+                    ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
+                return ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
+            step = (0.1 if self.kill_when is not None else 1.0 if not self.spoke.is_set()
+                    else max(0.0, give_up - time.time()))
+            result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
+            if result is not None:
+                return result
+            if time.time() >= give_up:
+                return ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
+
+
 def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str], bool] | None = None,
             at_kill: Callable[[], str] | None = None, ending: Ending = Ending()) -> LegOutcome:
     """Launch one leg on a fresh instance, wait within its budget, record it.
@@ -187,74 +259,21 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     log_path = ctx.run_dir / (f"leg-{leg}-straight.log" if ending.straight else f"leg-{leg}.log")
     env = ctx.leg_env(leg, max_steps, deadline)
     if ending.straight:
-        env["LAUNCHER_RUN_ID"] = f"{ctx.run_id}-straight-{leg}"
+        env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
                    env, ctx.secrets(), ctx.files, log_path, ctx.gpus)
-    trigger = threading.Event()
-    spoke = threading.Event()
-    started: list[LegHandle] = []
-    sent: set[str] = set()
-
-    def on_line(line: str) -> None:
-        ctx.show(leg, line)
-        if not spoke.is_set() and '{"event": ' in line:
-            spoke.set()
-        if kill_when is not None and not trigger.is_set() and kill_when(line):
-            if started and hasattr(ctx.backend, "freeze"):
-                ctx.backend.freeze(started[0])  # stop it right at this line: the kill lands here
-            trigger.set()
-        step = _step_of(line) if (ending.sigterm_at or ending.hold_at) and started else None
-        if step is None:
-            return
-        if ending.sigterm_at is not None and step >= ending.sigterm_at and "term" not in sent:
-            sent.add("term")
-            ctx.backend.terminate(started[0])
-        if ending.hold_at is not None and step >= ending.hold_at and "hold" not in sent and \
-                hasattr(ctx.backend, "freeze") and hasattr(ctx.backend, "thaw"):
-            sent.add("hold")
-            ctx.backend.freeze(started[0])
-            ctx.show(leg, f"launcher: leg {leg} held at step {step} until its deadline is due\n")
-            time.sleep(max(0.0, deadline - 5.0 - time.time() + 0.5))
-            ctx.backend.thaw(started[0])
-
-    def record(handle: LegHandle) -> None:
-        started.append(handle)
-        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": ctx.backend.name,
-                              "instance": handle.instance, "command": list(handle.command),
-                              "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(log_path),
-                              "started_at": handle.started_at,
-                              "task_sha256": getattr(getattr(handle, "task", None), "sha256", None),
-                              "pid": getattr(getattr(handle, "proc", None), "pid", None),
-                              "role": "straight" if ending.straight else None,
-                              "hourly_usd": getattr(getattr(handle, "pick", None), "instance_hourly_usd", None),
-                              "cost_source": getattr(handle, "cost_source", None)})
-
+    watch = _Watch(ctx, spec, deadline, ending, kill_when)
     try:
-        handle = ctx.backend.launch(spec, on_line=on_line, on_instance=record)
+        handle = ctx.backend.launch(spec, on_line=watch.on_line, on_instance=watch.record)
     except BaseException:
-        if started:  # recorded, then the launch itself failed or was interrupted: nothing was started
+        if watch.started:  # recorded, then the launch itself failed or was interrupted: nothing was started
             ctx.ledger.end_leg(ctx.run_id, leg, ended_at=time.time(), exit_code=None, killed=True,
                                end_reason="launch interrupted before it started", billed_gpu_hours=0.0,
                                cost_usd=0.0)
         raise
     result = None
     try:
-        grace = max(MIN_GRACE_SECONDS, GRACE_FRACTION * budget_s)
-        give_up = time.time() + budget_s + grace
-        silent_by = time.time() + ctx.cfg.trainer.events_grace_s
-        while result is None:
-            if not spoke.is_set() and time.time() >= silent_by:
-                result = ctx.backend.kill(handle, reason=f"no preflight event in {ctx.cfg.trainer.events_grace_s:g} s")
-                break
-            if trigger.is_set():
-                if hasattr(ctx.backend, "freeze"):
-                    ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
-                result = ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
-                break
-            step = 0.1 if kill_when is not None else 1.0 if not spoke.is_set() else max(0.0, give_up - time.time())
-            result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
-            if result is None and time.time() >= give_up:
-                result = ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
+        result = watch.wait(handle, budget_s, at_kill)
     except LauncherError:  # the backend could not launch at all (sky: no cloud, no capacity): nothing ran, nothing billed
         result = LegResult(None, handle.started_at, time.time(), False, "not launched", billed_seconds=0.0)
         raise

@@ -11,7 +11,7 @@ The leg's log keeps every line either way; `launcher status` reads it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -39,73 +39,137 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
 
 
+def _step(e: dict[str, Any]) -> str:
+    return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e.get('tok_s', 0):,.0f} tok/s"
+
+
+def _resume(e: dict[str, Any]) -> str:
+    parts = [f"sample {e['sample_index']}" if "sample_index" in e else None,
+             f"batch {e['batch_hash'][:12]}" if "batch_hash" in e else None,
+             f"lr {e['lr']:.3e}" if "lr" in e else None,
+             f"schedule says {e['lr_expected']:.3e}" if "lr_expected" in e else None]
+    return f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: " + ", ".join(p for p in parts if p)
+
+
+def _resume_skip(e: dict[str, Any]) -> str:
+    return f"skipped {e['name']} (never resumed from): {e['reason']}"
+
+
+def _save(e: dict[str, Any]) -> str:
+    return f"saved step {e['step']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
+
+
+def _serialized(e: dict[str, Any]) -> str:
+    return f"wrote {e.get('name', e['step'])} in the background: {_mb(e.get('bytes'))} in {e.get('seconds', 0):.2f} s"
+
+
+def _flops(e: dict[str, Any]) -> str:
+    if not e.get("flops_per_token"):
+        return f"FLOPs not counted: {e.get('note', 'no count')}"
+    formula = (f"; 6N + 12LdT gives {e['formula_flops_per_token'] / 1e6:,.2f}"
+               if e.get("formula_flops_per_token") else "")
+    return (f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
+            f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})")
+
+
+def _push(e: dict[str, Any]) -> str:
+    return f"pushed {e['name']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s"
+
+
+def _verify(e: dict[str, Any]) -> str:
+    state = "verified" if e["ok"] else "verification FAILED: " + "; ".join(e.get("failures", []))
+    return f"{e['name']} {state} ({e['windows']} windows, {_mb(e['bytes_read'])} read back, {e['seconds']:.2f} s)"
+
+
+def _delete_local(e: dict[str, Any]) -> str:
+    return f"deleted the local {e['name']}: {_mb(e['bytes_freed'])} freed, {_mb(e['free_bytes'])} free"
+
+
+def _prune(e: dict[str, Any]) -> str:
+    return f"pruned {', '.join(e['deleted']) or 'nothing'}; the store keeps {', '.join(e['kept'])}"
+
+
+def _start(e: dict[str, Any]) -> str:
+    return (f"started on {e.get('device')}: {e.get('params', 0):,} params, {e.get('world_size', 1)} rank(s), "
+            f"to step {e.get('max_steps')}")
+
+
+def _memory(e: dict[str, Any]) -> str:
+    what = "GPU peak" if e.get("kind") == "cuda" else "host RSS"
+    return f"memory at step {e['step']}: {what} {_mb(e['peak_max'])} (max across ranks)"
+
+
+def _rate(e: dict[str, Any]) -> str:
+    err = "" if e.get("rel_err") is None else f" +-{100 * e['rel_err']:.1f} %"
+    mfu = (f"; MFU {100 * e['mfu']:.1f} %" if e.get("mfu") is not None else
+           f"; {e['flop_s'] / 1e12:,.3g} TFLOP/s" if e.get("flop_s") else "")
+    return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}{mfu}; "
+            f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}")
+
+
+def _health(e: dict[str, Any]) -> str:
+    gpu = f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free" \
+        if e.get("gpu_total_bytes") else ""
+    util = e.get("gpu_util")
+    if isinstance(util, dict) and util.get("mean") is not None:
+        gpu += f", GPU busy {util['mean']:.0f} % ({util.get('source', '?')})"
+    return (f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
+            f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}")
+
+
+def _push_wait(e: dict[str, Any]) -> str:
+    return f"the loop waited {e['seconds']:.2f} s at step {e['step']} for the pusher ({e.get('reason', '')})"
+
+
+def _push_failed(e: dict[str, Any]) -> str:
+    return f"push of step {e['step']} FAILED: {e['error']}"
+
+
+def _stop(e: dict[str, Any]) -> str:
+    detail = f": {e['error']}" if e.get("error") else ""
+    return f"stopping at step {e.get('step', '?')} ({e['reason']}){detail}"
+
+
+def _done(e: dict[str, Any]) -> str:
+    ok = "verified" if e.get("final_checkpoint_verified", True) else "NOT verified"
+    return f"done at step {e['step']}; final checkpoint {ok}"
+
+
+def _damaged(e: dict[str, Any]) -> str:
+    return f"a damaged event line ({e.get('kind') or 'unknown kind'}): {e['reason']}"
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "step": _step,
+    "resume": _resume,
+    "resume_skip": _resume_skip,
+    "save": _save,
+    "serialized": _serialized,
+    "flops": _flops,
+    "push": _push,
+    "verify": _verify,
+    "delete_local": _delete_local,
+    "prune": _prune,
+    "start": _start,
+    "memory": _memory,
+    "rate": _rate,
+    "health": _health,
+    "push_wait": _push_wait,
+    "push_failed": _push_failed,
+    "stop": _stop,
+    "done": _done,
+    DAMAGED: _damaged,
+}
+"""One readable line per event kind (the log keeps the full JSON line)."""
+
+
 def event_summary(e: dict[str, Any]) -> str:
-    """One readable line per event kind (the log keeps the full JSON line)."""
-    kind = e["event"]
-    if kind == "step":
-        return f"step {e['step']:>5}  loss {e['loss']:.4f}  lr {e['lr']:.2e}  {e.get('tok_s', 0):,.0f} tok/s"
-    if kind == "resume":
-        parts = [f"sample {e['sample_index']}" if "sample_index" in e else None,
-                 f"batch {e['batch_hash'][:12]}" if "batch_hash" in e else None,
-                 f"lr {e['lr']:.3e}" if "lr" in e else None,
-                 f"schedule says {e['lr_expected']:.3e}" if "lr_expected" in e else None]
-        return f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: " + ", ".join(p for p in parts if p)
-    if kind == "resume_skip":
-        return f"skipped {e['name']} (never resumed from): {e['reason']}"
-    if kind == "save":
-        return f"saved step {e['step']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s on the critical path"
-    if kind == "serialized":
-        return f"wrote {e.get('name', e['step'])} in the background: {_mb(e.get('bytes'))} in {e.get('seconds', 0):.2f} s"
-    if kind == "flops":
-        if not e.get("flops_per_token"):
-            return f"FLOPs not counted: {e.get('note', 'no count')}"
-        formula = (f"; 6N + 12LdT gives {e['formula_flops_per_token'] / 1e6:,.2f}"
-                   if e.get("formula_flops_per_token") else "")
-        return (f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
-                f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})")
-    if kind == "push":
-        return f"pushed {e['name']}: {_mb(e['bytes'])} in {e['seconds']:.2f} s"
-    if kind == "verify":
-        state = "verified" if e["ok"] else "verification FAILED: " + "; ".join(e.get("failures", []))
-        return f"{e['name']} {state} ({e['windows']} windows, {_mb(e['bytes_read'])} read back, {e['seconds']:.2f} s)"
-    if kind == "delete_local":
-        return f"deleted the local {e['name']}: {_mb(e['bytes_freed'])} freed, {_mb(e['free_bytes'])} free"
-    if kind == "prune":
-        return f"pruned {', '.join(e['deleted']) or 'nothing'}; the store keeps {', '.join(e['kept'])}"
-    if kind == "start":
-        return (f"started on {e.get('device')}: {e.get('params', 0):,} params, {e.get('world_size', 1)} rank(s), "
-                f"to step {e.get('max_steps')}")
-    if kind == "memory":
-        what = "GPU peak" if e.get("kind") == "cuda" else "host RSS"
-        return f"memory at step {e['step']}: {what} {_mb(e['peak_max'])} (max across ranks)"
-    if kind == "rate":
-        err = "" if e.get("rel_err") is None else f" +-{100 * e['rel_err']:.1f} %"
-        mfu = (f"; MFU {100 * e['mfu']:.1f} %" if e.get("mfu") is not None else
-               f"; {e['flop_s'] / 1e12:,.3g} TFLOP/s" if e.get("flop_s") else "")
-        return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}{mfu}; "
-                f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}")
-    if kind == "health":
-        gpu = f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free" \
-            if e.get("gpu_total_bytes") else ""
-        util = e.get("gpu_util")
-        if isinstance(util, dict) and util.get("mean") is not None:
-            gpu += f", GPU busy {util['mean']:.0f} % ({util.get('source', '?')})"
-        return (f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
-                f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}")
-    if kind == "push_wait":
-        return f"the loop waited {e['seconds']:.2f} s at step {e['step']} for the pusher ({e.get('reason', '')})"
-    if kind == "push_failed":
-        return f"push of step {e['step']} FAILED: {e['error']}"
-    if kind == "stop":
-        detail = f": {e['error']}" if e.get("error") else ""
-        return f"stopping at step {e.get('step', '?')} ({e['reason']}){detail}"
-    if kind == "done":
-        ok = "verified" if e.get("final_checkpoint_verified", True) else "NOT verified"
-        return f"done at step {e['step']}; final checkpoint {ok}"
-    if kind == DAMAGED:
-        return f"a damaged event line ({e.get('kind') or 'unknown kind'}): {e['reason']}"
+    """One readable line for an event: its kind's summary, else its fields."""
+    summary = SUMMARIES.get(e["event"])
+    if summary is not None:
+        return summary(e)
     rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "t", "rank"))
-    return f"{kind}: {rest}"[:300]
+    return f"{e['event']}: {rest}"[:300]
 
 
 class LegView:

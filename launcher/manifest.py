@@ -1,35 +1,21 @@
 """`launcher review`: hash the files that legs will run; every launch compares.
 
 The reviewed set is the config's `reviewed` globs, expanded relative to the
-project dir. Its digest (sha256 over the sorted "path sha256" lines) names the
-set in the ledger and the report.
+project dir. Its digest (sha256 over the sorted "path sha256" lines,
+runtime.hashing.digest_lines) names the set in the ledger and the report.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import Config
 from launcher.errors import BadInput, Refused
-from launcher.ledger import Ledger, Review
-
-CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def files_digest(files: dict[str, str]) -> str:
-    lines = "".join(f"{path} {sha}\n" for path, sha in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
+from launcher.ledger import Ledger
+from launcher.ledger_rows import Review
+from runtime.hashing import digest_lines, sha256_file
 
 
 def reviewed_paths(cfg: Config, strict: bool = True) -> dict[str, Path]:
@@ -94,7 +80,7 @@ def stage_files(files: dict[str, Path], expected: dict[str, str], dest: Path) ->
 def record_review(cfg: Config, ledger: Ledger, files: dict[str, str] | None = None) -> Review:
     """Record the reviewed files' hashes (taken now unless given) as the reviewed set."""
     files = hash_reviewed(cfg) if files is None else files
-    digest = files_digest(files)
+    digest = digest_lines(files)
     review_id = ledger.record_review(digest, files)
     review = ledger.latest_review()
     assert review is not None and review.id == review_id

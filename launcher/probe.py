@@ -10,24 +10,16 @@ checked like every resume (position, LR, loss continuity, no re-read).
 from __future__ import annotations
 
 from launcher.efficiency import check_efficiency, check_utilisation
-from launcher.evidence import Check
+from launcher.evidence import Check, silent
+from launcher.ladder import probe_plan
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
-from launcher.evidence import silent
 from launcher.rehearsal import check_device, check_leg_exit, check_pushed, check_resumed
-
-TAIL_FRACTION = 0.1
-"""The share of the rung's steps left to the cold-resumed leg."""
-
-
-def leg_plan(steps: int) -> list[int]:
-    first = max(1, steps - max(1, int(steps * TAIL_FRACTION)))
-    return [first, steps]
 
 
 def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     run_steps = ctx.cfg.rungs.run.steps
-    plan = leg_plan(steps)
+    plan = probe_plan(steps)
     first = run_leg(ctx, 0, plan[0])
     checks = [check_leg_exit(first)]
     if silent(first.events):

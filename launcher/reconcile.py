@@ -2,10 +2,10 @@
 ledger, its reservation held and, on the local and docker backends, possibly a leg
 still running and its disk. The next launcher command ends all of that:
 
-- in one transaction (launcher.spend.reconcile): the reservation settled, the open
-  legs and the run ended at the last sign of life, verdict "launcher died";
-- then, outside it: every process of the dead legs killed (by their token, as a
-  drill's kill would), their leg dirs removed, their containers removed.
+- in one transaction (`settle_dead`): the reservation settled, the open legs and
+  the run ended at the last sign of life, verdict "launcher died";
+- then, outside it (`clean_up`): every process of the dead legs killed (by their
+  token, as a drill's kill would), their leg dirs removed, their containers removed.
 
 The leash (launcher.backends.leash) usually did the killing already, the moment
 the launcher died; this is the check after it. A SkyPilot cluster is asked
@@ -16,41 +16,99 @@ report), and the run and its reservation are settled again with that.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-
-from typing import TYPE_CHECKING
 
 from launcher.errors import LauncherError
 from launcher.ledger import Ledger
+from launcher.ledger_rows import LegRecord
 
-if TYPE_CHECKING:
-    from launcher.spend import DeadRun
+
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """Whether a process of this machine is alive (one owned by another user counts);
+    given its start time, a reused pid is not it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OverflowError:
+        return False
+    return started is None or process_start(pid) in (None, started)
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), None where unknown."""
+    from launcher.backends.leash import proc_stat
+
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _alive(host: str, pid: int, started: int | None) -> bool:
+    if host != socket.gethostname():
+        return True  # another machine's launcher: not ours to judge
+    return pid_alive(pid, started)
+
+
+@dataclass(frozen=True)
+class DeadRun:
+    """A run whose launcher died: ended in the ledger now; its legs are cleaned up after."""
+
+    run_id: str
+    legs: list[LegRecord]
+
+
+def settle_dead(ledger: Ledger) -> list[DeadRun]:
+    """End what a dead launcher left: settle its reservation with what its legs billed
+    where they ended, else with the full reservation (the instance may have run to its
+    budget); close its open legs and the run ("launcher died"), at the last sign of life
+    (its newest log line). One transaction (the caller's, when it holds one); the caller
+    then removes what the legs left (`clean_up`)."""
+    dead = []
+    with ledger.transaction():
+        stale = [r for r in ledger.unsettled_reservations() if not _alive(r["host"], r["pid"], r["pid_start"])]
+        for r in stale:
+            legs = ledger.leg_records(r["run_id"])
+            open_legs = [leg for leg in legs if leg["ended_at"] is None]
+            billed = sum(leg["billed_gpu_hours"] or 0.0 for leg in legs)
+            usd = sum(leg["cost_usd"] or 0.0 for leg in legs)
+            if open_legs:  # a leg never recorded its end: assume it ran to its budget
+                billed, usd = max(billed, r["gpu_hours"]), max(usd, r["usd"])
+            ledger.settle_reservation(r["id"], billed, usd, "reconciled (launcher died)")
+            last_sign = max([r["created_at"]] + [leg["ended_at"] or leg["started_at"] for leg in legs]
+                            + [os.path.getmtime(leg["log_path"]) for leg in legs if os.path.isfile(leg["log_path"])])
+            for leg in open_legs:
+                ledger.end_orphan_leg(r["run_id"], leg["leg"], last_sign)
+            ledger.end_orphan_run(r["run_id"], billed, usd, last_sign)
+            dead.append(DeadRun(r["run_id"], open_legs))
+    return dead
 
 
 def end_dead_runs(ledger: Ledger) -> list[str]:
     """Reconcile now (a no-op when no launcher died); returns the runs ended. A ledger
     that cannot be written now (locked, read-only, full) is left for the next command."""
     try:
-        if not ledger.conn.execute("SELECT 1 FROM reservations WHERE settled_at IS NULL LIMIT 1").fetchone():
+        if not ledger.any_unsettled():
             return []  # the common case, in one indexed read: nothing held, nothing to reconcile
     except sqlite3.Error:
         return []
-    from launcher.spend import reconcile
-
     try:
-        with ledger.transaction() as db:
-            dead = reconcile(db)
+        dead = settle_dead(ledger)
     except (sqlite3.Error, LauncherError):
         return []
     clean_up(dead, ledger)
     return [d.run_id for d in dead]
 
 
-def clean_up(dead: "list[DeadRun]", ledger: Ledger) -> None:
+def clean_up(dead: list[DeadRun], ledger: Ledger) -> None:
     """Kill what the dead runs' legs left running and remove their disks."""
     from launcher.backends.leash import kill_leg, leg_token
 
@@ -68,11 +126,29 @@ def clean_up(dead: "list[DeadRun]", ledger: Ledger) -> None:
                 _reap_cluster(ledger, run.run_id, leg)
 
 
-def _reap_cluster(ledger: Ledger, run_id: str, leg: dict) -> None:
+def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: str,
+               granularity_s: float = 60.0) -> None:
+    """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
+    record): billed from its start to then, at the price it was launched at; the run and
+    its reservation settled again with the sum of the run's legs."""
+    from launcher.backends.base import billed_seconds
+
+    with ledger.transaction():
+        row = ledger.leg_billing(run_id, leg)
+        if row is None:
+            return
+        seconds = billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
+        hours = seconds / 3600.0 * row["gpu_count"]
+        usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
+        billed, cost = ledger.rebill_leg(run_id, leg, ended_at, hours, usd, reason)
+        ledger.settle_run_reservations(run_id, billed, cost or 0.0,
+                                       "reconciled (launcher died; billed to the cluster's end)")
+
+
+def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
     """Down the dead leg's cluster if SkyPilot still has it, and bill the leg to when it stopped."""
     from launcher.backends.sky import reap, reap_job
-    from launcher.backends.skyjob import job_id_of
-    from launcher.spend import settle_leg
+    from launcher.backends.skyapi import job_id_of
 
     try:
         job = job_id_of(leg["instance"])

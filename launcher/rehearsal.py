@@ -90,13 +90,13 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     if leg == legs - 1:
         return steps, Ending()
     if leg == 0:
-        if not hasattr(ctx.backend, "terminate"):
+        if not ctx.backend.can_terminate:
             return plan[0], Ending()
         return plan[1] - 1, Ending(sigterm_at=plan[0])
     # The deadline: far enough for the leg to start and train, then the leg is held at a known
     # step until the deadline is within the trainer's margin (so the stop lands mid-run).
     startup = _startup_s(first) if first else 10.0
-    if hasattr(ctx.backend, "freeze") and hasattr(ctx.backend, "thaw"):
+    if ctx.backend.can_freeze:
         return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0), hold_at=plan[leg])
     step_s = _step_s(first) if first else 1.0
     return steps - 1, Ending(deadline_s=startup + 5.0 + (plan[leg] - plan[leg - 1]) * step_s)

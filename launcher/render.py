@@ -183,6 +183,36 @@ def print_run_progress(out: Console, r: dict[str, Any]) -> None:
         out.print(f"  [yellow]warning[/yellow]: {escape(w)}")
 
 
+def _print_checkpoints(out: Console, ck: dict[str, Any]) -> None:
+    if "error" in ck:
+        out.print(f"  store: unreachable ({escape(ck['error'])})")
+        return
+    for key, label in (("newest_verified", "newest verified"), ("newest", "newest in store")):
+        c = ck.get(key)
+        if c is None:
+            out.print(f"  {label}: none")
+            continue
+        age = f"{c['age_steps']} steps" + (f", {c['age_minutes']} min" if c["age_minutes"] is not None else "")
+        out.print(f"  {label}: {c['name']} ({c['state']}, {c['bytes'] / 1e6:,.1f} MB), {age} old")
+    for d in ck.get("damaged", []):
+        out.print(f"  [red]damaged[/red]: {d['name']} (never resumed from): {escape(d['reason'][:200])}")
+
+
+def _print_health(out: Console, h: dict[str, Any]) -> None:
+    gib = 2**30
+    ram = f"{h['ram_available_bytes'] / gib:,.1f} of {h['ram_total_bytes'] / gib:,.1f} GiB RAM available" \
+        if h.get("ram_available_bytes") else "RAM unknown"
+    out.print(f"  instance ({h['age_s']} s ago): disk {h['disk_free_bytes'] / gib:,.1f} of "
+              f"{h['disk_total_bytes'] / gib:,.1f} GiB free; {ram}")
+    if h.get("gpu_total_bytes"):
+        procs = h.get("gpu_processes")
+        per = ", ".join(f"pid {p['pid']} {p['used_bytes'] / gib:,.2f} GiB" for p in procs) if procs else \
+            "per-process list unavailable (no nvidia-smi)"
+        out.print(f"  GPU: {h['gpu_free_bytes'] / gib:,.1f} of {h['gpu_total_bytes'] / gib:,.1f} GiB free; {per}")
+    else:
+        out.print("  GPU: no GPU")
+
+
 def print_status(out: Console, s: dict[str, Any]) -> None:
     """`launcher status`: the check before a kill."""
     out.print(f"[bold]{s['run']}[/bold]  rung {s['rung']}  backend {s['backend']}  on {s['gpus']}  {s['state']}")
@@ -210,33 +240,9 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         eta = rate["eta_s"] / 3600 if rate["eta_s"] is not None else None
         out.print(f"  rate: {rate['tok_s']:,.0f} tok/s{err} over steps {rate['window'][0]}..{rate['window'][1]}; "
                   f"ETA to step {rate['eta_to_step']}: " + ("-" if eta is None else f"{eta:,.2f} h"))
-    ck = s.get("checkpoints", {})
-    if "error" in ck:
-        out.print(f"  store: unreachable ({escape(ck['error'])})")
-    else:
-        for key, label in (("newest_verified", "newest verified"), ("newest", "newest in store")):
-            c = ck.get(key)
-            if c is None:
-                out.print(f"  {label}: none")
-                continue
-            age = f"{c['age_steps']} steps" + (f", {c['age_minutes']} min" if c["age_minutes"] is not None else "")
-            out.print(f"  {label}: {c['name']} ({c['state']}, {c['bytes'] / 1e6:,.1f} MB), {age} old")
-        for d in ck.get("damaged", []):
-            out.print(f"  [red]damaged[/red]: {d['name']} (never resumed from): {escape(d['reason'][:200])}")
-    h = s.get("health")
-    if h:
-        gib = 2**30
-        ram = f"{h['ram_available_bytes'] / gib:,.1f} of {h['ram_total_bytes'] / gib:,.1f} GiB RAM available" \
-            if h.get("ram_available_bytes") else "RAM unknown"
-        out.print(f"  instance ({h['age_s']} s ago): disk {h['disk_free_bytes'] / gib:,.1f} of "
-                  f"{h['disk_total_bytes'] / gib:,.1f} GiB free; {ram}")
-        if h.get("gpu_total_bytes"):
-            procs = h.get("gpu_processes")
-            per = ", ".join(f"pid {p['pid']} {p['used_bytes'] / gib:,.2f} GiB" for p in procs) if procs else \
-                "per-process list unavailable (no nvidia-smi)"
-            out.print(f"  GPU: {h['gpu_free_bytes'] / gib:,.1f} of {h['gpu_total_bytes'] / gib:,.1f} GiB free; {per}")
-        else:
-            out.print("  GPU: no GPU")
+    _print_checkpoints(out, s.get("checkpoints", {}))
+    if s.get("health"):
+        _print_health(out, s["health"])
     b = s.get("breakdown")
     if b:
         out.print(f"  step time: {escape(b['summary'])}")

@@ -1,16 +1,22 @@
-"""Quota periods and the pre-launch arithmetic (what a rung would cost, what is left)."""
+"""Quota periods and the pre-launch arithmetic (what a rung would cost, what is left):
+the policy of what may be spent. What was spent and what is held is the ledger's
+(launcher.ledger); a dead launcher's hold is settled by launcher.reconcile."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from launcher.config import WEEKDAYS, Config, GpuSpec
+from launcher.errors import Refused
 from launcher.ladder import Rung
 from launcher.ledger import Ledger
+from launcher.reconcile import clean_up, end_dead_runs, process_start, settle_dead
 
 
 def period_start(cfg: Config, now: datetime | None = None) -> datetime | None:
@@ -61,7 +67,7 @@ def used_gpu_hours(ledger: Ledger | None, since: datetime | None) -> float:
     """Billed plus still-reserved GPU-hours in the period."""
     if ledger is None:
         return 0.0
-    used, _, held, _ = period_totals(ledger.conn, since)
+    used, _, held, _ = ledger.period_totals(since)
     return used + held
 
 
@@ -86,90 +92,6 @@ class Reservation:
     remaining_gpu_hours: float | None
 
 
-def pid_alive(pid: int, started: int | None = None) -> bool:
-    """Whether a process of this machine is alive (one owned by another user counts);
-    given its start time, a reused pid is not it."""
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    except OverflowError:
-        return False
-    return started is None or process_start(pid) in (None, started)
-
-
-def process_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), None where unknown."""
-    from launcher.backends.leash import proc_stat
-
-    fields = proc_stat(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
-
-
-def _alive(host: str, pid: int, started: int | None) -> bool:
-    import socket
-
-    if host != socket.gethostname():
-        return True  # another machine's launcher: not ours to judge
-    return pid_alive(pid, started)
-
-
-@dataclass(frozen=True)
-class DeadRun:
-    """A run whose launcher died: ended in the ledger now; its legs are cleaned up after."""
-
-    run_id: str
-    legs: list[dict[str, Any]]
-
-
-def reconcile(db: Any) -> list[DeadRun]:
-    """End what a dead launcher left: settle its reservation with what its legs billed
-    where they ended, else with the full reservation (the instance may have run to its
-    budget); close its open legs and the run ("launcher died"), at the last sign of life
-    (its newest log line). The caller removes what the legs left (launcher.reconcile)."""
-    import os
-    import time
-
-    stale = [r for r in db.execute("SELECT * FROM reservations WHERE settled_at IS NULL").fetchall()
-             if not _alive(r["host"], r["pid"], r["pid_start"])]
-    dead = []
-    for r in stale:
-        legs = [dict(leg) for leg in db.execute("SELECT * FROM legs WHERE run_id=?", (r["run_id"],)).fetchall()]
-        open_legs = [leg for leg in legs if leg["ended_at"] is None]
-        billed = sum(leg["billed_gpu_hours"] or 0.0 for leg in legs)
-        usd = sum(leg["cost_usd"] or 0.0 for leg in legs)
-        if open_legs:  # a leg never recorded its end: assume it ran to its budget
-            billed, usd = max(billed, r["gpu_hours"]), max(usd, r["usd"])
-        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
-                   "WHERE id=?", (time.time(), billed, usd, "reconciled (launcher died)", r["id"]))
-        last_sign = max([r["created_at"]] + [leg["ended_at"] or leg["started_at"] for leg in legs]
-                        + [os.path.getmtime(leg["log_path"]) for leg in legs if os.path.isfile(leg["log_path"])])
-        for leg in open_legs:
-            db.execute("UPDATE legs SET ended_at=?, killed=1, end_reason='launcher died' WHERE run_id=? AND leg=?",
-                       (last_sign, r["run_id"], leg["leg"]))
-        db.execute("UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), cost_usd=COALESCE(cost_usd, ?), "
-                   "ended_at=COALESCE(ended_at, ?), verdict=COALESCE(verdict, 'launcher died') WHERE id=?",
-                   (billed, usd, last_sign, r["run_id"]))
-        dead.append(DeadRun(r["run_id"], open_legs))
-    return dead
-
-
-def period_totals(db: Any, since: datetime | None) -> tuple[float, float, float, float]:
-    """(used GPU-h, used USD, reserved GPU-h, reserved USD) in the period."""
-    start = since.timestamp() if since else 0.0
-    used, used_usd = db.execute(
-        "SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM runs "
-        "WHERE started_at >= ? AND billed_gpu_hours IS NOT NULL", (start,)).fetchone()  # ended or reconciled
-    held, held_usd = db.execute(
-        "SELECT COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(usd), 0) FROM reservations WHERE settled_at IS NULL"
-    ).fetchone()
-    return float(used), float(used_usd), float(held), float(held_usd)
-
-
 def _free(cfg: Config, used: float, used_usd: float, held: float, held_usd: float, price: float | None) -> float:
     """GPU-hours the quota and the USD budget still allow (inf: no cap)."""
     free = math.inf
@@ -188,15 +110,9 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
 
     `at_least` (GPU-hours; the run): when the rung does not fit, reserve what is left
     instead, provided it is at least this much (the run's legs then stop at the quota)."""
-    import os
-    import socket
-    import time
-
-    from launcher.errors import Refused
-
-    with ledger.transaction() as db:
-        dead = reconcile(db)
-        used, used_usd, held, held_usd = period_totals(db, proj.period_from)
+    with ledger.transaction():
+        dead = settle_dead(ledger)
+        used, used_usd, held, held_usd = ledger.period_totals(proj.period_from)
         free = _free(cfg, used, used_usd, held, held_usd, price)
         capped = at_least is not None and not allow_overdraft and at_least <= free < proj.rung_gpu_hours
         if capped:
@@ -223,13 +139,8 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
             arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
         if over:
             arithmetic = "OVERDRAFT: " + "; ".join(over)
-        rid = db.execute(
-            "INSERT INTO reservations (run_id, rung, created_at, host, pid, pid_start, gpu_hours, usd, overdraft, "
-            "arithmetic) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, rung, time.time(), socket.gethostname(), os.getpid(), process_start(os.getpid()),
-             proj.rung_gpu_hours, usd, int(bool(over)), arithmetic)).lastrowid
-    from launcher.reconcile import clean_up
-
+        rid = ledger.reserve(run_id, rung, socket.gethostname(), os.getpid(), process_start(os.getpid()),
+                             proj.rung_gpu_hours, usd, bool(over), arithmetic)
     clean_up(dead, ledger)
     remaining = None if quota is None else max(0.0, quota - used - held)
     return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
@@ -253,71 +164,34 @@ def hold_leg(cfg: Config, ledger: Ledger, reservation_id: int, run_id: str, want
     this leg's share, at most what the quota and budget still allow once every other
     launcher's bills and holds are counted (one transaction, like `reserve`)."""
     since = period_start(cfg)
-    with ledger.transaction() as db:
-        billed, billed_usd = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) "
-                                        "FROM legs WHERE run_id=?", (run_id,)).fetchone()
-        used, used_usd, held, held_usd = period_totals(db, since)
-        mine = db.execute("SELECT gpu_hours, usd FROM reservations WHERE id=?", (reservation_id,)).fetchone()
+    with ledger.transaction():
+        billed, billed_usd = ledger.legs_billed(run_id)
+        used, used_usd, held, held_usd = ledger.period_totals(since)
+        mine = ledger.reservation(reservation_id)
         others, others_usd = held - mine["gpu_hours"], held_usd - mine["usd"]
         left = _free(cfg, used + billed, used_usd + billed_usd, others, others_usd, price)
         grant = want_gpu_hours if allow_overdraft else max(0.0, min(want_gpu_hours, left))
         hold = billed + (grant if math.isfinite(grant) else 0.0)
-        db.execute("UPDATE reservations SET gpu_hours=?, usd=? WHERE id=?",
-                   (hold, billed_usd + (grant * (price or 0.0) if math.isfinite(grant) else 0.0), reservation_id))
+        ledger.set_hold(reservation_id, hold,
+                        billed_usd + (grant * (price or 0.0) if math.isfinite(grant) else 0.0))
     return LegGrant(grant, float(billed), left)
 
 
 def settle(ledger: Ledger, reservation_id: int, run_id: str) -> None:
     """Replace the reservation with what the run's legs billed."""
-    import time
-
-    with ledger.transaction() as db:
-        billed, usd = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM legs "
-                                 "WHERE run_id=?", (run_id,)).fetchone()
-        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how='billed' "
-                   "WHERE id=?", (time.time(), billed, usd, reservation_id))
-
-
-def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: str,
-               granularity_s: float = 60.0) -> None:
-    """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
-    record): billed from its start to then, at the price it was launched at; the run and
-    its reservation settled again with the sum of the run's legs."""
-    import time
-
-    from launcher.backends.base import billed_seconds
-
-    with ledger.transaction() as db:
-        row = db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes FROM legs l "
-                         "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?", (run_id, leg)).fetchone()
-        if row is None:
-            return
-        seconds = billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
-        hours = seconds / 3600.0 * row["gpu_count"]
-        usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
-        db.execute("UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), end_reason=? "
-                   "WHERE run_id=? AND leg=?", (ended_at, hours, usd, reason, run_id, leg))
-        billed, cost = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs "
-                                  "WHERE run_id=?", (run_id,)).fetchone()
-        db.execute("UPDATE runs SET billed_gpu_hours=?, cost_usd=? WHERE id=?", (billed, cost, run_id))
-        db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
-                   "WHERE run_id=?", (time.time(), billed, cost or 0.0,
-                                      "reconciled (launcher died; billed to the cluster's end)", run_id))
+    with ledger.transaction():
+        billed, usd = ledger.legs_billed(run_id)
+        ledger.settle_reservation(reservation_id, billed, usd, "billed")
 
 
 def summary(cfg: Config, ledger: Ledger, gpus: GpuSpec | None, nodes: int = 1) -> dict[str, Any]:
     """`launcher spend`: the period's used / reserved / remaining, by rung, and what each rung would cost."""
     from launcher.ladder import RUNGS
 
-    from launcher.reconcile import end_dead_runs
-
     reconciled = len(end_dead_runs(ledger))
     since = period_start(cfg)
-    used, used_usd, held, held_usd = period_totals(ledger.conn, since)
-    start = since.timestamp() if since else 0.0
-    by_rung = {r["rung"]: {"gpu_hours": r["h"], "usd": r["usd"], "runs": r["n"]} for r in ledger.conn.execute(
-        "SELECT rung, COALESCE(SUM(billed_gpu_hours), 0) AS h, COALESCE(SUM(cost_usd), 0) AS usd, COUNT(*) AS n "
-        "FROM runs WHERE started_at >= ? GROUP BY rung ORDER BY rung", (start,)).fetchall()}
+    used, used_usd, held, held_usd = ledger.period_totals(since)
+    by_rung = ledger.spend_by_rung(since)
     quota = cfg.quota.gpu_hours
     remaining = None if quota is None else quota - used - held
     price = cfg.prices.get(gpus.name) if gpus else None

@@ -22,9 +22,9 @@ from launcher.ledger import Ledger
 from launcher.efficiency import describe as describe_efficiency
 from launcher.efficiency import describe_idle, efficiency, idle_breakdown
 from launcher.measure import describe_breakdown, step_breakdown
-from launcher.reconcile import end_dead_runs
-from launcher.spend import pid_alive
+from launcher.reconcile import end_dead_runs, pid_alive
 from launcher.storekey import project_key
+from runtime import contract
 
 WARNING = re.compile(r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
                      r"nan\b|inf\b|killed|timed? ?out", re.IGNORECASE)
@@ -84,21 +84,26 @@ def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None, ke
             "damaged": [{"name": d.name, "step": d.step, "reason": d.reason} for d in scan.damaged]}
 
 
-def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
+def _read_run(cfg: Config, run_id: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+    """(the run's row, its stop requests, what the quota leaves it): read, then the ledger closed."""
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
         end_dead_runs(ledger)  # a run whose launcher died shows as ended, not as the live one
         run = pick_run(ledger, run_id)
-        stops = ledger.stops(run["id"])
         left = None
         if run["rung"] == "run":
             from launcher.watch import quota_for_run
 
             left = quota_for_run(cfg, ledger, run["id"])
+        return run, ledger.stops(run["id"]), left
     finally:
         ledger.close()
+
+
+def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
+    run, stops, left = _read_run(cfg, run_id)
     legs = [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in run["legs"]]
     out: dict[str, Any] = {"run": run["id"], "rung": run["rung"], "backend": run["backend"],
                            "gpus": f"{run['gpu_name']}:{run['gpu_count']}" if run["gpu_count"] else "CPU",
@@ -113,28 +118,46 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
 
         out["run_progress"] = watch(run, legs, left, cfg.prices.get(run["gpu_name"]) if run["gpu_name"] else None)
     row, ev = run["legs"][-1], legs[-1]
-    start = ev.first("start")
-    last_step = ev.last("step")
-    step = int(last_step[1]["step"]) if last_step else None
-    leg_running = row["ended_at"] is None
-    out["leg"] = {"leg": row["leg"], "instance": row["instance"], "log": row["log_path"],
-                  "state": "running" if leg_running else f"ended: exit {row['exit_code']}"
-                  + (f" ({row['end_reason']})" if row["end_reason"] else ""),
-                  "process_alive": pid_alive(row["pid"]) if leg_running and row["backend"] == "local" and row.get("pid")
-                  else None,
-                  "step": step, "leg_max_steps": int(row["env"].get("LAUNCHER_MAX_STEPS", 0)) or None,
-                  "total_steps": start[1].get("total_steps") if start else None,
-                  "device": start[1].get("device") if start else None}
+    out["leg"] = _leg_state(row, ev)
     if ev.items:
         n, e = ev.items[-1]
         out["last_event"] = {"event": e["event"], "line": n, "step": e.get("step"),
                              "age_s": round(time.time() - e["t"], 1) if "t" in e else None}
+    measured = _measures(run, ev)
+    if "rate" in measured:  # the keys in the order `status --json` has always had
+        out["rate"] = measured.pop("rate")
+    out["checkpoints"] = checkpoints(run, legs, out["leg"]["step"], project_key(cfg.state_path, create=False))
+    out.update(measured)
+    out["warnings"] = warnings_in(Path(row["log_path"]))
+    out["damaged_lines"] = ev.damaged()
+    return out
+
+
+def _leg_state(row: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
+    """The newest leg: where it runs, whether it is alive, its step of how many."""
+    start = ev.first("start")
+    last_step = ev.last("step")
+    leg_running = row["ended_at"] is None
+    return {"leg": row["leg"], "instance": row["instance"], "log": row["log_path"],
+            "state": "running" if leg_running else f"ended: exit {row['exit_code']}"
+            + (f" ({row['end_reason']})" if row["end_reason"] else ""),
+            "process_alive": pid_alive(row["pid"]) if leg_running and row["backend"] == "local" and row.get("pid")
+            else None,
+            "step": int(last_step[1]["step"]) if last_step else None,
+            "leg_max_steps": int(row["env"].get(contract.MAX_STEPS, 0)) or None,
+            "total_steps": start[1].get("total_steps") if start else None,
+            "device": start[1].get("device") if start else None}
+
+
+def _measures(run: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
+    """What the newest leg measured: rate and ETA, the instance's health, the step breakdown,
+    FLOPs and MFU, and the GPU's idle share (each only where the leg printed it)."""
+    out: dict[str, Any] = {}
     rate = ev.last("rate")
     if rate:
         r = rate[1]
         out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
                        "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
-    out["checkpoints"] = checkpoints(run, legs, step, project_key(cfg.state_path, create=False))
     health = ev.last("health")
     if health:
         h = dict(health[1])
@@ -153,6 +176,4 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     idle = idle_breakdown(ev)
     if idle:
         out["gpu_idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}
-    out["warnings"] = warnings_in(Path(row["log_path"]))
-    out["damaged_lines"] = ev.damaged()
     return out

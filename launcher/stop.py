@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from launcher.backends import backend_class
 from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.evidence import LegEvents
@@ -34,31 +35,6 @@ from runtime.store.seal import KEY_ENV
 
 KILL_WAIT_S = 60.0
 MAX_TIMEOUT_S = 24 * 3600.0
-
-
-def _signal(leg: dict[str, Any], backend: str, sig: int) -> None:
-    if backend == "local" and sig == signal.SIGKILL:
-        from launcher.backends.leash import kill_leg, leg_token
-
-        kill_leg(leg_token(leg["run_id"], leg["leg"]), int(leg["pid"]))  # every process, torchrun's workers too
-    elif backend == "local":
-        try:
-            os.killpg(int(leg["pid"]), sig)  # the leg runs in its own session: pgid == pid
-        except ProcessLookupError:
-            pass
-    elif backend == "sky":
-        from launcher.backends.skyjob import cancel, job_id_of
-        from launcher.skytask import sky_module
-
-        job = job_id_of(leg["instance"])
-        why = cancel(sky_module(), job, graceful=sig == signal.SIGTERM) if job is not None else "not a managed job"
-        if why is not None:
-            raise BadInput(f"sky.jobs.cancel of {leg['instance']}: {why}")
-    elif backend == "docker":
-        from launcher.image import docker_cli
-
-        name = "TERM" if sig == signal.SIGTERM else "KILL"
-        subprocess.run([docker_cli(), "kill", "--signal", name, leg["instance"]], capture_output=True, check=False)
 
 
 def _leg_row(ledger: Ledger, run_id: str, leg: int) -> dict[str, Any]:
@@ -88,32 +64,16 @@ def loadcheck(store_uri: str, run_id: str, name: str, key: bytes | None, python:
 
 
 def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """Stop run `run_id` gracefully, confirm its newest verified checkpoint loads, and record
+    the outcome (the steps in this module's docstring); what happened, as a dict."""
     if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also refuses nan
         raise BadInput(f"--timeout must be above 0 and at most {MAX_TIMEOUT_S:g} s, got {timeout_s:g}")
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
-        from launcher.reconcile import end_dead_runs
-
-        end_dead_runs(ledger)  # a run whose launcher died has ended: nothing to stop
-        found = ledger.runs(run_id=run_id)
-        if not found:
-            raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
-        run = found[0]
-        if run["ended_at"] is not None:
-            raise BadInput(f"run {run_id} is not running: it ended ({run['verdict']})",
-                           hint=f"`launcher status {run_id}` shows where it stopped")
-        live_legs = [leg for leg in run["legs"] if leg["ended_at"] is None]
-        if run["backend"] not in ("local", "docker") and not (
-                run["backend"] == "sky" and run["rung"] == "run" and live_legs):
-            raise BadInput(f"launcher stop: the {run['backend']} backend's {run['rung']} legs cannot be signalled by "
-                           "this version (local, docker and the sky run's managed job can)",
-                           hint="`sky cancel` then `sky down` the leg's cluster")
-        live = [leg for leg in run["legs"] if leg["ended_at"] is None]
-        leg = live[-1] if live else None
-        if leg is not None and run["backend"] == "local" and not leg.get("pid"):
-            raise BadInput(f"leg {leg['leg']} of {run_id} has no pid in the ledger (recorded by an older launcher)")
+        run, leg = _stoppable(ledger, run_id)
+        backend = backend_class(run["backend"])
         stop_id = ledger.request_stop(run_id, leg["leg"] if leg else None, timeout_s)
         if leg is None:
             ledger.end_stop(stop_id, outcome="no leg running", detail="between legs: no further leg will launch")
@@ -121,38 +81,66 @@ def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None])
             return {"run": run_id, "outcome": "no leg running", "stop_id": stop_id}
         began = time.time()
         say(f"SIGTERM -> leg {leg['leg']} ({leg['instance']}); waiting up to {timeout_s:g} s for its final checkpoint")
-        _signal(leg, run["backend"], signal.SIGTERM)
+        backend.signal_leg(leg, signal.SIGTERM)
         graceful = _wait_leg_end(ledger, run_id, leg["leg"], began + timeout_s)
         if not graceful:
             say(f"the leg did not stop within {timeout_s:g} s: killing it")
-            _signal(leg, run["backend"], signal.SIGKILL)
+            backend.signal_leg(leg, signal.SIGKILL)
             _wait_leg_end(ledger, run_id, leg["leg"], time.time() + KILL_WAIT_S)
-        events = LegEvents.read(leg["leg"], Path(leg["log_path"]))
-        stop_ev, done = events.last("stop"), events.last("done")
-        final_step = int(done[1]["step"]) if done else (int(stop_ev[1]["step"]) if stop_ev else None)
-        from runtime.cycle import newest_verified
-        from runtime.store import open_store
-
-        key = project_key(cfg.state_path, create=False)
-        newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}", key=key))
-        load = loadcheck(run["store_uri"], run_id, newest.name, key) if newest else \
-            {"ok": False, "error": "nothing verified"}
-        clean = (graceful and stop_ev is not None and stop_ev[1].get("reason") == "sigterm" and done is not None
-                 and bool(done[1].get("final_checkpoint_verified")) and newest is not None
-                 and newest.step == final_step and load.get("ok"))
-        outcome = ("graceful" if clean else "graceful, but not clean" if graceful
-                   else f"killed after {timeout_s:g} s timeout")
-        if clean:
-            detail = f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
-        elif newest is not None:
-            detail = (f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
-                      f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else ""))
-        else:
-            detail = "no verified checkpoint in the store: a resume starts from scratch"
-        ledger.end_stop(stop_id, outcome=outcome, final_step=final_step, checkpoint=newest.name if newest else None,
-                        verified=int(newest is not None), loadable=int(bool(load.get("ok"))), detail=detail)
-        return {"run": run_id, "leg": leg["leg"], "outcome": outcome, "clean": bool(clean), "final_step": final_step,
-                "checkpoint": newest.name if newest else None, "checkpoint_step": newest.step if newest else None,
-                "loadable": load, "detail": detail, "seconds": round(time.time() - began, 1), "stop_id": stop_id}
+        out = _confirm(cfg, ledger, run, leg, stop_id, graceful, timeout_s)
+        return {**out, "seconds": round(time.time() - began, 1), "stop_id": stop_id}
     finally:
         ledger.close()
+
+
+def _stoppable(ledger: Ledger, run_id: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run and its live leg (None: between legs), or bad input when there is nothing
+    this version can stop: no such run, one that ended, a leg its backend cannot signal."""
+    from launcher.reconcile import end_dead_runs
+
+    end_dead_runs(ledger)  # a run whose launcher died has ended: nothing to stop
+    found = ledger.runs(run_id=run_id)
+    if not found:
+        raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
+    run = found[0]
+    if run["ended_at"] is not None:
+        raise BadInput(f"run {run_id} is not running: it ended ({run['verdict']})",
+                       hint=f"`launcher status {run_id}` shows where it stopped")
+    live = [leg for leg in run["legs"] if leg["ended_at"] is None]
+    leg = live[-1] if live else None
+    backend_class(run["backend"]).check_signal(run, leg)
+    return run, leg
+
+
+def _confirm(cfg: Config, ledger: Ledger, run: dict[str, Any], leg: dict[str, Any], stop_id: int,
+             graceful: bool, timeout_s: float) -> dict[str, Any]:
+    """After the leg ended: its final events, the newest verified checkpoint and whether it
+    loads; the outcome, recorded against the stop request and returned."""
+    from runtime.cycle import newest_verified
+    from runtime.store import open_store
+
+    run_id = run["id"]
+    events = LegEvents.read(leg["leg"], Path(leg["log_path"]))
+    stop_ev, done = events.last("stop"), events.last("done")
+    final_step = int(done[1]["step"]) if done else (int(stop_ev[1]["step"]) if stop_ev else None)
+    key = project_key(cfg.state_path, create=False)
+    newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}", key=key))
+    load = loadcheck(run["store_uri"], run_id, newest.name, key) if newest else \
+        {"ok": False, "error": "nothing verified"}
+    clean = (graceful and stop_ev is not None and stop_ev[1].get("reason") == "sigterm" and done is not None
+             and bool(done[1].get("final_checkpoint_verified")) and newest is not None
+             and newest.step == final_step and load.get("ok"))
+    outcome = ("graceful" if clean else "graceful, but not clean" if graceful
+               else f"killed after {timeout_s:g} s timeout")
+    if clean:
+        detail = f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
+    elif newest is not None:
+        detail = (f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
+                  f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else ""))
+    else:
+        detail = "no verified checkpoint in the store: a resume starts from scratch"
+    ledger.end_stop(stop_id, outcome=outcome, final_step=final_step, checkpoint=newest.name if newest else None,
+                    verified=int(newest is not None), loadable=int(bool(load.get("ok"))), detail=detail)
+    return {"run": run_id, "leg": leg["leg"], "outcome": outcome, "clean": bool(clean), "final_step": final_step,
+            "checkpoint": newest.name if newest else None, "checkpoint_step": newest.step if newest else None,
+            "loadable": load, "detail": detail}

@@ -9,14 +9,13 @@ when the launcher is interrupted.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.backends import BACKENDS, Backend, get_backend
+from launcher.backends import BACKENDS, HOST, Backend, make_backend
 from launcher.backends.base import StagedFile
 from launcher.chain import first_leg_gpu_hours
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
@@ -27,6 +26,7 @@ from launcher.ledger import Ledger
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import guard_hashes, reviewed_paths
 from launcher.storekey import project_key
+from runtime.hashing import sha256_file
 
 MAX_KILLS = 100
 
@@ -240,50 +240,69 @@ def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus:
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
         ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
                          nodes)
-        from launcher.spend import project, reserve, settle
-
-        ctx.gpu_hour_price = _gpu_hour_price(cfg, backend, rung, gpus, nodes)
-        ctx.allow_overdraft = allow_overdraft
-        at_least = first_leg_gpu_hours(gpus.count * nodes) if rung.name == "run" and gpus else None
-        held = reserve(cfg, ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
-                       ctx.gpu_hour_price, allow_overdraft, at_least=at_least)  # exit 3 when over quota
-        ctx.quota_left_hours = held.remaining_gpu_hours
-        ctx.reservation_id = held.id
+        reservation = _reserve(ctx, allow_overdraft)  # exit 3 when over quota
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
-        config_sha = hashlib.sha256(config_path.read_bytes()).hexdigest()
+        config_sha = sha256_file(config_path)
         ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image,
                               preflight=json.dumps(preflight) if preflight else None), cmp.current)
-        began = time.time()
-        checks: list[Check] = []
-        verdict, exit_code = "error", 1
-        try:
-            try:
-                checks = runner(ctx, cmp)
-                if ledger.stop_requested(ctx.run_id):  # the stopped leg was the rung's last one
-                    raise RunStopped(f"`launcher stop {ctx.run_id}` stopped it")
-            except RunStopped as stopped:
-                checks.append(Check("ran to its end", False, str(stopped)))
-                verdict = "stopped"
-            outcome = Outcome(ctx.run_id, rung.name, checks, time.time() - began)
-            exit_code = outcome.exit_code
-            if verdict != "stopped":
-                verdict = "pass" if outcome.ok else "fail"
-            return outcome
-        except LauncherError as err:
-            verdict, exit_code = ("refused" if isinstance(err, Refused) else "error"), err.exit_code
-            checks = list(getattr(err, "checks", checks))  # the run's checks up to a mid-run refusal
-            raise
-        except KeyboardInterrupt:
-            verdict, exit_code = "interrupted", 130
-            raise
-        finally:
-            ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
-            source = "config prices" if gpus and gpus.name in cfg.prices else "none"
-            ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
-                           cost_source=source)
-            settle(ledger, held.id, ctx.run_id)
+        return _run_recorded(ctx, runner, cmp, reservation)
     finally:
         ledger.close()
+
+
+def _reserve(ctx: RunContext, allow_overdraft: bool) -> int:
+    """Price the rung and reserve its GPU-hours under the quota (exit 3 when over it);
+    the reservation's id."""
+    from launcher.spend import project, reserve
+
+    cfg, rung, gpus, nodes = ctx.cfg, ctx.rung, ctx.gpus, ctx.nodes
+    ctx.gpu_hour_price = _gpu_hour_price(cfg, ctx.backend, rung, gpus, nodes)
+    ctx.allow_overdraft = allow_overdraft
+    at_least = first_leg_gpu_hours(gpus.count * nodes) if rung.name == "run" and gpus else None
+    held = reserve(cfg, ctx.ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
+                   ctx.gpu_hour_price, allow_overdraft, at_least=at_least)
+    ctx.quota_left_hours = held.remaining_gpu_hours
+    ctx.reservation_id = held.id
+    return held.id
+
+
+def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Check]], cmp: Any,
+                  reservation: int) -> Outcome:
+    """Run `runner` on the recorded run; its checks, end and verdict are written, and its
+    quota reservation settled, however it ends (an interrupt included)."""
+    from launcher.spend import settle
+
+    ledger = ctx.ledger
+    began = time.time()
+    checks: list[Check] = []
+    verdict, exit_code = "error", 1
+    try:
+        try:
+            checks = runner(ctx, cmp)
+            if ledger.stop_requested(ctx.run_id):  # the stopped leg was the rung's last one
+                raise RunStopped(f"`launcher stop {ctx.run_id}` stopped it")
+        except RunStopped as stopped:
+            checks.append(Check("ran to its end", False, str(stopped)))
+            verdict = "stopped"
+        outcome = Outcome(ctx.run_id, ctx.rung.name, checks, time.time() - began)
+        exit_code = outcome.exit_code
+        if verdict != "stopped":
+            verdict = "pass" if outcome.ok else "fail"
+        return outcome
+    except LauncherError as err:
+        verdict, exit_code = ("refused" if isinstance(err, Refused) else "error"), err.exit_code
+        checks = list(getattr(err, "checks", checks))  # the run's checks up to a mid-run refusal
+        raise
+    except KeyboardInterrupt:
+        verdict, exit_code = "interrupted", 130
+        raise
+    finally:
+        ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
+        gpus = ctx.gpus
+        source = "config prices" if gpus and gpus.name in ctx.cfg.prices else "none"
+        ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
+                       cost_source=source)
+        settle(ledger, reservation, ctx.run_id)
 
 
 def _gate(cfg: Config, ledger: Ledger, rung: Rung, files: dict[str, str], image: str | None,
@@ -303,8 +322,7 @@ def _gpu_hour_price(cfg: Config, backend: Backend, rung: Rung, gpus: GpuSpec | N
     whole instance (host VM included) spread over its GPUs where it can say, else the config's."""
     if gpus is None:
         return None
-    quote = getattr(backend, "quote", None)
-    pick = quote(rung.name, gpus) if quote is not None and rung.legs else None
+    pick = backend.quote(rung.name, gpus) if rung.legs else None
     if pick is not None:
         return pick.hourly_usd / (gpus.count * nodes)
     return cfg.prices.get(gpus.name)
@@ -312,15 +330,12 @@ def _gpu_hour_price(cfg: Config, backend: Backend, rung: Rung, gpus: GpuSpec | N
 
 def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
                  reviewed: dict[str, str], nodes: int, retry_until_up: bool = False) -> tuple[Backend, str | None]:
-    """The backend the rung's legs run on, and the image they run (see _image_for)."""
+    """The backend the rung's legs run on, and the image they run (see _image_for); the host
+    for a rung without legs (rung 0: it launches nothing)."""
     if not rung.legs:
-        return _HostBackend(), None
+        return make_backend(HOST), None
     image = _image_for(name, cfg, ledger, reviewed)
-    if name == "docker":
-        return get_backend("docker", image=image), image
-    if name == "sky":
-        return get_backend("sky", cfg=cfg, image_ref=image, nodes=nodes, retry_until_up=retry_until_up), image
-    return get_backend(name), None
+    return make_backend(name, cfg, image, nodes, retry_until_up), image
 
 
 def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison
@@ -344,9 +359,3 @@ def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashCompar
     from launcher.rehearsal import run_resume_legs
 
     return run_resume_legs(ctx, steps, need_gpu=ctx.rung.needs_gpu)
-
-
-class _HostBackend:
-    """Rung 0 runs on the host: recorded with backend 'host', it launches nothing."""
-
-    name = "host"

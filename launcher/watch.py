@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from launcher.evidence import LegEvents
+from runtime import contract
 
 SLOW_FRACTION = 0.10
 """Warn when the rate now is more than this far under the probe's."""
@@ -58,7 +59,7 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
     """Progress, restarts, the rate now vs the plan's, ETA, spend vs plan, projection vs quota."""
     now = time.time()
     env = run["legs"][0]["env"] if run["legs"] else {}
-    steps = int(env.get("LAUNCHER_MAX_STEPS") or 0) or None
+    steps = int(env.get(contract.MAX_STEPS) or 0) or None
     done_steps = [int(e["step"]) for ev in legs for _, e in ev.all("step")]
     step = max(done_steps, default=0)
     gpus = int(run["gpu_count"] or 0) * int(run["nodes"] or 1)
@@ -102,12 +103,10 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
 def quota_for_run(cfg: Any, ledger: Any, run_id: str) -> float | None:
     """GPU-hours the quota leaves this run in all: the quota less every other run's bills
     and holds in the period (None: no GPU-hour quota)."""
-    from launcher.spend import period_start, period_totals
+    from launcher.spend import period_start
 
     if cfg.quota.gpu_hours is None:
         return None
-    used, _, held, _ = period_totals(ledger.conn, period_start(cfg))
-    mine = ledger.conn.execute("SELECT COALESCE(SUM(gpu_hours), 0) FROM reservations WHERE run_id=? AND "
-                               "settled_at IS NULL", (run_id,)).fetchone()[0]
-    own = ledger.conn.execute("SELECT COALESCE(billed_gpu_hours, 0) FROM runs WHERE id=?", (run_id,)).fetchone()
-    return cfg.quota.gpu_hours - (used - (own[0] if own else 0.0)) - (held - mine)
+    used, _, held, _ = ledger.period_totals(period_start(cfg))
+    mine, own = ledger.run_holds(run_id)
+    return cfg.quota.gpu_hours - (used - own) - (held - mine)

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from runtime.leg import ResumeRefused
+
 FULL_HASH_BYTES = 4 << 20
 SAMPLED_WINDOWS = 64
 WINDOW_BYTES = 64 << 10
@@ -144,8 +146,6 @@ class EpochLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("n", len(self.dataset))):
             if state.get(key) != mine:
-                from runtime.session import ResumeRefused
-
                 raise ResumeRefused("cursor_mismatch", f"the loader was saved with {key}={state.get(key)!r}, "
                                     f"this run has {mine!r}")
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])

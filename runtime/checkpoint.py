@@ -34,7 +34,6 @@ they live instead, so those hold device memory until serialised.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -43,19 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.hashing import sha256_file
 from runtime.store.base import MANIFEST, CheckpointDamaged, FileEntry, Manifest, checkpoint_name
 from runtime.store.safeio import open_regular, read_exactly, read_small
 
 STATE_FILE = "state.pt"
 PARTIAL = ".partial"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_state(state: dict[str, Any], path: Path) -> None:
@@ -95,7 +87,7 @@ def save_local(state: dict[str, Any], root: Path, step: int, meta: dict[str, Any
 
 def write_manifest(folder: Path, step: int, meta: dict[str, Any]) -> Manifest:
     """The manifest of every file under `folder` (size and sha256 of the bytes written), written beside them."""
-    files = tuple(FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, _sha256(p))
+    files = tuple(FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
                   for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
     manifest = Manifest(checkpoint_name(step), step, files, meta)
     (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
@@ -225,6 +217,80 @@ def _plain_tensor(t: Any) -> bool:
             and not t.is_quantized and t.device.type in ("cpu", "cuda") and not t.is_conj() and not t.is_neg())
 
 
+class _StateCopier:
+    """One snapshot's copy of a state (snapshot_state): each tensor storage copied once
+    into a host buffer from `pool`, containers rebuilt around the copies."""
+
+    def __init__(self, pool: SnapshotPool) -> None:
+        self.pool = pool
+        self.copies: dict[tuple[str, int], Any] = {}
+        """(device, storage) -> its host buffer: a storage shared by two tensors is copied once."""
+        self.memo: dict[int, Any] = {}
+        self.buffers: list[tuple[Any, bool]] = []
+        self.devices: set[Any] = set()
+        """The CUDA devices copied from: one event is recorded on each."""
+        self.copied = 0
+
+    def tensor(self, t: Any) -> Any:
+        """A tensor viewing its storage's host copy (the copy started here if it is the first)."""
+        import torch
+
+        if not _plain_tensor(t):  # sparse, quantized, a subclass: cloned where it lives
+            if t.device.type == "cuda":
+                self.devices.add(t.device)
+            try:
+                return copy.deepcopy(t)
+            except RuntimeError:
+                return t.detach().clone()
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        key = (str(t.device), storage._cdata)
+        host = self.copies.get(key) if nbytes else torch.empty(0, dtype=torch.uint8)
+        if host is None:
+            cuda = t.device.type == "cuda"
+            host = self.pool.take(nbytes, pinned=cuda)
+            self.buffers.append((host, cuda))
+            source = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+            host.copy_(source, non_blocking=cuda)
+            self.copies[key] = host
+            self.copied += nbytes
+            if cuda:
+                self.devices.add(t.device)
+        view = torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if isinstance(t, torch.nn.Parameter):
+            return torch.nn.Parameter(view, requires_grad=t.requires_grad)
+        return view.requires_grad_(True) if t.requires_grad else view
+
+    def walk(self, value: Any) -> Any:
+        """The copy of any value of the state: tensors by `tensor`, containers rebuilt, other leaves deep-copied."""
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if not isinstance(value, (dict, list, tuple)):
+            return copy.deepcopy(value)
+        memo = self.memo
+        if id(value) in memo:  # the same container twice stays one object, as pickle keeps it
+            return memo[id(value)]
+        if isinstance(value, dict):
+            out = copy.copy(value)  # same type and attributes (a module state_dict's `_metadata`)
+            memo[id(value)] = out
+            for k, v in value.items():
+                out[k] = self.walk(v)
+            if getattr(value, "__dict__", None):
+                out.__dict__.update(copy.deepcopy(value.__dict__))
+        elif isinstance(value, list):
+            out = []
+            memo[id(value)] = out
+            out.extend(self.walk(v) for v in value)
+        elif hasattr(value, "_fields"):  # a namedtuple
+            out = type(value)(*(self.walk(v) for v in value))
+        else:
+            out = type(value)(self.walk(v) for v in value)
+        memo[id(value)] = out
+        return out
+
+
 def snapshot_state(state: dict[str, Any], pool: SnapshotPool | None = None) -> Snapshot:
     """Copy `state` (nested dicts, lists, tuples; tensor and plain leaves) so that nothing
     the training loop does next can change it.
@@ -240,75 +306,30 @@ def snapshot_state(state: dict[str, Any], pool: SnapshotPool | None = None) -> S
     began = time.perf_counter()
     own_pool = pool is None
     pool = pool or SnapshotPool()
-    copies: dict[tuple[str, int], Any] = {}
-    memo: dict[int, Any] = {}
-    buffers: list[tuple[Any, bool]] = []
-    devices: set[Any] = set()
-    copied = 0
-
-    def tensor(t: Any) -> Any:
-        nonlocal copied
-        if not _plain_tensor(t):  # sparse, quantized, a subclass: cloned where it lives
-            if t.device.type == "cuda":
-                devices.add(t.device)
-            try:
-                return copy.deepcopy(t)
-            except RuntimeError:
-                return t.detach().clone()
-        storage = t.untyped_storage()
-        nbytes = storage.nbytes()
-        key = (str(t.device), storage._cdata)
-        host = copies.get(key) if nbytes else torch.empty(0, dtype=torch.uint8)
-        if host is None:
-            cuda = t.device.type == "cuda"
-            host = pool.take(nbytes, pinned=cuda)
-            buffers.append((host, cuda))
-            source = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-            host.copy_(source, non_blocking=cuda)
-            copies[key] = host
-            copied += nbytes
-            if cuda:
-                devices.add(t.device)
-        view = torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-        if isinstance(t, torch.nn.Parameter):
-            return torch.nn.Parameter(view, requires_grad=t.requires_grad)
-        return view.requires_grad_(True) if t.requires_grad else view
-
-    def walk(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return tensor(value)
-        if not isinstance(value, (dict, list, tuple)):
-            return copy.deepcopy(value)
-        if id(value) in memo:  # the same container twice stays one object, as pickle keeps it
-            return memo[id(value)]
-        if isinstance(value, dict):
-            out = copy.copy(value)  # same type and attributes (a module state_dict's `_metadata`)
-            memo[id(value)] = out
-            for k, v in value.items():
-                out[k] = walk(v)
-            if getattr(value, "__dict__", None):
-                out.__dict__.update(copy.deepcopy(value.__dict__))
-        elif isinstance(value, list):
-            out = []
-            memo[id(value)] = out
-            out.extend(walk(v) for v in value)
-        elif hasattr(value, "_fields"):  # a namedtuple
-            out = type(value)(*(walk(v) for v in value))
-        else:
-            out = type(value)(walk(v) for v in value)
-        memo[id(value)] = out
-        return out
-
-    copied_state = walk(state)
+    copier = _StateCopier(pool)
+    copied_state = copier.walk(state)
     events = []
-    for device in devices:
+    for device in copier.devices:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device))
         events.append(event)
     if not own_pool:
-        pool.retain({(buf.numel(), pinned) for buf, pinned in buffers})
-    return Snapshot(copied_state, copied, time.perf_counter() - began, events, buffers,
+        pool.retain({(buf.numel(), pinned) for buf, pinned in copier.buffers})
+    return Snapshot(copied_state, copier.copied, time.perf_counter() - began, events, copier.buffers,
                     None if own_pool else pool)
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a (nested) state: what the checkpoint must hold for it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 class PendingCheckpoint:

@@ -1,6 +1,9 @@
-"""The event lines both sides rely on: each event's name and the fields (with their
-types) that the launcher, the drill and the report read. Torch-free: the host
-imports it to read a log, the runtime's printer is what writes it.
+"""The host<->instance contract, written once and imported by both sides
+(torch-free, stdlib only): the leg environment (`LAUNCHER_*` names and the one
+`leg_env()` that builds it for real legs and for the dry run), the stop reasons
+a leg prints and the exit codes they mean, and the event lines with the fields
+(and types) that the launcher, the drill and the report read. DESIGN.md's
+"Leg environment" and "Events" sections are this module in prose.
 
 A log is input the host did not make (a trainer of any shape, a doctored file),
 so `check_event` says what is wrong with a line instead of letting a string
@@ -11,9 +14,69 @@ evidence, and `status` and the report show it as such.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
+# --- the leg environment -------------------------------------------------------------
+RUN_ID = "LAUNCHER_RUN_ID"
+LEG = "LAUNCHER_LEG"
+RUNG = "LAUNCHER_RUNG"
+STORE = "LAUNCHER_STORE"
+"""Checkpoint store URI: file:///abs/dir or hf://owner/repo."""
+MAX_STEPS = "LAUNCHER_MAX_STEPS"
+"""Stop after this many optimizer steps, counted across legs from step 0."""
+DEADLINE = "LAUNCHER_DEADLINE"
+"""Unix seconds: push a final checkpoint and stop before it."""
+FILES_SHA256 = "LAUNCHER_FILES_SHA256"
+"""The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
+STORE_KEY = "LAUNCHER_STORE_KEY"
+"""The project's store key (hex): a secret, never recorded."""
+LEG_NAMES = (RUN_ID, LEG, RUNG, STORE, MAX_STEPS, DEADLINE, FILES_SHA256)
+
+
+def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, deadline: float,
+            files_sha256: dict[str, str], on_gpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """One leg's environment, the same on every backend and in `up --dry-run`.
+
+    `extra` is launcher.yaml's `leg_env` (it may not set a LAUNCHER_* name). A leg
+    with no GPU still runs on the CPU on a machine that has GPUs
+    (CUDA_VISIBLE_DEVICES=""): it rehearses the CPU path and must not depend on a GPU."""
+    cpu_only = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    return {**cpu_only, **(extra or {}),
+            RUN_ID: run_id, LEG: str(leg), RUNG: rung, STORE: store, MAX_STEPS: str(max_steps),
+            DEADLINE: str(int(deadline)), FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
+
+
+# --- stop reasons and exit codes --------------------------------------------------------
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The final checkpoint was not verified, a non-finite loss, a rank timed out."""
+EXIT_REFUSED = 3
+"""Stale code, a saved position that does not match the data, a store that refuses us."""
+STOP_REASONS: dict[str, int] = {
+    "max_steps": EXIT_OK, "sigterm": EXIT_OK, "deadline": EXIT_OK,  # then `done` says whether it verified
+    "stale_code": EXIT_REFUSED, "cursor_mismatch": EXIT_REFUSED, "store_error": EXIT_REFUSED,
+    "nonfinite_loss": EXIT_FAILED, "rank_timeout": EXIT_FAILED,
+}
+"""Each stop reason a leg prints and the exit code it means (a graceful stop's 0 holds only
+if its `done` then says the final checkpoint verified)."""
+REFUSED_REASONS = frozenset(r for r, code in STOP_REASONS.items() if code == EXIT_REFUSED)
+STOP_CODES = {1: "sigterm", 2: "deadline"}
+"""The graceful stops, by the code the ranks agree on with all-reduce(MAX) (0: go on)."""
+
+
+def exit_code_of(done: dict[str, Any] | None, stop: dict[str, Any] | None) -> int | None:
+    """A leg's exit code from its last `done` and `stop` events (None: it said neither):
+    for transports that report something else (SkyPilot's tail_logs returns a JobExitCode)."""
+    if done is not None:
+        return EXIT_OK if done.get("final_checkpoint_verified", True) else EXIT_FAILED
+    if stop is not None:
+        return EXIT_REFUSED if stop.get("reason") in REFUSED_REASONS else EXIT_FAILED
+    return None
+
+
+# --- events -----------------------------------------------------------------------------
 INT, NUM, OPT_NUM, STR, BOOL, LIST, DICT = "int", "number", "number or null", "string", "bool", "list", "object"
 OPT_DICT = "object or null"
 MAX_INT = 1 << 62

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.leg import ResumeRefused
+
 CURSOR_VERSION = 1
 
 
@@ -119,8 +121,6 @@ class Position:
         return self.order.cursor(self.tokens, self.next_step)
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        from runtime.session import ResumeRefused
-
         try:
             self.saved = self.order.check_cursor(self.tokens, saved)
         except (CursorMismatch, KeyError, TypeError) as err:

@@ -9,10 +9,11 @@ never copies the corpus.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
+
+from runtime.hashing import sha256_file
 
 VOCAB = 256  # byte-level tokens
 DTYPE = np.uint16
@@ -42,7 +43,7 @@ def make_corpus(path: Path, n_tokens: int, seed: int = 0) -> str:
         raise ValueError("corpus generator produced too few tokens")
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens.astype(DTYPE).tofile(path)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 def open_tokens(path: Path) -> np.memmap:

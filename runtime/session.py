@@ -12,7 +12,7 @@
     sys.exit(sess.finish())                             # final push, verified; `done`
 
 What it does for the trainer (DESIGN.md's leg contract):
-- refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3);
+- refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.leg);
 - restores everything tracked (any object with `state_dict`/`load_state_dict`: model,
   optimizer, scheduler, sampler, a stateful loader), every RNG stream (python, numpy,
   torch, CUDA) per rank, the step and the tokens, from the newest verified checkpoint
@@ -23,7 +23,8 @@ What it does for the trainer (DESIGN.md's leg contract):
   at one step) and writes it and runs the storage cycle in the background (write,
   push, verify by reading back, delete the local copy, prune; runtime.checkpoint);
 - counts the leg's first step's FLOPs and times each step's phases without a device
-  sync (runtime.steptime): the `flops` event, MFU in `rate`, `gpu_phases` on `step`;
+  sync (runtime.steptime): the `flops` event, `gpu_phases` on `step`, and per window
+  `memory` and `rate` with MFU (runtime.window);
 - stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
   (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
   every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
@@ -46,73 +47,22 @@ import torch
 
 from runtime import events
 from runtime.batches import batch_digest
-from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state
+from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
+from runtime import contract
+from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
-from runtime.flops import compiled_graphs
 from runtime.health import Health
-from runtime.metrics import host_rss_bytes, sustained_rate
+from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
 from runtime.resume import restore_newest
-from runtime.peaks import gpu_of_device_name, peak_flops
-from runtime.state import rng_state, set_rng_state, stale_files
-from runtime.steptime import FlopProbe, StepClock, device_name
+from runtime.state import rng_state, set_rng_state
+from runtime.steptime import FlopProbe, StepClock
 from runtime.store import StoreError, open_store
-
-EXIT_FAILED = 1    # final checkpoint not verified, non-finite loss, a rank timed out
-EXIT_REFUSED = 3   # stale code, a saved position that does not match the data, a store that refuses us
-STOP_CODES = {1: "sigterm", 2: "deadline"}  # agreed across ranks by all-reduce(MAX)
-DEFAULT_MAX_STEPS = 50
-
-
-class ResumeRefused(RuntimeError):
-    """Raised by a tracked object's `load_state_dict` when the saved state does not
-    describe this run (another data set, batch size or world size): the leg stops
-    with exit 3 and `reason` rather than train on other data."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def stale_code_refused() -> bool:
-    """The reviewed files' guard, as every leg runs it: True (with the `stop` line printed)
-    when the files here differ from the sha256 the launcher passed."""
-    stale = stale_files(os.environ.get("LAUNCHER_FILES_SHA256"), Path.cwd())
-    if stale:
-        events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
-    return bool(stale)
-
-
-def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool) -> int:
-    """This rank's stop code (STOP_CODES; 0: go on): the deadline, with room for one more push
-    cycle and a few steps (at least 5 s), comes before a pending SIGTERM."""
-    margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
-    return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
+from runtime.window import emit_memory, emit_rate
 
 
 def _nothing() -> None:
     return None
-
-
-def device_memory(device: str) -> tuple[int, int, int]:
-    """(allocated, reserved, peak since the last call): a window, not a lifetime peak."""
-    if device.startswith("cuda"):
-        out = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
-        return out
-    rss = host_rss_bytes()
-    return rss, rss, rss
-
-
-def tensor_bytes(value: Any) -> int:
-    """Bytes of the tensors in a (nested) state: what the checkpoint must hold for it."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(v) for v in value)
-    return 0
 
 
 def resolve_device(requested: str = "auto") -> str:
@@ -131,11 +81,11 @@ class Session:
                  meta: dict[str, Any] | None = None, breakdown: bool = True, count_flops: bool = True,
                  flops_formula: float | None = None, async_save: bool = True) -> None:
         env = os.environ
-        self.run_id = env.get("LAUNCHER_RUN_ID", "local")
-        self.leg = int(env.get("LAUNCHER_LEG", "0"))
-        self.rung = env.get("LAUNCHER_RUNG", "none")
-        self.max_steps = max_steps or int(env.get("LAUNCHER_MAX_STEPS", str(DEFAULT_MAX_STEPS)))
-        self.deadline = float(env.get("LAUNCHER_DEADLINE", "inf"))
+        self.run_id = env.get(contract.RUN_ID, "local")
+        self.leg = int(env.get(contract.LEG, "0"))
+        self.rung = env.get(contract.RUNG, "none")
+        self.max_steps = max_steps or int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
+        self.deadline = float(env.get(contract.DEADLINE, "inf"))
         self.work = Path(workdir).resolve()
         self.ckpt_every, self.keep, self.verify_bytes = ckpt_every, keep, verify_bytes
         self.metrics_every, self.total_steps = metrics_every, total_steps or self.max_steps
@@ -205,7 +155,7 @@ class Session:
 
     def resume(self, **start_facts: Any) -> int:
         """Print `start`, restore from the newest verified checkpoint; the step to continue from."""
-        self.store = open_store(os.environ.get("LAUNCHER_STORE", (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.store = open_store(os.environ.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
         events.emit("start", run_id=self.run_id, leg=self.leg, rung=self.rung, device=self.device,
                     torch=torch.__version__, world_size=self.world.world_size, params=self.params,
                     max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri, **start_facts)
@@ -411,35 +361,13 @@ class Session:
             events.emit("flops", **flops)
 
     def _emit_window(self) -> None:
-        """Per window: memory (cross-rank MAX) and the sustained rate + ETA; a health line."""
-        world, device, step = self.world, self.device, self.step_count
-        allocated, reserved, peak = device_memory(device)
-        self._mem_max = world.max(peak)
-        events.emit("memory", step=step, kind="cuda" if device.startswith("cuda") else "host_rss",
-                    allocated=allocated, reserved=reserved, peak=peak, allocated_max=world.max(allocated),
-                    reserved_max=world.max(reserved), peak_max=self._mem_max)
-        rate = sustained_rate(self._history)
-        if rate is not None and world.is_main:
-            per_step = (self._history[-1][1] - self._history[0][1]) / max(1, len(self._history) - 1)
-            eta = max(0, self.total_steps - step) * per_step / rate.tok_s
-            events.emit("rate", step=step, tok_s=round(rate.tok_s, 1), window_first=rate.first_step,
-                        window_last=rate.last_step, seconds=round(rate.seconds, 3), rel_err=rate.rel_err,
-                        total_steps=self.total_steps, eta_s=round(eta, 1), **self._efficiency(rate.tok_s))
+        """Per window (runtime.window): memory (cross-rank MAX), the sustained rate + ETA + MFU; a health line."""
+        step = self.step_count
+        self._mem_max = emit_memory(self.world, self.device, step)
+        emit_rate(self.world, self.device, step, self._history, self.total_steps, self.flops_per_token,
+                  self.flops_dtype)
         if self.health is not None:
             self.health.maybe_emit(step)
-
-    def _efficiency(self, tok_s: float) -> dict[str, Any]:
-        """FLOP/s at this rate and MFU against the device's dense peak (runtime.peaks)."""
-        if not self.flops_per_token:
-            return {}
-        flop_s = tok_s * self.flops_per_token
-        gpu = gpu_of_device_name(device_name(self.device)) if self.device.startswith("cuda") else None
-        peak, why = peak_flops(gpu, self.flops_dtype)
-        out: dict[str, Any] = {"flops_per_token": round(self.flops_per_token, 1), "flop_s": round(flop_s, 1),
-                               "dtype": self.flops_dtype, "compiled": compiled_graphs() > 0}
-        if peak is None:
-            return {**out, "mfu": None, "mfu_note": why}
-        return {**out, "mfu": round(flop_s / (peak * self.world.world_size), 5), "peak_flop_s": peak}
 
     # --- the end ----------------------------------------------------------------------
 

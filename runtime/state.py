@@ -1,4 +1,4 @@
-"""What a checkpoint holds besides the model: RNG streams, and the stale-code guard.
+"""What a checkpoint holds besides the model: every RNG stream, per rank.
 
 RNG state is per rank (each rank's CUDA generator, and python/numpy/torch CPU
 streams, can differ): a checkpoint stores the list of every rank's state and a
@@ -11,10 +11,7 @@ holding an ndarray) is stored with its key as an int64 tensor.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,18 +43,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _cpu_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(device="cpu", dtype=torch.uint8)
-
-
-def stale_files(expected_json: str | None, root: Path) -> list[str]:
-    """Files whose bytes differ from the reviewed sha256 the launcher passed
-    (LAUNCHER_FILES_SHA256, JSON {path: sha256}); [] when none was passed."""
-    if not expected_json:
-        return []
-    stale = []
-    for rel, sha in sorted(json.loads(expected_json).items()):
-        path = root / rel
-        if not path.is_file():
-            stale.append(f"{rel} (missing)")
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != sha:
-            stale.append(rel)
-    return stale

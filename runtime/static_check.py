@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runtime import contract
+
 PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 
 
@@ -245,7 +247,7 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
     if parser_name == "none":
         return checks + compile_only(kind, target, modules)
     if parser_name == "argv":
-        os.environ["LAUNCHER_MAX_STEPS"] = "0"  # a trainer that gets past the parse anyway trains nothing
+        os.environ[contract.MAX_STEPS] = "0"  # a trainer that gets past the parse anyway trains nothing
         checks.append(run_to_parse(kind, target, args))
         checks += import_modules(modules)
         outside = foreign_modules(Path.cwd()) + unresolved_imports(Path.cwd())

@@ -38,7 +38,7 @@ from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.dist import RankTimeout
 from runtime.flops import transformer_flops_per_token
 from runtime.model import GPT, GPTConfig
-from runtime.session import EXIT_FAILED, EXIT_REFUSED, Session, device_memory  # noqa: F401 - re-exported
+from runtime.session import EXIT_FAILED, EXIT_REFUSED, Session  # noqa: F401 - re-exported
 
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's flags; rung 0 parses the launch command line with this."""

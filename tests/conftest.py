@@ -1,42 +1,16 @@
-"""Shared fixtures: a fresh project made by `launcher init`, and a CLI runner.
-
-The CLI runs as a subprocess (the real console script), so exit codes,
-stdout/stderr and imports are exactly what a user gets.
+"""Fixtures only (the helpers tests share are in tests/helpers.py): a fresh project made
+by `launcher init`, a loopback Hub, a project wired to it, and SkyPilot's own API server
+for the session.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
-LAUNCHER = Path(sys.executable).with_name("launcher")
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self):
-        return json.loads(self.out)
-
-
-def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
-    full_env = dict(os.environ)
-    full_env.pop("LAUNCHER_DEBUG", None)
-    full_env.update(env or {})
-    proc = subprocess.run([str(LAUNCHER), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-    return Result(proc.returncode, proc.stdout, proc.stderr)
+from tests.helpers import SKY_IMAGE_REF, edit_config, run_cli
 
 
 @pytest.fixture
@@ -59,25 +33,6 @@ def project(tmp_path: Path, leg_tmp: Path) -> Path:
     return root
 
 
-def run_rows(project: Path) -> int:
-    """How many runs the project's ledger holds (0 when there is no ledger)."""
-    db = project / ".launcher" / "ledger.db"
-    if not db.exists():
-        return 0
-    with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-
-
-def assert_one_line_error(res: Result, code: int, *needles: str) -> None:
-    """Exit `code`, an `error:` line naming the needles, and never a traceback."""
-    assert res.code == code, (res.code, res.out, res.err)
-    assert "Traceback" not in res.err + res.out
-    first = res.err.strip().splitlines()[0]
-    assert first.startswith("error: "), res.err
-    for needle in needles:
-        assert needle in first, (needle, first)
-
-
 @pytest.fixture
 def hub_server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """A loopback Hub (tests/hub_server.py) for the real huggingface_hub client."""
@@ -91,31 +46,15 @@ def hub_server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         yield server
 
 
-def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", timeout_s: float = 10.0,  # noqa: ANN001
-              repo: str = "tester/ckpts", key: bytes | None = None):
-    """A HubStore on the loopback server, with retries short enough for tests."""
-    from runtime.store.hub import HubStore
-    from runtime.store.retry import RetryPolicy
-
-    return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
-                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)
-
-
-SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
-"""A pushed image the sky tests' ledgers record (no registry is contacted)."""
-
-
 @pytest.fixture
 def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
     """The project with a hub store and a (recorded) pushed image of its reviewed files."""
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["store"] = "hf://tester/ckpts"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, store="hf://tester/ckpts")
     monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     monkeypatch.setenv("HF_TOKEN", "hf_good")
     from launcher.config import load_config
     from launcher.ledger import Ledger
-    from launcher.manifest import files_digest
+    from runtime.hashing import digest_lines as files_digest
 
     cfg = load_config(project / "launcher.yaml")
     ledger = Ledger(cfg.state_path / "ledger.db")
@@ -139,6 +78,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from tests import sky_server
 
+    if config.getoption("markexpr", "") == "unit":
+        return  # the fast tier (`make test-fast`) talks to no SkyPilot server
+
     home = Path(tempfile.mkdtemp(prefix="preflight-skyhome-"))
     try:
         server = sky_server.start(home)
@@ -148,13 +90,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.update(server.env)
     config.stash[_SKY_SERVER] = server
     sky_server.SESSION.append(server)
-
-
-def sky_server_of():  # noqa: ANN201 - tests.sky_server.SkyServer
-    """The session's SkyPilot API server (to switch which clouds it has enabled)."""
-    from tests.sky_server import SESSION
-
-    return SESSION[-1]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -1244,7 +1244,7 @@ def _optimizer_pick(task: Any) -> Any:
 
     import sky as real_sky
 
-    from launcher.backends.sky import parse_optimizer_table
+    from launcher.backends.skyapi import parse_optimizer_table
 
     dag = real_sky.Dag()
     dag.add(task)

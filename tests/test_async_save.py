@@ -392,4 +392,8 @@ def test_a_kill_during_the_write_never_leaves_a_checkpoint_counted_unless_comple
     done = leg1[-1]
     assert done["event"] == "done" and done["step"] == 12 and done["final_checkpoint_verified"] is True
     assert [c.step for c in store.list() if c.verified] == [tear, 12]
-    assert not list(local.iterdir())  # nothing partial left, every verified copy deleted locally
+    # Nothing partial left, and every checkpoint leg 1 pushed deleted locally once verified. Leg 0's
+    # step 4 copy may remain: the kill can land between its verify and its local delete (both on
+    # the pusher's thread), and it is verified in the store, so it is never what a resume needs.
+    left = sorted(p.name for p in local.iterdir())
+    assert left in ([], [checkpoint_name(tear - 4)]), left

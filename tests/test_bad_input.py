@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from launcher.entry import main
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 NAN, INF = float("nan"), float("inf")
 SEED = 20261201

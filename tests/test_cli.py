@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli
+from tests.helpers import assert_one_line_error, run_cli
 
 HEAVY = ("torch", "sky", "docker", "numpy")
 

@@ -5,18 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launcher.config import load_config, parse_gpus, store_uri
 from launcher.errors import ConfigError
-from tests.conftest import assert_one_line_error, run_cli, run_rows
-
-
-def write_config(project: Path, mutate) -> None:  # noqa: ANN001
-    path = project / "launcher.yaml"
-    data = yaml.safe_load(path.read_text())
-    mutate(data)
-    path.write_text(yaml.safe_dump(data))
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def test_starter_config_loads_with_documented_defaults(project: Path) -> None:
@@ -62,7 +54,7 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("label, mutate, key", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
 def test_bad_config_exit_2_names_key_no_row(project: Path, label: str, mutate, key: str) -> None:  # noqa: ANN001
-    write_config(project, mutate)
+    edit_config(project, mutate)
     res = run_cli(["up", "static"], cwd=project)
     assert_one_line_error(res, 2, key)
     assert run_rows(project) == 0

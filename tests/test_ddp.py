@@ -63,7 +63,7 @@ def test_two_ranks_resume_at_the_same_cursor(tmp_path: Path) -> None:
 BALLAST = r"""
 import json, sys, torch
 from runtime.dist import init_world
-from runtime.session import device_memory
+from runtime.window import device_memory
 world = init_world("cpu")
 ballast = torch.ones(80_000_000, dtype=torch.float32) if world.rank == 1 else None  # ~320 MB on rank 1
 _, _, peak = device_memory("cpu")

@@ -19,7 +19,7 @@ import pytest
 
 from launcher.backends.base import LegSpec
 from launcher.backends.docker import DockerBackend
-from tests.conftest import assert_one_line_error, run_cli
+from tests.helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "preflight-base:bookworm"

@@ -6,15 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import run_cli
-
-
-def set_drill(project: Path, steps: int) -> None:
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["rungs"]["drill"] = {"steps": steps, "budget_minutes": 10}
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+from tests.helpers import edit_config, run_cli
 
 
 def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
@@ -78,7 +71,7 @@ def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None
 @pytest.mark.slow
 def test_kill_9_matrix_twenty_random_kills(project: Path) -> None:
     """>= 20 kills at random moments across step/push/verify/prune; every resume exact."""
-    set_drill(project, 130)
+    edit_config(project, rungs__drill={"steps": 130, "budget_minutes": 10})
     code, checks, run = drill(project, "--kills", "20", "--at", "random", "--seed", "7")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
     moments = {c["name"].split("killed ")[1] for c in checks.values() if " killed " in c["name"]}
@@ -91,9 +84,7 @@ def test_kill_9_matrix_twenty_random_kills(project: Path) -> None:
 def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
     """torchrun starts its workers in sessions of their own: a kill of the leg's process group
     left them training and writing to the store. Every kill must take every process."""
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"]["command"] = "torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
     assert run_cli(["review"], cwd=project).code == 0
     code, checks, run = drill(project, "--kills", "2", "--at", "mid-push")
     assert code == 0, [c for c in checks.values() if not c["ok"]]

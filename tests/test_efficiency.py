@@ -22,6 +22,8 @@ from runtime.health import smi_utilisation
 from runtime.model import GPT, GPTConfig
 from runtime.peaks import gpu_of_device_name, peak_flops
 
+pytestmark = pytest.mark.unit
+
 TPS = 16 * 1024  # tokens per step
 
 

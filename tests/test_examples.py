@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 REPO = EXAMPLES.parent

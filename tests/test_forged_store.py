@@ -77,7 +77,7 @@ class Forger:
     def store(self):  # noqa: ANN201
         if self.kind == "local":
             return open_store(self.uri, "runs/t1", key=KEY)
-        from tests.conftest import hub_store
+        from tests.helpers import hub_store
 
         return hub_store(self.server, "runs/t1", repo="tester/ckpts", key=KEY)
 

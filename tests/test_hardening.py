@@ -12,21 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import assert_one_line_error, run_cli, run_rows
-
-
-def edit(project: Path, **changes: object) -> None:
-    path = project / "launcher.yaml"
-    data = yaml.safe_load(path.read_text())
-    for dotted, value in changes.items():
-        node = data
-        *parents, last = dotted.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path.write_text(yaml.safe_dump(data))
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def reservations(project: Path) -> int:
@@ -39,7 +26,7 @@ def test_the_quota_guard_cannot_be_switched_off(project: Path) -> None:
                                            .replace("gpu_hours: 30", "gpu_hours: .nan"))
     res = run_cli(["up", "smoke", "--gpus", "H100:8"], cwd=project)
     assert_one_line_error(res, 2, "quota.gpu_hours", "finite")
-    edit(project, quota__gpu_hours=30)
+    edit_config(project, quota__gpu_hours=30)
     assert_one_line_error(run_cli(["spend", "--nodes", "-1"], cwd=project), 2, "--nodes")
     assert_one_line_error(run_cli(["up", "smoke", "--gpus", "T4:9223372036854775808"], cwd=project), 2,
                           "count must be a whole number from 1 to 64")
@@ -50,7 +37,7 @@ def test_the_quota_guard_cannot_be_switched_off(project: Path) -> None:
 def test_a_dry_run_makes_nothing_and_redacts_like_the_ledger(tmp_path: Path, leg_tmp: Path) -> None:
     root = tmp_path / "fresh"
     assert run_cli(["init", str(root)], cwd=tmp_path).code == 0
-    edit(root, leg_env={"WANDB_API_KEY": "wandb-s3cr3t", "MY_TOKEN": "tok-s3cr3t", "HF_HUB_DISABLE_XET": "1"},
+    edit_config(root, leg_env={"WANDB_API_KEY": "wandb-s3cr3t", "MY_TOKEN": "tok-s3cr3t", "HF_HUB_DISABLE_XET": "1"},
          store=str(tmp_path / "ckpts"))
     before = sorted(p.name for p in root.rglob("*"))
     res = run_cli(["up", "rehearsal", "--dry-run"], cwd=root)

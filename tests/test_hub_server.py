@@ -26,6 +26,8 @@ from huggingface_hub.utils.sha import git_hash
 
 from hub_server import HubServer
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "hf_good"
 REPO = "team/ckpts"
 LFS_PATH, REG_PATH = "ckpt/weights.bin", "ckpt/meta.bin"

@@ -15,8 +15,10 @@ import pytest
 from runtime.cycle import PruneRefused, newest_verified, prune, run_cycle
 from runtime.store import StoreAuthError, TransientStoreError, checkpoint_name
 from runtime.verify import verify_checkpoint
-from tests.conftest import hub_store
+from tests.helpers import hub_store
 from tests.test_store import make_checkpoint
+
+pytestmark = pytest.mark.unit
 
 FAULTS = {
     "flip_byte": "bytes differ from the local copy",

@@ -11,10 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 
 from launcher.ledger import SCHEMA_VERSION, Ledger
-from tests.conftest import LAUNCHER, run_cli
+from tests.helpers import LAUNCHER, edit_config, run_cli
 
 ASSETS = Path(__file__).parent / "assets"
 N_FILES = 40
@@ -84,9 +83,7 @@ def wait_for_line(log: Path, needle: str, timeout: float = 120) -> None:
 
 def test_leg_killed_mid_write_is_recorded(project: Path, leg_tmp: Path) -> None:
     shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"].update(command="python train.py --write-mb 400", modules=[])
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer__command="python train.py --write-mb 400", trainer__modules=[])
     assert run_cli(["review"], cwd=project).code == 0
     launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)

@@ -16,7 +16,7 @@ from launcher.backends.local import LocalBackend
 from launcher.config import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
 from launcher.ladder import rung_named
 from launcher.ledger import Ledger
-from tests.conftest import LAUNCHER, run_cli
+from tests.helpers import LAUNCHER, run_cli
 from tests.test_ledger import leg_pids, next_log, wait_for_line
 
 

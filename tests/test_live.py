@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.live import LegView, event_summary
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 EVENTS = [
     {"event": "start", "device": "cpu", "params": 120576, "world_size": 2, "max_steps": 20},

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from runtime.metrics import eta_seconds, loss_continuity, sustained_rate, warmup_steps
+
+pytestmark = pytest.mark.unit
+
 
 
 def trace(n: int, step_s: float = 0.3, tokens: int = 1000, warm: int = 15, seed: int = 0) -> list[tuple[int, float, float]]:

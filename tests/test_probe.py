@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.evidence import LegEvents
 from launcher.measure import check_cadence, check_memory, check_sustained
-from tests.conftest import assert_one_line_error, run_cli, run_rows
+from tests.helpers import assert_one_line_error, run_cli, run_rows
 
 
 def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -> None:

@@ -7,10 +7,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from runtime.cycle import Pusher
 from runtime.store import StoreError
 from runtime.store.local import LocalDirStore
 from tests.test_store import make_checkpoint
+
+pytestmark = pytest.mark.unit
+
 
 
 class GatedStore(LocalDirStore):

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import time
 from pathlib import Path
 
-import yaml
 
-from tests.conftest import run_cli
+from tests.helpers import edit_config, run_cli
 
 ASSETS = Path(__file__).parent / "assets"
 
 
+def dry_run_env(text: str) -> dict[str, str]:
+    """The leg-0 environment a local dry run prints (`$ cd <dir> && K=V ... command`)."""
+    line = next(ln for ln in text.splitlines() if ln.startswith("$ cd "))
+    words = shlex.split(line.split(" && ", 1)[1])
+    return dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+
+
 def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
+    dry = run_cli(["up", "rehearsal", "--dry-run", "--json"], cwd=project)
+    assert dry.code == 0, dry.err
+    shown, shown_at = dry_run_env(dry.json()["text"]), time.time()
     res = run_cli(["up", "rehearsal", "--json"], cwd=project, env={"HF_TOKEN": "hf_test_secret_value"})
     assert res.code == 0, res.out + res.err
     checks = {c["name"]: c for c in res.json()["checks"]}
@@ -45,6 +56,16 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
     assert run["billed_gpu_hours"] == 0.0  # CPU legs bill no GPU time
     assert len({leg["instance"] for leg in run["legs"]}) == 4  # a fresh disk per leg
 
+    # The dry run showed leg 0 the environment the real leg 0 got (one runtime.contract.leg_env):
+    # the same names and values but the run's id and a deadline as far from its start.
+    real = run["legs"][0]
+    assert set(shown) == set(real["env"]) and shown["CUDA_VISIBLE_DEVICES"] == ""
+    for name in set(shown) - {"LAUNCHER_RUN_ID", "LAUNCHER_DEADLINE"}:
+        assert shown[name] == real["env"][name], name
+    assert shown["LAUNCHER_RUN_ID"] == "dry-run" and real["env"]["LAUNCHER_RUN_ID"] == run["id"]
+    ahead = int(real["env"]["LAUNCHER_DEADLINE"]) - real["started_at"]
+    assert abs((int(shown["LAUNCHER_DEADLINE"]) - shown_at) - ahead) <= 5, (shown, real["env"])
+
     # The secret reached the legs' environment but was written down nowhere.
     state = project / ".launcher"
     assert "hf_test_secret_value" not in res.out + res.err
@@ -55,9 +76,7 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
 
 def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
     shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"]["modules"] = []
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer__modules=[])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=project)
     assert res.code == 1
@@ -69,9 +88,7 @@ def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
 
 
 def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_server) -> None:  # noqa: ANN001
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["store"] = "hf://tester/ckpts"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, store="hf://tester/ckpts")
     env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
     res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
     assert res.code == 0, res.out + res.err
@@ -87,9 +104,7 @@ def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_ser
 
 
 def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server) -> None:  # noqa: ANN001
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["store"] = "hf://tester/ckpts"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, store="hf://tester/ckpts")
     env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_wrong", "HF_HOME": str(project / "hf-home")}
     res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
     assert res.code == 1
@@ -98,9 +113,7 @@ def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server
 
 
 def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"]["command"] = "torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5"
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
     res = run_cli(["up", "rehearsal", "--json"], cwd=project)
     assert res.code == 0, res.out + res.err
     checks = {c["name"]: c for c in res.json()["checks"]}

@@ -16,10 +16,12 @@ import pytest
 
 from launcher.config import Config, RungConfig, RungsConfig
 from launcher.evidence import LegEvents
-from launcher import report_md
-from launcher.report import Evidence, RunData, efficiency_plan, proof_5, proof_7
+from launcher.report import markdown as report_md
+from launcher.report.plan import efficiency_plan
+from launcher.report.proofs import proof_5, proof_7
+from launcher.report.runs import Evidence, RunData
 from runtime.events import parse_line
-from tests.conftest import assert_one_line_error, run_cli
+from tests.helpers import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +240,7 @@ def test_proof_7_rests_on_the_launchers_own_read_of_the_store(tmp_path: Path) ->
 def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tuple[Path, dict[str, str]],
                                                                       tmp_path: Path) -> None:
     from launcher.ledger import Ledger
-    from launcher.report import select_runs
+    from launcher.report.runs import select_runs
 
     root, _ = ladder
     copy = clone(root, tmp_path / "proj")

@@ -11,6 +11,8 @@ import torch
 
 from runtime.state import rng_state, set_rng_state
 
+pytestmark = pytest.mark.unit
+
 
 def _draws() -> tuple[float, float, list[float]]:
     return random.random(), float(np.random.rand()), torch.rand(3).tolist()

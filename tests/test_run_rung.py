@@ -19,20 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import LAUNCHER, assert_one_line_error, run_cli, run_rows
+from tests.helpers import LAUNCHER, assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def configure(root: Path, *, steps: int, command: str, max_restarts: int = 3, quota: float | None = 30,
               store: str | None = None) -> None:
-    data = yaml.safe_load((root / "launcher.yaml").read_text())
-    data["trainer"]["command"] = command
-    data["rungs"]["run"] = {"steps": steps, "budget_minutes": 5, "max_restarts_on_errors": max_restarts}
-    data["quota"]["gpu_hours"] = quota
-    if store:
-        data["store"] = store
-    (root / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(root, trainer__command=command, quota__gpu_hours=quota, **({"store": store} if store else {}),
+                rungs__run={"steps": steps, "budget_minutes": 5, "max_restarts_on_errors": max_restarts})
 
 
 def start_run(root: Path, *args: str) -> tuple[subprocess.Popen, Path]:

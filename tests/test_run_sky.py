@@ -136,8 +136,9 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
     """A trainer that dies after step 12 on every attempt: SkyPilot restarts it (max_restarts_on_errors),
     every restart resumes from step 10 and dies again; the run stops with exit 1, naming step 10."""
     from launcher.ledger import Ledger
-    from launcher.manifest import files_digest, hash_reviewed
-    from tests.conftest import SKY_IMAGE_REF
+    from launcher.manifest import hash_reviewed
+    from runtime.hashing import digest_lines as files_digest
+    from tests.helpers import SKY_IMAGE_REF
 
     train = sky_project.root / "train.py"
     hook = "        x, y, first_sample = data.next_batch()\n"

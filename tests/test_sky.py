@@ -15,7 +15,7 @@ from launcher import up as up_module
 from launcher.config import load_config, parse_gpus
 from launcher.errors import BadInput
 from launcher.skytask import render, sky_module
-from tests.conftest import assert_one_line_error, run_cli, run_rows
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
        "LAUNCHER_MAX_STEPS": "30", "LAUNCHER_DEADLINE": "0", "LAUNCHER_FILES_SHA256": "{}"}
@@ -52,9 +52,7 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     import shlex
     import subprocess
 
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"]["command"] = ["python", "train.py", "--note", "two words", "--empty", ""]
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer__command=["python", "train.py", "--note", "two words", "--empty", ""])
     cfg = load_config(project / "launcher.yaml")
     task = render(cfg, "rehearsal", gpus=None, nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml",
                   hard_stop=time.time() + 60)

@@ -20,12 +20,12 @@ import sky
 import yaml
 
 from launcher import up as up_module
-from launcher.backends.sky import optimizer_pick
+from launcher.backends.skyapi import optimizer_pick
 from launcher.config import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger import Ledger
 from launcher.skytask import task_for_launch
-from tests.conftest import SKY_IMAGE_REF as REF
+from tests.helpers import SKY_IMAGE_REF as REF
 from tests.sky_standin import StrictSky
 
 REPO = Path(__file__).resolve().parent.parent

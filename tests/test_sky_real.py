@@ -11,10 +11,11 @@ import pytest
 import sky
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import SkyBackend, down, reap
+from launcher.backends.sky import SkyBackend, reap
+from launcher.backends.skyapi import down
 from launcher.config import load_config, parse_gpus
-from tests.conftest import SKY_IMAGE_REF as REF
-from tests.conftest import assert_one_line_error, run_cli, sky_server_of
+from tests.helpers import SKY_IMAGE_REF as REF
+from tests.helpers import assert_one_line_error, run_cli, sky_server_of
 from tests.test_sky_live import ledger_run
 
 ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",

@@ -12,13 +12,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launcher.config import Config, QuotaConfig, load_config, parse_gpus
 from launcher.ladder import rung_named
 from launcher.legs import RunContext
 from launcher.spend import period_start
-from tests.conftest import assert_one_line_error, run_cli, run_rows
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 UTC = timezone.utc
 
@@ -43,9 +42,7 @@ def test_month_and_no_period() -> None:
 
 
 def set_quota(project: Path, **quota: object) -> None:
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["quota"].update(quota)
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, **{f"quota__{key}": value for key, value in quota.items()})
 
 
 def add_billed_run(project: Path, hours: float, run_id: str = "earlier") -> None:

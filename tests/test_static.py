@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 
-from tests.conftest import assert_one_line_error, run_cli, run_rows
-
-
-def set_command(project: Path, command: str) -> None:
-    path = project / "launcher.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["trainer"]["command"] = command
-    path.write_text(yaml.safe_dump(data))
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def checks_of(res) -> dict[str, dict]:  # noqa: ANN001
@@ -34,7 +26,7 @@ def test_static_passes_and_reports_evidence(project: Path) -> None:
 
 
 def test_flag_typo_fails_on_host_with_exit_1(project: Path) -> None:
-    set_command(project, "python train.py --ckpt-evry 5")
+    edit_config(project, trainer__command="python train.py --ckpt-evry 5")
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
     parse = checks_of(res)["parse"]
@@ -42,7 +34,7 @@ def test_flag_typo_fails_on_host_with_exit_1(project: Path) -> None:
 
 
 def test_torchrun_handed_the_interpreter_fails(project: Path) -> None:
-    set_command(project, "torchrun --nproc_per_node=2 python train.py")
+    edit_config(project, trainer__command="torchrun --nproc_per_node=2 python train.py")
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
     shape = checks_of(res)["command shape"]
@@ -50,7 +42,7 @@ def test_torchrun_handed_the_interpreter_fails(project: Path) -> None:
 
 
 def test_torchrun_command_parses_script_args(project: Path) -> None:
-    set_command(project, "torchrun --nproc_per_node=2 train.py --ckpt-every 5")
+    edit_config(project, trainer__command="torchrun --nproc_per_node=2 train.py --ckpt-every 5")
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 0, res.out
 
@@ -77,16 +69,12 @@ open("TRAINED", "w").write("rung 0 must never get here")
 
 def test_a_flat_script_is_parsed_with_its_own_argv_and_never_trains(project: Path) -> None:
     (project / "flat.py").write_text(FLAT)
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"] = {"command": "python flat.py --iters 3"}
-    data["reviewed"] = ["flat.py"]
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer={"command": "python flat.py --iters 3"}, reviewed=["flat.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 0, res.out
     assert '"iters": 3' in checks_of(res)["parse"]["detail"]
-    data["trainer"] = {"command": "python flat.py --itres 3"}  # a typo: argparse's own message, quoted
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer={"command": "python flat.py --itres 3"})  # a typo: argparse's own message, quoted
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1 and "unrecognized arguments: --itres 3" in checks_of(res)["parse"]["detail"]
 
@@ -97,10 +85,7 @@ def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) ->
     (tmp_path / "outside" / "secret_helper.py").write_text("X = 1\n")
     (project / "flat.py").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path / 'outside')!r})\n"
                                      "import secret_helper\n" + FLAT)
-    data = yaml.safe_load((project / "launcher.yaml").read_text())
-    data["trainer"] = {"command": "python flat.py"}
-    data["reviewed"] = ["flat.py"]
-    (project / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(project, trainer={"command": "python flat.py"}, reviewed=["flat.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
     imp = checks_of(res)["imports from reviewed files only"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LAUNCHER, assert_one_line_error, run_cli
+from tests.helpers import LAUNCHER, assert_one_line_error, run_cli
 
 WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line."""
 import signal

@@ -13,6 +13,8 @@ from runtime.store import FileEntry, Manifest, checkpoint_name, open_store
 from runtime.store.local import LocalDirStore
 from runtime.verify import verify_checkpoint
 
+pytestmark = pytest.mark.unit
+
 
 def make_checkpoint(root: Path, step: int, size: int = 300_000) -> tuple[Path, Manifest]:
     folder = root / checkpoint_name(step)

@@ -9,8 +9,10 @@ import pytest
 from runtime.cycle import newest_verified, run_cycle
 from runtime.store import Store, checkpoint_name, open_store
 from runtime.verify import verify_checkpoint
-from tests.conftest import hub_store
+from tests.helpers import hub_store
 from tests.test_store import make_checkpoint, mark_verified
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(params=["local", "hub"])

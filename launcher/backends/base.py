@@ -4,15 +4,23 @@ A leg is one instance's life: a fresh, empty disk; the reviewed files staged
 onto it (the image's job on docker/sky); the DESIGN.md leg environment; stdout
 streamed to the host log; an exit code. `kill` is what losing the instance
 looks like: the process and its disk are gone.
+
+What a backend can do beyond launch / wait / kill is declared here, once, and
+answered by each backend: `can_freeze` (freeze/thaw a leg at an instant: a drill
+lands its kill on a line, a resume rung holds a leg at a step), `can_terminate`
+(the trainer's graceful stop, SIGTERM), `quote` (a provider's price for a leg),
+and, for `launcher stop`, which ledger legs it can signal (`check_signal`) and
+how (`signal_leg`). Callers read the attributes; they never probe for methods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Iterable, Mapping, Protocol
+from typing import IO, Any, Callable, Iterable, Mapping, Protocol
 
 from launcher.config import GpuSpec
+from launcher.errors import BadInput
 
 LineSink = Callable[[str], None]
 
@@ -53,6 +61,12 @@ class LegHandle:
     command: tuple[str, ...]
     """The argv actually executed on the instance (what the ledger records)."""
 
+    def ledger_fields(self) -> dict[str, Any]:
+        """What the ledger's leg row records of this handle beyond its spec and argv: the
+        task file's sha256, the leg's pid, one instance's hourly price and where that price
+        came from; None where the backend has no such thing."""
+        return {"task_sha256": None, "pid": None, "hourly_usd": None, "cost_source": None}
+
 
 @dataclass(frozen=True)
 class LegResult:
@@ -84,8 +98,22 @@ class LegResult:
         return self.ended_at - self.started_at
 
 
-class Backend(Protocol):
-    name: str
+class Quote(Protocol):
+    """What a provider would charge for one leg (sky: SkyPilot's optimizer pick)."""
+
+    hourly_usd: float
+    """Every node of the leg, per hour, host VM included."""
+
+
+class Backend:
+    """Where a leg runs. Each backend sets `name`, implements launch / wait / kill, and
+    declares what else it can do; the base answers "cannot" for all of it."""
+
+    name: str = ""
+    can_freeze: bool = False
+    """`freeze` / `thaw` work: every process of a leg stops at an instant, and goes on."""
+    can_terminate: bool = False
+    """`terminate` works: the leg gets the trainer's graceful stop (SIGTERM)."""
 
     def launch(self, spec: LegSpec, on_line: LineSink | None = None,
                on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
@@ -93,12 +121,45 @@ class Backend(Protocol):
         log and to `on_line`. `on_instance` is called with the handle once the
         instance is named and before anything is provisioned or billed (where the
         backend can: sky), else right after it started: the ledger records the leg there."""
+        raise NotImplementedError(f"the {self.name} backend launches no leg")
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         """Block until the leg ends (None if `timeout` passed first)."""
+        raise NotImplementedError(f"the {self.name} backend runs no leg")
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Kill the leg and destroy its disk, as a lost instance would."""
+        raise NotImplementedError(f"the {self.name} backend runs no leg")
+
+    def freeze(self, handle: LegHandle) -> None:
+        """Stop every process of the leg at this instant (only where `can_freeze`)."""
+        raise NotImplementedError(f"the {self.name} backend cannot freeze a leg")
+
+    def thaw(self, handle: LegHandle) -> None:
+        """Let a frozen leg go on from where it stood (only where `can_freeze`)."""
+        raise NotImplementedError(f"the {self.name} backend cannot thaw a leg")
+
+    def terminate(self, handle: LegHandle) -> None:
+        """The trainer's graceful stop: SIGTERM to the leg (only where `can_terminate`)."""
+        raise NotImplementedError(f"the {self.name} backend cannot send a leg SIGTERM")
+
+    def quote(self, rung: str, gpus: GpuSpec) -> Quote | None:
+        """The provider's price for one leg of `rung`; None: the config's prices stand."""
+        return None
+
+    @classmethod
+    def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
+        """`launcher stop`: refuse (bad input, before anything is recorded) a run whose live
+        leg (None: between legs) this backend cannot signal. The base refuses every one."""
+        raise BadInput(f"launcher stop: the {run['backend']} backend's {run['rung']} legs cannot be signalled by "
+                       "this version (local, docker and the sky run's managed job can)",
+                       hint="`sky cancel` then `sky down` the leg's cluster")
+
+    @classmethod
+    def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
+        """`launcher stop`: send the leg its ledger row names SIGTERM (graceful) or SIGKILL,
+        from another process than the one that launched it (only after `check_signal`)."""
+        raise NotImplementedError(f"the {cls.name} backend cannot signal a leg")
 
 
 def billed_seconds(seconds: float, granularity_s: float) -> float:

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable, Mapping
 from urllib.parse import unquote, urlparse
 
-from launcher.backends import leash
-from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
+import launcher.backends.leash as leash
+from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.image import docker, docker_cli
 
 
@@ -62,11 +63,16 @@ class _DockerHandle(LegHandle):
     log: IO[str] | None = None
     leash: subprocess.Popen[bytes] | None = None
 
+    def ledger_fields(self) -> dict[str, Any]:
+        return {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
 
-class DockerBackend:
+
+class DockerBackend(Backend):
     """Legs as fresh containers of one image on the local engine."""
 
     name = "docker"
+    can_freeze = True
+    can_terminate = True
 
     def __init__(self, image: str, network: str = "host") -> None:
         self.image = image
@@ -139,3 +145,12 @@ class DockerBackend:
         # `docker run` returns 137 for a SIGKILLed container; the ledger says -9 like a local kill.
         return self._finish(handle, -9, True, reason)
 
+    @classmethod
+    def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
+        """Any docker leg can be signalled: its container is named in the ledger."""
+
+    @classmethod
+    def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
+        """`docker kill --signal TERM|KILL` to the container the ledger row names."""
+        name = "TERM" if sig == signal.SIGTERM else "KILL"
+        subprocess.run([docker_cli(), "kill", "--signal", name, leg["instance"]], capture_output=True, check=False)

@@ -24,11 +24,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable, Mapping
 
-from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, pump_lines
-from launcher.backends import leash
-from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token, signal_leg
+import launcher.backends.leash as leash
+from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token
+from launcher.errors import BadInput
 from launcher.manifest import stage_files
 
 PYTHON_NAMES = ("python", "python3")
@@ -70,11 +71,16 @@ class _LocalHandle(LegHandle):
     def token(self) -> str:
         return leg_token(self.spec.run_id, self.spec.leg)
 
+    def ledger_fields(self) -> dict[str, Any]:
+        return {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
 
-class LocalBackend:
+
+class LocalBackend(Backend):
     """Legs as subprocesses in fresh temp dirs on this machine."""
 
     name = "local"
+    can_freeze = True
+    can_terminate = True
 
     def __init__(self, root: Path | None = None, keep_dirs: bool | None = None) -> None:
         self.root = root or Path(tempfile.gettempdir()) / LEGS_ROOT
@@ -148,13 +154,13 @@ class LocalBackend:
         """SIGSTOP every process of the leg: it stops at this instant (a drill kills it next)."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP)
+            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP)
 
     def thaw(self, handle: LegHandle) -> None:
         """SIGCONT every process of a frozen leg: it goes on from where it stood."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            signal_leg(handle.token, handle.proc.pid, signal.SIGCONT)
+            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGCONT)
 
     def terminate(self, handle: LegHandle) -> None:
         """SIGTERM to the leg's process group: the trainer's graceful stop (torchrun forwards it)."""
@@ -174,3 +180,22 @@ class LocalBackend:
             rc = handle.proc.wait()
             counted = (n, len(leg_pids(handle.token)))  # what a lost instance leaves: nothing
         return self._finish(handle, rc, True, reason, counted)
+
+    @classmethod
+    def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
+        """A local leg is signalled by the pid its ledger row holds."""
+        if leg is not None and not leg.get("pid"):
+            raise BadInput(f"leg {leg['leg']} of {leg['run_id']} has no pid in the ledger "
+                           "(recorded by an older launcher)")
+
+    @classmethod
+    def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
+        """SIGTERM to the leg's process group (its own session: pgid == pid); SIGKILL to
+        every process of the leg, torchrun's workers too."""
+        if sig == signal.SIGKILL:
+            kill_leg(leg_token(leg["run_id"], leg["leg"]), int(leg["pid"]))
+            return
+        try:
+            os.killpg(int(leg["pid"]), sig)
+        except ProcessLookupError:
+            pass

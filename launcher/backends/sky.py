@@ -17,6 +17,10 @@ gone (`ClusterDoesNotExist`) counts as down. A launcher that dies anyway leaves
 the cluster's backstops (autostop with down, the hard cap; see skytask) and the
 ledger row naming it, which the next launcher command reaps (`reap`).
 
+The SDK calls themselves (errors by type, the optimizer's pick, down, status,
+cost report, a managed job's record and cancel) are launcher.backends.skyapi;
+the run's managed job is launcher.backends.skyjob; the task file, launcher.skytask.
+
 The `sky` module is imported lazily (the tests inject a strict stand-in for
 what needs a live cluster; pricing and dry runs go to SkyPilot's own API server).
 """
@@ -25,14 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable
+from typing import Any, Callable, Mapping
 
-from launcher.backends.base import LegHandle, LegResult, LegSpec, LineSink, billed_seconds
+from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, billed_seconds
+from launcher.backends.skyapi import (TERMINAL_JOB_STATUSES, Capture, LineWriter, Pick, cancel, classify,
+                                      cluster_up, cost_row, down, job_id_of, one_line, optimizer_pick,
+                                      placement_of, record)
 from launcher.config import Config
-from launcher.errors import BadInput, Refused
+from launcher.errors import BadInput
 from launcher.evidence import LegEvents, exit_code_from_events
 from launcher.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 
@@ -44,145 +52,6 @@ def cluster_name(spec: LegSpec) -> str:
     tail = re.sub(r"[^a-z0-9-]", "-", spec.run_id.lower())[-24:].strip("-")
     role = "s" if spec.env.get("LAUNCHER_RUN_ID", spec.run_id) != spec.run_id else "l"
     return f"pf-{tail}-{role}{spec.leg}"[:35]
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def one_line(err: BaseException, limit: int = 300) -> str:
-    """SkyPilot's error as one plain line (its messages carry terminal colours)."""
-    return " ".join(ANSI.sub("", f"{type(err).__name__}: {err}").split())[:limit]
-
-
-@dataclass(frozen=True)
-class Pick:
-    """What SkyPilot's optimizer would launch for a task, and its price."""
-
-    cloud: str
-    region: str | None
-    instance_type: str | None
-    accelerators: str | None
-    use_spot: bool
-    nodes: int
-    hourly_usd: float
-    """The whole cluster, per hour: every node's VM, GPUs and host included."""
-
-    @property
-    def instance_hourly_usd(self) -> float:
-        """One node's share: what the ledger records per leg and bills per instance-hour."""
-        return self.hourly_usd / max(1, self.nodes)
-
-    def describe(self) -> str:
-        where = f"{self.cloud} {self.region or 'any region'}"
-        what = f"{self.nodes} x {self.instance_type or '?'}" + (f" ({self.accelerators})" if self.accelerators else "")
-        return f"{what} on {where}{' spot' if self.use_spot else ''}: ${self.hourly_usd:.2f}/h"
-
-
-def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
-    """SkyPilot's errors that mean "this machine cannot launch anything as configured":
-    no cloud enabled, a catalog it cannot read, bad or missing credentials, no API
-    server. Bad input (exit 2): nothing was provisioned, nothing is billed."""
-    exc = sky.exceptions
-    names = ("NoCloudAccessError", "CloudError", "CloudUserIdentityError", "InvalidCloudCredentials",
-             "InvalidCloudConfigs", "ApiServerConnectionError", "ApiServerAuthenticationError",
-             "NotSupportedError", "InvalidClusterNameError", "PermissionDeniedError", "ProvisionPrechecksError",
-             "ResourcesMismatchError", "InvalidSkyPilotConfigError", "NoWorkspaceAccessError")
-    return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
-
-
-def classify(sky: Any, err: BaseException) -> BadInput | Refused | None:
-    """The launcher error a SkyPilot exception means, by type; None: a failure of this leg."""
-    if isinstance(err, sky.exceptions.ResourcesUnavailableError):
-        tried = [one_line(e, 120) for e in (getattr(err, "failover_history", None) or [])][-3:]
-        return Refused(f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
-                       + (f" (tried: {'; '.join(tried)})" if tried else ""),
-                       hint="run it again with --retry-until-up to wait for capacity, or ask for other --gpus")
-    if isinstance(err, setup_errors(sky)):
-        return BadInput(f"SkyPilot could not launch: {one_line(err)}",
-                        hint="`sky check` says which clouds are enabled; `sky api info` whether the API server is up")
-    return None
-
-
-def optimizer_pick(sky: Any, task: Any) -> Pick:
-    """SkyPilot's own optimizer on this task (its catalog, its cost model, on its API server):
-    the resources it chose and their hourly price for all nodes, host VM included.
-
-    In 0.14.1 the `optimize` request returns no value to a client (the optimized DAG is
-    not serialized); what it gives is its table of considered resources, in the request's
-    log, with the chosen row marked. That table is read here."""
-    dag = sky.Dag()
-    dag.add(task)
-    table = _Capture()
-    sky.stream_and_get(sky.optimize(dag), output_stream=table)
-    return parse_optimizer_table(table.text, int(task.num_nodes or 1))
-
-
-def parse_optimizer_table(text: str, nodes: int) -> Pick:
-    """The chosen row of SkyPilot's "Considered resources" table:
-    INFRA (cloud (region or zone)) | INSTANCE ([Spot]) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
-    lines = [ANSI.sub("", line) for line in text.splitlines()]
-    header = next((line for line in lines if "INSTANCE" in line and "COST" in line), None)
-    chosen = next((line for line in lines if "\u2714" in line), None)
-    if header is None or chosen is None:
-        raise RuntimeError("SkyPilot's optimizer printed no chosen resources: " + " ".join(text.split())[-200:])
-    names = re.split(r"\s{2,}", header.strip())
-    row = dict(zip(names, re.split(r"\s{2,}", chosen.strip())))
-    infra = re.match(r"(\S+)(?: \((\S+)\))?", row.get("INFRA", row.get("CLOUD", "")))
-    if infra is None or "COST ($)" not in row:
-        raise RuntimeError(f"SkyPilot's optimizer table has an unexpected shape: {chosen.strip()!r}")
-    where = infra.group(2)
-    region = where.rsplit("-", 1)[0] if where and re.search(r"-[a-z]$", where) else where
-    instance = row.get("INSTANCE", "")
-    gpus = row.get("GPUS", "-")
-    return Pick(infra.group(1), region, instance.replace("[Spot]", "") or None,
-                None if gpus in ("-", "") else gpus, "[Spot]" in instance, nodes, float(row["COST ($)"]))
-
-
-def placement_of(handle: Any) -> dict[str, str]:
-    """cloud / region / zone / instance_type / use_spot of a launched cluster, from its handle."""
-    res = getattr(handle, "launched_resources", None)
-    if res is None:
-        return {}
-    out = {"cloud": getattr(res, "cloud", None), "region": getattr(res, "region", None),
-           "zone": getattr(res, "zone", None), "instance_type": getattr(res, "instance_type", None)}
-    found = {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
-    if found and getattr(res, "use_spot", None) is not None:
-        found["use_spot"] = "true" if res.use_spot else "false"
-    return found
-
-
-class _Capture:
-    """An output stream that keeps what SkyPilot writes to it."""
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def write(self, text: str) -> int:
-        self.text += text
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-class LineWriter:
-    """A text stream SkyPilot writes logs to: each whole line goes to the log and the live view."""
-
-    def __init__(self, log: IO[str], on_line: LineSink | None) -> None:
-        self.log, self.on_line, self._buf = log, on_line, ""
-
-    def write(self, text: str) -> int:
-        self._buf += text
-        while "\n" in self._buf:
-            line, self._buf = self._buf.split("\n", 1)
-            self.log.write(line + "\n")
-            self.log.flush()
-            if self.on_line:
-                self.on_line(line + "\n")
-        return len(text)
-
-    def flush(self) -> None:
-        self.log.flush()
 
 
 @dataclass
@@ -198,9 +67,15 @@ class _SkyHandle(LegHandle):
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while the launch request is sent: a kill waits for its id, or stops it being sent."""
 
+    def ledger_fields(self) -> dict[str, Any]:
+        return {**super().ledger_fields(), "task_sha256": self.task.sha256 if self.task is not None else None,
+                "hourly_usd": self.pick.instance_hourly_usd if self.pick is not None else None,
+                "cost_source": self.cost_source}
 
-class SkyBackend:
-    """Legs as fresh SkyPilot clusters running the pinned image."""
+
+class SkyBackend(Backend):
+    """Legs as fresh SkyPilot clusters running the pinned image. It can neither freeze a leg
+    nor send it SIGTERM; `launcher stop` signals the run's managed job (launcher.backends.skyjob)."""
 
     name = "sky"
     billing_granularity_s = BILLING_GRANULARITY_S
@@ -247,9 +122,9 @@ class SkyBackend:
         if pick is None:
             return rendered, None, source
         try:
-            with contextlib.redirect_stdout(_Capture()):  # the client prints "Running on cluster: ..."
+            with contextlib.redirect_stdout(Capture()):  # the client prints "Running on cluster: ..."
                 self.sky.stream_and_get(self.sky.launch(task, cluster_name=cluster_name(spec), dryrun=True),
-                                        output_stream=_Capture())
+                                        output_stream=Capture())
         except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
             mapped = classify(self.sky, err)
             return rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")
@@ -373,29 +248,20 @@ class SkyBackend:
         handle.thread.join(120)
         return self._result(handle)
 
+    @classmethod
+    def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
+        """Only the run's managed job, while a leg of it is live, can be signalled."""
+        if run["rung"] != "run" or leg is None:
+            super().check_signal(run, leg)
 
-def down(sky: Any, cluster: str, stream: Any) -> tuple[bool | str, str]:
-    """`sky down`: (True, '') done; ('gone', '') there was no such cluster (nothing to
-    bill, nothing leaked); (False, why) it may still be billing."""
-    try:
-        sky.stream_and_get(sky.down(cluster), output_stream=stream)
-        return True, ""
-    except sky.exceptions.ClusterDoesNotExist:
-        return "gone", ""
-    except Exception as err:  # noqa: BLE001 - a leaked cluster bills: say so loudly
-        note = f"sky down {cluster} FAILED: {one_line(err)}; check `sky status`"
-        if stream is not None:
-            stream.write(f"launcher: {note}\n")
-        return False, note
+    @classmethod
+    def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
+        """`sky.jobs.cancel` of the managed job the leg belongs to; graceful on SIGTERM."""
+        job = job_id_of(leg["instance"])
+        why = cancel(sky_module(), job, graceful=sig == signal.SIGTERM) if job is not None else "not a managed job"
+        if why is not None:
+            raise BadInput(f"sky.jobs.cancel of {leg['instance']}: {why}")
 
-
-def cluster_up(sky: Any, cluster: str) -> bool:
-    """Does SkyPilot know this cluster (in any state)? Asked, never assumed."""
-    return any(_field(r, "name") == cluster for r in sky.get(sky.status(cluster_names=[cluster])) or [])
-
-
-def _field(row: Any, name: str) -> Any:
-    return row[name] if isinstance(row, dict) else getattr(row, name, None)
 
 
 @dataclass(frozen=True)
@@ -430,27 +296,10 @@ def reap(cluster: str) -> Reaped:
     return Reaped(cluster, True, time.time(), f"cluster {cluster} was still up: taken down")
 
 
-def cost_row(sky: Any, cluster: str) -> tuple[float, float] | None:
-    """(launched_at, seconds up) from SkyPilot's cost report for the cluster; None where it has none."""
-    try:
-        rows = sky.get(sky.cost_report())
-    except Exception:  # noqa: BLE001 - our own measure stands
-        return None
-    for row in rows or []:
-        if _field(row, "name") == cluster and _field(row, "duration") is not None:
-            return float(_field(row, "launched_at") or 0.0), float(_field(row, "duration"))
-    return None
-
-
-TERMINAL_JOB_STATUSES = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
-                         "FAILED_NO_RESOURCE", "FAILED_CONTROLLER")
-
 
 def reap_job(job_id: int) -> Reaped:
     """A managed job whose launcher died: still running, it is cancelled now (its leg billed
     to now); already ended, to when SkyPilot says it ended. Never assumed either way."""
-    from launcher.backends.skyjob import cancel, record
-
     sky = sky_module()
     name = f"managed job {job_id}"
     try:

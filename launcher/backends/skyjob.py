@@ -8,7 +8,8 @@ same task on a fresh cluster each time. The launcher follows the job's log
 legs: the runtime prints a `session` event first thing in every attempt, so a
 second one in the stream is the next attempt. After the job ends, SkyPilot's own
 record (`sky.jobs.queue_v2`: status, recovery_count, job_duration) is read and set
-against what the stream showed.
+against what the stream showed. Reading that record, cancelling a job and the
+ledger's name for it (`sky-job-<id>`) are SDK calls: launcher.backends.skyapi.
 
 The `sky` module is SkyPilot's (or the strict stand-in the tests inject).
 """
@@ -22,22 +23,9 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import Pick, SkyBackend, _Capture, one_line
+from launcher.backends.sky import SkyBackend
+from launcher.backends.skyapi import JOB_PREFIX, Capture, Pick, classify, one_line
 from launcher.skytask import RenderedTask, render_job, task_for_launch
-
-JOB_PREFIX = "sky-job-"
-"""A managed job's legs carry `sky-job-<id>` as their instance in the ledger."""
-RECORD_FIELDS = ["job_id", "job_name", "status", "recovery_count", "submitted_at", "start_at", "end_at",
-                 "last_recovered_at", "job_duration", "failure_reason", "cloud", "region", "zone",
-                 "cluster_resources"]
-
-
-def job_id_of(instance: str | None) -> int | None:
-    """The managed job id a leg row names (None: not a managed-job leg)."""
-    if not instance or not instance.startswith(JOB_PREFIX):
-        return None
-    digits = instance[len(JOB_PREFIX):].split()[0]
-    return int(digits) if digits.isdigit() else None
 
 
 class LegSplitter:
@@ -135,7 +123,7 @@ def submit(job: ManagedJob, task: Any) -> int:
     sky = job.backend.sky
     job.submitted_at = time.time()
     job.request = sky.jobs.launch(task, name=job.name)
-    ids, _controller = sky.stream_and_get(job.request, output_stream=_Capture())
+    ids, _controller = sky.stream_and_get(job.request, output_stream=Capture())
     if not ids:
         raise RuntimeError("sky.jobs.launch returned no job id")
     job.job_id = int(ids[0])
@@ -147,27 +135,6 @@ def follow(job: ManagedJob, stream: LegSplitter) -> int | None:
     return job.backend.sky.jobs.tail_logs(job_id=job.job_id, follow=True, output_stream=stream)
 
 
-def record(sky: Any, job_id: int) -> dict[str, Any] | None:
-    """SkyPilot's record of the job (`jobs.queue_v2` with the fields the launcher reads)."""
-    records, _total, _counts, _all = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=[job_id],
-                                                               fields=RECORD_FIELDS))
-    for rec in records:
-        if int(rec["job_id"]) == job_id:
-            status = rec["status"]
-            return {k: (getattr(status, "value", status) if k == "status" else rec.get(k)) for k in RECORD_FIELDS}
-    return None
-
-
-def cancel(sky: Any, job_id: int, graceful: bool) -> str | None:
-    """`sky.jobs.cancel`; graceful: SIGTERM to the job's processes first (its final
-    checkpoint), then teardown. None when sent, else why it could not be."""
-    try:
-        sky.get(sky.jobs.cancel(job_ids=[job_id], graceful=graceful))
-    except Exception as err:  # noqa: BLE001 - said, never raised over the error that led here
-        return one_line(err)
-    return None
-
-
 def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
             max_restarts: int) -> tuple[RenderedTask, Pick | None, str]:
     """The job's task through SkyPilot's own dry run (`sky.launch(..., dryrun=True)`: its
@@ -175,16 +142,14 @@ def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, 
     their own), with the pick and price of the first candidate that can launch (spot)."""
     import contextlib
 
-    from launcher.backends.sky import classify
-
     job, task = prepare(backend, spec, out, job_deadline, leg_budget_s, max_restarts)
     if job.pick is None:
         return job.rendered, None, job.price_note
     sky = backend.sky
     try:
-        with contextlib.redirect_stdout(_Capture()):
+        with contextlib.redirect_stdout(Capture()):
             sky.stream_and_get(sky.launch(task, cluster_name=f"pf-dry-{job.name}"[:35], dryrun=True),
-                               output_stream=_Capture())
+                               output_stream=Capture())
     except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
         mapped = classify(sky, err)
         return job.rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")

@@ -40,9 +40,11 @@ from transformers import TrainerCallback
 from runtime import events
 from runtime.batches import batch_digest
 from runtime.checkpoint import write_manifest
+from runtime import contract
+from runtime.contract import EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
+from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
 from runtime.resume import restore_newest
-from runtime.session import EXIT_REFUSED, STOP_CODES, local_stop, stale_code_refused
 from runtime.store import StoreError, open_store
 from runtime.store.base import MANIFEST, checkpoint_name
 
@@ -58,13 +60,13 @@ class Preflight(TrainerCallback):
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         env = os.environ
-        self.run_id = env.get("LAUNCHER_RUN_ID", "local")
-        self.leg = int(env.get("LAUNCHER_LEG", "0"))
-        self.max_steps = int(env.get("LAUNCHER_MAX_STEPS", "50"))
-        self.deadline = float(env.get("LAUNCHER_DEADLINE", "inf"))
+        self.run_id = env.get(contract.RUN_ID, "local")
+        self.leg = int(env.get(contract.LEG, "0"))
+        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
+        self.deadline = float(env.get(contract.DEADLINE, "inf"))
         self.work = Path(workdir).resolve()
         self.rank = int(env.get("RANK", "0"))
-        self.store = open_store(env.get("LAUNCHER_STORE", (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
         self.keep, self.verify_bytes = keep, verify_bytes
         self.resumed_at = self.pushed_at = 0
         self.reason = "max_steps"
@@ -106,7 +108,7 @@ class Preflight(TrainerCallback):
         if model is not None:
             model.register_forward_pre_hook(self._hash_inputs, with_kwargs=True)
         params = sum(p.numel() for p in model.parameters()) if model is not None else 0
-        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get("LAUNCHER_RUNG", "none"),
+        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get(contract.RUNG, "none"),
                     device=str(args.device), params=params, max_steps=self.max_steps, total_steps=state.max_steps,
                     world_size=args.world_size, store=self.store.uri, adapter="transformers")
         self._last = time.perf_counter()

@@ -188,28 +188,6 @@ class StoreScan:
     damaged: list[Damaged]
 
 
-def classify_folder(name: str, manifest_raw: bytes, seal_raw: bytes | None, key: bytes | None
-             ) -> tuple[CheckpointInfo | None, Damaged | None]:
-    """One listed folder -> a checkpoint (verified only if its mark binds the manifest), or damage."""
-    from runtime.store.seal import check_seal
-
-    step = step_of(name)
-    assert step is not None
-    try:
-        manifest = Manifest.from_json(parse_small_json(manifest_raw, MANIFEST))
-        if manifest.name != name:
-            raise CheckpointDamaged(f"manifest names {manifest.name}, found in folder {name}")
-    except CheckpointDamaged as err:
-        return None, Damaged(name, step, str(err))
-    if seal_raw is None:
-        return CheckpointInfo(name, step, manifest, False), None
-    try:
-        seal = check_seal(manifest, parse_small_json(seal_raw, VERIFIED), key)
-    except CheckpointDamaged as err:
-        return CheckpointInfo(name, step, manifest, False), Damaged(name, step, f"not counted as verified: {err}")
-    return CheckpointInfo(name, step, manifest, True, seal), None
-
-
 @dataclass(frozen=True)
 class RemoteFile:
     """What the store itself reports for a stored file: its size, and a hash

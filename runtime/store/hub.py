@@ -36,9 +36,10 @@ from huggingface_hub.utils import build_hf_headers
 
 from runtime.store.base import (MANIFEST, MAX_SMALL_JSON, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged,
                                 Manifest, RemoteFile, StoreAuthError, StoreError, StoreScan, TransientStoreError,
-                                canonical_json, classify_folder, step_of)
-from runtime.store.safeio import create_inside
+                                canonical_json, step_of)
 from runtime.store.retry import RetryPolicy, with_retry
+from runtime.store.safeio import create_inside
+from runtime.store.seal import classify_folder
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime.store.base import (MANIFEST, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged, Manifest,
-                                RemoteFile, StoreError, StoreScan, canonical_json, classify_folder, step_of)
+                                RemoteFile, StoreError, StoreScan, canonical_json, step_of)
 from runtime.store.safeio import create_inside, open_regular, read_exactly, read_small
+from runtime.store.seal import classify_folder
 
 
 def _fsync_dir(path: Path) -> None:

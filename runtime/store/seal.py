@@ -12,6 +12,9 @@ resume also re-reads the recorded windows from the bytes it fetched.
 Without a key (the trainer run by hand, outside the launcher) the mark still
 binds the manifest and the windows, which catches a stale or hand-made mark
 but not a deliberate forgery: the README says so.
+
+`classify_folder` is where every store's listing applies this: a folder counts as a
+checkpoint if its manifest parses, and as verified only if its mark binds it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.store.base import SHA256_RE, CheckpointDamaged, Manifest, StoreError, canonical_json
+from runtime.contract import STORE_KEY
+from runtime.store.base import (MANIFEST, SHA256_RE, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged, Manifest,
+                                StoreError, canonical_json, parse_small_json, step_of)
 
-KEY_ENV = "LAUNCHER_STORE_KEY"
+KEY_ENV = STORE_KEY
 SEAL_VERSION = 1
 MAX_WINDOWS = 100_000
 
@@ -86,6 +91,26 @@ def check_seal(manifest: Manifest, record: Any, key: bytes | None) -> dict[str, 
         if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, record)):
             raise CheckpointDamaged("verified.json is not sealed with this project's key (forged or foreign)")
     return record
+
+
+def classify_folder(name: str, manifest_raw: bytes, seal_raw: bytes | None,
+                    key: bytes | None) -> tuple[CheckpointInfo | None, Damaged | None]:
+    """One listed folder -> a checkpoint (verified only if its mark binds the manifest), or damage."""
+    step = step_of(name)
+    assert step is not None
+    try:
+        manifest = Manifest.from_json(parse_small_json(manifest_raw, MANIFEST))
+        if manifest.name != name:
+            raise CheckpointDamaged(f"manifest names {manifest.name}, found in folder {name}")
+    except CheckpointDamaged as err:
+        return None, Damaged(name, step, str(err))
+    if seal_raw is None:
+        return CheckpointInfo(name, step, manifest, False), None
+    try:
+        seal = check_seal(manifest, parse_small_json(seal_raw, VERIFIED), key)
+    except CheckpointDamaged as err:
+        return CheckpointInfo(name, step, manifest, False), Damaged(name, step, f"not counted as verified: {err}")
+    return CheckpointInfo(name, step, manifest, True, seal), None
 
 
 def check_windows(folder: Path, seal: dict[str, Any]) -> None:

@@ -58,44 +58,63 @@ def render(r: dict[str, Any]) -> str:
 
 
 def _plan(p: dict[str, Any]) -> list[str]:
-    lines = []
+    lines = _rate(p) + _quota(p) + [_actual(a) for a in p.get("actuals", [])] + _measured(p)
+    lines += _efficiency(p.get("efficiency"))
+    for key in ("memory", "checkpoint", "breakdown", "efficiency"):
+        for e in (p.get(key) or {}).get("evidence", []):
+            lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
+    return lines
+
+
+def _rate(p: dict[str, Any]) -> list[str]:
+    """Proof 5's rate, the ETA and GPU-hours it implies; MISSING without a target rate."""
+    if "tok_s" not in p:
+        return ["- **Sustained throughput, ETA, GPU-hours**: MISSING: no rate was measured on the target GPU "
+                "(proof 5), so no ETA can be stated."]
+    provisional = "" if p.get("rate_status") == "PASS" else \
+        " **Provisional: proof 5 is not PASS (the rate is not known to within 2 %), so every figure below " \
+        "that rests on it is too.**"
+    usd = "no price configured" if p["usd"] is None else \
+        f"x {p['price_per_gpu_hour']:g} USD/GPU-h = **{p['usd']:,.2f} USD**"
+    return [f"- **Sustained throughput**: {p['tok_s']:,.1f} tokens/s on {p['gpus']} (proof 5's window)."
+            + provisional,
+            f"- **ETA of the run**: {p['run_steps']:,} steps (rungs.run.steps) at that rate = "
+            f"**{p['eta_hours']:,.2f} h**; the run rung's legs are {p['run_leg_budget_hours']:g} h each, so "
+            f"it needs {p['legs_needed']} leg(s).",
+            f"- **GPU-hours**: {p['eta_hours']:,.2f} h x {p['gpus']} = **{p['gpu_hours']:,.2f} GPU-h**; {usd}."]
+
+
+def _quota(p: dict[str, Any]) -> list[str]:
+    """The quota arithmetic, as `launcher spend` shows it, and whether the run fits."""
     q = p["quota"]
-    if "tok_s" in p:
-        provisional = "" if p.get("rate_status") == "PASS" else \
-            " **Provisional: proof 5 is not PASS (the rate is not known to within 2 %), so every figure below " \
-            "that rests on it is too.**"
-        lines.append(f"- **Sustained throughput**: {p['tok_s']:,.1f} tokens/s on {p['gpus']} (proof 5's window)."
-                     + provisional)
-        lines.append(f"- **ETA of the run**: {p['run_steps']:,} steps (rungs.run.steps) at that rate = "
-                     f"**{p['eta_hours']:,.2f} h**; the run rung's legs are {p['run_leg_budget_hours']:g} h each, so "
-                     f"it needs {p['legs_needed']} leg(s).")
-        usd = "no price configured" if p["usd"] is None else \
-            f"x {p['price_per_gpu_hour']:g} USD/GPU-h = **{p['usd']:,.2f} USD**"
-        lines.append(f"- **GPU-hours**: {p['eta_hours']:,.2f} h x {p['gpus']} = **{p['gpu_hours']:,.2f} GPU-h**; {usd}.")
-    else:
-        lines.append("- **Sustained throughput, ETA, GPU-hours**: MISSING: no rate was measured on the target GPU "
-                     "(proof 5), so no ETA can be stated.")
     if q["quota_gpu_hours"] is None:
-        lines.append(f"- **Quota**: none configured; used {q['used_gpu_hours']:.4f} GPU-h.")
-    else:
-        since = (q["period_from"] or "")[:10]
-        arith = (f"{q['quota_gpu_hours']:g} GPU-h per {q['period']} (from {since}) - used {q['used_gpu_hours']:.4f} "
-                 f"- reserved {q['reserved_gpu_hours']:.4f} = **{q['remaining_gpu_hours']:.4f} GPU-h remaining**")
-        if "gpu_hours" in p:
-            verdict = "**fits**" if p["fits"] else "**does NOT fit**"
-            arith += f"; the run needs {p['gpu_hours']:,.2f}: {verdict}"
-        lines.append(f"- **Quota**: {arith} (the same figures as `launcher spend`).")
-    for a in p.get("actuals", []):
-        plan = a["plan"]
-        gate = a["preflight"]
-        why = (f"launched past report {gate['report']}" if gate["gate"] == "passed" else
-               f"launched with the preflight SKIPPED: {gate['reason']}")
-        lines.append(f"- **The run, actual vs plan** ({a['run']}, {a['gpus']}, {a['verdict']}; {why}): "
-                     f"{a['last_step']:,} steps in {a['legs']} legs ({a['restarts']} restarts); "
-                     f"{_vs(a['tok_s'], plan['tok_s'], 'tok/s', ',.0f')}; "
-                     f"wall {_vs(a['wall_hours'], plan['eta_hours'], 'h', ',.2f')}; "
-                     f"{_vs(a['billed_gpu_hours'], plan['gpu_hours'], 'GPU-h', ',.3f')}; "
-                     f"{_vs(a['usd'], plan['usd'], 'USD', ',.2f')}.")
+        return [f"- **Quota**: none configured; used {q['used_gpu_hours']:.4f} GPU-h."]
+    since = (q["period_from"] or "")[:10]
+    arith = (f"{q['quota_gpu_hours']:g} GPU-h per {q['period']} (from {since}) - used {q['used_gpu_hours']:.4f} "
+             f"- reserved {q['reserved_gpu_hours']:.4f} = **{q['remaining_gpu_hours']:.4f} GPU-h remaining**")
+    if "gpu_hours" in p:
+        verdict = "**fits**" if p["fits"] else "**does NOT fit**"
+        arith += f"; the run needs {p['gpu_hours']:,.2f}: {verdict}"
+    return [f"- **Quota**: {arith} (the same figures as `launcher spend`)."]
+
+
+def _actual(a: dict[str, Any]) -> str:
+    """A finished run beside the plan that let it launch."""
+    plan = a["plan"]
+    gate = a["preflight"]
+    why = (f"launched past report {gate['report']}" if gate["gate"] == "passed" else
+           f"launched with the preflight SKIPPED: {gate['reason']}")
+    return (f"- **The run, actual vs plan** ({a['run']}, {a['gpus']}, {a['verdict']}; {why}): "
+            f"{a['last_step']:,} steps in {a['legs']} legs ({a['restarts']} restarts); "
+            f"{_vs(a['tok_s'], plan['tok_s'], 'tok/s', ',.0f')}; "
+            f"wall {_vs(a['wall_hours'], plan['eta_hours'], 'h', ',.2f')}; "
+            f"{_vs(a['billed_gpu_hours'], plan['gpu_hours'], 'GPU-h', ',.3f')}; "
+            f"{_vs(a['usd'], plan['usd'], 'USD', ',.2f')}.")
+
+
+def _measured(p: dict[str, Any]) -> list[str]:
+    """Memory, the checkpoint cycle's cost and where step time goes, on the leg measured."""
+    lines = []
     m = p.get("memory")
     if m:
         lines.append(f"- **Memory** ({m['run']} leg {m['leg']}, {m['on']}): peak {m['peak_bytes'] / 2**20:,.1f} MiB; "
@@ -115,10 +134,6 @@ def _plan(p: dict[str, Any]) -> list[str]:
     b = p.get("breakdown")
     if b:
         lines.append(f"- **Where step time goes** ({b['run']} leg {b['leg']}, {b['on']}): {b['summary']}.")
-    lines += _efficiency(p.get("efficiency"))
-    for key in ("memory", "checkpoint", "breakdown", "efficiency"):
-        for e in (p.get(key) or {}).get("evidence", []):
-            lines.append(f"  - evidence: `{e['log']}` line {e['line']}")
     return lines
 
 

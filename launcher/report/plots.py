@@ -7,19 +7,18 @@ says what ran where, axes with units, a legend naming every line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from launcher.report import RunData
+from launcher.report.runs import RunData, rate_leg
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def draw_all(runs: list["RunData"], report: dict[str, Any], folder: Path) -> list[str]:
+def draw_all(runs: list[RunData], report: dict[str, Any], folder: Path) -> list[str]:
+    """Draw every plot the runs allow into `folder`; returns the file names written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from launcher.report import rate_leg
 
     written = []
     leg = rate_leg(runs, gpu=True) or rate_leg(runs, gpu=False)
@@ -34,14 +33,14 @@ def draw_all(runs: list["RunData"], report: dict[str, Any], folder: Path) -> lis
     return written
 
 
-def _where(run: "RunData") -> str:
+def _where(run: RunData) -> str:
     if run.on_gpu:
         return f"{run.rung} run {run.id} on {run.gpus}"
     asked = "" if run.gpus == "CPU" else f" ({run.gpus} asked, legs ran on the CPU)"
     return f"{run.rung} run {run.id} on the CPU{asked}: not the target hardware"
 
 
-def _throughput(run: "RunData", ev: Any, s: dict[str, Any], folder: Path) -> str:
+def _throughput(run: RunData, ev: Any, s: dict[str, Any], folder: Path) -> str:
     import matplotlib.pyplot as plt
 
     steps = [(e["step"], e["tok_s"]) for _, e in ev.all("step") if e.get("tok_s")]
@@ -65,7 +64,7 @@ def _throughput(run: "RunData", ev: Any, s: dict[str, Any], folder: Path) -> str
     return _save(fig, folder, "throughput.png")
 
 
-def _memory(run: "RunData", ev: Any, folder: Path) -> str | None:
+def _memory(run: RunData, ev: Any, folder: Path) -> str | None:
     import matplotlib.pyplot as plt
 
     from launcher.measure import memory_trend
@@ -90,7 +89,7 @@ def _memory(run: "RunData", ev: Any, folder: Path) -> str | None:
     return _save(fig, folder, "memory.png")
 
 
-def _loss_lr(run: "RunData", folder: Path) -> str:
+def _loss_lr(run: RunData, folder: Path) -> str:
     import matplotlib.pyplot as plt
 
     legs = {leg["leg"]: leg for leg in run.row["legs"]}

@@ -1,0 +1,235 @@
+"""SkyPilot's SDK as the launcher speaks it, apart from any backend.
+
+What both the per-leg clusters (launcher.backends.sky) and the managed job
+(launcher.backends.skyjob) say to SkyPilot and read back: its errors told apart
+by type (`classify`), its optimizer's pick and price (`optimizer_pick`), where a
+cluster landed, its log streams as lines, `down` / `status` / `cost_report` of a
+cluster, and a managed job's record and cancellation. Every function takes the
+`sky` module (SkyPilot's, or the strict stand-in the tests inject) as its first
+argument; nothing here imports SkyPilot itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import IO, Any
+
+from launcher.backends.base import LineSink
+from launcher.errors import BadInput, Refused
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """SkyPilot's error as one plain line (its messages carry terminal colours)."""
+    return " ".join(ANSI.sub("", f"{type(err).__name__}: {err}").split())[:limit]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What SkyPilot's optimizer would launch for a task, and its price."""
+
+    cloud: str
+    region: str | None
+    instance_type: str | None
+    accelerators: str | None
+    use_spot: bool
+    nodes: int
+    hourly_usd: float
+    """The whole cluster, per hour: every node's VM, GPUs and host included."""
+
+    @property
+    def instance_hourly_usd(self) -> float:
+        """One node's share: what the ledger records per leg and bills per instance-hour."""
+        return self.hourly_usd / max(1, self.nodes)
+
+    def describe(self) -> str:
+        where = f"{self.cloud} {self.region or 'any region'}"
+        what = f"{self.nodes} x {self.instance_type or '?'}" + (f" ({self.accelerators})" if self.accelerators else "")
+        return f"{what} on {where}{' spot' if self.use_spot else ''}: ${self.hourly_usd:.2f}/h"
+
+
+def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
+    """SkyPilot's errors that mean "this machine cannot launch anything as configured":
+    no cloud enabled, a catalog it cannot read, bad or missing credentials, no API
+    server. Bad input (exit 2): nothing was provisioned, nothing is billed."""
+    exc = sky.exceptions
+    names = ("NoCloudAccessError", "CloudError", "CloudUserIdentityError", "InvalidCloudCredentials",
+             "InvalidCloudConfigs", "ApiServerConnectionError", "ApiServerAuthenticationError",
+             "NotSupportedError", "InvalidClusterNameError", "PermissionDeniedError", "ProvisionPrechecksError",
+             "ResourcesMismatchError", "InvalidSkyPilotConfigError", "NoWorkspaceAccessError")
+    return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
+
+
+def classify(sky: Any, err: BaseException) -> BadInput | Refused | None:
+    """The launcher error a SkyPilot exception means, by type; None: a failure of this leg."""
+    if isinstance(err, sky.exceptions.ResourcesUnavailableError):
+        tried = [one_line(e, 120) for e in (getattr(err, "failover_history", None) or [])][-3:]
+        return Refused(f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
+                       + (f" (tried: {'; '.join(tried)})" if tried else ""),
+                       hint="run it again with --retry-until-up to wait for capacity, or ask for other --gpus")
+    if isinstance(err, setup_errors(sky)):
+        return BadInput(f"SkyPilot could not launch: {one_line(err)}",
+                        hint="`sky check` says which clouds are enabled; `sky api info` whether the API server is up")
+    return None
+
+
+def optimizer_pick(sky: Any, task: Any) -> Pick:
+    """SkyPilot's own optimizer on this task (its catalog, its cost model, on its API server):
+    the resources it chose and their hourly price for all nodes, host VM included.
+
+    In 0.14.1 the `optimize` request returns no value to a client (the optimized DAG is
+    not serialized); what it gives is its table of considered resources, in the request's
+    log, with the chosen row marked. That table is read here."""
+    dag = sky.Dag()
+    dag.add(task)
+    table = Capture()
+    sky.stream_and_get(sky.optimize(dag), output_stream=table)
+    return parse_optimizer_table(table.text, int(task.num_nodes or 1))
+
+
+def parse_optimizer_table(text: str, nodes: int) -> Pick:
+    """The chosen row of SkyPilot's "Considered resources" table:
+    INFRA (cloud (region or zone)) | INSTANCE ([Spot]) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
+    lines = [ANSI.sub("", line) for line in text.splitlines()]
+    header = next((line for line in lines if "INSTANCE" in line and "COST" in line), None)
+    chosen = next((line for line in lines if "\u2714" in line), None)
+    if header is None or chosen is None:
+        raise RuntimeError("SkyPilot's optimizer printed no chosen resources: " + " ".join(text.split())[-200:])
+    names = re.split(r"\s{2,}", header.strip())
+    row = dict(zip(names, re.split(r"\s{2,}", chosen.strip())))
+    infra = re.match(r"(\S+)(?: \((\S+)\))?", row.get("INFRA", row.get("CLOUD", "")))
+    if infra is None or "COST ($)" not in row:
+        raise RuntimeError(f"SkyPilot's optimizer table has an unexpected shape: {chosen.strip()!r}")
+    where = infra.group(2)
+    region = where.rsplit("-", 1)[0] if where and re.search(r"-[a-z]$", where) else where
+    instance = row.get("INSTANCE", "")
+    gpus = row.get("GPUS", "-")
+    return Pick(infra.group(1), region, instance.replace("[Spot]", "") or None,
+                None if gpus in ("-", "") else gpus, "[Spot]" in instance, nodes, float(row["COST ($)"]))
+
+
+def placement_of(handle: Any) -> dict[str, str]:
+    """cloud / region / zone / instance_type / use_spot of a launched cluster, from its handle."""
+    res = getattr(handle, "launched_resources", None)
+    if res is None:
+        return {}
+    out = {"cloud": getattr(res, "cloud", None), "region": getattr(res, "region", None),
+           "zone": getattr(res, "zone", None), "instance_type": getattr(res, "instance_type", None)}
+    found = {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
+    if found and getattr(res, "use_spot", None) is not None:
+        found["use_spot"] = "true" if res.use_spot else "false"
+    return found
+
+
+class Capture:
+    """An output stream that keeps what SkyPilot writes to it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class LineWriter:
+    """A text stream SkyPilot writes logs to: each whole line goes to the log and the live view."""
+
+    def __init__(self, log: IO[str], on_line: LineSink | None) -> None:
+        self.log, self.on_line, self._buf = log, on_line, ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self.log.write(line + "\n")
+            self.log.flush()
+            if self.on_line:
+                self.on_line(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+# --- clusters ----------------------------------------------------------------------
+
+def down(sky: Any, cluster: str, stream: Any) -> tuple[bool | str, str]:
+    """`sky down`: (True, '') done; ('gone', '') there was no such cluster (nothing to
+    bill, nothing leaked); (False, why) it may still be billing."""
+    try:
+        sky.stream_and_get(sky.down(cluster), output_stream=stream)
+        return True, ""
+    except sky.exceptions.ClusterDoesNotExist:
+        return "gone", ""
+    except Exception as err:  # noqa: BLE001 - a leaked cluster bills: say so loudly
+        note = f"sky down {cluster} FAILED: {one_line(err)}; check `sky status`"
+        if stream is not None:
+            stream.write(f"launcher: {note}\n")
+        return False, note
+
+
+def cluster_up(sky: Any, cluster: str) -> bool:
+    """Does SkyPilot know this cluster (in any state)? Asked, never assumed."""
+    return any(_field(r, "name") == cluster for r in sky.get(sky.status(cluster_names=[cluster])) or [])
+
+
+def _field(row: Any, name: str) -> Any:
+    return row[name] if isinstance(row, dict) else getattr(row, name, None)
+
+
+def cost_row(sky: Any, cluster: str) -> tuple[float, float] | None:
+    """(launched_at, seconds up) from SkyPilot's cost report for the cluster; None where it has none."""
+    try:
+        rows = sky.get(sky.cost_report())
+    except Exception:  # noqa: BLE001 - our own measure stands
+        return None
+    for row in rows or []:
+        if _field(row, "name") == cluster and _field(row, "duration") is not None:
+            return float(_field(row, "launched_at") or 0.0), float(_field(row, "duration"))
+    return None
+
+
+# --- managed jobs ------------------------------------------------------------------
+
+TERMINAL_JOB_STATUSES = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
+                         "FAILED_NO_RESOURCE", "FAILED_CONTROLLER")
+JOB_PREFIX = "sky-job-"
+"""A managed job's legs carry `sky-job-<id>` as their instance in the ledger."""
+RECORD_FIELDS = ["job_id", "job_name", "status", "recovery_count", "submitted_at", "start_at", "end_at",
+                 "last_recovered_at", "job_duration", "failure_reason", "cloud", "region", "zone",
+                 "cluster_resources"]
+
+
+def job_id_of(instance: str | None) -> int | None:
+    """The managed job id a leg row names (None: not a managed-job leg)."""
+    if not instance or not instance.startswith(JOB_PREFIX):
+        return None
+    digits = instance[len(JOB_PREFIX):].split()[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def record(sky: Any, job_id: int) -> dict[str, Any] | None:
+    """SkyPilot's record of the job (`jobs.queue_v2` with the fields the launcher reads)."""
+    records, _total, _counts, _all = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=[job_id],
+                                                               fields=RECORD_FIELDS))
+    for rec in records:
+        if int(rec["job_id"]) == job_id:
+            status = rec["status"]
+            return {k: (getattr(status, "value", status) if k == "status" else rec.get(k)) for k in RECORD_FIELDS}
+    return None
+
+
+def cancel(sky: Any, job_id: int, graceful: bool) -> str | None:
+    """`sky.jobs.cancel`; graceful: SIGTERM to the job's processes first (its final
+    checkpoint), then teardown. None when sent, else why it could not be."""
+    try:
+        sky.get(sky.jobs.cancel(job_ids=[job_id], graceful=graceful))
+    except Exception as err:  # noqa: BLE001 - said, never raised over the error that led here
+        return one_line(err)
+    return None

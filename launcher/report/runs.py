@@ -1,0 +1,205 @@
+"""The records the report works on: a run as the ledger and its legs' logs tell it,
+the resumes found in them, the citations into those logs, and a proof's verdict.
+
+Everything here reads; nothing decides whether a proof holds (that is `proofs_*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+from launcher.errors import BadInput
+from launcher.evidence import NO_EVENTS, LegEvents, Pointer, last_line, silent
+from launcher.ledger import Ledger
+from launcher.measure import sustained
+
+PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
+RUNG_ORDER = ("static", "rehearsal", "smoke", "probe", "run", "drill")
+RESUME_RUNGS = ("rehearsal", "smoke", "probe", "run", "drill")
+
+
+@dataclass
+class Proof:
+    """One proof's verdict: PASS, FAIL or MISSING, the numbers it rests on, and citations."""
+
+    number: int
+    status: str
+    summary: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self, title: str) -> dict[str, Any]:
+        return {"number": self.number, "title": title, "status": self.status,
+                "summary": self.summary, "numbers": self.numbers, "evidence": self.evidence}
+
+
+@dataclass
+class RunData:
+    row: dict[str, Any]
+    legs: list[LegEvents]
+    """The run's timeline: every leg but the straight-through reference."""
+    straight: list[LegEvents] = field(default_factory=list)
+    """The uninterrupted reference run(s) of a CPU rung (its first is the oracle)."""
+
+    @property
+    def id(self) -> str:
+        return str(self.row["id"])
+
+    @property
+    def rung(self) -> str:
+        return str(self.row["rung"])
+
+    @property
+    def on_gpu(self) -> bool:
+        """GPUs were requested AND the legs say they ran on CUDA."""
+        if not self.row["gpu_count"]:
+            return False
+        starts = [ev.first("start") for ev in self.legs]
+        return bool(starts) and all(s is not None and str(s[1].get("device", "")).startswith("cuda") for s in starts)
+
+    @property
+    def gpus(self) -> str:
+        if not self.row["gpu_count"]:
+            return "CPU"
+        nodes = f" x {self.row['nodes']} nodes" if self.row["nodes"] > 1 else ""
+        return f"{self.row['gpu_name']}:{self.row['gpu_count']}{nodes}"
+
+
+class Evidence:
+    """Turns pointers into report-relative citations and remembers which logs to copy."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, Path] = {}
+
+    def cite(self, run: RunData, pointers: tuple[Pointer, ...] | list[Pointer]) -> list[dict[str, Any]]:
+        out = []
+        for p in pointers:
+            rel = f"evidence/{run.id}/leg-{p.leg}.log"
+            self.logs[rel] = Path(p.log)
+            out.append({"run": run.id, "leg": p.leg, "log": rel, "line": p.line, "text": p.text})
+        return out
+
+
+# --- choosing and loading runs -------------------------------------------------
+
+def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The named runs, or: the newest run of each rung that ran the newest run's reviewed files."""
+    if run_ids:
+        rows = []
+        for rid in run_ids:
+            found = ledger.runs(run_id=rid)
+            if not found:
+                raise BadInput(f"no run {rid!r} in the ledger (`launcher ledger` lists them)")
+            rows.append(found[0])
+        return rows
+    every = ledger.runs()
+    if not every:
+        raise BadInput("nothing to report: the ledger has no runs yet (start with `launcher up static`)")
+    digest = every[0]["files_digest"]
+    newest: dict[tuple[str, bool], dict[str, Any]] = {}
+    for row in every:  # newest first; a GPU run is kept beside a newer CPU dress rehearsal of its rung
+        if row["files_digest"] == digest and row["ended_at"] is not None:
+            newest.setdefault((row["rung"], bool(row["gpu_count"])), row)
+    return [newest[(r, g)] for r in RUNG_ORDER for g in (True, False) if (r, g) in newest]
+
+
+def load_run(row: dict[str, Any]) -> RunData:
+    def read(role: str | None) -> list[LegEvents]:
+        return [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in row["legs"] if leg.get("role") == role]
+    return RunData(row, read(None), read("straight"))
+
+
+def run_exact(run: RunData, cfg: Config) -> bool:
+    """A CPU run of a deterministic trainer: comparisons are exact (bit-identical)."""
+    fell_back = any(c["name"] == "CPU determinism" for c in run.row.get("checks", []))
+    return not run.row["gpu_count"] and cfg.trainer.deterministic and not fell_back
+
+
+def readback_of(run: RunData, leg: int) -> dict[str, Any] | None:
+    """The launcher's own read of the store after leg `leg` (a ledger check), if it made one."""
+    names = (f"leg {leg}: the launcher read back its checkpoint from the store",
+             f"leg {leg}: the store after the kill holds the newest verified checkpoint")
+    return next((c for c in run.row.get("checks", []) if c["name"] in names), None)
+
+
+def rate_leg(runs: list[RunData], gpu: bool) -> tuple[RunData, LegEvents, dict[str, Any]] | None:
+    """The longest measured leg (most steps) on the GPU (or, gpu=False, anywhere)."""
+    found = []
+    for run in runs:
+        if gpu and not run.on_gpu:
+            continue
+        for ev in run.legs:
+            s = sustained(ev)
+            if s is not None:
+                found.append((len(ev.all("step")), run.on_gpu, run, ev, s))
+    if not found:
+        return None
+    _, _, run, ev, s = max(found, key=lambda t: (t[1], t[0]))
+    return run, ev, s
+
+
+# --- resumes: the pairs proofs 1-4 rest on -----------------------------------
+
+@dataclass
+class Resume:
+    run: RunData
+    before: LegEvents
+    after: LegEvents
+    step: int
+    verify: tuple[int, dict[str, Any]] | None  # the verify event of the checkpoint resumed from
+
+
+@dataclass
+class NoResume:
+    """A leg that should have resumed from the store and printed no `resume` event."""
+
+    run: RunData
+    leg: LegEvents
+    exit_code: int | None
+
+    @property
+    def reason(self) -> str:
+        if silent(self.leg):
+            return f"never resumed (exit {self.exit_code}): {NO_EVENTS}"
+        return f"never resumed (exit {self.exit_code}; last line of its log: {last_line(self.leg.log)!r})"
+
+    @property
+    def detail(self) -> str:
+        return f"{self.run.rung} {self.run.id} leg {self.leg.leg} {self.reason}"
+
+
+def failed_resumes(run: RunData) -> list[NoResume]:
+    codes = {leg["leg"]: leg["exit_code"] for leg in run.row["legs"]}
+    return [NoResume(run, ev, codes.get(ev.leg)) for ev in run.legs[1:] if ev.first("resume") is None]
+
+
+def resumes(run: RunData) -> list[Resume]:
+    out = []
+    for i, ev in enumerate(run.legs):
+        resume = ev.first("resume")
+        if i == 0 or resume is None:
+            continue
+        step = int(resume[1]["from_step"])
+        before = next((b for b in reversed(run.legs[:i]) if any(e["step"] == step for _, e in b.all("step"))),
+                      run.legs[i - 1])
+        verify = None
+        for b in reversed(run.legs[:i]):
+            found = [(n, e) for n, e in b.all("verify") if e.get("ok") and e.get("step") == step]
+            if found:
+                verify = (b.leg, found[-1])
+                break
+        out.append(Resume(run, before, ev, step, verify))
+    return out
+
+
+def all_resumes(runs: list[RunData]) -> list[Resume]:
+    """Every resume in the runs of the rungs that resume."""
+    return [p for run in runs if run.rung in RESUME_RUNGS for p in resumes(run)]
+
+
+def never_resumed(runs: list[RunData]) -> list[NoResume]:
+    """Every leg of a resuming rung that should have resumed and did not."""
+    return [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]

@@ -1,0 +1,66 @@
+"""The leg contract as every leg API enforces it: `runtime.session.Session` and the
+trainer adapters (runtime/adapters/) share these pieces.
+
+- `stale_code_refused`: the reviewed files' guard a leg runs before anything else
+  (`stale_files`: which files differ from the sha256 the launcher reviewed);
+- `local_stop`: one rank's stop decision before a step (deadline with room for one
+  more push, SIGTERM), which the ranks then agree on;
+- `ResumeRefused`: what a tracked object (a loader, a data cursor) raises when the
+  state it is asked to load does not describe this run.
+
+The stop reasons and the exit codes they mean are runtime.contract's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from runtime import contract, events
+from runtime.hashing import sha256_file
+
+DEFAULT_MAX_STEPS = 50
+"""LAUNCHER_MAX_STEPS when the leg's environment does not set it (a trainer run by hand)."""
+
+
+class ResumeRefused(RuntimeError):
+    """Raised by a tracked object's `load_state_dict` when the saved state does not
+    describe this run (another data set, batch size or world size): the leg stops
+    with exit 3 and `reason` rather than train on other data."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def stale_files(expected_json: str | None, root: Path) -> list[str]:
+    """Files whose bytes differ from the reviewed sha256 the launcher passed
+    (LAUNCHER_FILES_SHA256, JSON {path: sha256}); [] when none was passed."""
+    if not expected_json:
+        return []
+    stale = []
+    for rel, sha in sorted(json.loads(expected_json).items()):
+        path = root / rel
+        if not path.is_file():
+            stale.append(f"{rel} (missing)")
+        elif sha256_file(path) != sha:
+            stale.append(rel)
+    return stale
+
+
+def stale_code_refused() -> bool:
+    """The reviewed files' guard, as every leg runs it: True (with the `stop` line printed)
+    when the files here differ from the sha256 the launcher passed."""
+    stale = stale_files(os.environ.get(contract.FILES_SHA256), Path.cwd())
+    if stale:
+        events.emit("stop", reason="stale_code", step=0, error=f"differ from review: {', '.join(stale)}")
+    return bool(stale)
+
+
+def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool) -> int:
+    """This rank's stop code (runtime.contract.STOP_CODES; 0: go on): the deadline, with room
+    for one more push cycle and a few steps (at least 5 s), comes before a pending SIGTERM."""
+    margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
+    return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)

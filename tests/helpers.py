@@ -1,0 +1,94 @@
+"""Helpers the tests share (fixtures stay in conftest.py): the CLI runner, the one
+config-editing helper, one-line-error assertions, a Hub store on the loopback server."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+LAUNCHER = Path(sys.executable).with_name("launcher")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+    full_env = dict(os.environ)
+    full_env.pop("LAUNCHER_DEBUG", None)
+    full_env.update(env or {})
+    proc = subprocess.run([str(LAUNCHER), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def edit_config(root: Path, mutate: Callable[[dict[str, Any]], object] | None = None, /,
+                **changes: object) -> dict[str, Any]:
+    """Edit a project's launcher.yaml in place: each `a__b=value` sets data["a"]["b"] (making
+    the parents), then `mutate(data)` may change anything else. Returns the data written."""
+    path = root / "launcher.yaml"
+    data = yaml.safe_load(path.read_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    if mutate is not None:
+        mutate(data)
+    path.write_text(yaml.safe_dump(data))
+    return data
+
+
+def run_rows(project: Path) -> int:
+    """How many runs the project's ledger holds (0 when there is no ledger)."""
+    db = project / ".launcher" / "ledger.db"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+
+def assert_one_line_error(res: Result, code: int, *needles: str) -> None:
+    """Exit `code`, an `error:` line naming the needles, and never a traceback."""
+    assert res.code == code, (res.code, res.out, res.err)
+    assert "Traceback" not in res.err + res.out
+    first = res.err.strip().splitlines()[0]
+    assert first.startswith("error: "), res.err
+    for needle in needles:
+        assert needle in first, (needle, first)
+
+
+def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", timeout_s: float = 10.0,  # noqa: ANN001
+              repo: str = "tester/ckpts", key: bytes | None = None):
+    """A HubStore on the loopback server, with retries short enough for tests."""
+    from runtime.store.hub import HubStore
+    from runtime.store.retry import RetryPolicy
+
+    return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
+                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)
+
+
+SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
+"""A pushed image the sky tests' ledgers record (no registry is contacted)."""
+
+
+def sky_server_of():  # noqa: ANN201 - tests.sky_server.SkyServer
+    """The session's SkyPilot API server (to switch which clouds it has enabled)."""
+    from tests.sky_server import SESSION
+
+    return SESSION[-1]
