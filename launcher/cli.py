@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from launcher.errors import BadInput, guarded, print_error
+from launcher.errors import BadInput, Exit, guarded, print_error
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Walk a GPU training run up the preflight ladder, record every leg, then run it.")
@@ -25,7 +25,7 @@ def _version(value: bool) -> None:
         from launcher import __version__
 
         typer.echo(f"preflight launcher {__version__}")
-        raise typer.Exit(0)
+        raise typer.Exit(Exit.OK)
 
 
 @app.callback()
@@ -226,7 +226,7 @@ def stop(run_id: str = typer.Argument(..., help="The run to stop."),
     else:
         mark = "[green]clean[/green]" if result.get("clean") else "[yellow]not clean[/yellow]"
         console.print(f"stop {run_id}: {result['outcome']} ({mark}) - {result.get('detail', '')}")
-    raise typer.Exit(0 if result.get("clean") or result["outcome"] == "no leg running" else 1)
+    raise typer.Exit(Exit.OK if result.get("clean") or result["outcome"] == "no leg running" else Exit.NO)
 
 
 @app.command()
@@ -255,7 +255,7 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
                 console.print(f"  {line}")
         else:
             console.print(f"report {check_dir}: intact (every file matches signature.json)")
-        raise typer.Exit(1 if problems else 0)
+        raise typer.Exit(Exit.NO if problems else Exit.OK)
     from launcher.report import build
 
     cfg = _load(config)
@@ -268,7 +268,7 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
 
         print_report(console, folder, data)
     if failed:  # the folder is written and signed either way: it is the evidence of the failure
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.NO)
 
 
 image_app = typer.Typer(help="Build and push the leg image (docker and sky backends).", no_args_is_help=True)

@@ -91,7 +91,7 @@ def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | No
     from launcher.backends.base import LegSpec
     from launcher.backends.sky import SkyBackend
     from launcher.legs import exported_secrets
-    from launcher.skytask import sky_module
+    from launcher.backends.skytask import sky_module
 
     ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
     spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, exported_secrets(cfg),

@@ -1,7 +1,10 @@
 """The preflight ladder: cheapest evidence first, each rung a different question.
 
-The rung table here is the one in DESIGN.md and the README; `launcher up RUNG`
-looks rungs up by name.
+The one source of rung facts: what each rung asks, where its legs run, how many
+legs it trains (none: it runs on the host), whether it resumes, which proofs it
+feeds, each leg's step count, and which function runs it (`runner`, resolved by
+launcher.rungs). The table is the one in DESIGN.md and the README; `launcher up
+RUNG` looks rungs up by name.
 """
 
 from __future__ import annotations
@@ -27,23 +30,38 @@ class Rung:
     """Legs a rung launches (0: runs on the host, no leg)."""
     proofs: tuple[int, ...]
     """Which of DESIGN.md's eight proofs the rung feeds."""
+    resumes: bool = False
+    """Whether a later leg resumes from what an earlier one pushed (its resumes are checked)."""
+    runner: str = ""
+    """The function that runs it: "module:function" under launcher.rungs, called (ctx, cmp)
+    (the drill's also takes its kills, moment and seed: `launcher drill` calls it)."""
+    runner_sky: str | None = None
+    """The runner on the sky backend, where it differs."""
     available: bool = True
     """False for rungs this version cannot run yet (refused with exit 2)."""
+
+    @property
+    def trains(self) -> bool:
+        """Whether it launches legs that train (rung 0 checks on the host and trains nothing)."""
+        return self.legs > 0
 
 
 RUNGS: tuple[Rung, ...] = (
     Rung("static", 0, "host, seconds", "Does it import? Does the launch command line parse? "
-         "Do the hashes of the files about to run match the reviewed ones?", False, 0, ()),
+         "Do the hashes of the files about to run match the reviewed ones?", False, 0, (),
+         runner="static:run_static"),
     Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
-         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8)),
+         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8),
+         resumes=True, runner="resume:run_rung"),
     Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
-         "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8)),
+         "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8),
+         resumes=True, runner="resume:run_rung"),
     Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
-         (1, 2, 3, 4, 5, 7)),
+         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung"),
     Rung("run", 4, "fresh instance(s), leg after leg", "The run itself: carried to its last step, every "
          "resume checked, spend watched against the plan (after a signed report with every proof PASS).",
-         True, 1, (5,)),
+         True, 1, (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
 )
 
 
@@ -67,7 +85,7 @@ def probe_plan(steps: int) -> list[int]:
 def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
     """LAUNCHER_MAX_STEPS of a rung's leg 0. A resume rung's leg 0, on a backend that can
     SIGTERM a leg, is given all but the last step of leg 1's share and stopped by SIGTERM
-    at the end of its own (launcher.rehearsal.plan_endings); the run and the drill train
+    at the end of its own (launcher.rungs.resume.plan_endings); the run and the drill train
     to the end (the drill kills its legs on the way)."""
     if rung == "static":
         return 0
@@ -77,6 +95,16 @@ def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
         plan = resume_plan(steps)
         return plan[1] - 1 if can_terminate else plan[0]
     return steps
+
+
+def rung_order() -> tuple[str, ...]:
+    """Every rung by name, ladder order, then the drill."""
+    return tuple(r.name for r in (*RUNGS, DRILL))
+
+
+def resume_rungs() -> tuple[str, ...]:
+    """The rungs whose legs resume, ladder order then the drill (the report ranks evidence so)."""
+    return tuple(r.name for r in (*RUNGS, DRILL) if r.resumes)
 
 
 def rung_named(name: str) -> Rung:
@@ -90,5 +118,5 @@ def rung_named(name: str) -> Rung:
 
 DRILL = Rung("drill", -1, "the chosen backend", "Does the run survive losing its instance at the worst "
              "moment: resumed solely from the store, at the newest verified checkpoint, exactly?", False, 3,
-             (1, 2, 3, 4, 6, 8))
+             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:run_drill")
 """Not a rung of the ladder: `launcher drill cold-resume`, recorded like one."""

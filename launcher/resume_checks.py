@@ -274,3 +274,30 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
 def _span(steps: Any) -> str:
     s = sorted(steps)
     return f"{s[0]}..{s[-1]}" if s else "none"
+
+
+def check_pushed(ev: LegEvents) -> tuple[Check, int | None]:
+    """The newest checkpoint this leg pushed AND verified: the only one a resume may use."""
+    name = f"leg {ev.leg} pushed a verified checkpoint"
+    verified = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
+    if not verified:
+        return Check(name, False, f"no `verify` event with ok=true in leg {ev.leg}"), None
+    item = verified[-1]
+    e = item[1]
+    detail = f"{e['name']} verified: {e['windows']} windows, {e['bytes_read']} bytes read in {e['seconds']} s"
+    return Check(name, True, detail, ev.pointer(item)), int(e["step"])
+
+
+def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
+    resume = ev.first("resume")
+    name = f"leg {ev.leg} resumed from the store"
+    if resume is None:
+        return Check(name, False, f"leg {ev.leg} printed no `resume` event: it started from scratch")
+    e = resume[1]
+    ok = pushed_step is not None and e["from_step"] == pushed_step
+    ranks = {r["from_step"] for _, r in ev.all("resume", rank=None)}
+    if len(ranks) > 1:
+        ok = False
+    return Check(name, ok, f"resumed from {e['checkpoint']} at step {e['from_step']}; leg {ev.leg - 1} pushed "
+                 f"step {pushed_step}" + (f"; ranks disagree: {sorted(ranks)}" if len(ranks) > 1 else ""),
+                 ev.pointer(resume))

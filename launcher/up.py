@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, HOST, Backend, make_backend
 from launcher.backends.base import StagedFile
-from launcher.chain import first_leg_gpu_hours
+from launcher.rungs.chain import first_leg_gpu_hours
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
-from launcher.errors import BadInput, LauncherError, Refused
+from launcher.errors import BadInput, Exit, LauncherError, Refused
 from launcher.evidence import Check
 from launcher.ladder import Rung, rung_named
 from launcher.ledger import Ledger
@@ -46,7 +46,7 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else 1
+        return int(Exit.OK if self.ok else Exit.NO)
 
 
 def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, nodes: int = 1,
@@ -199,9 +199,9 @@ def check_skip_reason(rung: Rung, reason: str) -> None:
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
           show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False) -> Outcome:
-    """`launcher drill cold-resume`: recorded like a rung, run by launcher.drill."""
-    from launcher.drill import MOMENTS, run_drill
+    """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
+    from launcher.rungs.drill import MOMENTS, run_drill
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
@@ -275,7 +275,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
     ledger = ctx.ledger
     began = time.time()
     checks: list[Check] = []
-    verdict, exit_code = "error", 1
+    verdict, exit_code = "error", int(Exit.NO)
     try:
         try:
             checks = runner(ctx, cmp)
@@ -294,7 +294,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
         checks = list(getattr(err, "checks", checks))  # the run's checks up to a mid-run refusal
         raise
     except KeyboardInterrupt:
-        verdict, exit_code = "interrupted", 130
+        verdict, exit_code = "interrupted", int(Exit.INTERRUPTED)
         raise
     finally:
         ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
@@ -339,23 +339,6 @@ def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
 
 
 def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison
-    if ctx.rung.name == "static":
-        from launcher.static import run_static
+    from launcher.rungs import run_rung
 
-        return run_static(ctx, cmp)
-    if ctx.rung.name == "run" and ctx.backend.name == "sky":
-        from launcher.chain_sky import run_managed
-
-        return run_managed(ctx)
-    if ctx.rung.name == "run":
-        from launcher.chain import run_chain
-
-        return run_chain(ctx)
-    steps = ctx.cfg.rung(ctx.rung.name).steps
-    if ctx.rung.name == "probe":
-        from launcher.probe import run_probe
-
-        return run_probe(ctx, steps, need_gpu=ctx.rung.needs_gpu)
-    from launcher.rehearsal import run_resume_legs
-
-    return run_resume_legs(ctx, steps, need_gpu=ctx.rung.needs_gpu)
+    return run_rung(ctx, cmp)

@@ -23,12 +23,10 @@ of each batch, only rank 0 pushes, every rank prints its own diagnostics.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import random
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,8 +35,10 @@ from runtime.cursor import DataOrder, Position
 from runtime.data import VOCAB, make_corpus, open_tokens
 from runtime.dist import RankTimeout
 from runtime.flops import transformer_flops_per_token
+from runtime.hashing import sha256_file
 from runtime.model import GPT, GPTConfig
-from runtime.session import EXIT_FAILED, EXIT_REFUSED, Session  # noqa: F401 - re-exported
+from runtime.session import Session
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's flags; rung 0 parses the launch command line with this."""
@@ -130,7 +130,7 @@ def train(args: argparse.Namespace, sess: Session) -> int:
 
     # --- resume from the newest verified checkpoint, then train ----------------
     sess.track(model=raw, optimizer=opt, scheduler=sched, cursor=data)
-    sess.resume(data_sha256=_sha256(corpus), data_tokens=int(tokens.size))
+    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))
     model.train()
     while sess.running():
         x, y, first_sample = data.next_batch()
@@ -149,10 +149,6 @@ def train(args: argparse.Namespace, sess: Session) -> int:
         sess.lap("optimizer")
         sess.step(loss=loss, batch=x, tokens=tokens_per_step, sample_index=first_sample)
     return sess.finish()
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 if __name__ == "__main__":

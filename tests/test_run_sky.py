@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launcher import up as up_module
+from tests.helpers import edit_config
 from tests.sky_standin import preempt_job
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
@@ -23,12 +23,9 @@ SKIP = "the sky run's own test"
 def configure(cfg, **run: object) -> object:  # noqa: ANN001
     from launcher.config import load_config
 
-    path = cfg.root / "launcher.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["trainer"]["command"] = "python train.py --ckpt-every 5 --data-delay 0.05"
-    data["rungs"]["run"] = {"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run}
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+    edit_config(cfg.root, trainer__command="python train.py --ckpt-every 5 --data-delay 0.05",
+                rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run})
+    return load_config(cfg.root / "launcher.yaml")
 
 
 def events(log: Path) -> list[dict]:
@@ -45,7 +42,7 @@ def events(log: Path) -> list[dict]:
 
 def run_in_thread(cfg, monkeypatch, standin, gpus: str = "T4:1"):  # noqa: ANN001, ANN201
     monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
-    monkeypatch.setattr("launcher.skytask.sky_module", lambda: standin)
+    monkeypatch.setattr("launcher.backends.skytask.sky_module", lambda: standin)
     result: dict = {}
 
     def go() -> None:

@@ -14,7 +14,7 @@ import yaml
 from launcher import up as up_module
 from launcher.config import load_config, parse_gpus
 from launcher.errors import BadInput
-from launcher.skytask import render, sky_module
+from launcher.backends.skytask import render, sky_module
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
@@ -79,7 +79,7 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(projec
     managed-secret reference no provider resolves) may survive it."""
     from sky.utils import dag_utils
 
-    from launcher.skytask import task_for_launch
+    from launcher.backends.skytask import task_for_launch
 
     cfg = load_config(project / "launcher.yaml")
     task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV,
@@ -102,7 +102,7 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(projec
 
 def test_a_template_secret_is_a_name_never_a_value(project: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.skytask import task_for_launch
+    from launcher.backends.skytask import task_for_launch
 
     template = yaml.safe_load((Path(__file__).parent.parent / "sky" / "smoke.yaml").read_text())
     (project / "sky").mkdir()
@@ -172,7 +172,7 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
     Run by bash as SkyPilot would, with torchrun standing in as a printer of the deadline."""
     import subprocess
 
-    from launcher.skytask import render_job
+    from launcher.backends.skytask import render_job
 
     cfg = load_config(project / "launcher.yaml")
     now = int(time.time())

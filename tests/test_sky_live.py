@@ -24,8 +24,9 @@ from launcher.backends.skyapi import optimizer_pick
 from launcher.config import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger import Ledger
-from launcher.skytask import task_for_launch
+from launcher.backends.skytask import task_for_launch
 from tests.helpers import SKY_IMAGE_REF as REF
+from tests.helpers import edit_config
 from tests.sky_standin import StrictSky
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,9 +206,7 @@ def test_the_usd_budget_is_guarded_at_skypilots_price_not_the_gpus_alone(sky_pro
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """3 smoke legs x 10 min of T4:2: $0.35 at the config's GPU prices, $0.585 at SkyPilot's
     (n1-highmem-8 with its two T4s, $1.17/h). A $0.50 budget fits the first and not the second."""
-    data = yaml.safe_load((sky_project.root / "launcher.yaml").read_text())
-    data["quota"]["budget_usd"] = 0.5
-    (sky_project.root / "launcher.yaml").write_text(yaml.safe_dump(data))
+    edit_config(sky_project.root, quota__budget_usd=0.5)
     cfg = load_config(sky_project.root / "launcher.yaml")
     standin = strict(cloud)
     with pytest.raises(Refused, match=r"\$0\.58 > budget \$0\.5"):

@@ -1,6 +1,6 @@
 """SkyPilot backend: a fresh cluster per leg, on SkyPilot's Python SDK (0.14 API).
 
-Each leg: render + validate its task YAML (launcher.skytask), ask SkyPilot's
+Each leg: render + validate its task YAML (launcher.backends.skytask), ask SkyPilot's
 optimizer what it would launch and what that costs (host VM included), name
 the cluster in the ledger (`on_instance`) *before* anything is provisioned,
 `sky.launch`, stream the launch and then the job's logs into the host log, and
@@ -19,7 +19,7 @@ ledger row naming it, which the next launcher command reaps (`reap`).
 
 The SDK calls themselves (errors by type, the optimizer's pick, down, status,
 cost report, a managed job's record and cancel) are launcher.backends.skyapi;
-the run's managed job is launcher.backends.skyjob; the task file, launcher.skytask.
+the run's managed job is launcher.backends.skyjob; the task file, launcher.backends.skytask.
 
 The `sky` module is imported lazily (the tests inject a strict stand-in for
 what needs a live cluster; pricing and dry runs go to SkyPilot's own API server).
@@ -42,7 +42,7 @@ from launcher.backends.skyapi import (TERMINAL_JOB_STATUSES, Capture, LineWriter
 from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.evidence import LegEvents, exit_code_from_events
-from launcher.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
+from launcher.backends.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)
 

@@ -25,7 +25,7 @@ from typing import IO, Any, Callable
 from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend
 from launcher.backends.skyapi import JOB_PREFIX, Capture, Pick, classify, one_line
-from launcher.skytask import RenderedTask, render_job, task_for_launch
+from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
 
 
 class LegSplitter:

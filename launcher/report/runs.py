@@ -13,12 +13,13 @@ from typing import Any
 from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.evidence import NO_EVENTS, LegEvents, Pointer, last_line, silent
+from launcher.ladder import resume_rungs, rung_order
 from launcher.ledger import Ledger
 from launcher.measure import sustained
 
 PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
-RUNG_ORDER = ("static", "rehearsal", "smoke", "probe", "run", "drill")
-RESUME_RUNGS = ("rehearsal", "smoke", "probe", "run", "drill")
+RUNG_ORDER = rung_order()
+RESUME_RUNGS = resume_rungs()  # ladder order, then the drill: how proof 1 ranks its evidence
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Callable
 
 from launcher.evidence import Check, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.rehearsal import check_leg_exit
+from launcher.rungs.checks import check_leg_exit
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 
@@ -132,7 +132,7 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
         s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
         straight = s_out
     from launcher.readback import check_leg_store
-    from launcher.rehearsal import oracle_checks
+    from launcher.rungs.resume import oracle_checks
 
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
     checks = drill_checks(outs, record, steps, straight) + [check_leg_store(store, outs[-1].events)]

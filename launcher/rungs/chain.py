@@ -29,6 +29,7 @@ from typing import Any
 from launcher.errors import Refused
 from launcher.evidence import Check, LegEvents, silent
 from launcher.legs import LegOutcome, RunContext, run_leg
+from launcher.rungs.checks import check_leg_exit
 
 MIN_LEG_S = 30.0
 """The shortest leg worth launching before the run has measured one (the quota's floor for
@@ -91,7 +92,7 @@ def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int 
                exact: bool) -> list[Check]:
     """What the launcher checks after leg i: the store kept what the logs verified, and the
     leg's resume (if it resumed and trained) was exact."""
-    from launcher.drill import check_store_after_kill
+    from launcher.rungs.drill import check_store_after_kill
     from launcher.resume_checks import check_batches, check_loss, check_lr
 
     checks = [check_store_after_kill(store, outs, after, when="its end")]
@@ -181,10 +182,8 @@ def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
             check_no_repeat(legs)] + ([witness] if witness else [])
 
 
-def run_chain(ctx: RunContext) -> list[Check]:
+def run_chain(ctx: RunContext, cmp: object = None) -> list[Check]:
     """Carry the run to its last step; returns the checks (QuotaOut when the quota runs out)."""
-    from launcher.rehearsal import check_leg_exit
-
     steps = ctx.cfg.rungs.run.steps
     store = ctx.open_store()
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic

@@ -30,7 +30,7 @@ from typing import Any
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
 
-SOURCE_SKY = Path(__file__).resolve().parent.parent / "sky"
+SOURCE_SKY = Path(__file__).resolve().parents[2] / "sky"
 # Accelerator names SkyPilot's catalogs use (case-insensitive). SkyPilot itself
 # accepts any name and fails only when it looks for a cloud offering it.
 KNOWN_ACCELERATORS = {

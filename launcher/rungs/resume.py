@@ -11,82 +11,19 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
-from launcher.evidence import NO_EVENTS, Check, LegEvents, last_line, silent
+from launcher.evidence import Check, LegEvents, silent
+from launcher.ladder import RESUME_LEGS as LEGS
+from launcher.ladder import resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-
-LEGS = 3
-
-
-def leg_plan(steps: int, legs: int = LEGS) -> list[int]:
-    """LAUNCHER_MAX_STEPS for each leg: equal shares, the last reaching `steps`."""
-    return [steps * (i + 1) // legs for i in range(legs)]
-
-
-def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
-    """The leg ended on its own, with every rank's `done`. After a SIGTERM the launcher sent,
-    torchrun itself exits 1 (it re-raises the signal once its workers are done): such a leg
-    is judged by its ranks' `done` events, which must all say the final checkpoint verified."""
-    ev = out.events
-    done = ev.last("done")
-    ok = out.result.exit_code == 0 and done is not None and not out.result.killed
-    stop = ev.last("stop")
-    detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) after "
-              f"{out.result.wall_seconds:.1f} s" + (f", last step {done[1]['step']}" if done else ", no `done` event"))
-    if sigterm and not ok and done is not None and not out.result.killed:
-        ranks = ev.all("done", rank=None)
-        start = ev.first("start")
-        world = int(start[1].get("world_size", 1)) if start else 1
-        ok = len(ranks) >= world and all(e.get("final_checkpoint_verified") for _, e in ranks)
-        detail += f"; every rank of {world} printed `done` with its final checkpoint verified" if ok else ""
-    if stop and stop[1].get("error"):
-        detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
-    if silent(ev) and out.result.exit_code not in (0, None) and not out.result.killed:
-        detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
-                  f"preflight event; the last line of its log: {last_line(ev.log)!r}")
-    elif silent(ev):
-        detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
-    return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
-
-
-def check_pushed(ev: LegEvents) -> tuple[Check, int | None]:
-    """The newest checkpoint this leg pushed AND verified: the only one a resume may use."""
-    name = f"leg {ev.leg} pushed a verified checkpoint"
-    verified = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
-    if not verified:
-        return Check(name, False, f"no `verify` event with ok=true in leg {ev.leg}"), None
-    item = verified[-1]
-    e = item[1]
-    detail = f"{e['name']} verified: {e['windows']} windows, {e['bytes_read']} bytes read in {e['seconds']} s"
-    return Check(name, True, detail, ev.pointer(item)), int(e["step"])
-
-
-def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
-    resume = ev.first("resume")
-    name = f"leg {ev.leg} resumed from the store"
-    if resume is None:
-        return Check(name, False, f"leg {ev.leg} printed no `resume` event: it started from scratch")
-    e = resume[1]
-    ok = pushed_step is not None and e["from_step"] == pushed_step
-    ranks = {r["from_step"] for _, r in ev.all("resume", rank=None)}
-    if len(ranks) > 1:
-        ok = False
-    return Check(name, ok, f"resumed from {e['checkpoint']} at step {e['from_step']}; leg {ev.leg - 1} pushed "
-                 f"step {pushed_step}" + (f"; ranks disagree: {sorted(ranks)}" if len(ranks) > 1 else ""),
-                 ev.pointer(resume))
-
-
-def check_device(out: LegOutcome) -> Check:
-    start = out.events.first("start")
-    device = start[1].get("device") if start else None
-    return Check(f"leg {out.events.leg} ran on the accelerator", str(device).startswith("cuda"),
-                 f"device {device!r}", out.events.pointer(start))
+from launcher.resume_checks import check_resumed
+from launcher.rungs.checks import check_device, check_leg_exit
 
 
 def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | None, leg: int) -> tuple[int, Ending]:
     """(LAUNCHER_MAX_STEPS, how the launcher ends it) for each leg of a resume rung: leg 0
     is stopped by SIGTERM, leg 1 by its deadline, the last runs to the rung's end. A
     trainer that pushes no final checkpoint on SIGTERM or at its deadline fails here."""
-    plan = leg_plan(steps, legs)
+    plan = resume_plan(steps, legs)
     if leg == legs - 1:
         return steps, Ending()
     if leg == 0:
@@ -122,6 +59,11 @@ def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
     return Check(f"leg {out.events.leg} stopped on {want}", got == want,
                  f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}",
                  out.events.pointer(stop))
+
+
+def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
+    """Rung 1 or 2 (the ladder's runner): its configured steps; smoke's legs on the accelerator."""
+    return run_resume_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
 
 
 def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEGS) -> list[Check]:

@@ -14,7 +14,13 @@ from launcher.evidence import Check, silent
 from launcher.ladder import probe_plan
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
-from launcher.rehearsal import check_device, check_leg_exit, check_pushed, check_resumed
+from launcher.resume_checks import check_pushed, check_resumed
+from launcher.rungs.checks import check_device, check_leg_exit
+
+
+def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
+    """Rung 3 (the ladder's runner): its configured steps, on the accelerator unless --cpu."""
+    return run_probe(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
 
 
 def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:

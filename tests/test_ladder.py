@@ -1,0 +1,73 @@
+"""The ladder is the one source of rung facts: each rung's runner resolves to a function
+of launcher.rungs, leg 0's step count is the one its runner gives it, and a dry run builds
+leg 0's environment with the function real legs use (the end-to-end check, against a real
+leg 0, is in tests/test_rehearsal.py)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from launcher.ladder import DRILL, RUNGS, first_leg_steps, probe_plan, resume_plan, resume_rungs, rung_named
+from launcher.rungs import runner_of
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_rung_names_a_runner_that_exists() -> None:
+    for rung in (*RUNGS, DRILL):
+        for name in filter(None, (rung.runner, rung.runner_sky)):
+            function = runner_of(name)
+            assert function.__module__.startswith("launcher.rungs."), name
+            assert list(inspect.signature(function).parameters)[0] == "ctx", name
+    assert resume_rungs() == ("rehearsal", "smoke", "probe", "run", "drill")
+    assert not rung_named("static").trains and all(rung_named(n).trains for n in resume_rungs()[:-1])
+
+
+def test_leg_0_steps_follow_the_rungs_plans() -> None:
+    assert resume_plan(20) == [6, 13, 20] and probe_plan(200) == [180, 200]
+    assert first_leg_steps("rehearsal", 20, can_terminate=True) == 12  # stopped by SIGTERM at step 6
+    assert first_leg_steps("smoke", 20, can_terminate=False) == 6  # sky: no SIGTERM, its share
+    assert first_leg_steps("probe", 200, can_terminate=True) == 180
+    assert first_leg_steps("run", 500, can_terminate=True) == 500 and first_leg_steps("static", 9, True) == 0
+
+
+@pytest.mark.parametrize("rung_name, gpus, session_hours, quota", [
+    ("rehearsal", None, None, None), ("smoke", "T4:2", 0.1, 30.0), ("probe", "T4:1", None, 0.05),
+])
+def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_name: str, gpus: str | None,
+                                                          session_hours: float | None, quota: float | None) -> None:
+    import dataclasses
+
+    from launcher.backends.local import LocalBackend
+    from launcher.config import load_config, parse_gpus, store_uri
+    from launcher.dryrun import PLACEHOLDER_RUN, leg0_env
+    from launcher.init import init_project
+    from launcher.legs import RunContext
+
+    init_project(tmp_path / "p")
+    cfg = load_config(tmp_path / "p" / "launcher.yaml")
+    cfg = dataclasses.replace(cfg, quota=dataclasses.replace(cfg.quota, session_hours=session_hours, gpu_hours=quota))
+    spec = parse_gpus(gpus) if gpus else None
+    reviewed = {"train.py": "ab" * 32}
+    now = 1_700_000_000.0
+    shown = leg0_env(cfg, None, rung_named(rung_name), "local", spec, 1, reviewed, now=now)
+
+    from launcher.backends.base import StagedFile
+    from launcher.legs import leg_deadline
+
+    ctx = RunContext(cfg, rung_named(rung_name), LocalBackend(), None, PLACEHOLDER_RUN, store_uri(cfg),  # type: ignore[arg-type]
+                     {"train.py": StagedFile(tmp_path / "p" / "train.py", "ab" * 32)}, spec, lambda leg, line: None)
+    ctx.quota_left_hours = quota  # what the guard leaves a run when nothing else is used or held
+    steps = cfg.rung(rung_name).steps
+    first = {"rehearsal": resume_plan(steps)[1] - 1, "smoke": resume_plan(steps)[1] - 1,
+             "probe": probe_plan(steps)[0]}[rung_name]  # what launcher.rungs gives leg 0 on local
+    budget_s = cfg.rung(rung_name).budget_minutes * 60.0
+    real = ctx.leg_env(0, first, leg_deadline(cfg, budget_s, ctx.quota_left_hours, ctx.gpu_count, now))
+    assert shown == real
+    assert (shown.get("CUDA_VISIBLE_DEVICES") == "") == (gpus is None)
+    caps = [budget_s] + ([session_hours * 3600] if session_hours else []) + \
+        ([quota / spec.count * 3600] if quota is not None and spec else [])
+    assert int(shown["LAUNCHER_DEADLINE"]) == int(now + min(caps))
