@@ -56,12 +56,11 @@ RUNGS: tuple[Rung, ...] = (
     Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
          "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8),
          resumes=True, runner="resume:run_rung"),
-    Rung("probe", 3, "fresh instance, GPU, 1-1.5 h", "Does the config hold for hours: sustained rate, "
-         "flat memory, cadence cost, cold resume from the store on an empty disk?", True, 2,
+    Rung("probe", 3, "fresh instance, GPU, 1–1.5 h", "Does the config hold for hours: sustained rate, "
+         "flat memory, cadence cost, cold resume from the store?", True, 2,
          (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung"),
-    Rung("run", 4, "fresh instance(s), leg after leg", "The run itself: carried to its last step, every "
-         "resume checked, spend watched against the plan (after a signed report with every proof PASS).",
-         True, 1, (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
+    Rung("run", 4, "fresh instance(s), leg after leg", "The run itself, after a signed report with every "
+         "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1, (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
 )
 
 

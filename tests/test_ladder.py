@@ -71,3 +71,10 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     caps = [budget_s] + ([session_hours * 3600] if session_hours else []) + \
         ([quota / spec.count * 3600] if quota is not None and spec else [])
     assert int(shown["LAUNCHER_DEADLINE"]) == int(now + min(caps))
+
+
+def test_the_readme_states_each_rungs_where_and_question_as_the_ladder_does() -> None:
+    """The rung table in the README is the ladder's, word for word (the ladder is its source)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for rung in RUNGS:
+        assert f"| {rung.index} `{rung.name}` | {rung.where} | {rung.question} |" in readme, rung.name
