@@ -86,8 +86,8 @@ def test_a_reshuffle_with_another_seed_each_leg_is_refused(tmp_path: Path, leg_t
 def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) -> None:
     """The trainer skips a batch on resume but reports the index it should have read:
     only the batch hash and the straight-through run can see it."""
-    plant(project, "    sess.resume(data_sha256=_sha256(corpus), data_tokens=int(tokens.size))\n",
-          "    sess.resume(data_sha256=_sha256(corpus), data_tokens=int(tokens.size))\n"
+    plant(project, "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n",
+          "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n"
           "    if data.next_step:\n        data.next_step += 1  # the bug\n")
     plant(project, "sample_index=first_sample)", "sample_index=sess.step_count * 8)")  # derived, so it looks right
     code, checks = rehearse(project)
