@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import trainer
+from runtime import contract
 from runtime.store import Manifest, open_store
 from tests.test_store import mark_verified
 from tests.test_trainer import run_leg
@@ -46,7 +46,7 @@ def test_three_legs_read_every_sample_once_in_order(tmp_path: Path, monkeypatch:
 def test_nonfinite_loss_stops_without_pushing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
     code, events = run_leg(tmp_path / "a", tmp_path / "store", 30, monkeypatch, capsys, "--lr", "1e38",
                            "--ckpt-every", "100")
-    assert code == trainer.EXIT_FAILED
+    assert code == contract.EXIT_FAILED
     stop = next(e for e in events if e["event"] == "stop")
     assert stop["reason"] == "nonfinite_loss"
     assert not [e for e in events if e["event"] in ("save", "push")]
@@ -58,7 +58,7 @@ def test_stale_code_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAUNCHER_FILES_SHA256", json.dumps({"train.py": hashlib.sha256(b"reviewed").hexdigest()}))
     code, events = run_leg(tmp_path / "a", tmp_path / "store", 5, monkeypatch, capsys)
-    assert code == trainer.EXIT_REFUSED
+    assert code == contract.EXIT_REFUSED
     assert events[-1]["reason"] == "stale_code" and "train.py" in events[-1]["error"]
     good = {"train.py": hashlib.sha256((tmp_path / "train.py").read_bytes()).hexdigest()}
     monkeypatch.setenv("LAUNCHER_FILES_SHA256", json.dumps(good))
@@ -93,6 +93,6 @@ def test_a_tampered_cursor_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
     store = open_store((tmp_path / "store").as_uri(), "runs/t1")
     mark_verified(store, Manifest.from_json(manifest), folder)  # read back and sealed: a consistent checkpoint
     code, events = run_leg(tmp_path / "b", tmp_path / "store", 8, monkeypatch, capsys)
-    assert code == trainer.EXIT_REFUSED
+    assert code == contract.EXIT_REFUSED
     assert events[-1]["reason"] == "cursor_mismatch" and "checkpoint recorded 000000000000" in events[-1]["error"]
     assert not [e for e in events if e["event"] == "step"]  # refused before training on the wrong data

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import trainer
+from runtime import contract, trainer
 from runtime.cursor import CursorMismatch, DataOrder
 from runtime.data import make_corpus, open_tokens
 
@@ -73,7 +73,7 @@ def test_resume_is_bit_identical_on_cpu(tmp_path: Path, monkeypatch: pytest.Monk
 def test_wrong_data_refuses_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
     run_leg(tmp_path / "a", tmp_path / "store", 4, monkeypatch, capsys)
     code, events = run_leg(tmp_path / "b", tmp_path / "store", 8, monkeypatch, capsys, "--seed", "7")
-    assert code == trainer.EXIT_REFUSED
+    assert code == contract.EXIT_REFUSED
     stop = events[-1]
     assert stop["event"] == "stop" and stop["reason"] == "cursor_mismatch" and "seed" in stop["error"]
 
