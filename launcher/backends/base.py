@@ -105,6 +105,11 @@ class Quote(Protocol):
     """Every node of the leg, per hour, host VM included."""
 
 
+class CannotDo(RuntimeError):
+    """A backend was asked for what it declares it cannot do (`can_freeze`, `can_terminate`, a
+    leg at all for the host): the caller did not read the declaration, a bug (exit 70)."""
+
+
 class Backend:
     """Where a leg runs. Each backend sets `name`, implements launch / wait / kill, and
     declares what else it can do; the base answers "cannot" for all of it."""
@@ -121,27 +126,27 @@ class Backend:
         log and to `on_line`. `on_instance` is called with the handle once the
         instance is named and before anything is provisioned or billed (where the
         backend can: sky), else right after it started: the ledger records the leg there."""
-        raise NotImplementedError(f"the {self.name} backend launches no leg")
+        raise CannotDo(f"the {self.name} backend launches no leg")
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         """Block until the leg ends (None if `timeout` passed first)."""
-        raise NotImplementedError(f"the {self.name} backend runs no leg")
+        raise CannotDo(f"the {self.name} backend runs no leg")
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Kill the leg and destroy its disk, as a lost instance would."""
-        raise NotImplementedError(f"the {self.name} backend runs no leg")
+        raise CannotDo(f"the {self.name} backend runs no leg")
 
     def freeze(self, handle: LegHandle) -> None:
         """Stop every process of the leg at this instant (only where `can_freeze`)."""
-        raise NotImplementedError(f"the {self.name} backend cannot freeze a leg")
+        raise CannotDo(f"the {self.name} backend cannot freeze a leg")
 
     def thaw(self, handle: LegHandle) -> None:
         """Let a frozen leg go on from where it stood (only where `can_freeze`)."""
-        raise NotImplementedError(f"the {self.name} backend cannot thaw a leg")
+        raise CannotDo(f"the {self.name} backend cannot thaw a leg")
 
     def terminate(self, handle: LegHandle) -> None:
         """The trainer's graceful stop: SIGTERM to the leg (only where `can_terminate`)."""
-        raise NotImplementedError(f"the {self.name} backend cannot send a leg SIGTERM")
+        raise CannotDo(f"the {self.name} backend cannot send a leg SIGTERM")
 
     def quote(self, rung: str, gpus: GpuSpec) -> Quote | None:
         """The provider's price for one leg of `rung`; None: the config's prices stand."""
@@ -159,7 +164,7 @@ class Backend:
     def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
         """`launcher stop`: send the leg its ledger row names SIGTERM (graceful) or SIGKILL,
         from another process than the one that launched it (only after `check_signal`)."""
-        raise NotImplementedError(f"the {cls.name} backend cannot signal a leg")
+        raise CannotDo(f"the {cls.name} backend cannot signal a leg")
 
 
 def billed_seconds(seconds: float, granularity_s: float) -> float:
