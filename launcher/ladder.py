@@ -60,7 +60,8 @@ RUNGS: tuple[Rung, ...] = (
          "flat memory, cadence cost, cold resume from the store?", True, 2,
          (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung"),
     Rung("run", 4, "fresh instance(s), leg after leg", "The run itself, after a signed report with every "
-         "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1, (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
+         "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1,
+         (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
 )
 
 
@@ -91,9 +92,15 @@ def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
     if rung == "probe":
         return probe_plan(steps)[0]
     if rung in ("rehearsal", "smoke"):
-        plan = resume_plan(steps)
-        return plan[1] - 1 if can_terminate else plan[0]
+        return resume_leg0_steps(steps, can_terminate)
     return steps
+
+
+def resume_leg0_steps(steps: int, can_terminate: bool, legs: int = RESUME_LEGS) -> int:
+    """LAUNCHER_MAX_STEPS of a resume rung's leg 0: with SIGTERM (sent at the end of its share),
+    all but the last step of leg 1's share, so only the signal can stop it there; else its share."""
+    plan = resume_plan(steps, legs)
+    return plan[1] - 1 if can_terminate else plan[0]
 
 
 def rung_order() -> tuple[str, ...]:

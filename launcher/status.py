@@ -123,11 +123,13 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         n, e = ev.items[-1]
         out["last_event"] = {"event": e["event"], "line": n, "step": e.get("step"),
                              "age_s": round(time.time() - e["t"], 1) if "t" in e else None}
-    measured = _measures(run, ev)
-    if "rate" in measured:  # the keys in the order `status --json` has always had
-        out["rate"] = measured.pop("rate")
+    rate = ev.last("rate")
+    if rate:
+        r = rate[1]
+        out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
+                       "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
     out["checkpoints"] = checkpoints(run, legs, out["leg"]["step"], project_key(cfg.state_path, create=False))
-    out.update(measured)
+    out.update(_measures(run, ev))
     out["warnings"] = warnings_in(Path(row["log_path"]))
     out["damaged_lines"] = ev.damaged()
     return out
@@ -150,14 +152,9 @@ def _leg_state(row: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
 
 
 def _measures(run: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
-    """What the newest leg measured: rate and ETA, the instance's health, the step breakdown,
-    FLOPs and MFU, and the GPU's idle share (each only where the leg printed it)."""
+    """What the newest leg measured besides its rate: the instance's health, the step
+    breakdown, FLOPs and MFU, and the GPU's idle share (each only where the leg printed it)."""
     out: dict[str, Any] = {}
-    rate = ev.last("rate")
-    if rate:
-        r = rate[1]
-        out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
-                       "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
     health = ev.last("health")
     if health:
         h = dict(health[1])

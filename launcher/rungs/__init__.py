@@ -32,7 +32,5 @@ def runner_of(runner: str) -> Callable[..., "list[Check]"]:
 def run_rung(ctx: "RunContext", cmp: Any) -> "list[Check]":
     """Run the context's rung with the function the ladder names for it (the run rung on
     sky: its managed job)."""
-    runner = ctx.rung.runner
-    if ctx.rung.name == "run" and ctx.backend.name == "sky":
-        runner = ctx.rung.runner_sky or runner
-    return runner_of(runner)(ctx, cmp)
+    on_sky = ctx.backend.name == "sky" and ctx.rung.runner_sky
+    return runner_of(ctx.rung.runner_sky if on_sky else ctx.rung.runner)(ctx, cmp)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from launcher.evidence import Check, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
-from launcher.ladder import resume_plan
+from launcher.ladder import resume_leg0_steps, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.resume_checks import check_resumed
 from launcher.rungs.checks import check_device, check_leg_exit
@@ -27,9 +27,8 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     if leg == legs - 1:
         return steps, Ending()
     if leg == 0:
-        if not ctx.backend.can_terminate:
-            return plan[0], Ending()
-        return plan[1] - 1, Ending(sigterm_at=plan[0])
+        first_steps = resume_leg0_steps(steps, ctx.backend.can_terminate, legs)  # what the dry run shows
+        return first_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
     # The deadline: far enough for the leg to start and train, then the leg is held at a known
     # step until the deadline is within the trainer's margin (so the stop lands mid-run).
     startup = _startup_s(first) if first else 10.0
