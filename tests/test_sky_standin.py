@@ -171,6 +171,18 @@ def test_a_request_survives_its_client(tmp_path: Path, app: Path) -> None:
     later.get(later.down("c-orphan"))
 
 
+def wait_until_retrying(rdir: Path, fake: StrictSky, rid: str, timeout_s: float = 120.0) -> None:
+    """Until the retry_until_up launch is in its retry loop (its log says so), so that the cancel
+    lands on a launch waiting for capacity; a launch that ended instead raises its own error here."""
+    deadline = time.monotonic() + timeout_s
+    while "retrying in" not in (rdir / "request.log").read_text():
+        if (rdir / "result.pkl").exists():
+            fake.get(rid)
+            pytest.fail("the retry_until_up launch ended without capacity")
+        assert time.monotonic() < deadline, "the retry_until_up launch never reached its retry loop"
+        time.sleep(0.1)
+
+
 def test_no_cloud_no_capacity_and_a_cancelled_request_provision_nothing(tmp_path: Path, app: Path) -> None:
     t = task(run="echo hi", resources={"accelerators": "A100:8"})
     no_cloud = StrictSky(tmp_path / "state", app, no_cloud=True).launch(t, cluster_name="c-a")
@@ -182,6 +194,7 @@ def test_no_cloud_no_capacity_and_a_cancelled_request_provision_nothing(tmp_path
         fake.get(no_cloud)
     with pytest.raises(sky.exceptions.ResourcesUnavailableError, match="A100:8"):
         fake.get(no_capacity)
+    wait_until_retrying(tmp_path / "state" / "requests" / forever, fake, forever)
     assert fake.get(fake.api_cancel(forever)) == [forever]
     with pytest.raises(sky.exceptions.RequestCancelled):
         fake.get(forever)
