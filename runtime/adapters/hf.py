@@ -41,7 +41,7 @@ from runtime import events
 from runtime.batches import batch_digest
 from runtime.checkpoint import write_manifest
 from runtime import contract
-from runtime.contract import EXIT_REFUSED, STOP_CODES
+from runtime.contract import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
 from runtime.resume import restore_newest
@@ -170,7 +170,7 @@ class Preflight(TrainerCallback):
             self.pusher.drain()
             ok = step == self.resumed_at or self.pusher.verified(step)
         events.emit("done", step=step, final_checkpoint_verified=ok)
-        self.exit_code = 0 if ok else 1
+        self.exit_code = EXIT_OK if ok else EXIT_FAILED
         if not ok:
-            sys.exit(1)
+            sys.exit(EXIT_FAILED)
         return control
