@@ -34,10 +34,13 @@ demo: $(STAMP)
 # docker.io, started here as root) and a debootstrap base image come first.
 # PREFLIGHT_SKIP_DOCKER=1 skips them on purpose; otherwise a missing engine fails.
 # The real-SkyPilot tier starts SkyPilot's own API server (offline); its host needs rsync.
-test: $(STAMP) $(HF_STAMP)
-	bash scripts/sky-host.sh
-	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/docker-engine.sh && bash scripts/make-base-image.sh; fi
-	PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --basetemp=$(CURDIR)/.pytest-tmp
+test:
+	@rm -f .stage-times
+	@bash scripts/stage.sh venv $(MAKE) --no-print-directory $(STAMP)
+	@bash scripts/stage.sh venv-hf $(MAKE) --no-print-directory $(HF_STAMP)
+	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
+	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/stage.sh engine bash scripts/docker-engine.sh && bash scripts/stage.sh base-image bash scripts/make-base-image.sh; fi
+	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
 
 # The unit tier, for the inner loop (under 2 minutes): tests marked `unit` start no leg,
 # no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.
