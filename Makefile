@@ -10,6 +10,8 @@ STAMP   = $(VENV)/.installed
 # with skypilot 0.14.1 in the launcher's venv. Pinned: the versions the adapter is tested with.
 HF_VENV ?= .venv-hf
 HF_STAMP = $(HF_VENV)/.installed
+# pytest-xdist workers for `make test` (tests/README.md: measured on 2 cores).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast bench clean
 
@@ -36,11 +38,11 @@ demo: $(STAMP)
 # The real-SkyPilot tier starts SkyPilot's own API server (offline); its host needs rsync.
 test:
 	@rm -f .stage-times
-	@bash scripts/stage.sh venv $(MAKE) --no-print-directory $(STAMP)
-	@bash scripts/stage.sh venv-hf $(MAKE) --no-print-directory $(HF_STAMP)
+	@# Both venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
+	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j2 $(STAMP) $(HF_STAMP)
 	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/stage.sh engine bash scripts/docker-engine.sh && bash scripts/stage.sh base-image bash scripts/make-base-image.sh; fi
-	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
+	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
 
 # The unit tier, for the inner loop (under 2 minutes): tests marked `unit` start no leg,
 # no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.

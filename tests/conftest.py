@@ -68,6 +68,13 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
 
 
 
+# One intra-op thread per torch process: the suite runs two workers, each running legs of two or
+# more processes, on two cores. With torch's default (a thread per core) every leg's OpenMP threads
+# spin against the other legs' and a loaded machine does less work for more CPU. Every comparison in
+# the suite is between runs under this same setting (a leg and its straight-through run, two ranks).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """SkyPilot's own API server for the whole session (tests/sky_server.py), started before
     any test module imports `sky`: the client reads SKY_RUNTIME_DIR (where the vendored
@@ -80,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if config.getoption("markexpr", "") == "unit":
         return  # the fast tier (`make test-fast`) talks to no SkyPilot server
+    if _xdist_controller(config):
+        return  # under pytest-xdist each worker runs tests, and starts a server of its own
 
     home = Path(tempfile.mkdtemp(prefix="preflight-skyhome-"))
     try:
@@ -90,6 +99,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.update(server.env)
     config.stash[_SKY_SERVER] = server
     sky_server.SESSION.append(server)
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in pytest-xdist's controller process, which collects and hands out tests but runs
+    none. Each worker gets its own server: a test may switch which clouds a server has enabled
+    (test_sky_real), which must not change what a test on the other worker sees."""
+    return getattr(config, "workerinput", None) is None and config.getoption("dist", "no") != "no"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -422,7 +422,8 @@ class StrictSky:
         """Stream a request's log to `output_stream` (stdout if None) until it ends; its result."""
         a = self._bind("stream_and_get", args, kwargs)
         if str(a["request_id"]) in self._real_requests:
-            return self._real.stream_and_get(a["request_id"], output_stream=a["output_stream"])
+            return self._real.stream_and_get(a["request_id"], tail=a["tail"], follow=a["follow"],
+                                             output_stream=a["output_stream"])
         if a["log_path"] is not None:
             raise NotImplementedError("stand-in: streaming a server-side log_path is not emulated")
         rdir = self._resolve(a["request_id"])

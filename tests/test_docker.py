@@ -34,6 +34,8 @@ def test_default_base_is_digest_pinned_and_hadolint_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+pytestmark = pytest.mark.xdist_group("docker")  # one engine, one image build (the module's `built`), one worker
+
 @pytest.fixture(scope="session")
 def engine() -> None:
     if os.environ.get("PREFLIGHT_SKIP_DOCKER") == "1":
@@ -241,7 +243,7 @@ def test_a_killed_launcher_leaves_no_container_running(built: Path, tmp_path: Pa
     proc.wait()
     deadline = time.time() + 60
     while containers(f"preflight-{run_id}") and time.time() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert containers(f"preflight-{run_id}") == []
     s = run_cli(["status", run_id, "--json"], cwd=root)
     assert s.code == 0 and s.json()["state"] == "ended: launcher died"

@@ -36,8 +36,8 @@ while True:
                    billed_gpu_hours=0.0, cost_usd=0.0)
     ledger.end_run(rid, ended_at=time.time(), exit_code=0, verdict="pass", cost_source="none")
     i += 1
-    if i == 20:
-        print("writing", flush=True)
+    if i in (20, 40):
+        print("writing" if i == 20 else "still writing", flush=True)
 """
 
 
@@ -45,7 +45,7 @@ def test_kill_9_mid_write_leaves_no_partial_row(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     proc = subprocess.Popen([sys.executable, "-c", HAMMER, str(db)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
-    time.sleep(0.3)
+    assert proc.stdout.readline() == "still writing\n"  # writing row after row: the kill lands in one
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ledger = Ledger(db)  # opens, recovering the WAL

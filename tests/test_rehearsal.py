@@ -90,10 +90,12 @@ def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
 def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_server) -> None:  # noqa: ANN001
     edit_config(project, store="hf://tester/ckpts")
     env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
-    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
+    res = run_cli(["up", "rehearsal", "-v"], cwd=project, env=env)
     assert res.code == 0, res.out + res.err
-    assert all(c["ok"] for c in res.json()["checks"])
+    # -v: every event as a sentence (the checkpoint cycle's deletes too), then the check table.
+    assert len(res.out.splitlines()) > 60 and "delete" in res.out, res.out[-2000:]
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["checks"] and all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
     assert run["store_uri"] == "hf://tester/ckpts"
     # The checkpoints went through the Hub: LFS uploads on the second origin, ranged reads back.
     puts = [r for r in hub_server.requests if r.method == "PUT" and r.origin == "lfs"]

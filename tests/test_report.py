@@ -24,6 +24,8 @@ from runtime.events import parse_line
 from tests.helpers import assert_one_line_error, run_cli
 
 
+pytestmark = pytest.mark.xdist_group("report-ladder")  # the module's one ladder is walked once, on one worker
+
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     base = tmp_path_factory.mktemp("report")
@@ -35,6 +37,8 @@ def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
                       (["drill", "cold-resume", "--kills", "1", "--at", "mid-push"], root)):
         res = run_cli(args, cwd=cwd, env=env)
         assert res.code in (0, 1) and "Traceback" not in res.err, (args, res.out[-2000:], res.err[-2000:])
+        if args == ["up", "rehearsal"]:
+            (base / "rehearsal.out").write_text(res.out)  # what a user sees: test_the_rehearsal_fits_a_few_screens
     return root, env
 
 
@@ -84,6 +88,14 @@ def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, 
     eff = data["plan"]["efficiency"]
     assert eff["flops_per_token"] > 0 and eff["flop_s"] > 0 and eff["mfu"] is None
     assert "**Efficiency**" in md and "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in md
+
+
+def test_the_rehearsal_fits_a_few_screens(ladder: tuple[Path, dict[str, str]]) -> None:
+    """Quiet by default: the ladder's rehearsal, as a user sees it, is three legs and an answer
+    (-v, every event as a sentence, is test_rehearsal_cycles_through_the_hub_when_configured's)."""
+    root, _ = ladder
+    out = (root.parent / "rehearsal.out").read_text()
+    assert "answer: yes" in out and len(out.splitlines()) <= 15, out
 
 
 def test_a_removed_verify_event_never_leaves_proof_7_passing(ladder: tuple[Path, dict[str, str]],

@@ -20,6 +20,11 @@ from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fi
 SKIP = "the sky run's own test"
 
 
+# One worker for every test whose stand-in clusters run the rendered `run:` script: it binds
+# torchrun's rendezvous to port 29500 on the node (right on a cloud, one node a machine), and every
+# stand-in cluster is this host, so two such legs at once collide (EADDRINUSE).
+pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
+
 def configure(cfg, **run: object) -> object:  # noqa: ANN001
     from launcher.config import load_config
 
@@ -139,7 +144,10 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
 
     train = sky_project.root / "train.py"
     hook = "        x, y, first_sample = data.next_batch()\n"
-    planted = train.read_text().replace(hook, hook + "        if sess.step_count == 12:\n            raise SystemExit(7)\n")
+    # The crash waits for the cycles already handed over (steps 5 and 10): it lands at a known point of
+    # the storage cycle, not wherever a loaded machine happened to have it (else step 10 can be lost).
+    planted = train.read_text().replace(hook, hook + "        if sess.step_count == 12:\n"
+                                        "            sess.pusher.queue.join()\n            raise SystemExit(7)\n")
     train.write_text(planted)
     (Path(cloud["PREFLIGHT_TEST_SKY_APP"]) / "train.py").write_text(planted)  # the image bakes the new bytes
     cfg = configure(sky_project, max_restarts_on_errors=1)

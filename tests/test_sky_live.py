@@ -32,6 +32,11 @@ from tests.sky_standin import StrictSky
 REPO = Path(__file__).resolve().parent.parent
 
 
+# One worker for every test whose stand-in clusters run the rendered `run:` script: it binds
+# torchrun's rendezvous to port 29500 on the node (right on a cloud, one node a machine), and every
+# stand-in cluster is this host, so two such legs at once collide (EADDRINUSE).
+pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
+
 @pytest.fixture
 def cloud(sky_project, hub_server, tmp_path: Path) -> dict[str, str]:  # noqa: ANN001
     """Where the stand-in keeps its clusters, the image's /app (the reviewed files) and what

@@ -81,12 +81,36 @@ def optimizer_pick(sky: Any, task: Any) -> Pick:
 
     In 0.14.1 the `optimize` request returns no value to a client (the optimized DAG is
     not serialized); what it gives is its table of considered resources, in the request's
-    log, with the chosen row marked. That table is read here."""
+    log, with the chosen row marked. That table is read here.
+
+    The stream can end before the table reached the request's log: the server stops
+    following once the request is done, and on a loaded machine the executor's last
+    writes can land after that (seen: the stream ended at "Considered resources (1 node):").
+    The log of a finished request is complete, so it is then read again, whole, a few times."""
+    import time
+
     dag = sky.Dag()
     dag.add(task)
+    nodes = int(task.num_nodes or 1)
+    request = sky.optimize(dag)
     table = Capture()
-    sky.stream_and_get(sky.optimize(dag), output_stream=table)
-    return parse_optimizer_table(table.text, int(task.num_nodes or 1))
+    sky.stream_and_get(request, output_stream=table)
+    for wait_s in TABLE_REREAD_WAITS_S:
+        if has_chosen_row(table.text):
+            break
+        time.sleep(wait_s)
+        table = Capture()
+        sky.stream_and_get(request, follow=False, output_stream=table)
+    return parse_optimizer_table(table.text, nodes)
+
+
+TABLE_REREAD_WAITS_S = (0.0, 0.5, 2.0)
+"""Pauses before each whole re-read of a finished optimize request whose stream lacked the table."""
+
+
+def has_chosen_row(text: str) -> bool:
+    lines = [ANSI.sub("", line) for line in text.splitlines()]
+    return any("INSTANCE" in line and "COST" in line for line in lines) and any("\u2714" in line for line in lines)
 
 
 def parse_optimizer_table(text: str, nodes: int) -> Pick:
