@@ -208,3 +208,18 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
     with pytest.raises(Exception, match="drops max_restarts_on_errors"):
         render_job(own, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "j2.yaml",
                    job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
+
+
+def test_an_optimizer_stream_cut_before_its_table_is_told_apart_from_a_whole_one() -> None:
+    """What `optimizer_pick` re-reads on: the stream of a loaded machine once ended at the
+    table's title (seen under three test workers); a whole table has its header and chosen row."""
+    from launcher.backends.skyapi import has_chosen_row, parse_optimizer_table
+
+    cut = "Considered resources (1 node):\n"
+    whole = cut + ("INFRA             INSTANCE       vCPUs  Mem(GB)  GPUS  COST ($)  CHOSEN\n"
+                   "GCP (us-central1)  n1-highmem-8   8      52       T4:2  1.17      \u2714\n")
+    assert not has_chosen_row(cut) and has_chosen_row(whole)
+    with pytest.raises(RuntimeError, match="printed no chosen resources"):
+        parse_optimizer_table(cut, 1)
+    pick = parse_optimizer_table(whole, 1)
+    assert pick.instance_type == "n1-highmem-8" and pick.hourly_usd == pytest.approx(1.17)
