@@ -83,6 +83,17 @@ def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", tim
                     retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)
 
 
+def plant_crash_at_step_12(train_py: str) -> str:
+    """The reference trainer's source with a batch that brings it down after step 12, every leg
+    (an OOM on one long sample, say), once the storage cycle of the checkpoints it already handed
+    over (steps 5 and 10 at --ckpt-every 5) is through: the crash lands at a known point of the
+    cycle, not wherever a loaded machine happened to have it (else step 10 can be lost with it)."""
+    hook = "        x, y, first_sample = data.next_batch()\n"
+    assert train_py.count(hook) == 1, "the reference trainer's loop moved: update the planted crash"
+    return train_py.replace(hook, hook + "        if sess.step_count == 12:\n"
+                                         "            sess.pusher.queue.join()\n            raise SystemExit(7)\n")
+
+
 SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
 """A pushed image the sky tests' ledgers record (no registry is contacted)."""
 

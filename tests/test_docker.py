@@ -24,6 +24,8 @@ from tests.helpers import assert_one_line_error, run_cli
 REPO = Path(__file__).resolve().parent.parent
 BASE = "preflight-base:bookworm"
 
+pytestmark = pytest.mark.xdist_group("docker")  # one engine, one image build (the module's `built`), one worker
+
 
 def test_default_base_is_digest_pinned_and_hadolint_clean() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
@@ -33,8 +35,6 @@ def test_default_base_is_digest_pinned_and_hadolint_clean() -> None:
     proc = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
-
-pytestmark = pytest.mark.xdist_group("docker")  # one engine, one image build (the module's `built`), one worker
 
 @pytest.fixture(scope="session")
 def engine() -> None:

@@ -26,6 +26,7 @@ from tests.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.xdist_group("report-ladder")  # the module's one ladder is walked once, on one worker
 
+
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     base = tmp_path_factory.mktemp("report")

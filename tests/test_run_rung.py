@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LAUNCHER, assert_one_line_error, edit_config, run_cli, run_rows
+from tests.helpers import LAUNCHER, assert_one_line_error, edit_config, plant_crash_at_step_12, run_cli, run_rows
 
 
 def configure(root: Path, *, steps: int, command: str, max_restarts: int = 3, quota: float | None = 30,
@@ -126,14 +126,7 @@ def test_a_run_carried_through_two_kills_mid_push_to_its_last_step(project: Path
 
 def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkpoint(project: Path) -> None:
     train = project / "train.py"
-    text = train.read_text()
-    hook = "        x, y, first_sample = data.next_batch()\n"
-    assert text.count(hook) == 1, "the reference trainer's loop moved: update the planted crash"
-    # A batch that brings the trainer down after step 12, every leg (an OOM on one long sample, say),
-    # once the storage cycle of the checkpoints it already handed over is through: the crash lands
-    # at a known point of the cycle, not wherever a loaded machine happened to have it.
-    train.write_text(text.replace(hook, hook + "        if sess.step_count == 12:\n"
-                                  "            sess.pusher.queue.join()\n            raise SystemExit(7)\n"))
+    train.write_text(plant_crash_at_step_12(train.read_text()))
     configure(project, steps=40, command="python train.py --ckpt-every 5", max_restarts=2)
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "run", "--cpu", "--skip-preflight", "crash loop", "--json"], cwd=project)

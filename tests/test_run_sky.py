@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher import up as up_module
-from tests.helpers import edit_config
+from tests.helpers import edit_config, plant_crash_at_step_12
 from tests.sky_standin import preempt_job
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
@@ -24,6 +24,7 @@ SKIP = "the sky run's own test"
 # torchrun's rendezvous to port 29500 on the node (right on a cloud, one node a machine), and every
 # stand-in cluster is this host, so two such legs at once collide (EADDRINUSE).
 pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
+
 
 def configure(cfg, **run: object) -> object:  # noqa: ANN001
     from launcher.config import load_config
@@ -143,11 +144,7 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
     from tests.helpers import SKY_IMAGE_REF
 
     train = sky_project.root / "train.py"
-    hook = "        x, y, first_sample = data.next_batch()\n"
-    # The crash waits for the cycles already handed over (steps 5 and 10): it lands at a known point of
-    # the storage cycle, not wherever a loaded machine happened to have it (else step 10 can be lost).
-    planted = train.read_text().replace(hook, hook + "        if sess.step_count == 12:\n"
-                                        "            sess.pusher.queue.join()\n            raise SystemExit(7)\n")
+    planted = plant_crash_at_step_12(train.read_text())
     train.write_text(planted)
     (Path(cloud["PREFLIGHT_TEST_SKY_APP"]) / "train.py").write_text(planted)  # the image bakes the new bytes
     cfg = configure(sky_project, max_restarts_on_errors=1)

@@ -12,6 +12,7 @@ argument; nothing here imports SkyPilot itself.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -87,8 +88,6 @@ def optimizer_pick(sky: Any, task: Any) -> Pick:
     following once the request is done, and on a loaded machine the executor's last
     writes can land after that (seen: the stream ended at "Considered resources (1 node):").
     The log of a finished request is complete, so it is then read again, whole, a few times."""
-    import time
-
     dag = sky.Dag()
     dag.add(task)
     nodes = int(task.num_nodes or 1)
@@ -108,17 +107,22 @@ TABLE_REREAD_WAITS_S = (0.0, 0.5, 2.0)
 """Pauses before each whole re-read of a finished optimize request whose stream lacked the table."""
 
 
-def has_chosen_row(text: str) -> bool:
+def _header_and_chosen(text: str) -> tuple[str | None, str | None]:
+    """The table's header line and its chosen (\u2714) row, ANSI colours stripped; None where absent."""
     lines = [ANSI.sub("", line) for line in text.splitlines()]
-    return any("INSTANCE" in line and "COST" in line for line in lines) and any("\u2714" in line for line in lines)
+    header = next((line for line in lines if "INSTANCE" in line and "COST" in line), None)
+    chosen = next((line for line in lines if "\u2714" in line), None)
+    return header, chosen
+
+
+def has_chosen_row(text: str) -> bool:
+    return None not in _header_and_chosen(text)
 
 
 def parse_optimizer_table(text: str, nodes: int) -> Pick:
     """The chosen row of SkyPilot's "Considered resources" table:
     INFRA (cloud (region or zone)) | INSTANCE ([Spot]) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
-    lines = [ANSI.sub("", line) for line in text.splitlines()]
-    header = next((line for line in lines if "INSTANCE" in line and "COST" in line), None)
-    chosen = next((line for line in lines if "\u2714" in line), None)
+    header, chosen = _header_and_chosen(text)
     if header is None or chosen is None:
         raise RuntimeError("SkyPilot's optimizer printed no chosen resources: " + " ".join(text.split())[-200:])
     names = re.split(r"\s{2,}", header.strip())
