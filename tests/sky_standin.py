@@ -347,6 +347,21 @@ class StrictSky:
 
     # -- requests
 
+    def wait_requests_ended(self, kind: str, cluster: str, timeout_s: float = 60.0) -> int:
+        """Wait until no `kind` request for `cluster` has a live worker (each one finished,
+        failed or was cancelled): after that, nothing can act for them. How many there were."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            mine = [d for d in self._state.requests.iterdir()
+                    if {"kind": kind, "cluster": cluster}.items() <= (_read_json(d / "request.json") or {}).items()]
+            workers = [_read_json(d / "worker.json") or {} for d in mine]
+            live = [d.name for d, w in zip(mine, workers) if _alive(w.get("pid", 0), w.get("start"))]  # a zombie is gone
+            if not live:
+                return len(mine)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stand-in: {kind} requests for {cluster} still running: {live}")
+            time.sleep(POLL_S)
+
     def _submit(self, kind: str, cluster: str | None, args: dict[str, Any], secret_payload: Any = None) -> str:
         """Hand a request to a detached worker; its id. `secret_payload` goes over a
         pipe, never to disk (the task carries secret values)."""
