@@ -144,7 +144,7 @@ def test_stop_refuses_what_it_cannot_stop(project: Path) -> None:
     assert_one_line_error(run_cli(["status", "nope"], cwd=project), 2, "no run 'nope'")
 
 
-@pytest.mark.parametrize("delay,largest", [(0.3, "data"), (0.0, "compute")])
+@pytest.mark.parametrize("delay,largest", [(0.15, "data"), (0.0, "compute")])
 def test_breakdown_names_the_bottleneck(tmp_path: Path, delay: float, largest: str) -> None:
     root = make_project(tmp_path / "proj", delay=delay)
     res = run_cli(["up", "probe", "--cpu", "--steps", "60", "--json"], cwd=root,
