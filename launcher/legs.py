@@ -60,12 +60,13 @@ def leg_deadline(cfg: Config, budget_s: float, quota_left_hours: float | None, g
 
 
 def leg_env(cfg: Config, rung: str, run_id: str, leg: int, store_uri: str, max_steps: int, deadline: float,
-            files_sha256: dict[str, str], gpus: GpuSpec | None) -> dict[str, str]:
+            files_sha256: dict[str, str], gpus: GpuSpec | None,
+            deadline_after_resume: float | None = None) -> dict[str, str]:
     """A leg's environment from the config (its `leg_env`) and the run's facts: what real legs
     get and what `up --dry-run` prints. The runtime refuses to run bytes other than `files_sha256`."""
     return contract.leg_env(run_id=run_id, leg=leg, rung=rung, store=store_uri, max_steps=max_steps,
                             deadline=deadline, files_sha256=files_sha256, on_gpu=gpus is not None,
-                            extra=cfg.leg_env)
+                            extra=cfg.leg_env, deadline_after_resume=deadline_after_resume)
 
 
 @dataclass
@@ -111,10 +112,11 @@ class RunContext:
     def gpu_count(self) -> int:
         return self.gpus.count if self.gpus else 0
 
-    def leg_env(self, leg: int, max_steps: int, deadline: float) -> dict[str, str]:
+    def leg_env(self, leg: int, max_steps: int, deadline: float,
+                deadline_after_resume: float | None = None) -> dict[str, str]:
         """This leg's environment (runtime.contract.leg_env): the one the dry run shows too."""
         return leg_env(self.cfg, self.rung.name, self.run_id, leg, self.store_uri, max_steps, deadline,
-                       {rel: f.sha256 for rel, f in self.files.items()}, self.gpus)
+                       {rel: f.sha256 for rel, f in self.files.items()}, self.gpus, deadline_after_resume)
 
     def secrets(self) -> dict[str, str]:
         found = exported_secrets(self.cfg)
@@ -156,6 +158,9 @@ class Ending:
     """Send SIGTERM once rank 0 printed this step (a graceful stop: `launcher stop`, a spot notice)."""
     deadline_s: float | None = None
     """LAUNCHER_DEADLINE this many seconds after launch, instead of the rung's budget."""
+    after_resume_s: float | None = None
+    """LAUNCHER_DEADLINE_AFTER_RESUME: the deadline also this many seconds after the leg's resume
+    (where the backend cannot hold the leg at a step)."""
     hold_at: int | None = None
     """Freeze the leg when rank 0 printed this step and thaw it once the deadline is within the
     trainer's 5 s margin: the deadline lands mid-run, at a known step, on any machine speed."""
@@ -257,7 +262,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
     deadline = ctx.leg_deadline(budget_s if ending.deadline_s is None else min(budget_s, ending.deadline_s))
     log_path = ctx.run_dir / (f"leg-{leg}-straight.log" if ending.straight else f"leg-{leg}.log")
-    env = ctx.leg_env(leg, max_steps, deadline)
+    env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s)
     if ending.straight:
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),

@@ -28,6 +28,11 @@ MAX_STEPS = "LAUNCHER_MAX_STEPS"
 """Stop after this many optimizer steps, counted across legs from step 0."""
 DEADLINE = "LAUNCHER_DEADLINE"
 """Unix seconds: push a final checkpoint and stop before it."""
+DEADLINE_AFTER_RESUME = "LAUNCHER_DEADLINE_AFTER_RESUME"
+"""Seconds (optional): the deadline is also no later than this long after the leg's resume.
+How a resume rung lands a deadline a few steps into a leg on a backend that cannot hold a
+leg at a step (sky): a deadline fixed at launch would have to guess how long the node takes to
+start, and a leg of fast steps that started a second early would reach its step limit first."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 STORE_KEY = "LAUNCHER_STORE_KEY"
@@ -36,16 +41,28 @@ LEG_NAMES = (RUN_ID, LEG, RUNG, STORE, MAX_STEPS, DEADLINE, FILES_SHA256)
 
 
 def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, deadline: float,
-            files_sha256: dict[str, str], on_gpu: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+            files_sha256: dict[str, str], on_gpu: bool, extra: dict[str, str] | None = None,
+            deadline_after_resume: float | None = None) -> dict[str, str]:
     """One leg's environment, the same on every backend and in `up --dry-run`.
 
     `extra` is launcher.yaml's `leg_env` (it may not set a LAUNCHER_* name). A leg
     with no GPU still runs on the CPU on a machine that has GPUs
     (CUDA_VISIBLE_DEVICES=""): it rehearses the CPU path and must not depend on a GPU."""
     cpu_only = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    relative = {} if deadline_after_resume is None else {DEADLINE_AFTER_RESUME: f"{deadline_after_resume:.2f}"}
     return {**cpu_only, **(extra or {}),
             RUN_ID: run_id, LEG: str(leg), RUNG: rung, STORE: store, MAX_STEPS: str(max_steps),
-            DEADLINE: str(int(deadline)), FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
+            DEADLINE: str(int(deadline)), **relative, FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
+
+
+def resumed_deadline(deadline: float, env: dict[str, str], now: float) -> float:
+    """The leg's deadline once it resumed at `now`: LAUNCHER_DEADLINE, or sooner where
+    LAUNCHER_DEADLINE_AFTER_RESUME says (a value that is not a number is ignored)."""
+    try:
+        after = float(env.get(DEADLINE_AFTER_RESUME, ""))
+    except ValueError:
+        return deadline
+    return min(deadline, now + after) if math.isfinite(after) and after >= 0 else deadline
 
 
 # --- stop reasons and exit codes --------------------------------------------------------

@@ -45,10 +45,9 @@ from typing import Any, Callable
 
 import torch
 
-from runtime import events
+from runtime import contract, events
 from runtime.batches import batch_digest
 from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
-from runtime import contract
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
@@ -178,6 +177,7 @@ class Session:
         self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
         if name is not None:
             self._load(name, state, restore)
+        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())
         self.resumed_at = self.pushed_at = self.step_count
         self._resume_tokens = self.tokens
         self._history: list[tuple[int, float, float]] = []

@@ -107,3 +107,13 @@ def test_a_barrier_timeout_names_what_was_waited_for(tmp_path: Path) -> None:
     lines = [json.loads(ln[ln.find('{"event": '):]) for ln in proc.stdout.splitlines() if '{"event": ' in ln]
     rank1 = next(e for e in lines if e["rank"] == 1)
     assert rank1["outcome"].startswith("rank 1 waited 2 s for rank 0 finishing its pushes"), rank1
+
+
+def test_closing_the_world_lets_go_of_its_process_group() -> None:
+    """The group must die in close(), not at interpreter teardown (where gloo's destructor
+    aborted a rank that had already exited cleanly: runtime.dist.World.close)."""
+    from runtime.dist import World
+
+    world = World(rank=0, world_size=2, ctrl=object())
+    world.close()
+    assert world.ctrl is None

@@ -78,3 +78,18 @@ def test_the_readme_states_each_rungs_where_and_question_as_the_ladder_does() ->
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for rung in RUNGS:
         assert f"| {rung.index} `{rung.name}` | {rung.where} | {rung.question} |" in readme, rung.name
+
+
+def test_a_deadline_after_the_resume_only_ever_brings_the_deadline_sooner() -> None:
+    """LAUNCHER_DEADLINE_AFTER_RESUME (sky's leg 1): counted from the resume, capped by LAUNCHER_DEADLINE."""
+    from runtime.contract import DEADLINE_AFTER_RESUME, leg_env, resumed_deadline
+
+    env = leg_env(run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29, deadline=2000.0,
+                  files_sha256={}, on_gpu=True, deadline_after_resume=7.5)
+    assert env[DEADLINE_AFTER_RESUME] == "7.50"
+    assert resumed_deadline(2000.0, env, now=1000.0) == 1007.5  # 7.5 s after the resume
+    assert resumed_deadline(1003.0, env, now=1000.0) == 1003.0  # never later than LAUNCHER_DEADLINE
+    for bad in ("", "soon", "nan", "-1", "inf"):
+        assert resumed_deadline(2000.0, {DEADLINE_AFTER_RESUME: bad}, now=1000.0) == 2000.0
+    assert DEADLINE_AFTER_RESUME not in leg_env(run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29,
+                                                deadline=2000.0, files_sha256={}, on_gpu=True)

@@ -100,8 +100,12 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
         assert leg["cost_usd"] == pytest.approx(billed_s / 3600 * pick.hourly_usd)
         assert leg["cost_source"] == "skypilot optimizer"
         assert leg["placement"]["instance_type"] == "n1-highmem-8" and leg["placement"]["use_spot"] == "false"
-    pinned = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())["resources"]
+    leg1 = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())
+    pinned = leg1["resources"]
     assert pinned["instance_type"] == "n1-highmem-8" and pinned["cloud"] == "gcp" and pinned["use_spot"] is False
+    # sky cannot hold leg 1 at a step: its deadline is counted from its resume, not guessed from leg 0's start-up
+    assert float(leg1["envs"]["LAUNCHER_DEADLINE_AFTER_RESUME"]) > 5.0
+    assert "LAUNCHER_DEADLINE_AFTER_RESUME" not in yaml.safe_load(rendered.read_text())["envs"]
     assert run["cost_usd"] == pytest.approx(sum(leg["cost_usd"] for leg in run["legs"]))
 
 

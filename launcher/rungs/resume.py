@@ -34,8 +34,14 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     startup = _startup_s(first) if first else 10.0
     if ctx.backend.can_freeze:
         return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0), hold_at=plan[leg])
+    # No hold (sky): the deadline counted from the leg's resume lands it at about the planned step
+    # whatever the node took to start. A deadline fixed at launch had to guess that: leg 0's start-up
+    # stood for leg 1's, and a leg of 30 ms steps that started 0.7 s sooner reached its step limit
+    # first (seen under load). LAUNCHER_DEADLINE stays a generous fallback for a trainer that reads
+    # only it.
     step_s = _step_s(first) if first else 1.0
-    return steps - 1, Ending(deadline_s=startup + 5.0 + (plan[leg] - plan[leg - 1]) * step_s)
+    ahead = (plan[leg] - plan[leg - 1]) * step_s
+    return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0) + ahead, after_resume_s=5.0 + ahead)
 
 
 def _startup_s(out: LegOutcome) -> float:

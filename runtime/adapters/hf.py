@@ -105,6 +105,7 @@ class Preflight(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())  # the checkpoint is loaded
         if model is not None:
             model.register_forward_pre_hook(self._hash_inputs, with_kwargs=True)
         params = sum(p.numel() for p in model.parameters()) if model is not None else 0
