@@ -168,13 +168,18 @@ class Ending:
     """The uninterrupted reference run: its own store namespace (<run id>-straight-<leg>), never resumed from."""
 
 
-def _step_of(line: str) -> int | None:
+def _rank0_event(line: str, name: str) -> dict | None:
     from runtime.events import parse_line
 
     event = parse_line(line)
-    if event is None or event["event"] != "step" or event.get("rank", 0) != 0:
+    if event is None or event["event"] != name or event.get("rank", 0) != 0:
         return None
-    return int(event["step"])
+    return event
+
+
+def _step_of(line: str) -> int | None:
+    event = _rank0_event(line, "step")
+    return None if event is None else int(event["step"])
 
 
 @dataclass
@@ -204,6 +209,11 @@ class _Watch:
             if self.started and ctx.backend.can_freeze:
                 ctx.backend.freeze(self.started[0])  # stop it right at this line: the kill lands here
             self.trigger.set()
+        if ending.after_resume_s is not None and '"resume"' in line:
+            resumed = _rank0_event(line, "resume")
+            if resumed is not None and isinstance(resumed.get("t"), (int, float)):
+                # the deadline the runtime applies (runtime.contract.resumed_deadline): the hold waits for it
+                self.deadline = min(self.deadline, float(resumed["t"]) + ending.after_resume_s)
         step = _step_of(line) if (ending.sigterm_at or ending.hold_at) and self.started else None
         if step is None:
             return

@@ -90,10 +90,16 @@ class World:
         teardown, where its C++ destructor ran against a half-finalised runtime and aborted the
         rank (SIGABRT, "terminate called without an active exception": 8 of 36 two-rank runs of
         a script that only all-reduces once and closes; 0 of 54 once the group dies here)."""
-        if self.distributed and tdist.is_initialized():
-            tdist.destroy_process_group()
-        self.ctrl = None
-        gc.collect()  # the group's last reference may sit in a cycle: free it now, not at exit
+        if self.distributed:
+            if tdist.is_initialized():
+                tdist.destroy_process_group()
+            self.ctrl = None
+            gc.collect()  # the group's last reference may sit in a cycle: free it now, not at exit
+        # The leg is over (close() is its last act: finish, a refusal, a rank timeout): what exists
+        # now needs no more cyclic collection. Teardown of a torch process skips its final full
+        # collection then: 0.9 s -> 0.2 s of interpreter exit with torch and an optimizer (dynamo)
+        # loaded, measured on the 2-core machine; a leg ends sooner and bills less.
+        gc.freeze()
 
 
 def init_world(device: str) -> World:

@@ -31,17 +31,19 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
         return first_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
     # The deadline: far enough for the leg to start and train, then the leg is held at a known
     # step until the deadline is within the trainer's margin (so the stop lands mid-run).
+    # The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it lands
+    # about the planned number of steps in, whatever the leg took to start; LAUNCHER_DEADLINE stays
+    # a generous fallback, from leg 0's start-up, for a trainer that reads only it. A deadline fixed
+    # at launch alone had to guess the start-up: on sky a leg of 30 ms steps that started 0.7 s
+    # sooner than leg 0 reached its step limit first (seen under load), and where the leg is held
+    # it sat frozen some 7 s of every rehearsal waiting for a deadline placed far enough out.
     startup = _startup_s(first) if first else 10.0
-    if ctx.backend.can_freeze:
-        return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0), hold_at=plan[leg])
-    # No hold (sky): the deadline counted from the leg's resume lands it at about the planned step
-    # whatever the node took to start. A deadline fixed at launch had to guess that: leg 0's start-up
-    # stood for leg 1's, and a leg of 30 ms steps that started 0.7 s sooner reached its step limit
-    # first (seen under load). LAUNCHER_DEADLINE stays a generous fallback for a trainer that reads
-    # only it.
     step_s = _step_s(first) if first else 1.0
     ahead = (plan[leg] - plan[leg - 1]) * step_s
-    return steps - 1, Ending(deadline_s=max(15.0, 2 * startup + 6.0) + ahead, after_resume_s=5.0 + ahead)
+    fallback = max(15.0, 2 * startup + 6.0) + ahead
+    if ctx.backend.can_freeze:  # held at the planned step until the deadline is within the margin
+        return steps - 1, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
+    return steps - 1, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
 
 
 def _startup_s(out: LegOutcome) -> float:
