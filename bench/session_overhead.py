@@ -4,13 +4,18 @@ The reference trainer's model and data (small GPT, block 64, batch 8, CPU), the
 same steps two ways, interleaved in blocks so drift hits both alike:
 
 - bare: fetch the batch, forward, backward, clip, optimizer and scheduler step;
-- session: the same, plus what `Session` adds per step -- the stop decision
-  (`running()`), the phase laps, hashing the batch (`batch_digest`) and
-  printing the `step` event (to a file, as a leg's stdout is a pipe to the log).
-  Checkpoints are off in both (their cost is bench/push_overlap.py's subject).
+- session: the same on its own copy of the model, plus what `Session` adds per
+  step -- the stop decision (`running()`), the phase laps, the forward pre-hook
+  hashing what the model was fed, the optimizer's step post-hook, the `batch=`
+  cross-check and printing the `step` event (to a file, as a leg's stdout is a
+  pipe to the log). Checkpoints are off in both (their cost is
+  bench/push_overlap.py's subject).
 
 Also: `batch_digest` alone on the reference batch (4 KiB of token ids) and on a
-154 MB image-sized batch (hashed in 64 sampled windows) against a full sha256.
+154 MB image-sized batch (hashed in 64 sampled windows) against a full sha256;
+and the state digests of one checkpoint (`runtime.evidence.state_digests`,
+computed on the pusher's thread from the snapshot) of a 1 GB state, beside
+`torch.save` of the same state to this machine's disk.
 
     .venv/bin/python bench/session_overhead.py [--steps 300] [--blocks 6]
 
@@ -53,6 +58,23 @@ def build(work: Path):  # noqa: ANN201
     return data, model, opt, sched
 
 
+def digest_cost(work: Path) -> tuple[float, float]:
+    """(state digests, torch.save) seconds for one checkpoint of a 1 GB state."""
+    from runtime.evidence import state_digests
+
+    state = {"model": {f"w{i}": torch.rand(64 << 20) for i in range(4)},  # 4 x 256 MB
+             "extra": {"step": 1}, "rng": [{"torch": torch.get_rng_state()}]}
+    t = time.perf_counter()
+    state_digests(state, list(state))
+    digest_s = time.perf_counter() - t
+    t = time.perf_counter()
+    torch.save(state, work / "state.pt")
+    os.sync()
+    save_s = time.perf_counter() - t
+    (work / "state.pt").unlink()
+    return digest_s, save_s
+
+
 def train_step(data, model, opt, sched):  # noqa: ANN001, ANN201
     x, y, first = data.next_batch()
     loss = model(torch.from_numpy(x), torch.from_numpy(y))
@@ -90,11 +112,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         parts = build(work)
+        tracked = build(work)  # the session's own copy: its hooks must not run in the bare loop
         os.environ.update(LAUNCHER_MAX_STEPS=str(10**8), LAUNCHER_STORE=(work / "store").as_uri())
         sink = open(work / "events.log", "w")  # noqa: SIM115 - the leg's stdout
         with redirect_stdout(sink):
             sess = Session(ckpt_every=10**9, workdir=work, device="cpu", metrics_every=10**9)
-            sess.track(model=parts[1], optimizer=parts[2])
+            sess.track(model=tracked[1], optimizer=tracked[2])
             sess.resume()
         bare(parts, 30)  # warm-up
         b, s = [], []
@@ -104,8 +127,9 @@ def main() -> int:
                     b.append(bare(parts, a.steps))
                 else:
                     with redirect_stdout(sink):
-                        s.append(with_session(parts, sess, a.steps))
+                        s.append(with_session(tracked, sess, a.steps))
         sink.close()
+        digest_s, save_s = digest_cost(work)
     mb, ms = statistics.median(b), statistics.median(s)
     print(f"steps per block {a.steps}, blocks {a.blocks}, torch threads 1, CPU")
     print(f"{'loop':<10}{'median step':>14}{'blocks (ms)':>50}")
@@ -127,6 +151,8 @@ def main() -> int:
     full = time.perf_counter() - t
     print(f"batch_digest: reference batch (4 KiB) {small * 1e6:.1f} us; 154 MB image batch sampled "
           f"{sampled * 1e3:.2f} ms vs full sha256 {full * 1e3:.1f} ms")
+    print(f"state digests of a 1 GB checkpoint: {digest_s:.2f} s on the pusher's thread, beside torch.save of it "
+          f"{save_s:.2f} s")
     return 0
 
 

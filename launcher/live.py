@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.events import DAMAGED, parse_line
 
-QUIET = {"session", "step", "save", "serialized", "flops", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
+QUIET = {"session", "step", "save", "serialized", "state_digest", "flops", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
 PUSH_WAIT_SHOWN_S = 0.5
 
 
@@ -70,6 +70,11 @@ def _flops(e: dict[str, Any]) -> str:
                if e.get("formula_flops_per_token") else "")
     return (f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
             f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})")
+
+
+def _state_digest(e: dict[str, Any]) -> str:
+    digests = e.get("digests") or {}
+    return f"step {e['step']} state digests: " + ", ".join(f"{k} {str(v)[:8]}" for k, v in sorted(digests.items()))
 
 
 def _push(e: dict[str, Any]) -> str:
@@ -145,6 +150,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     "resume_skip": _resume_skip,
     "save": _save,
     "serialized": _serialized,
+    "state_digest": _state_digest,
     "flops": _flops,
     "push": _push,
     "verify": _verify,

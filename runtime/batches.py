@@ -73,6 +73,103 @@ def batch_digest(batch: Any) -> str | None:
     return digest.hexdigest()[:32] if found else None
 
 
+Signature = tuple[str, tuple[int, ...]]
+
+
+def _canonical(t: Any) -> tuple[Signature, Any]:
+    """A tensor's (kind, shape) and its values in a canonical dtype: integers of any width (a
+    numpy uint16 token array, the int64 tensor the model got from it) compare by value."""
+    if isinstance(t, np.ndarray):
+        arr = np.ascontiguousarray(t)
+        if arr.dtype.kind in "biu":
+            arr = arr.astype(np.int64)
+        t = torch.from_numpy(arr)
+    t = t.detach()
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.to(torch.int64)
+    return (str(t.dtype).removeprefix("torch."), tuple(t.shape)), t
+
+
+def tensor_digests(batch: Any) -> dict[Signature, set[str]]:
+    """Each tensor of a batch on its own, by (kind, shape): what a step's `batch=` is checked
+    with against what the model was fed (the structures differ: `(x, y)` fed, `x` given)."""
+    out: dict[Signature, set[str]] = {}
+    for _, t in _tensors(batch):
+        sig, canon = _canonical(t)
+        digest = batch_digest(canon)
+        if digest is not None:
+            out.setdefault(sig, set()).add(digest)
+    return out
+
+
+def given_was_fed(given: dict[Signature, set[str]], fed: dict[Signature, set[str]]) -> bool | None:
+    """Whether every tensor given to `step()` is among those the model was fed. None when no
+    given tensor has the kind and shape of any fed one (a transformed batch: uint8 images
+    given, normalised floats fed): nothing to compare, and nothing claimed."""
+    comparable = [(sig, d) for sig, ds in given.items() if sig in fed for d in ds]
+    if not comparable:
+        return None
+    return all(d in fed[sig] for sig, d in comparable)
+
+
+class FedInputs:
+    """What the tracked model ate: the inputs of its training forwards, hashed by the session.
+
+    A forward pre-hook on each tracked `nn.Module` (every micro-batch of a step, in order) sees
+    the batch the model was fed, whatever the loop handed to `step()`: a loop that prefetches the
+    next batch right after the forward (nanoGPT's `X, Y = get_batch('train')`) gives `step()` the
+    *next* batch, and hashing that would pass a resume that re-reads data. Only training forwards
+    with grad enabled count (an evaluation forward reads other data). CPU inputs are hashed in the
+    hook; CUDA inputs are copied to host asynchronously there and hashed in `take()`, after the
+    step's loss was read (the device already synced): no sync is added to the step."""
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        """Per forward: its digest (str), or a (host copies, done-event) pair still to hash."""
+        self.tensors: dict[Signature, set[str]] = {}
+        """Every fed tensor's own digest this step, by kind and shape (the `batch=` cross-check)."""
+        self.handles: list[Any] = []
+
+    def watch(self, module: torch.nn.Module) -> None:
+        self.handles.append(module.register_forward_pre_hook(self._hook, with_kwargs=True))
+
+    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        fed = {"args": list(args), **kwargs}
+        if any(t.device.type != "cpu" for _, t in _tensors(fed) if isinstance(t, torch.Tensor)):
+            copies = [(path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)
+                      for path, t in _tensors(fed)]
+            done = torch.cuda.Event()
+            done.record()
+            self.parts.append((copies, done))
+        else:
+            self.parts.append(self._digest([(path, t) for path, t in _tensors(fed)]))
+
+    def _digest(self, items: list[tuple[str, Any]]) -> str:
+        for sig, digests in tensor_digests([t for _, t in items]).items():
+            self.tensors.setdefault(sig, set()).update(digests)
+        return batch_digest({path: t for path, t in items}) or ""
+
+    def take(self) -> str | None:
+        """This step's digest over every training forward since the last `take()` (None: none ran)."""
+        parts, self.parts = self.parts, []
+        digests = []
+        for part in parts:
+            if isinstance(part, tuple):
+                copies, done = part
+                done.synchronize()
+                part = self._digest(copies)
+            digests.append(part)
+        if not digests:
+            return None
+        return digests[0] if len(digests) == 1 else hashlib.sha256("|".join(digests).encode()).hexdigest()[:32]
+
+    def fed_tensors(self) -> dict[Signature, set[str]]:
+        fed, self.tensors = self.tensors, {}
+        return fed
+
+
 class _Order(torch.utils.data.Sampler):
     """Indices of one epoch from position `start` on: a permutation drawn from (seed, epoch)."""
 
@@ -123,8 +220,13 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[Any]:
         sampler = _Order(len(self.dataset), self.seed, self.epoch, self.consumed * self.batch_size, self.shuffle)
+        # Each DataLoader iterator draws its workers' base seed from `generator`, else from the
+        # global torch RNG: a resume that opens an iterator mid-epoch would draw once more than
+        # the uninterrupted run and shift every later torch draw (dropout...). The state digests
+        # saw it: rng.torch differed from the straight-through run's right after a resume.
+        kw = {"generator": torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch), **self.loader_kw}
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler,
-                                             drop_last=True, **self.loader_kw)
+                                             drop_last=True, **kw)
         yield from loader  # the position moves in on_step: a batch fetched and then not trained is not consumed
 
     def on_step(self) -> None:

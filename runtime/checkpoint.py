@@ -40,7 +40,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runtime.hashing import sha256_file
 from runtime.store.base import MANIFEST, CheckpointDamaged, FileEntry, Manifest, checkpoint_name
@@ -336,14 +336,19 @@ class PendingCheckpoint:
     """A snapshot still to be written: the Pusher's worker calls `materialize()` (torch.save
     + manifest into `root`, via save_local) before it runs the storage cycle on it."""
 
-    def __init__(self, snapshot: Snapshot, root: Path, step: int, meta: dict[str, Any]) -> None:
+    def __init__(self, snapshot: Snapshot, root: Path, step: int, meta: dict[str, Any],
+                 before_save: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.snapshot, self.root, self.step, self.meta = snapshot, root, step, meta
+        self.before_save = before_save
+        """Called with the snapshot's state before it is written (the session's state digests)."""
         self.name = checkpoint_name(step)
 
     def materialize(self) -> tuple[Path, Manifest]:
         try:
             self.snapshot.wait()
             assert self.snapshot.state is not None, f"{self.name}: snapshot already released"
+            if self.before_save is not None:
+                self.before_save(self.snapshot.state)
             return save_local(self.snapshot.state, self.root, self.step, self.meta)
         finally:
             self.snapshot.release()

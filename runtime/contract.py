@@ -119,6 +119,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "flops": {"step": INT, "flops_per_token": OPT_NUM},
     "stop": {"reason": STR},
     "done": {"step": INT},
+    "state_digest": {"step": INT, "digests": DICT},
 }
 # Fields that need not be there, but that consumers read as this type when they are.
 OPTIONAL_FIELDS: dict[str, str] = {
@@ -128,6 +129,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "sample_index": INT, "batch_hash": STR, "lr": NUM, "epoch": INT, "state_bytes": DICT, "tokens_consumed": INT,
     "flops_per_token": OPT_NUM, "formula_flops_per_token": NUM, "flop_s": NUM, "mfu": OPT_NUM, "by_dtype": DICT,
     "gpu_phases": DICT, "async_save": BOOL, "blocked_s": NUM, "gpu_util": OPT_DICT, "dtype": STR, "compiled": BOOL, "device_name": STR,
+    "digests": DICT, "opt_steps": INT, "step_batch_fed": BOOL, "batch_from": STR, "tracked": DICT,
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 
@@ -163,6 +165,11 @@ def check_event(record: dict[str, Any]) -> str | None:
     util = record.get("gpu_util")
     if isinstance(util, dict) and not (_is(util.get("mean"), NUM) and 0 <= util["mean"] <= 100):
         return f"{kind} event: gpu_util.mean is not a percentage"
+    for key in ("digests", "tracked"):  # name -> a digest; name -> what kind of state it is
+        values = record.get(key)
+        if isinstance(values, dict) and not all(isinstance(k, str) and isinstance(v, str) and len(v) <= 64
+                                                for k, v in values.items()):
+            return f"{kind} event: {key} is not a map of names to short strings"
     sizes = record.get("state_bytes")
     if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):
         return f"{kind} event: a state size is not a byte count"

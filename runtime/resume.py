@@ -61,3 +61,27 @@ def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", k
             shutil.rmtree(folder, ignore_errors=True)
         return Restored(info, state, skipped)
     return Restored(None, skipped=skipped)
+
+
+def load_tracked(tracked: dict[str, Any], state: dict[str, Any], name: str, extra: dict[str, Any],
+                 digests: bool) -> dict[str, Any]:
+    """Load each tracked object from checkpoint `name`'s state, and `extra` (its defaults
+    updated with the saved values); the resume event's facts: each object's own
+    (`resume_facts`) and, where `digests`, the digest of each object as loaded (restoration
+    proved, not assumed: the launcher compares them with the digests saved at that step)."""
+    from runtime.evidence import state_digest
+    from runtime.leg import ResumeRefused
+
+    facts: dict[str, Any] = {}
+    loaded: dict[str, str] = {}
+    for key, obj in tracked.items():
+        if key not in state:
+            raise ResumeRefused("state_mismatch", f"{name} holds no {key!r} (it holds {sorted(state)})")
+        obj.load_state_dict(state[key])
+        facts.update(getattr(obj, "resume_facts", dict)())
+        if digests:
+            loaded[key] = state_digest(obj.state_dict())
+    extra.update(state.get("extra", {}))
+    if digests:
+        facts["digests"] = {**loaded, "extra": state_digest({k: extra[k] for k in state.get("extra", {})})}
+    return facts

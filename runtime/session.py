@@ -46,14 +46,14 @@ from typing import Any, Callable
 import torch
 
 from runtime import contract, events
-from runtime.batches import batch_digest
+from runtime.evidence import StepEvidence, state_digests
 from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
 from runtime.health import Health
 from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
-from runtime.resume import restore_newest
+from runtime.resume import load_tracked, restore_newest
 from runtime.state import rng_state, set_rng_state
 from runtime.steptime import FlopProbe, StepClock
 from runtime.store import StoreError, open_store
@@ -108,6 +108,8 @@ class Session:
         self.flops_per_token: float | None = None
         self.flops_dtype = "fp32"
         self.tracked: dict[str, Any] = {}
+        self.evidence = StepEvidence()
+        """The batch the model ate, the tracked optimizer's steps, state digests (runtime.evidence)."""
         self.extra: dict[str, Any] = {}
         """Plain values (numbers, strings, lists, dicts, tensors) saved and restored with the state."""
         self.step_count = self.tokens = 0
@@ -135,6 +137,7 @@ class Session:
             if name in ("rng", "step", "tokens", "extra"):
                 raise ValueError(f"track({name}=...): {name!r} is the session's own key")
             self.tracked[name] = obj
+            self.evidence.watch(name, obj)
         return self
 
     @property
@@ -157,7 +160,8 @@ class Session:
         self.store = open_store(os.environ.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
         events.emit("start", run_id=self.run_id, leg=self.leg, rung=self.rung, device=self.device,
                     torch=torch.__version__, world_size=self.world.world_size, params=self.params,
-                    max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri, **start_facts)
+                    max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri,
+                    tracked=self.evidence.kinds, **start_facts)
         world, restore = self.world, self.work / "restore"
         choice, state = None, None
         if world.is_main:
@@ -195,17 +199,11 @@ class Session:
         world.barrier(f"every rank loading {name}")
         if world.local_rank == 0:
             shutil.rmtree(restore)
-        facts: dict[str, Any] = {}
         try:
-            for key, obj in self.tracked.items():
-                if key not in state:
-                    raise ResumeRefused("state_mismatch", f"{name} holds no {key!r} (it holds {sorted(state)})")
-                obj.load_state_dict(state[key])
-                facts.update(getattr(obj, "resume_facts", dict)())
+            facts = load_tracked(self.tracked, state, name, self.extra, digests=world.is_main)
         except ResumeRefused as err:
             events.emit("stop", reason=err.reason, step=int(state.get("step", 0)), error=str(err))
             self._exit(EXIT_REFUSED)
-        self.extra.update(state.get("extra", {}))
         set_rng_state(state["rng"][world.rank])
         self.step_count, self.tokens = int(state["step"]), int(state.get("tokens", 0))
         lr = self.current_lr()
@@ -258,7 +256,7 @@ class Session:
         flops = self.flop_probe.end(int(tokens), self.world.world_size, self.step_count + 1)
         local = float(loss.item() if hasattr(loss, "item") else loss)  # waits for the step's queued work
         hashed = time.perf_counter()
-        digest = batch_digest(batch) if batch is not None else None
+        extra = self.evidence.step_fields(batch)  # the batch the model ate; `batch=` a cross-check
         self.step_count += 1
         self.tokens += int(tokens)
         meaned = time.perf_counter()
@@ -284,7 +282,6 @@ class Session:
         lr = self._lr if lr is None else lr
         if lr is None:
             raise TypeError("step(lr=...): no optimizer is tracked, so the session cannot read the LR")
-        extra = {"batch_hash": digest} if digest else {}
         if sample_index is not None:
             extra["sample_index"] = int(sample_index)
         if epoch is not None:
@@ -322,6 +319,8 @@ class Session:
             return
         meta = {"run_id": self.run_id, "params": self.params, **self.meta}
         sizes: dict[str, int] = {}
+        def digests(state: dict[str, Any]) -> None:  # async: on the pusher's thread, from the snapshot
+            events.emit("state_digest", step=step, digests=state_digests(state, list(state)))
 
         def take() -> dict[str, Any]:
             state = {name: obj.state_dict() for name, obj in self.tracked.items()}
@@ -336,12 +335,13 @@ class Session:
             def build() -> PendingCheckpoint:
                 snap = snapshot_state(take(), pool)
                 copied.append(snap.bytes)
-                return PendingCheckpoint(snap, self.work / "ckpt", step, meta)
+                return PendingCheckpoint(snap, self.work / "ckpt", step, meta, before_save=digests)
 
             blocked = self.pusher.submit_job(step, build)  # a place in the queue first: two snapshots at most
             nbytes = copied[0]
         else:
-            folder, manifest = save_local(take(), self.work / "ckpt", step, meta)
+            digests(state := take())
+            folder, manifest = save_local(state, self.work / "ckpt", step, meta)
             blocked = self.pusher.submit(folder, manifest)
             nbytes = manifest.total_bytes
         events.emit("save", step=step, bytes=nbytes, seconds=round(time.perf_counter() - began, 4),

@@ -84,17 +84,22 @@ def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(name: 
     assert len(fails) == 1 and "printed no preflight events" in fails[0], rehearsal.out[-1500:]
 
 
-def test_a_trainer_that_is_not_deterministic_falls_back_to_the_band_and_says_so(tmp_path: Path,
-                                                                               leg_tmp: Path) -> None:
+def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_path: Path,
+                                                                           leg_tmp: Path) -> None:
     """Weights drawn before any seed: every fresh start differs. The straight-through run
     disagrees with the resumed one from step 1; a second straight run disagrees with the
-    first, so the rung compares within the band instead -- and says why."""
+    first: that is a FAIL naming the step and the field, and the resumes are compared within
+    the band, said so."""
     root = copy_example("plain_loop", tmp_path)
     train = root / "train.py"
     train.write_text(train.read_text().replace("torch.manual_seed(args.seed)\n", "", 1))
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     checks = {c["name"]: c for c in res.json()["checks"]}
-    assert res.code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    assert "two straight-through runs differ at step 1" in checks["CPU determinism"]["detail"]
+    failed = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    assert res.code == 1 and set(failed) == {"CPU determinism"}, failed
+    assert "two straight-through runs differ at step 1: loss" in failed["CPU determinism"]
+    assert "trainer.deterministic: false" in failed["CPU determinism"]
     assert "not deterministic: band" in checks["resumed run = straight-through run"]["detail"]
+    status = {p["number"]: p for p in run_cli(["report", "--json"], cwd=root, timeout=600).json()["proofs"]}
+    assert status[4]["status"] == "FAIL" and "CPU determinism" in status[4]["summary"], status[4]

@@ -7,6 +7,7 @@ the store."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,75 @@ def test_the_batch_rng_reseeded_on_resume_draws_old_batches(tmp_path: Path, leg_
     report_fails(root, 2, 8)
 
 
+def report_status(root: Path) -> dict[int, tuple[str, str]]:
+    res = run_cli(["report", "--json"], cwd=root, timeout=600)
+    return {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
+
+
 def test_a_fresh_optimizer_state_breaks_bit_identity(tmp_path: Path, leg_tmp: Path) -> None:
+    """Optimizer not tracked: its state starts fresh each leg. Proof 3 cannot say whether it
+    was restored (MISSING, with the reason), and the exact replay sees the difference."""
     root = copy_example("flat_gpt", tmp_path)
     plant(root, "sess.track(model=model, optimizer=optimizer)", "sess.track(model=model)")
     code, checks = rehearse(root)
     bad = failed(checks)
     detail = bad["resumed run = straight-through run"]
     assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
+    status = report_status(root)
+    assert status[4][0] == "FAIL", status
+    assert status[3][0] == "MISSING" and "no optimizer is tracked" in status[3][1], status
+
+
+def test_an_optimizer_re_created_after_the_resume_is_named(tmp_path: Path, leg_tmp: Path) -> None:
+    """The tracked optimizer is restored, then the loop builds a new one and steps that: the LR
+    is set by hand each step, so the LR check holds; the tracked optimizer's step count does not."""
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n    optimizer = "
+          "torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.1)\n")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "the loop steps an optimizer the session does not track" in \
+        bad["leg 1: the tracked optimizer is the one stepping"], bad
+    assert checks["leg 1: LR follows the schedule"]["ok"]  # the LR alone would have passed it
+    status = report_status(root)
+    assert status[3][0] == "FAIL" and "does not track" in status[3][1], status
+
+
+def copy_asset(name: str, dest: Path) -> Path:
+    root = dest / name
+    shutil.copytree(Path(__file__).parent / "assets" / name, root)
+    assert run_cli(["review"], cwd=root).code == 0
+    return root
+
+
+def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path, leg_tmp: Path) -> None:
+    """nanoGPT's shape: the next batch is fetched right after the forward. Correct (the first
+    fetch after the resume): clean, with no change to the loop. The first fetch moved before
+    `sess.resume()`: every resume re-trains on leg 0's first batch, and the data check says so."""
+    good = copy_asset("prefetch", tmp_path / "good")
+    code, checks = rehearse(good)
+    assert code == 0, failed(checks)
+    assert checks["leg 1: exact data position (batch hashes)"]["ok"] and checks["leg 2: exact data position (batch hashes)"]["ok"]
+    bad_root = copy_asset("prefetch", tmp_path / "bad")
+    plant(bad_root, "iter_num = sess.resume()  # session\nX, Y = get_batch(iter_num)  # fetch the very first batch\n",
+          "X, Y = get_batch(0)  # fetch the very first batch\niter_num = sess.resume()  # session\n")
+    code, checks = rehearse(bad_root)
+    bad = failed(checks)
+    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
+    report_fails(bad_root, 2)
+
+
+def test_an_epoch_counter_restarted_on_resume_is_a_field_difference(tmp_path: Path, leg_tmp: Path) -> None:
+    """The loop counts epochs itself and the count restarts at 0 on every leg: the LR, the data
+    and the loss all hold; the `epoch` the resumed steps print differs from the straight run's."""
+    root = copy_example("plain_loop", tmp_path)
+    cfg = root / "launcher.yaml"  # 8 batches an epoch: leg 2 resumes (step 14) in epoch 1
+    cfg.write_text(cfg.read_text().replace("--ckpt-every 5", "--ckpt-every 5 --batch 32"))
+    plant(root, "for epoch in loader.epochs(args.epochs):\n", "for epoch, _ in enumerate(loader.epochs(args.epochs)):\n")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "epoch" in bad["printed fields = straight-through run"], bad
+    assert checks["resumed run = straight-through run"]["ok"]  # not the loss comparison that saw it
     report_fails(root, 4)
 
 

@@ -87,16 +87,28 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
     from launcher.resume_checks import (check_batches, check_loss, check_lr, check_sample_index,
                                         compare_straight, resumed_legs)
 
+    from launcher.state_checks import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
+                                       check_restored, check_state_straight)
+
     legs, straight = run.legs, (run.straight[0] if run.straight else None)
     found: list[tuple[int, Check]] = []
+    kinds = PROOF_KINDS[number]
+    measured: list[tuple[int, Check | None]] = [(legs[i].leg, check_restored(legs, i, kinds)) for i in resumed_legs(legs)]
+    if straight is not None and exact and resumed_legs(legs):
+        measured.append((legs[-1].leg, check_state_straight(legs, straight, kinds)))
     if number == 2:
         found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
         witness = check_sample_index(legs)
         if witness is not None and found:
             found.append((legs[-1].leg, witness))
+        if found:
+            measured.append((legs[-1].leg, check_fed_batch(legs)))
     elif number == 3:
         found = [(legs[i].leg, check_lr(legs, i, straight)) for i in resumed_legs(legs)]
+        measured += [(legs[i].leg, check_optimizer_in_use(legs, i)) for i in resumed_legs(legs)]
     elif number == 4:
+        if straight is not None and exact and resumed_legs(legs):
+            measured.append((legs[-1].leg, check_fields_straight(legs, straight)))
         rerun = [i for i in resumed_legs(legs) if any(s in {int(e["step"]) for ev in legs[:i] for _, e in ev.all("step")}
                                                       for s in (int(e["step"]) for _, e in legs[i].all("step")))]
         found = [(legs[i].leg, check_loss(legs, i, exact)) for i in rerun]
@@ -104,7 +116,10 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
             found.append((legs[-1].leg, compare_straight(legs, straight, exact)))
         elif not rerun:
             found = [(legs[i].leg, check_loss(legs, i, exact)) for i in resumed_legs(legs)]
-    return found
+    if number == 4 and legs:  # two straight-through runs that disagreed: the rung's finding stands here too
+        found += [(legs[-1].leg, Check(c["name"], False, c["detail"])) for c in run.row.get("checks", [])
+                  if c["name"] == "CPU determinism" and not c["ok"]]
+    return found + [(leg, c) for leg, c in measured if c is not None]
 
 
 def proof_resume_checks(number: int, runs: list[RunData], cfg: Config, cite: Evidence, never: list[NoResume]) -> Proof:

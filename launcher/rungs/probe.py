@@ -47,7 +47,7 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     if need_gpu:
         checks.append(check_device(second))
     from launcher.readback import check_leg_store
-    from launcher.resume_checks import timeline_checks
+    from launcher.state_checks import timeline_checks
 
     store = ctx.open_store()
     checks += [check_resumed(second.events, pushed_step), check_pushed(second.events)[0],

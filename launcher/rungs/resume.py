@@ -119,15 +119,19 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
 def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool,
                   steps: int) -> list[Check]:
     """The timeline's checks; if an exact comparison fails, first ask whether the trainer
-    reproduces itself: a second straight-through run settles it. One that does not is
-    compared within the band from then on, and the checks say so."""
-    from launcher.resume_checks import check_deterministic, timeline_checks
+    reproduces itself: a second straight-through run settles it. One that does not is a
+    finding (FAIL, naming the first step and field the two runs differ in), never a silent
+    fall-back: its resumes are then compared within the band, and the checks say so."""
+    from launcher.resume_checks import check_deterministic
+    from launcher.state_checks import timeline_checks
 
     found = timeline_checks(legs, straight, exact)
     if exact and straight is not None and not all(c.ok for c in found):
         repeat = run_leg(ctx, straight.leg + 1, steps, ending=Ending(straight=True))
         same = check_deterministic(straight, repeat.events)
         if not same.ok:
-            found = [Check("CPU determinism", True, same.detail + " (set trainer.deterministic: false to skip "
-                           "the exact comparison)", same.evidence)] + timeline_checks(legs, straight, exact=False)
+            found = [Check("CPU determinism", False, same.detail + ": an exact comparison cannot prove this "
+                           "trainer's resumes (seed everything before building the model and drawing data, or set "
+                           "trainer.deterministic: false to compare within a band)", same.evidence)] + \
+                timeline_checks(legs, straight, exact=False)
     return found

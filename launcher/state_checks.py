@@ -1,0 +1,213 @@
+"""Resume checks on what the session measured itself (runtime.evidence), not on what the
+loop handed it: the batch the model was fed, the optimizer that stepped, the digest of every
+tracked object's state, and every field a step event prints.
+
+- `check_fed_batch`: a step whose `batch=` is not among the tensors the tracked model was fed
+  (`step_batch_fed: false`) fails: the data checks hash what the model ate, and a loop that
+  hands `step()` another batch (a prefetch) is named, not trusted.
+- `check_optimizer_in_use`: the tracked optimizer must be the one stepping. Its step count
+  (`opt_steps`, a post-hook) must advance in a resumed leg; an optimizer re-created after the
+  resume leaves it at 0. Fewer steps than the session's (a GradScaler skipping an overflow)
+  pass, with both numbers said. No optimizer tracked: MISSING.
+- `check_restored`: each object's digest as loaded (the `resume` event) equals the digest
+  saved at that step (the pushing leg's `state_digest` event).
+- `check_state_straight` (CPU, exact): every digest at every checkpoint step of the surviving
+  timeline equals the straight-through run's at that step, for the state that is not a float
+  result of the model's arithmetic: schedulers, loaders, counters, `extra`, RNG streams. The
+  model's weights and the optimizer's moments are left to the loss comparison, at float32
+  resolution: a CPU BLAS may sum in another order from one process to the next (a 1e-6 loss
+  difference seen once in the 20-kill drill), and a digest has no resolution. An object
+  whose digest differs between leg 0 and the straight run before any resume is not
+  reproducible from one process to the next (an unseeded RNG stream, a wall-clock field): it
+  is left out, and named.
+- `check_fields_straight` (CPU): every other field a resumed step prints (epoch, counters,
+  metrics) equals the straight-through run's at that step; floats to float32 resolution.
+
+Which proof each digest check belongs to goes by the kind of the object (`PROOF_KINDS`):
+the loader's position is data (2), optimizer and scheduler are proof 3, the rest proof 4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.evidence import Check, LegEvents, surviving_timeline
+from launcher.resume_checks import (VARYING_FIELDS, check_batches, check_loss, check_lr, check_no_repeat,
+                                    check_sample_index, compare_straight, missing, resume_step, resumed_legs,
+                                    same_loss, steps_of)
+
+PROOF_KINDS: dict[int, frozenset[str]] = {2: frozenset({"data"}), 3: frozenset({"optimizer", "scheduler"}),
+                                          4: frozenset({"model", "other", "extra", "rng"})}
+FLOAT_STATE = frozenset({"model", "optimizer"})
+"""Compared with the straight run through the loss (to float32 resolution), not bit for bit."""
+
+
+def kind_of(name: str, tracked: dict[str, str]) -> str:
+    if name == "extra":
+        return "extra"
+    if name.startswith("rng."):
+        return "rng"
+    return tracked.get(name, "other")
+
+
+def tracked_kinds(legs: list[LegEvents]) -> dict[str, str] | None:
+    """name -> kind from the first `start` event that says (None: an older trainer said nothing)."""
+    for ev in legs:
+        start = ev.first("start")
+        if start is not None and isinstance(start[1].get("tracked"), dict):
+            return start[1]["tracked"]
+    return None
+
+
+def _digests_at(ev: LegEvents, upto: int | None = None) -> dict[int, tuple[int, dict[str, Any]]]:
+    return {int(e["step"]): (n, e) for n, e in ev.all("state_digest") if upto is None or int(e["step"]) <= upto}
+
+
+# --- the batch the model ate ----------------------------------------------------------
+
+def check_fed_batch(legs: list[LegEvents]) -> Check | None:
+    """No step handed `step(batch=...)` a batch the model was not fed. None: nothing to check."""
+    seen = [(ev, n, e) for ev in legs for n, e in ev.all("step") if "step_batch_fed" in e]
+    if not seen:
+        return None
+    name = "the batch given to step() is the one the model was fed"
+    for ev, n, e in seen:
+        if e["step_batch_fed"] is False:
+            return Check(name, False, f"leg {ev.leg} step {e['step']}: the batch given to step() is not the one the "
+                         "model was fed (a batch fetched ahead of its step?); the data checks use the fed one",
+                         ev.pointer((n, e)))
+    return Check(name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs")
+
+
+# --- the optimizer in use ---------------------------------------------------------------
+
+def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
+    """Resumed leg i: the tracked optimizer stepped. None: an older trainer printed nothing."""
+    ev = legs[i]
+    name = f"leg {ev.leg}: the tracked optimizer is the one stepping"
+    tracked = tracked_kinds([ev])
+    if tracked is None:
+        return None
+    if "optimizer" not in tracked.values():
+        return missing(name, f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
+                       "optimizer state was restored cannot be checked; `sess.track(optimizer=...)`")
+    steps = [e for _, e in ev.all("step")]
+    start = resume_step(ev) or 0
+    if not steps or "opt_steps" not in steps[-1]:
+        return missing(name, f"leg {ev.leg}'s step events carry no opt_steps")
+    trained, stepped = int(steps[-1]["step"]) - start, int(steps[-1]["opt_steps"])
+    if trained > 0 and stepped == 0:
+        return Check(name, False, f"the loop steps an optimizer the session does not track: {trained} steps since "
+                     f"the resume at step {start}, 0 steps of the tracked optimizer (re-created after the resume?)",
+                     ev.pointer(ev.last("step")))
+    note = "" if stepped == trained else " (some steps skipped: a GradScaler's overflow?)"
+    return Check(name, True, f"{stepped} steps of the tracked optimizer in {trained} steps since the resume at "
+                 f"step {start}{note}", ev.pointer(ev.last("step")))
+
+
+# --- state digests ----------------------------------------------------------------------
+
+def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Check | None:
+    """Resumed leg i: each object (of `kinds`) as loaded has the digest saved at that step."""
+    ev = legs[i]
+    resume = ev.first("resume")
+    tracked = tracked_kinds(legs) or {}
+    loaded = {k: v for k, v in ((resume[1].get("digests") or {}) if resume else {}).items()
+              if kind_of(k, tracked) in kinds}
+    if resume is None or not loaded:
+        return None
+    step = int(resume[1]["from_step"])
+    saved = next((d for d in (_digests_at(e).get(step) for e in reversed(legs[:i])) if d is not None), None)
+    name = f"leg {ev.leg}: {', '.join(sorted(loaded))} loaded as saved (state digests)"
+    if saved is None:
+        return missing(name, f"no earlier leg printed the state digests of step {step}")
+    wrong = [k for k in sorted(loaded) if k in saved[1]["digests"] and saved[1]["digests"][k] != loaded[k]]
+    if wrong:
+        return Check(name, False, f"{wrong[0]} as loaded at step {step} differs from what was saved there "
+                     f"({loaded[wrong[0]][:12]} vs {saved[1]['digests'][wrong[0]][:12]}): the restore changed it",
+                     ev.pointer(resume))
+    return Check(name, True, f"{len(loaded)} objects at step {step}: each as loaded = as saved", ev.pointer(resume))
+
+
+def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: frozenset[str]) -> Check | None:
+    """Every checkpoint's digests (objects of `kinds`) on the surviving timeline = the straight run's."""
+    tracked = tracked_kinds(legs) or {}
+    ref = _digests_at(straight)
+    if not ref:
+        return None
+    timeline = surviving_timeline(legs)
+    got: dict[int, tuple[LegEvents, tuple[int, dict[str, Any]]]] = {}
+    for ev, nxt in zip(timeline, timeline[1:] + [None]):
+        for s, item in _digests_at(ev, resume_step(nxt) if nxt is not None else None).items():
+            got[s] = (ev, item)
+    first_resume = resume_step(legs[1]) if len(legs) > 1 else None
+    unstable = {k for s, (ev, (_, e)) in got.items() if ev.leg == legs[0].leg and (first_resume is None or s <= first_resume)
+                and s in ref for k, v in e["digests"].items() if ref[s][1]["digests"].get(k) not in (None, v)}
+    names = sorted({k for _, (_, (_, e)) in got.items() for k in e["digests"]
+                    if kind_of(k, tracked) in kinds - FLOAT_STATE and k not in unstable})
+    label = ", ".join(sorted({kind_of(k, tracked) for k in names})) or "/".join(sorted(kinds))
+    name = f"state digests = straight-through run ({label})"
+    if not names:
+        return None
+    left = f"; left out, not reproducible from one process to the next: {sorted(unstable)}" if unstable else ""
+    for s in sorted(set(got) & set(ref)):
+        ev, (n, e) = got[s]
+        for k in names:
+            a, b = e["digests"].get(k), ref[s][1]["digests"].get(k)
+            if a is not None and b is not None and a != b:
+                return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {k}'s state {a[:12]} vs "
+                             f"{b[:12]} in the straight-through run{left}", ev.pointer((n, e)) + straight.pointer(ref[s]))
+    both = sorted(set(got) & set(ref))
+    if not both:
+        return missing(name, "no checkpoint step in common with the straight-through run")
+    return Check(name, True, f"{len(names)} objects ({', '.join(names)}) identical at {len(both)} checkpoint steps "
+                 f"{both[0]}..{both[-1]}{left}", straight.pointer(ref[both[-1]]))
+
+
+# --- every printed field -----------------------------------------------------------------
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and same_loss(float(a), float(b))
+    return a == b
+
+
+def check_fields_straight(legs: list[LegEvents], straight: LegEvents, vary: frozenset[str] = frozenset()) -> Check | None:
+    """Every field both a resumed step and the straight run's same step print, beyond the
+    timings and the ones compare_straight compares, agrees. None: no such field."""
+    ref = steps_of(straight)
+    fields: set[str] = set()
+    seq = [(ev, s, item) for ev in surviving_timeline(legs)[1:] for s, item in sorted(steps_of(ev).items())]
+    for ev, s, (n, e) in seq:
+        if s in ref:
+            fields |= (set(e) & set(ref[s][1])) - VARYING_FIELDS - vary
+    if not fields:
+        return None
+    name = "printed fields = straight-through run"
+    for ev, s, (n, e) in seq:
+        if s not in ref:
+            continue
+        for key in sorted(fields):
+            if key in e and key in ref[s][1] and not _same(e[key], ref[s][1][key]):
+                return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {key} {e[key]!r} vs "
+                             f"{ref[s][1][key]!r} in the straight-through run", ev.pointer((n, e)) + straight.pointer(ref[s]))
+    return Check(name, True, f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)")
+
+
+# --- every resume check of one run ------------------------------------------------------
+
+def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:
+    """The data, LR and loss checks of every resume of one run, plus the whole timeline's."""
+    checks: list[Check | None] = []
+    for i in resumed_legs(legs):
+        checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact)]
+        in_use = check_optimizer_in_use(legs, i)
+        checks.append(None if in_use is None or in_use.missing else in_use)  # MISSING is the report's to say (proof 3)
+        checks += [check_restored(legs, i, kinds) for kinds in PROOF_KINDS.values()]
+    checks += [check_no_repeat(legs, straight), check_sample_index(legs), check_fed_batch(legs)]
+    if straight is not None:
+        checks.append(compare_straight(legs, straight, exact))
+        if exact:
+            checks.append(check_fields_straight(legs, straight))
+            checks += [check_state_straight(legs, straight, kinds) for kinds in PROOF_KINDS.values()]
+    return [c for c in checks if c is not None]

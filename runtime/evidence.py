@@ -1,0 +1,132 @@
+"""The session's own evidence of each step and each checkpoint, measured, not declared.
+
+- **The batch the model ate** (`runtime.batches.FedInputs`): a step's `batch_hash` is the
+  digest of the tracked model's training-forward inputs (`batch_from: "forward"`). A
+  `step(batch=...)` becomes a cross-check (`step_batch_fed`: every tensor given was among those
+  fed). A loop whose model is not tracked, or never runs a training forward, falls back to the
+  `batch=` digest (`batch_from: "step"`).
+- **The optimizer in use**: a step post-hook on each tracked optimizer counts its steps
+  (`opt_steps`, cumulative in this leg). An optimizer re-created after the resume is not the
+  tracked one: its steps do not count, and the launcher says so.
+- **State digests** (`state_digests`): per tracked object (model, optimizer, scheduler, loader,
+  `extra`, each RNG stream) a digest of its saved state, at every checkpoint (the `state_digest`
+  event, computed in the background from the snapshot, off the critical path) and of each
+  object as loaded at a resume (the `resume` event's `digests`). On a CPU every digest at every
+  checkpoint step must equal the straight-through run's: a counter or a plateau scheduler that
+  diverges shows in the state the moment it diverges, before any loss does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import numpy as np
+import torch
+
+from runtime.batches import FedInputs, batch_digest, given_was_fed, tensor_digests
+
+KINDS = ("model", "optimizer", "scheduler", "data", "other")
+
+
+def kind_of(obj: Any) -> str:
+    """What a tracked object is, for the report's proofs (2 data, 3 optimizer/scheduler, 4 the rest)."""
+    declared = getattr(obj, "state_kind", None)
+    if declared in KINDS:
+        return declared
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        return "scheduler"
+    if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "sample_index"):
+        return "data"
+    return "other"
+
+
+class StepEvidence:
+    """Hooks on the tracked objects; the evidence fields of each step event."""
+
+    def __init__(self) -> None:
+        self.fed = FedInputs()
+        self.opt_steps = 0
+        self.kinds: dict[str, str] = {}
+
+    def watch(self, name: str, obj: Any) -> None:
+        self.kinds[name] = kind = kind_of(obj)
+        if isinstance(obj, torch.nn.Module):
+            self.fed.watch(obj)
+        if kind == "optimizer" and isinstance(obj, torch.optim.Optimizer):
+            obj.register_step_post_hook(self._stepped)
+
+    def _stepped(self, *_: Any) -> None:
+        self.opt_steps += 1
+
+    def step_fields(self, batch: Any) -> dict[str, Any]:
+        """`batch_hash` (and where it came from), the `batch=` cross-check, `opt_steps`."""
+        fed, fed_tensors = self.fed.take(), self.fed.fed_tensors()
+        out: dict[str, Any] = {}
+        if fed is not None:
+            out.update(batch_hash=fed, batch_from="forward")
+            if batch is not None and (fed_ok := given_was_fed(tensor_digests(batch), fed_tensors)) is not None:
+                out["step_batch_fed"] = fed_ok
+        elif batch is not None and (given := batch_digest(batch)) is not None:
+            out.update(batch_hash=given, batch_from="step")
+        if any(kind == "optimizer" for kind in self.kinds.values()):
+            out["opt_steps"] = self.opt_steps
+        return out
+
+
+# --- state digests ---------------------------------------------------------------------
+
+def _feed(h: Any, value: Any) -> None:
+    """A canonical walk of a state: every key, type, shape and byte, in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        if t.numel():
+            h.update(memoryview(t.numpy()).cast("B"))
+    elif isinstance(value, np.ndarray):
+        h.update(f"A{value.dtype}{value.shape}".encode())
+        h.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+    elif isinstance(value, dict):
+        h.update(b"D%d" % len(value))
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode() + b":")
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(b"L%d" % len(value))
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, float):
+        h.update(b"F" + struct.pack("<d", value))
+    elif isinstance(value, (bool, int, str, bytes, type(None))):
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+    elif callable(value):  # a schedule's lambda: its identity is not state
+        h.update(b"callable")
+    else:
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+
+
+def state_digest(value: Any) -> str:
+    """sha256 (hex, 32 chars) of one object's saved state, canonical and exact."""
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()[:32]
+
+
+def state_digests(state: dict[str, Any], names: list[str]) -> dict[str, str]:
+    """A digest per tracked object and for `extra`; per RNG stream over every rank's state
+    (`rng.<stream>`)."""
+    out = {name: state_digest(state[name]) for name in names if name in state and name not in ("rng", "step", "tokens")}
+    rngs = state.get("rng") or []
+    for stream in sorted({k for r in rngs if isinstance(r, dict) for k in r}):
+        out[f"rng.{stream}"] = state_digest([r.get(stream) for r in rngs if isinstance(r, dict)])
+    return out

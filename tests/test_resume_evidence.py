@@ -1,0 +1,176 @@
+"""The session's own evidence (runtime.evidence) and the checks that read it
+(launcher.state_checks), on real torch objects and on event logs written here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from launcher.evidence import LegEvents
+from launcher.state_checks import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
+                                   check_restored, check_state_straight)
+from runtime.contract import check_event
+from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_step_hashes_what_the_model_was_fed_not_what_step_was_given() -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ev = StepEvidence()
+    ev.watch("model", model)
+    ev.watch("optimizer", opt)
+    x, nxt = torch.randn(3, 4), torch.randn(3, 4)
+
+    def train(batch: torch.Tensor) -> None:
+        model(batch).sum().backward()
+        opt.step()
+
+    train(x)
+    first = ev.step_fields(x)
+    assert first["batch_from"] == "forward" and first["step_batch_fed"] is True and first["opt_steps"] == 1
+    train(x)
+    prefetched = ev.step_fields(nxt)  # a loop that fetched the next batch before calling step()
+    assert prefetched["batch_hash"] == first["batch_hash"] and prefetched["step_batch_fed"] is False
+    model.eval()
+    model(x)  # an evaluation forward is not the step's batch
+    model.train()
+    with torch.no_grad():
+        model(x)
+    fallback = ev.step_fields(nxt)
+    assert fallback["batch_from"] == "step" and fallback["batch_hash"] != first["batch_hash"]
+    assert "step_batch_fed" not in fallback and fallback["opt_steps"] == 2
+    tokens = torch.randint(0, 9, (2, 4)).numpy().astype("uint16")  # token ids as read, widened for the model
+    emb = torch.nn.Embedding(9, 2)
+    ev.watch("emb", emb)
+    emb(torch.from_numpy(tokens.astype("int64"))).sum().backward()
+    assert ev.step_fields(tokens)["step_batch_fed"] is True
+    emb(torch.from_numpy(tokens.astype("int64"))).sum().backward()
+    assert "step_batch_fed" not in ev.step_fields(torch.rand(3, 3))  # nothing of that kind and shape was fed
+    model(x).sum().backward()  # two micro-batches of one step: both count, in order
+    model(nxt).sum().backward()
+    two = ev.step_fields(None)
+    assert two["batch_hash"] not in (first["batch_hash"], fallback["batch_hash"])
+
+
+def test_kinds_of_tracked_state() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+
+    class Cursor:
+        state_kind = "data"
+
+    assert [kind_of(o) for o in (model, opt, sched, plateau, Cursor(), object())] == \
+        ["model", "optimizer", "scheduler", "scheduler", "data", "other"]
+
+
+def test_a_state_digest_is_exact_and_canonical() -> None:
+    model = torch.nn.Linear(3, 3)
+    state = {"w": model.state_dict(), "n": 3, "f": 0.1, "b": torch.ones(2, dtype=torch.bfloat16), "fn": len}
+    same = {"fn": len, "b": torch.ones(2, dtype=torch.bfloat16), "f": 0.1, "n": 3, "w": model.state_dict()}
+    assert state_digest(state) == state_digest(same)  # key order is not state
+    assert state_digest({**state, "f": 0.10000000000000002}) != state_digest(state)  # one ulp of a float
+    assert state_digest({**state, "n": 4}) != state_digest(state)
+    got = state_digests({"model": {"w": torch.zeros(2)}, "extra": {"h": 1}, "step": 5, "tokens": 9,
+                         "rng": [{"torch": torch.zeros(3), "python": (1, 2)}, {"torch": torch.ones(3)}]},
+                        ["model", "extra", "step", "tokens", "rng"])
+    assert set(got) == {"model", "extra", "rng.torch", "rng.python"}
+
+
+def test_one_ulp_of_one_weight_changes_the_digest() -> None:
+    w = torch.zeros(4)
+    before = state_digest({"w": w.clone()})
+    w[2] = torch.nextafter(w[2], torch.tensor(1.0))
+    assert state_digest({"w": w}) != before
+
+
+# --- the checks, on event logs -----------------------------------------------------------
+
+def leg(n: int, *events: dict[str, Any]) -> LegEvents:
+    return LegEvents(n, Path(f"leg-{n}.log"), [(i + 1, {"rank": 0, "t": 0.0, **e}) for i, e in enumerate(events)])
+
+
+def step(s: int, **fields: Any) -> dict[str, Any]:
+    return {"event": "step", "step": s, "loss": 1.0, "lr": 0.1, **fields}
+
+
+TRACKED = {"event": "start", "tracked": {"model": "model", "optimizer": "optimizer", "sched": "scheduler"}}
+
+
+def test_the_optimizer_in_use() -> None:
+    resumed = [leg(0, TRACKED, step(1, opt_steps=1)),
+               leg(1, TRACKED, {"event": "resume", "from_step": 1}, step(2, opt_steps=0), step(3, opt_steps=0))]
+    bad = check_optimizer_in_use(resumed, 1)
+    assert bad is not None and not bad.ok and "does not track: 2 steps since the resume at step 1, 0 steps" in bad.detail
+    resumed[1] = leg(1, TRACKED, {"event": "resume", "from_step": 1}, step(2, opt_steps=1), step(3, opt_steps=2))
+    good = check_optimizer_in_use(resumed, 1)
+    assert good is not None and good.ok and "2 steps of the tracked optimizer in 2 steps" in good.detail
+    untracked = [leg(0), leg(1, {"event": "start", "tracked": {"model": "model"}}, {"event": "resume", "from_step": 1},
+                             step(2))]
+    absent = check_optimizer_in_use(untracked, 1)
+    assert absent is not None and absent.missing and "no optimizer is tracked" in absent.detail
+    assert check_optimizer_in_use([leg(0), leg(1, {"event": "start"}, step(2))], 1) is None  # an older trainer
+
+
+def test_restoration_is_proved_by_digests() -> None:
+    saved = {"event": "state_digest", "step": 5, "digests": {"model": "m5", "optimizer": "o5", "sched": "s5"}}
+    legs = [leg(0, TRACKED, saved),
+            leg(1, TRACKED, {"event": "resume", "from_step": 5, "digests": {"model": "m5", "optimizer": "oX",
+                                                                            "sched": "s5"}}, step(6))]
+    bad = check_restored(legs, 1, PROOF_KINDS[3])
+    assert bad is not None and not bad.ok and "optimizer as loaded at step 5 differs" in bad.detail
+    good = check_restored(legs, 1, PROOF_KINDS[4])
+    assert good is not None and good.ok and "model" in good.name
+    assert check_restored(legs, 1, PROOF_KINDS[2]) is None  # no data object tracked
+
+
+def test_state_digests_against_the_straight_run() -> None:
+    def digests(s: int, **d: str) -> dict[str, Any]:
+        return {"event": "state_digest", "step": s, "digests": d}
+
+    legs = [leg(0, TRACKED, digests(5, model="m5", sched="s5", **{"rng.python": "p0"})),
+            leg(1, TRACKED, {"event": "resume", "from_step": 5}, digests(10, model="m10", sched="sX",
+                                                                        **{"rng.python": "p1"}))]
+    straight = leg(9, TRACKED, digests(5, model="m5", sched="s5", **{"rng.python": "pS"}),
+                   digests(10, model="m10", sched="s10", **{"rng.python": "pT"}))
+    bad = check_state_straight(legs, straight, PROOF_KINDS[3])
+    assert bad is not None and not bad.ok and "step 10 (leg 1): sched's state" in bad.detail
+    rng = check_state_straight(legs, straight, PROOF_KINDS[4])
+    # the python stream differed before any resume (unseeded): left out and named, not a failure;
+    # the model's weights go by the loss (float32 resolution), not by digest
+    assert rng is None
+    legs[1].items.append((9, {"event": "state_digest", "rank": 0, "step": 12, "digests": {"extra": "e1"}}))
+    straight.items.append((9, {"event": "state_digest", "rank": 0, "step": 12, "digests": {"extra": "e2"}}))
+    extra = check_state_straight(legs, straight, PROOF_KINDS[4])
+    assert extra is not None and not extra.ok and "step 12 (leg 1): extra's state" in extra.detail
+    assert "left out, not reproducible from one process to the next: ['rng.python']" in extra.detail
+
+
+def test_every_printed_field_is_compared() -> None:
+    legs = [leg(0, step(1, epoch=0, acc=0.5)),
+            leg(1, {"event": "resume", "from_step": 1}, step(2, epoch=0, acc=0.25 + 1e-9, step_s=9.0))]
+    straight = leg(9, step(1, epoch=0, acc=0.5), step(2, epoch=1, acc=0.25, step_s=0.1))
+    bad = check_fields_straight(legs, straight)
+    assert bad is not None and not bad.ok and "step 2 (leg 1): epoch 0 vs 1" in bad.detail
+    straight = leg(9, step(1, epoch=0, acc=0.5), step(2, epoch=0, acc=0.25, step_s=0.1))
+    good = check_fields_straight(legs, straight)
+    assert good is not None and good.ok and "acc, epoch" in good.detail  # timings are not compared
+
+
+def test_a_step_given_another_batch_than_the_model_ate() -> None:
+    legs = [leg(0, step(1, step_batch_fed=True)), leg(1, step(2, step_batch_fed=False))]
+    bad = check_fed_batch(legs)
+    assert bad is not None and not bad.ok and "leg 1 step 2: the batch given to step() is not the one" in bad.detail
+    assert check_fed_batch([leg(0, step(1))]) is None
+
+
+def test_the_new_fields_are_typed_in_the_contract() -> None:
+    assert check_event({"event": "state_digest", "step": 1, "digests": {"model": "ab"}}) is None
+    assert "digests" in (check_event({"event": "state_digest", "step": 1, "digests": {"model": 3}}) or "")
+    assert "opt_steps" in (check_event({"event": "step", "step": 1, "loss": 1.0, "lr": 0.1, "opt_steps": "x"}) or "")
