@@ -97,9 +97,13 @@ def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     checks = {c["name"]: c for c in res.json()["checks"]}
     failed = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    assert res.code == 1 and set(failed) == {"CPU determinism"}, failed
+    # The finding, whatever the band says: a trainer that is random on every start may also land
+    # outside the band on a resume (seen: a 0.249 loss drop across a restart against a band of
+    # 0.245), so the band checks may fail too; every other check must hold.
+    band = {"resumed run = straight-through run"} | {f"leg {i}: loss continuity" for i in (1, 2)}
+    assert res.code == 1 and "CPU determinism" in failed and set(failed) <= {"CPU determinism"} | band, failed
     assert "two straight-through runs differ at step 1: loss" in failed["CPU determinism"]
     assert "trainer.deterministic: false" in failed["CPU determinism"]
-    assert "not deterministic: band" in checks["resumed run = straight-through run"]["detail"]
+    assert "band" in checks["resumed run = straight-through run"]["detail"]
     status = {p["number"]: p for p in run_cli(["report", "--json"], cwd=root, timeout=600).json()["proofs"]}
     assert status[4]["status"] == "FAIL" and "CPU determinism" in status[4]["summary"], status[4]
