@@ -66,8 +66,15 @@ def test_over_quota_is_refused_with_the_arithmetic(project: Path) -> None:
 def test_allow_overdraft_launches_and_is_recorded(project: Path) -> None:
     set_quota(project, gpu_hours=1)
     add_billed_run(project, 0.8)
+    # What is checked is the guard's record, not the training: a trainer that exits at once is one
+    # short leg (a leg that prints nothing ends the rung), launched and billed like any other.
+    (project / "train.py").write_text("import sys\nsys.exit(1)\n")
+    assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "smoke", "--gpus", "T4:1", "--allow-overdraft", "--json"], cwd=project)
-    assert res.code == 1  # it ran (on CPU: smoke's device check says no)
+    assert res.code == 1  # it ran: its one leg said nothing and exited 1
+    with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
+        legs = db.execute("SELECT COUNT(*), SUM(billed_gpu_hours) FROM legs").fetchone()
+    assert legs[0] == 1 and legs[1] > 0
     with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
         overdraft, arithmetic, settled, how = db.execute(
             "SELECT overdraft, arithmetic, settled_gpu_hours, settled_how FROM reservations").fetchone()
