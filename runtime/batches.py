@@ -128,23 +128,22 @@ class FedInputs:
         """Per forward: its digest (str), or a (host copies, done-event) pair still to hash."""
         self.tensors: dict[Signature, set[str]] = {}
         """Every fed tensor's own digest this step, by kind and shape (the `batch=` cross-check)."""
-        self.handles: list[Any] = []
 
     def watch(self, module: torch.nn.Module) -> None:
-        self.handles.append(module.register_forward_pre_hook(self._hook, with_kwargs=True))
+        module.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
-        fed = {"args": list(args), **kwargs}
-        if any(t.device.type != "cpu" for _, t in _tensors(fed) if isinstance(t, torch.Tensor)):
+        items = list(_tensors({"args": list(args), **kwargs}))
+        if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in items):
             copies = [(path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)
-                      for path, t in _tensors(fed)]
+                      for path, t in items]
             done = torch.cuda.Event()
             done.record()
             self.parts.append((copies, done))
         else:
-            self.parts.append(self._digest([(path, t) for path, t in _tensors(fed)]))
+            self.parts.append(self._digest(items))
 
     def _digest(self, items: list[tuple[str, Any]]) -> str:
         for sig, digests in tensor_digests([t for _, t in items]).items():

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.batches import FedInputs, batch_digest, given_was_fed, tensor_digests
+from runtime.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
 
 KINDS = ("model", "optimizer", "scheduler", "data", "other")
 
@@ -84,18 +84,11 @@ class StepEvidence:
 def _feed(h: Any, value: Any) -> None:
     """A canonical walk of a state: every key, type, shape and byte, in a fixed order."""
     if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)
-        if t.numel():
-            h.update(memoryview(t.numpy()).cast("B"))
+        h.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        h.update(_bytes_of(value))  # the batch hash's bytes: on the host, contiguous, bf16 as int16
     elif isinstance(value, np.ndarray):
         h.update(f"A{value.dtype}{value.shape}".encode())
-        h.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+        h.update(_bytes_of(value))
     elif isinstance(value, dict):
         h.update(b"D%d" % len(value))
         for key in sorted(value, key=repr):
