@@ -186,6 +186,8 @@ def _step_of(line: str) -> int | None:
 class LegOutcome:
     result: LegResult
     events: LegEvents
+    acted_at: float | None = None
+    """When the launcher sent the leg's planned stop (the SIGTERM, or the freeze of a hold)."""
 
 
 class _Watch:
@@ -199,6 +201,7 @@ class _Watch:
         self.spoke = threading.Event()
         self.started: list[LegHandle] = []
         self.sent: set[str] = set()
+        self.acted_at: float | None = None
 
     def on_line(self, line: str) -> None:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg
@@ -219,10 +222,12 @@ class _Watch:
             return
         if ending.sigterm_at is not None and step >= ending.sigterm_at and "term" not in self.sent:
             self.sent.add("term")
+            self.acted_at = time.time()
             ctx.backend.terminate(self.started[0])
         if ending.hold_at is not None and step >= ending.hold_at and "hold" not in self.sent and \
                 ctx.backend.can_freeze:
             self.sent.add("hold")
+            self.acted_at = time.time()
             ctx.backend.freeze(self.started[0])
             ctx.show(leg, f"launcher: leg {leg} held at step {step} until its deadline is due\n")
             time.sleep(max(0.0, self.deadline - 5.0 - time.time() + 0.5))
@@ -301,7 +306,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
         ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
                            killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
                            cost_usd=cost, cost_source=source, placement=result.placement)
-    return LegOutcome(result, LegEvents.read(leg, log_path))
+    return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at)
 
 
 def ledger_run_row(ctx: RunContext, review_id: int | None, files_digest: str, config_sha: str) -> dict[str, Any]:

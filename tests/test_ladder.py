@@ -93,3 +93,29 @@ def test_a_deadline_after_the_resume_only_ever_brings_the_deadline_sooner() -> N
         assert resumed_deadline(2000.0, {DEADLINE_AFTER_RESUME: bad}, now=1000.0) == 2000.0
     assert DEADLINE_AFTER_RESUME not in leg_env(run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29,
                                                 deadline=2000.0, files_sha256={}, on_gpu=True)
+
+
+def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_the_launcher() -> None:
+    """`leg N stopped on sigterm` fails either way; its detail says, from the trainer's own step
+    times, whether the trainer went on after the SIGTERM went out (its bug) or had printed its
+    last step before it did (the rung needs more steps)."""
+    from launcher.backends.base import LegResult
+    from launcher.evidence import LegEvents
+    from launcher.legs import Ending, LegOutcome
+    from launcher.rungs.resume import check_ending
+
+    steps = [(n, {"event": "step", "step": n, "t": 100.0 + n}) for n in range(1, 13)]
+    stop = [(13, {"event": "stop", "step": 12, "reason": "max_steps", "t": 112.5})]
+    result = LegResult(0, 100.0, 113.0, False, "exit 0")
+    events = LegEvents(0, Path("leg-0.log"), steps + stop)
+    ending = Ending(sigterm_at=6)
+    ignored = check_ending(LegOutcome(result, events, acted_at=106.2), ending)
+    assert ignored is not None and not ignored.ok
+    assert "SIGTERM went out at step 6, and the trainer went on to step 12" in ignored.detail, ignored.detail
+    outran = check_ending(LegOutcome(result, events, acted_at=112.2), ending)
+    assert outran is not None and not outran.ok and "outran the launcher" in outran.detail, outran.detail
+    never = check_ending(LegOutcome(result, events), ending)
+    assert never is not None and "never sent SIGTERM" in never.detail, never.detail
+    honoured = LegEvents(0, Path("leg-0.log"), steps[:7] + [(8, {"event": "stop", "step": 7, "reason": "sigterm"})])
+    passed = check_ending(LegOutcome(result, honoured, acted_at=106.2), ending)
+    assert passed is not None and passed.ok and "went out" not in passed.detail

@@ -115,6 +115,49 @@ def test_kill_takes_the_process_group_and_the_disk(tmp_path: Path) -> None:
         pytest.fail("a child of the killed leg survived")
 
 
+def test_sigterm_reaches_every_process_of_the_leg_once(tmp_path: Path) -> None:
+    """terminate signals the leader's group first, then what the /proc scan finds beyond it
+    (a worker in a session of its own, as torchrun starts them): each gets one SIGTERM, not
+    two (to many trainers a second one means "die now")."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    script = tmp_path / "family.py"
+    script.write_text(
+        "import os, pathlib, signal, subprocess, sys, time\n"
+        f"COUNTS = pathlib.Path({str(counts)!r})\n"
+        "def counting(name):\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: open(COUNTS / name, 'a').write('x'))\n"
+        "if len(sys.argv) > 1:\n"
+        "    counting(sys.argv[1])\n"
+        "    open(COUNTS / (sys.argv[1] + '.up'), 'w').close()\n"
+        "    while True: time.sleep(0.05)\n"
+        "counting('leader')\n"
+        "subprocess.Popen([sys.executable, __file__, 'grouped'])\n"
+        "subprocess.Popen([sys.executable, __file__, 'own-session'], start_new_session=True)\n"
+        "while len(list(COUNTS.glob('*.up'))) < 2: time.sleep(0.05)\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.05)\n")
+    files = {"family.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
+    backend = LocalBackend(root=tmp_path / "legs")
+    lines: list[str] = []
+    handle = backend.launch(spec(tmp_path, 0, ("python", "family.py"), files=files), on_line=lines.append)
+    try:
+        deadline = time.time() + 30
+        while "ready\n" not in lines and time.time() < deadline:
+            time.sleep(0.05)
+        assert "ready\n" in lines, lines
+        backend.terminate(handle)
+        names = ("leader", "grouped", "own-session")
+        deadline = time.time() + 10
+        while not all((counts / n).exists() for n in names) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # room for a second delivery, were there one
+        assert {n: (counts / n).read_text() if (counts / n).exists() else "" for n in names} == \
+            {n: "x" for n in names}
+    finally:
+        backend.kill(handle, reason="test over")
+
+
 def test_staging_refuses_bytes_that_changed(tmp_path: Path) -> None:
     files = staged(tmp_path)
     (tmp_path / "probe.py").write_text(PROBE + "\n# edited after the guard\n")

@@ -154,13 +154,13 @@ class LocalBackend(Backend):
         """SIGSTOP every process of the leg: it stops at this instant (a drill kills it next)."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP)
+            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGSTOP, group_first=True)
 
     def thaw(self, handle: LegHandle) -> None:
         """SIGCONT every process of a frozen leg: it goes on from where it stood."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGCONT)
+            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGCONT, group_first=True)
 
     def terminate(self, handle: LegHandle) -> None:
         """SIGTERM to every process of the leg at once, as a machine shutting down sends it: the
@@ -170,7 +170,7 @@ class LocalBackend(Backend):
         before its ranks heard of it."""
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
-            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGTERM)
+            leash.signal_leg(handle.token, handle.proc.pid, signal.SIGTERM, group_first=True)
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         """Every process of the leg dies (torchrun's workers too), then its disk goes."""

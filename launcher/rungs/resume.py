@@ -63,9 +63,28 @@ def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
         return None
     stop = out.events.last("stop")
     got = stop[1].get("reason") if stop else None
-    return Check(f"leg {out.events.leg} stopped on {want}", got == want,
-                 f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}",
-                 out.events.pointer(stop))
+    detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
+    if got != want:
+        detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")
+    return Check(f"leg {out.events.leg} stopped on {want}", got == want, detail, out.events.pointer(stop))
+
+
+def _outran(out: LegOutcome, action: str) -> str:
+    """Where the trainer stood when the launcher's stop went out, from its own step times: a
+    trainer that ignored it, or one whose steps outran the launcher (then the stop was never
+    exercised, and the rung needs more steps, not a fix in the trainer)."""
+    if out.acted_at is None:
+        return f"; the launcher never sent {action} (rank 0 never printed the step it waits for)"
+    steps = [(int(e["step"]), float(e["t"])) for _, e in out.events.all("step")
+             if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)]
+    before = [s for s, t in steps if t <= out.acted_at]
+    if not before or not steps:
+        return ""
+    at, last = max(before), max(s for s, _ in steps)
+    if at >= last:
+        return (f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
+                f"outran the launcher, so the stop was never exercised; give the rung more steps")
+    return f"; {action} went out at step {at}, and the trainer went on to step {last}"
 
 
 def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
