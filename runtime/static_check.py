@@ -15,12 +15,14 @@ instead of the script fails here: the guide's E-037).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -115,15 +117,116 @@ class _Parsed(BaseException):
         self.namespace = namespace
 
 
-def run_to_parse(kind: str, target: str, args: list[str]) -> dict[str, Any]:
+def configurator_of(kind: str, target: str) -> str | None:
+    """The file a script execs at module level to read its command line, nanoGPT's
+    `exec(open("configurator.py").read())` (None: no such statement)."""
+    source = _entry_source(kind, target)
+    if source is None:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "exec"
+                and len(call.args) == 1):
+            continue
+        read = call.args[0]  # open("x").read()
+        if isinstance(read, ast.Call) and isinstance(read.func, ast.Attribute) and read.func.attr == "read":
+            opened = read.func.value
+            if isinstance(opened, ast.Call) and isinstance(opened.func, ast.Name) and opened.func.id == "open" \
+                    and opened.args and isinstance(opened.args[0], ast.Constant) and isinstance(opened.args[0].value, str):
+                return opened.args[0].value
+    return None
+
+
+def _entry_source(kind: str, target: str) -> str | None:
+    try:
+        if kind == "module":
+            spec = importlib.util.find_spec(target)
+            origin = spec.origin if spec is not None else None
+            return Path(origin).read_text(encoding="utf-8") if origin and origin.endswith(".py") else None
+        return Path(target).read_text(encoding="utf-8")
+    except (OSError, ImportError, ValueError, UnicodeDecodeError):
+        return None
+
+
+ARGPARSE_NAMES = {"ArgumentParser", "HfArgumentParser", "parse_args", "parse_known_args", "argparse"}
+"""A reviewed file naming one of these may parse the command line with argparse."""
+
+
+def uses_argparse(root: Path) -> bool:
+    """Whether any reviewed .py file names argparse or an argparse-style parser (read, not run)."""
+    for f in sorted(root.rglob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in ARGPARSE_NAMES or \
+                    isinstance(node, ast.Attribute) and node.attr in ARGPARSE_NAMES or \
+                    isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                        a.name.split(".")[0] == "argparse" for a in node.names) or \
+                    isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+                return True
+    return False
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line of stderr that is not part of a warning (`file:line: FooWarning: ...` and
+    the source line Python prints under it): a deprecation notice is not why a script stopped."""
+    lines = text.strip().splitlines()
+    keep = []
+    skip_next = False
+    for line in lines:
+        if skip_next and line.startswith("  "):
+            skip_next = False
+            continue
+        skip_next = False
+        if _WARNING.search(line):
+            skip_next = True
+            continue
+        keep.append(line)
+    return keep[-1] if keep else None
+
+
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
+def run_to_parse(kind: str, target: str, args: list[str], configurator: str | None = None) -> dict[str, Any]:
     """Run the entry as `__main__` with the leg's real argv, and stop it the moment its
     argparse parser (any subclass: HfArgumentParser too) has parsed it: a script that
     parses at module level and trains at import time is checked without training.
-    argparse's own error is quoted. The modules loaded by then are left in sys.modules."""
+    argparse's own error is quoted. The modules loaded by then are left in sys.modules.
+
+    `configurator`: the file the script execs to read its command line (nanoGPT's
+    configurator.py): the script is stopped as that exec returns, its overrides applied and
+    shown; an unknown key or a bad value fails there, with the configurator's own error."""
+    import builtins
     import runpy
 
     orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
+    orig_exec = builtins.exec
     inside: list[bool] = []
+    wanted = None
+    if configurator is not None:
+        try:
+            wanted = Path(configurator).read_text(encoding="utf-8")
+        except OSError:
+            return _check("parse", False, f"{target} execs {configurator} to read its command line, and "
+                          f"{configurator} is not among the reviewed files (add it to `reviewed:`)")
+
+    def exec_(source, globals_=None, locals_=None, /, **kw):  # noqa: ANN001, ANN202
+        caller = sys._getframe(1)
+        if globals_ is None:
+            globals_, locals_ = caller.f_globals, caller.f_locals if locals_ is None else locals_
+        if wanted is None or source != wanted:
+            return orig_exec(source, globals_, locals_, **kw)
+        before = {k: v for k, v in globals_.items() if isinstance(v, (int, float, bool, str))}
+        orig_exec(source, globals_, locals_, **kw)
+        changed = {k: globals_[k] for k in before if globals_.get(k) != before[k] and not k.startswith("__")}
+        raise _Parsed(argparse.Namespace(**changed))
 
     def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
         inside.append(True)
@@ -142,6 +245,7 @@ def run_to_parse(kind: str, target: str, args: list[str]) -> dict[str, Any]:
     err = io.StringIO()
     argv0 = sys.argv[:]
     argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = parse_args, parse_known_args
+    builtins.exec = exec_
     try:
         with contextlib.redirect_stderr(err):
             if kind == "module":
@@ -159,16 +263,17 @@ def run_to_parse(kind: str, target: str, args: list[str]) -> dict[str, Any]:
     except _Parsed as parsed:
         ns = parsed.namespace
         shown = json.dumps(vars(ns), default=str, sort_keys=True) if hasattr(ns, "__dict__") else repr(ns)
-        return _check("parse", True, f"{len(args)} args parsed by the entry's own parser, stopped before "
-                      f"training: {shown[:2000]}")
+        by = f"read by {configurator} (its overrides)" if configurator else "parsed by the entry's own parser"
+        return _check("parse", True, f"{len(args)} args {by}, stopped before training: {shown[:2000]}")
     except SystemExit as stop:
-        lines = err.getvalue().strip().splitlines()
-        return _check("parse", False, lines[-1] if lines else f"the entry exited ({stop.code}) before parsing")
+        last = last_error_line(err.getvalue())
+        return _check("parse", False, last or f"the entry exited ({stop.code}) before parsing")
     except BaseException as err_:  # noqa: BLE001 - any failure before the parse is the answer "no"
         last = traceback.format_exception_only(type(err_), err_)[-1].strip()
         return _check("parse", False, f"running {target} up to its argument parsing failed: {last}")
     finally:
         argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = orig_args, orig_known
+        builtins.exec = orig_exec
         sys.argv = argv0
 
 
@@ -193,11 +298,12 @@ def foreign_modules(root: Path) -> list[str]:
     return found
 
 
-def unresolved_imports(root: Path) -> list[str]:
+def unresolved_imports(root: Path) -> tuple[list[str], list[str]]:
     """Every module the reviewed files import (read from their source, nothing run), that a
     fresh instance would not find: not in the interpreter, its site-packages or the reviewed
-    files. Imports inside `try:` are optional by intent and left out."""
-    import ast
+    files. Imports inside `try:` are optional by intent and left out. Returns (required,
+    conditional): an import under an `if` (nanoGPT's `if wandb_log: import wandb`) runs only
+    when its branch does, so it is said as a note, not failed."""
     import site
     import sysconfig
 
@@ -205,22 +311,38 @@ def unresolved_imports(root: Path) -> list[str]:
     allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
     allowed |= {root.resolve(), Path(__file__).resolve().parent}
     names: dict[str, str] = {}
+    conditional: set[str] = set()
+    required: set[str] = set()
     for f in sorted(root.rglob("*.py")):
         try:
             tree = ast.parse(f.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
+        branch = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and not _is_main_guard(t)
+                  for n in ast.walk(t) if n is not t}
         for node in ast.walk(tree):
             if id(node) in optional:
                 continue
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    names.setdefault(alias.name.split(".")[0], f.name)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.setdefault(node.module.split(".")[0], f.name)
+            found = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module.split(".")[0]] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for name in found:
+                names.setdefault(name, f.name)
+                (conditional if id(node) in branch else required).add(name)
+    conditional -= required  # imported unconditionally somewhere as well
+    return (_unfound([(n, names[n]) for n in sorted(required)], allowed),
+            _unfound([(n, names[n]) for n in sorted(conditional)], allowed))
+
+
+def _is_main_guard(node: ast.If) -> bool:
+    """`if __name__ == "__main__":` -- its body runs whenever the script does."""
+    test = node.test
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+
+
+def _unfound(names: list[tuple[str, str]], allowed: set[Path]) -> list[str]:
     bad = []
-    for name, where in sorted(names.items()):
+    for name, where in names:
         if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
             continue
         try:
@@ -248,13 +370,24 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
         return checks + compile_only(kind, target, modules)
     if parser_name == "argv":
         os.environ[contract.MAX_STEPS] = "0"  # a trainer that gets past the parse anyway trains nothing
-        checks.append(run_to_parse(kind, target, args))
+        configurator = configurator_of(kind, target)
+        if configurator is None and not uses_argparse(Path.cwd()):
+            checks.append(_check("parse", False, f"no reviewed file parses a command line with argparse, and "
+                                 f"{target} execs no configurator file: rung 0 cannot stop it after its arguments "
+                                 "are read without training; set trainer.parser: none (rung 0 then compiles the "
+                                 "reviewed files and checks their imports)"))
+        else:
+            checks.append(run_to_parse(kind, target, args, configurator))
         checks += import_modules(modules)
-        outside = foreign_modules(Path.cwd()) + unresolved_imports(Path.cwd())
-        checks.append(_check("imports from reviewed files only", not outside,
-                             "every module loaded came from the interpreter, its site-packages, the reviewed files "
-                             "or the leg runtime" if not outside else
-                             f"loaded from outside the reviewed files (gone on a fresh instance): {'; '.join(outside[:5])}"))
+        required, conditional = unresolved_imports(Path.cwd())
+        outside = foreign_modules(Path.cwd()) + required
+        detail = ("every module loaded came from the interpreter, its site-packages, the reviewed files or the leg "
+                  "runtime" if not outside else
+                  f"loaded from outside the reviewed files (gone on a fresh instance): {'; '.join(outside[:5])}")
+        if conditional:
+            detail += (f"; note: imported only under an `if`, and not found here: {'; '.join(conditional[:5])} "
+                       "(a run that takes that branch fails)")
+        checks.append(_check("imports from reviewed files only", not outside, detail))
         return checks
     try:
         entry = import_entry(kind, target)

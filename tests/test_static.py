@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-
 
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
@@ -119,3 +119,61 @@ def test_review_then_accepts_edit(project: Path) -> None:
     train.write_text(train.read_text() + "\n# reviewed edit\n")
     assert run_cli(["review"], cwd=project).code == 0
     assert run_cli(["up", "static"], cwd=project).code == 0
+
+
+def nanogpt_shape(tmp_path: Path) -> Path:
+    root = tmp_path / "nanogpt_shape"
+    shutil.copytree(Path(__file__).parent / "assets" / "nanogpt_shape", root)
+    assert run_cli(["review"], cwd=root).code == 0
+    return root
+
+
+def test_a_nanogpt_shaped_script_passes_rung_0_as_it_is(tmp_path: Path, leg_tmp: Path) -> None:
+    """Module-level config overridden by `exec(open("configurator.py").read())`, `import wandb`
+    under `if wandb_log:` (not installed), a FutureWarning at import, under the default
+    `parser: argv`: run up to the end of its configurator, its overrides shown, nothing trained;
+    the guarded import is a note. A key the script has no global for fails with the
+    configurator's own error, and so does a configurator left out of `reviewed:`."""
+    root = nanogpt_shape(tmp_path)
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    checks = checks_of(res)
+    assert res.code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    parse = checks["parse"]["detail"]
+    assert "read by configurator.py" in parse and '"ckpt_every": 5' in parse and '"learning_rate": 0.01' in parse, parse
+    imports = checks["imports from reviewed files only"]["detail"]
+    assert "note: imported only under an `if`" in imports and "wandb (imported by train.py)" in imports, imports
+    edit_config(root, trainer={"command": "python train.py --ckpt_evry=5"})
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    assert res.code == 1 and "Unknown config key: ckpt_evry" in checks_of(res)["parse"]["detail"], res.out
+    edit_config(root, trainer={"command": "python train.py"}, reviewed=["train.py"])
+    assert run_cli(["review"], cwd=root).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    detail = checks_of(res)["parse"]["detail"]
+    assert res.code == 1 and "configurator.py is not among the reviewed files" in detail, detail
+
+
+def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix(project: Path) -> None:
+    """A script that reads sys.argv by hand cannot be stopped after its parse: rung 0 says to
+    set `trainer.parser: none` instead of running it (to its end, training) to find out; with
+    that set, it compiles and passes."""
+    (project / "by_hand.py").write_text("import sys\nITERS = int(sys.argv[1])\n"
+                                        "open('TRAINED', 'w').write('rung 0 must never get here')\n")
+    edit_config(project, trainer={"command": "python by_hand.py 3"}, reviewed=["by_hand.py"])
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    parse = checks_of(res)["parse"]
+    assert res.code == 1 and "set trainer.parser: none" in parse["detail"], parse
+    edit_config(project, trainer={"command": "python by_hand.py 3", "parser": "none"})
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+
+
+def test_a_warning_is_not_quoted_as_the_reason_a_script_stopped() -> None:
+    from runtime.static_check import last_error_line
+
+    err = ("train.py:40: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.\n"
+           "  scaler = torch.cuda.amp.GradScaler(enabled=False)\n"
+           "usage: train.py [-h]\ntrain.py: error: the following arguments are required: --data\n"
+           "/x/y.py:3: UserWarning: late\n  warnings.warn('late')\n")
+    assert last_error_line(err) == "train.py: error: the following arguments are required: --data"
+    assert last_error_line("a.py:1: DeprecationWarning: x\n  y\n") is None
