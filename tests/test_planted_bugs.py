@@ -122,6 +122,26 @@ def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path
     report_fails(bad_root, 2)
 
 
+def test_a_recurrent_state_zeroed_on_resume_is_a_state_digest_difference(tmp_path: Path, leg_tmp: Path) -> None:
+    """word_language_model's shape: the hidden state runs on from chunk to chunk and lives in
+    `sess.extra`. Carried over (the asset as it is): clean, the float state reproducible from
+    one process to the next on one thread. Started from zeros on every resume: the state digest
+    of `extra` at the next checkpoint differs from the straight run's, and proof 4 FAILs on that
+    check, not on the loss."""
+    good = copy_asset("recurrent", tmp_path / "good")
+    code, checks = rehearse(good)
+    assert code == 0, failed(checks)
+    root = copy_asset("recurrent", tmp_path / "bad")
+    plant(root, 'hidden = sess.extra.get("hidden")', "hidden = None")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    state = next((d for n, d in bad.items() if n.startswith("state digests = straight-through run")), "")
+    assert code == 1 and "extra's state" in state, bad
+    assert checks["leg 1: exact data position (batch hashes)"]["ok"]  # not a data bug, and not said to be one
+    fails = report_fails(root, 4)
+    assert "extra" in fails[4], fails
+
+
 def test_an_epoch_counter_restarted_on_resume_is_a_field_difference(tmp_path: Path, leg_tmp: Path) -> None:
     """The loop counts epochs itself and the count restarts at 0 on every leg: the LR, the data
     and the loss all hold; the `epoch` the resumed steps print differs from the straight run's."""

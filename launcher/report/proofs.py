@@ -143,7 +143,10 @@ def proof_resume_checks(number: int, runs: list[RunData], cfg: Config, cite: Evi
         evidence += cite.cite(run, c.evidence)
     lines = [f"{run.rung} {run.id} leg {leg}: {c.name}: {c.detail}" for run, leg, c in items]
     if failed:
-        status, head = FAIL, f"{len(failed)} of {len(items)} checks failed; first: {failed[0][2].name}: {failed[0][2].detail}"
+        names = list(dict.fromkeys(c.name for _, _, c in failed))
+        also = f" ({'; '.join(names)})" if len(names) > 1 else ""
+        status, head = FAIL, (f"{len(failed)} of {len(items)} checks failed{also}; first: "
+                              f"{failed[0][2].name}: {failed[0][2].detail}")
     elif absent:
         status, head = MISSING, f"{absent[0][2].name}: {absent[0][2].detail}"
     else:
