@@ -122,6 +122,23 @@ def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path
     report_fails(bad_root, 2)
 
 
+def test_a_report_over_legs_that_crashed_after_a_verified_checkpoint_fails(tmp_path: Path, leg_tmp: Path) -> None:
+    """A rank-0-only assert after the final checkpoint verified: the leg exits 1 after a
+    graceful SIGTERM stop whose `done` says verified. That passed as a graceful stop (the
+    leniency torchrun needs, given to every trainer); now the rung answers no, and the report
+    PASSes nothing resting on that leg: the storage cycle it printed FAILs, naming it."""
+    root = copy_example("plain_loop", tmp_path)
+    plant(root, "sys.exit(sess.finish())", "sess.finish()\nassert sess.world.rank != 0, 'a check meant for other ranks'")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "leg 0 finished" in bad and "exited 1" in bad["leg 0 finished"], bad
+    res = run_cli(["report", "--json"], cwd=root, timeout=600)
+    status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
+    assert res.code == 1 and not [n for n, (st, _) in status.items() if st == "PASS"], status
+    assert status[7][0] == "FAIL" and "exited non-zero outside a planned kill" in status[7][1] and \
+        "leg 0 exited 1" in status[7][1], status[7]
+
+
 def test_a_recurrent_state_zeroed_on_resume_is_a_state_digest_difference(tmp_path: Path, leg_tmp: Path) -> None:
     """word_language_model's shape: the hidden state runs on from chunk to chunk and lives in
     `sess.extra`. Carried over (the asset as it is): clean, the float state reproducible from

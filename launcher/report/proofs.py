@@ -368,6 +368,40 @@ PROOFS: tuple[ProofSpec, ...] = (
 TITLES = {spec.number: spec.title for spec in PROOFS}
 
 
+def crashed_legs(run: RunData) -> list[str]:
+    """The legs of a run that exited non-zero outside a planned kill, each said in a line. A
+    leg the rung itself judged finished (a torchrun leg exits 1 after the SIGTERM the launcher
+    sent, its every rank having printed a verified `done`) is not one."""
+    if run.rung not in RESUME_RUNGS and run.rung not in ("probe", "run"):
+        return []
+    finished = {c["name"] for c in run.row.get("checks", []) if c.get("ok")}
+    out = []
+    for leg in run.row["legs"]:
+        code, n = leg.get("exit_code"), leg["leg"]
+        if code in (0, None) or leg.get("killed") or f"leg {n} finished" in finished:
+            continue
+        what = "the straight-through run" if leg.get("role") == "straight" else f"leg {n}"
+        out.append(f"{run.rung} {run.id} {what} exited {code} ({leg.get('end_reason')})")
+    return out
+
+
+def over_crashed_legs(number: int, proof: Proof, runs: list[RunData]) -> Proof:
+    """No PASS over what the launcher did not see go right: a proof resting on a leg that
+    exited non-zero outside a planned kill FAILs, whatever its checks said (a rank-only
+    `assert` after a verified final checkpoint kills every correct leg)."""
+    if proof.status != PASS:
+        return proof
+    rests = [r for r in runs if r.id == proof.numbers.get("run")] if number == 5 else \
+        [r for r in runs if r.rung in RESUME_RUNGS]
+    bad = [line for r in rests for line in crashed_legs(r)]
+    if not bad:
+        return proof
+    return Proof(number, FAIL, f"{len(bad)} leg(s) this proof rests on exited non-zero outside a planned kill "
+                 f"(first: {bad[0]}): its checks held, the legs did not; {proof.summary}",
+                 {**proof.numbers, "crashed_legs": bad}, proof.evidence)
+
+
 def derive(cfg: Config, runs: list[RunData], cite: Evidence) -> dict[int, Proof]:
     """The eight proofs, from the runs' ledger rows and leg logs alone."""
-    return {spec.number: spec.check(runs=runs, cfg=cfg, cite=cite) for spec in PROOFS}
+    return {spec.number: over_crashed_legs(spec.number, spec.check(runs=runs, cfg=cfg, cite=cite), runs)
+            for spec in PROOFS}

@@ -11,6 +11,8 @@ Smoke adds: the legs ran on the accelerator.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from launcher.evidence import Check, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import resume_leg0_steps, resume_plan
@@ -44,6 +46,15 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     if ctx.backend.can_freeze:  # held at the planned step until the deadline is within the margin
         return steps - 1, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
     return steps - 1, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
+
+
+def _under_torchrun(ctx: RunContext) -> bool:
+    """The leg's program is torchrun, which exits 1 after a SIGTERM once its ranks are done: only
+    then is a non-zero exit after the launcher's SIGTERM judged by the ranks' `done` events. A
+    plain Python trainer exits 0 after a graceful stop; its exit 1 is a failure (a rank-only
+    assert after the final checkpoint verified passed as a graceful stop before)."""
+    command = ctx.cfg.trainer.command
+    return bool(command) and Path(command[0]).name == "torchrun"
 
 
 def _startup_s(out: LegOutcome) -> float:
@@ -104,7 +115,7 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         max_steps, ending = plan_endings(ctx, steps, legs, outs[0] if outs else None, leg)
         out = run_leg(ctx, leg, max_steps, ending=ending)
         outs.append(out)
-        exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None)
+        exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None and _under_torchrun(ctx))
         checks.append(exited)
         if silent(out.events):
             return checks  # one answer, naming the cause: the checks after it would only echo it
