@@ -138,7 +138,9 @@ def drill_cold_resume(
         backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
         gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
         kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
-        at: str = typer.Option("after-push", "--at", help="after-push | mid-save | mid-push | mid-verify | mid-step | random"),
+        at: str = typer.Option("auto", "--at", help="auto (after an LR change, a SIGTERM after an epoch boundary) | "
+                               "after-push | mid-save | mid-push | mid-verify | mid-step | random"),
+        kills_at: Optional[str] = typer.Option(None, "--kills-at", help="Kill when rank 0 prints these steps: 7,15."),
         seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
@@ -149,7 +151,7 @@ def drill_cold_resume(
 
     cfg = _load(config)
     with LegView(err_console if json_out else console, verbose) as view:
-        outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft)
+        outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft, kills_at)
     if json_out:
         print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
                     "checks": [c.to_json() for c in outcome.checks]})

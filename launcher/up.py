@@ -198,23 +198,41 @@ def check_skip_reason(rung: Rung, reason: str) -> None:
 
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
-          show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False) -> Outcome:
+          show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False,
+          kills_at: str | None = None) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
-    from launcher.rungs.drill import MOMENTS, run_drill
+    from launcher.rungs.drill import AUTO, MOMENTS, run_drill
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if not 1 <= kills <= MAX_KILLS:
         raise BadInput(f"--kills must be 1 to {MAX_KILLS}, got {kills}",
                        hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}")
-    if moment not in (*MOMENTS, "random"):
-        raise BadInput(f"--at must be one of {', '.join((*MOMENTS, 'random'))}, got {moment!r}")
+    if moment not in (AUTO, *MOMENTS, "random"):
+        raise BadInput(f"--at must be one of {', '.join((AUTO, *MOMENTS, 'random'))}, got {moment!r}")
+    steps = cfg.rungs.drill.steps
+    at_steps = parse_kill_steps(kills_at, steps) if kills_at is not None else None
+    if at_steps is not None:
+        kills = len(at_steps)
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
-    steps = cfg.rungs.drill.steps
     return execute(cfg, config_path, rung, backend_name, gpus, show, 1,
-                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed), allow_overdraft)
+                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps), allow_overdraft)
+
+
+def parse_kill_steps(text: str, steps: int) -> list[int]:
+    """`--kills-at 7,15`: steps in increasing order, each inside the drill's run (1 .. steps-1)."""
+    try:
+        found = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise BadInput(f"--kills-at takes steps separated by commas, e.g. 7,15; got {text!r}") from None
+    if not found or len(found) > MAX_KILLS:
+        raise BadInput(f"--kills-at takes 1 to {MAX_KILLS} steps, got {len(found)}")
+    if any(b <= a for a, b in zip(found, found[1:])) or found[0] < 1 or found[-1] >= steps:
+        raise BadInput(f"--kills-at steps must increase and lie in 1..{steps - 1} (the drill runs {steps} steps), "
+                       f"got {text!r}")
+    return found
 
 
 def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,

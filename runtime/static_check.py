@@ -15,7 +15,6 @@ instead of the script fails here: the guide's E-037).
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import importlib
 import importlib.util
@@ -30,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from runtime import contract
+from runtime.static_source import configurator_of, unresolved_imports, uses_argparse
 
 PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 
@@ -117,62 +117,6 @@ class _Parsed(BaseException):
         self.namespace = namespace
 
 
-def configurator_of(kind: str, target: str) -> str | None:
-    """The file a script execs at module level to read its command line, nanoGPT's
-    `exec(open("configurator.py").read())` (None: no such statement)."""
-    source = _entry_source(kind, target)
-    if source is None:
-        return None
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        call = node.value if isinstance(node, ast.Expr) else None
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "exec"
-                and len(call.args) == 1):
-            continue
-        read = call.args[0]  # open("x").read()
-        if isinstance(read, ast.Call) and isinstance(read.func, ast.Attribute) and read.func.attr == "read":
-            opened = read.func.value
-            if isinstance(opened, ast.Call) and isinstance(opened.func, ast.Name) and opened.func.id == "open" \
-                    and opened.args and isinstance(opened.args[0], ast.Constant) and isinstance(opened.args[0].value, str):
-                return opened.args[0].value
-    return None
-
-
-def _entry_source(kind: str, target: str) -> str | None:
-    try:
-        if kind == "module":
-            spec = importlib.util.find_spec(target)
-            origin = spec.origin if spec is not None else None
-            return Path(origin).read_text(encoding="utf-8") if origin and origin.endswith(".py") else None
-        return Path(target).read_text(encoding="utf-8")
-    except (OSError, ImportError, ValueError, UnicodeDecodeError):
-        return None
-
-
-ARGPARSE_NAMES = {"ArgumentParser", "HfArgumentParser", "parse_args", "parse_known_args", "argparse"}
-"""A reviewed file naming one of these may parse the command line with argparse."""
-
-
-def uses_argparse(root: Path) -> bool:
-    """Whether any reviewed .py file names argparse or an argparse-style parser (read, not run)."""
-    for f in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id in ARGPARSE_NAMES or \
-                    isinstance(node, ast.Attribute) and node.attr in ARGPARSE_NAMES or \
-                    isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                        a.name.split(".")[0] == "argparse" for a in node.names) or \
-                    isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
-                return True
-    return False
-
-
 def last_error_line(text: str) -> str | None:
     """The last line of stderr that is not part of a warning (`file:line: FooWarning: ...` and
     the source line Python prints under it): a deprecation notice is not why a script stopped."""
@@ -194,29 +138,9 @@ def last_error_line(text: str) -> str | None:
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 
-def run_to_parse(kind: str, target: str, args: list[str], configurator: str | None = None) -> dict[str, Any]:
-    """Run the entry as `__main__` with the leg's real argv, and stop it the moment its
-    argparse parser (any subclass: HfArgumentParser too) has parsed it: a script that
-    parses at module level and trains at import time is checked without training.
-    argparse's own error is quoted. The modules loaded by then are left in sys.modules.
-
-    `configurator`: the file the script execs to read its command line (nanoGPT's
-    configurator.py): the script is stopped as that exec returns, its overrides applied and
-    shown; an unknown key or a bad value fails there, with the configurator's own error."""
-    import builtins
-    import runpy
-
-    orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
-    orig_exec = builtins.exec
-    inside: list[bool] = []
-    wanted = None
-    if configurator is not None:
-        try:
-            wanted = Path(configurator).read_text(encoding="utf-8")
-        except OSError:
-            return _check("parse", False, f"{target} execs {configurator} to read its command line, and "
-                          f"{configurator} is not among the reviewed files (add it to `reviewed:`)")
-
+def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
+    """builtins.exec as the entry sees it: the configurator's source (`wanted`) runs in the
+    caller's globals, then the run stops (_Parsed) with the globals it changed."""
     def exec_(source, globals_=None, locals_=None, /, **kw):  # noqa: ANN001, ANN202
         caller = sys._getframe(1)
         if globals_ is None:
@@ -227,6 +151,43 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
         orig_exec(source, globals_, locals_, **kw)
         changed = {k: globals_[k] for k in before if globals_.get(k) != before[k] and not k.startswith("__")}
         raise _Parsed(argparse.Namespace(**changed))
+    return exec_
+
+
+def _run_as_main(kind: str, target: str, args: list[str]) -> dict[str, Any] | None:
+    """Run the entry as `__main__` with `args` as its argv (a check if the script is missing)."""
+    import runpy
+
+    if kind == "module":
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return None
+    path = Path(target).resolve()
+    if not path.is_file():
+        return _check("parse", False, f"script {target} not found (cwd {Path.cwd()})")
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.parent))
+    runpy.run_path(str(path), run_name="__main__")
+    return None
+
+
+def run_to_parse(kind: str, target: str, args: list[str], configurator: str | None = None) -> dict[str, Any]:
+    """Run the entry as `__main__` with the leg's real argv, and stop it the moment its
+    argparse parser (any subclass: HfArgumentParser too) has parsed it, or as its exec of
+    `configurator` (nanoGPT's configurator.py) returns, its overrides shown: a script that
+    parses at module level and trains at import time is checked without training. The
+    parser's or configurator's own error is quoted; the modules loaded stay in sys.modules."""
+    import builtins
+
+    orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
+    orig_exec = builtins.exec
+    inside: list[bool] = []
+    wanted = Path(configurator).read_text(encoding="utf-8") if configurator and Path(configurator).is_file() else None
+    if configurator is not None and wanted is None:
+        return _check("parse", False, f"{target} execs {configurator} to read its command line, and "
+                      f"{configurator} is not among the reviewed files (add it to `reviewed:`)")
+
+    exec_ = _stopping_exec(orig_exec, wanted)
 
     def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
         inside.append(True)
@@ -248,16 +209,9 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
     builtins.exec = exec_
     try:
         with contextlib.redirect_stderr(err):
-            if kind == "module":
-                sys.argv = [target, *args]
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                path = Path(target).resolve()
-                if not path.is_file():
-                    return _check("parse", False, f"script {target} not found (cwd {Path.cwd()})")
-                sys.argv = [str(path), *args]
-                sys.path.insert(0, str(path.parent))
-                runpy.run_path(str(path), run_name="__main__")
+            missing = _run_as_main(kind, target, args)
+        if missing is not None:
+            return missing
         return _check("parse", False, f"{target} ran to its end without parsing a command line with argparse "
                       "(set trainer.parser: none for a script configured otherwise)")
     except _Parsed as parsed:
@@ -296,67 +250,6 @@ def foreign_modules(root: Path) -> list[str]:
         if not any(where == a or a in where.parents for a in allowed):
             found.append(f"{name} ({where})")
     return found
-
-
-def unresolved_imports(root: Path) -> tuple[list[str], list[str]]:
-    """Every module the reviewed files import (read from their source, nothing run), that a
-    fresh instance would not find: not in the interpreter, its site-packages or the reviewed
-    files. Imports inside `try:` are optional by intent and left out. Returns (required,
-    conditional): an import under an `if` (nanoGPT's `if wandb_log: import wandb`) runs only
-    when its branch does, so it is said as a note, not failed."""
-    import site
-    import sysconfig
-
-    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
-    allowed |= {root.resolve(), Path(__file__).resolve().parent}
-    names: dict[str, str] = {}
-    conditional: set[str] = set()
-    required: set[str] = set()
-    for f in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
-        branch = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and not _is_main_guard(t)
-                  for n in ast.walk(t) if n is not t}
-        for node in ast.walk(tree):
-            if id(node) in optional:
-                continue
-            found = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module.split(".")[0]] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-            for name in found:
-                names.setdefault(name, f.name)
-                (conditional if id(node) in branch else required).add(name)
-    conditional -= required  # imported unconditionally somewhere as well
-    return (_unfound([(n, names[n]) for n in sorted(required)], allowed),
-            _unfound([(n, names[n]) for n in sorted(conditional)], allowed))
-
-
-def _is_main_guard(node: ast.If) -> bool:
-    """`if __name__ == "__main__":` -- its body runs whenever the script does."""
-    test = node.test
-    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
-
-
-def _unfound(names: list[tuple[str, str]], allowed: set[Path]) -> list[str]:
-    bad = []
-    for name, where in names:
-        if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
-            continue
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            bad.append(f"{name} (imported by {where}): not found")
-            continue
-        locations = [Path(p) for p in (spec.submodule_search_locations or [])] or (
-            [Path(spec.origin)] if spec.origin and spec.origin not in ("built-in", "frozen") else [])
-        if locations and not any(a == loc.resolve() or a in loc.resolve().parents for loc in locations for a in allowed):
-            bad.append(f"{name} (imported by {where}): from {locations[0]}")
-    return bad
 
 
 def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list[dict[str, Any]]:

@@ -183,7 +183,7 @@ def test_push_without_a_repository_is_bad_input(built: Path) -> None:
 
 
 def test_drill_in_containers(built: Path) -> None:
-    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--json"], cwd=built, timeout=900)
+    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--at", "after-push", "--json"], cwd=built, timeout=900)
     out = res.json()
     assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]

@@ -18,7 +18,7 @@ def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
 
 
 def test_two_kills_after_push_pass_and_are_recorded(project: Path) -> None:
-    code, checks, run = drill(project, "--kills", "2")
+    code, checks, run = drill(project, "--kills", "2", "--at", "after-push")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
     assert run["rung"] == "drill" and run["verdict"] == "pass" and len(run["legs"]) == 4
     assert [leg["role"] for leg in run["legs"]] == [None, None, None, "straight"]
@@ -94,3 +94,46 @@ def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) 
         found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
         assert left["ok"] and found and int(found.group(1)) >= 3, left
     assert checks["the run ended at exactly its step count"]["ok"] and checks["no batch read twice (3 legs, 40 steps)"]["ok"]
+
+
+def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_boundary(
+        tmp_path: Path, leg_tmp: Path) -> None:
+    """`--at auto`, the default: the straight-through run goes first and its events say where
+    the rare state changes. plain_loop (8 batches an epoch, the LR halved on a plateau): the
+    SIGTERM lands just after the first epoch boundary, the SIGKILL just after the LR's first
+    cut; every check holds (the scheduler is in the state)."""
+    from tests.test_planted_bugs import copy_example
+
+    root = copy_example("plain_loop", tmp_path)
+    edit_config(root, trainer={"command": "python train.py --ckpt-every 5 --batch 32"},
+                rungs={"rehearsal": {"steps": 20, "budget_minutes": 5}, "drill": {"steps": 32, "budget_minutes": 5}})
+    assert run_cli(["review"], cwd=root).code == 0
+    code, checks, run = drill(root)
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert "leg 0 stopped on sigterm" in checks and checks["leg 0 stopped on sigterm"]["ok"]
+    final = checks["leg 0: its final checkpoint on SIGTERM is the store's newest verified"]
+    assert final["ok"] and "on the SIGTERM sent at step 10" in final["detail"], final  # epoch 1 begins at step 9
+    assert "leg 1 killed at step 18" in checks  # the LR is first cut at step 17
+    assert [leg["killed"] for leg in run["legs"]] == [False, True, False, False]
+
+
+def test_a_trainer_that_dies_on_sigterm_fails_the_default_drill(project: Path) -> None:
+    """No final push on SIGTERM (the default handler kills the process): the default drill's
+    SIGTERM moment says so; no kill-only drill could."""
+    from tests.test_planted_bugs import SIGTERM_DEFAULT, plant
+
+    plant(project, "    model.train()\n", "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()))
+    code, checks, _ = drill(project)
+    bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    sigterm = next(n for n in checks if n.endswith("its final checkpoint on SIGTERM is the store's newest verified"))
+    assert code == 1 and sigterm in bad and any(n.endswith("stopped on sigterm") for n in bad), bad
+
+
+def test_kills_at_the_users_own_steps(project: Path) -> None:
+    code, checks, run = drill(project, "--kills-at", "8,17")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert {"leg 0 killed at step 8", "leg 1 killed at step 17"} <= set(checks)
+    assert [leg["end_reason"].startswith("drill kill at step") for leg in run["legs"] if leg["killed"]] == [True, True]
+    for bad in ("17,8", "0,3", "3,x", "3,400"):
+        res = run_cli(["drill", "cold-resume", "--kills-at", bad], cwd=project)
+        assert res.code == 2 and "--kills-at" in res.err and "Traceback" not in res.err, (bad, res.err)

@@ -338,12 +338,15 @@ def test_a_curriculum_that_restarts_on_resume(tmp_path: Path, leg_tmp: Path) -> 
 
 def test_a_plateau_scheduler_left_out_of_the_state(tmp_path: Path, leg_tmp: Path) -> None:
     """ReduceLROnPlateau's memory (the best loss so far) restarts: invisible until a resume
-    past the first plateau step, then the LR at the next epoch's end differs."""
+    past the first plateau step, then the LR at the next epoch's end differs. The default
+    drill (`--at auto`, two kills) places a kill just after the LR's first cut, read from the
+    straight-through run, and sees it (a kill-only drill needed 4 kills over 40 steps)."""
     root = copy_example("plain_loop", tmp_path)
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("drill: {steps: 30", "drill: {steps: 40"))
+    cfg.write_text(cfg.read_text().replace("drill: {steps: 30", "drill: {steps: 32")
+                   .replace("--ckpt-every 5", "--ckpt-every 5 --batch 32"))  # 8 batches an epoch, 4 epochs
     plant(root, "scheduler=sched, loader=loader)", "loader=loader)")
-    res = run_cli(["drill", "cold-resume", "--kills", "4", "--at", "after-push", "--json"], cwd=root, timeout=900)
+    res = run_cli(["drill", "cold-resume", "--json"], cwd=root, timeout=900)
     bad = failed({c["name"]: c for c in res.json()["checks"]})
     assert res.code == 1 and "lr" in bad["resumed run = straight-through run"], bad
     assert any("LR follows the schedule" in name for name in bad), bad

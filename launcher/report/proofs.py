@@ -17,7 +17,7 @@ from launcher.config import Config
 from launcher.evidence import NO_EVENTS, Check, LegEvents, silent
 from launcher.measure import RATE_REL_ERR_MAX
 from launcher.report.runs import (FAIL, MISSING, PASS, RESUME_RUNGS, Evidence, NoResume, Proof, RunData,
-                                  all_resumes, never_resumed, rate_leg, readback_of, resumes, run_exact)
+                                  all_resumes, crashed_legs, never_resumed, rate_leg, readback_of, resumes, run_exact)
 
 BYTES_PER_PARAM = 12.0
 """Model + AdamW state in fp32: weights 4 + two moments 8 bytes per parameter."""
@@ -366,23 +366,6 @@ PROOFS: tuple[ProofSpec, ...] = (
     ProofSpec(8, "Two sequential resumes: never backwards, nothing re-read", proof_8),
 )
 TITLES = {spec.number: spec.title for spec in PROOFS}
-
-
-def crashed_legs(run: RunData) -> list[str]:
-    """The legs of a run that exited non-zero outside a planned kill, each said in a line. A
-    leg the rung itself judged finished (a torchrun leg exits 1 after the SIGTERM the launcher
-    sent, its every rank having printed a verified `done`) is not one."""
-    if run.rung not in RESUME_RUNGS and run.rung not in ("probe", "run"):
-        return []
-    finished = {c["name"] for c in run.row.get("checks", []) if c.get("ok")}
-    out = []
-    for leg in run.row["legs"]:
-        code, n = leg.get("exit_code"), leg["leg"]
-        if code in (0, None) or leg.get("killed") or f"leg {n} finished" in finished:
-            continue
-        what = "the straight-through run" if leg.get("role") == "straight" else f"leg {n}"
-        out.append(f"{run.rung} {run.id} {what} exited {code} ({leg.get('end_reason')})")
-    return out
 
 
 def over_crashed_legs(number: int, proof: Proof, runs: list[RunData]) -> Proof:

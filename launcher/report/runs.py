@@ -204,3 +204,20 @@ def all_resumes(runs: list[RunData]) -> list[Resume]:
 def never_resumed(runs: list[RunData]) -> list[NoResume]:
     """Every leg of a resuming rung that should have resumed and did not."""
     return [n for run in runs if run.rung in RESUME_RUNGS for n in failed_resumes(run)]
+
+
+def crashed_legs(run: RunData) -> list[str]:
+    """The legs of a run that exited non-zero outside a planned kill, each said in a line. A
+    leg the rung itself judged finished (a torchrun leg exits 1 after the SIGTERM the launcher
+    sent, its every rank having printed a verified `done`) is not one."""
+    if run.rung not in RESUME_RUNGS and run.rung not in ("probe", "run"):
+        return []
+    finished = {c["name"] for c in run.row.get("checks", []) if c.get("ok")}
+    out = []
+    for leg in run.row["legs"]:
+        code, n = leg.get("exit_code"), leg["leg"]
+        if code in (0, None) or leg.get("killed") or f"leg {n} finished" in finished:
+            continue
+        what = "the straight-through run" if leg.get("role") == "straight" else f"leg {n}"
+        out.append(f"{run.rung} {run.id} {what} exited {code} ({leg.get('end_reason')})")
+    return out

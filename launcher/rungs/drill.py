@@ -11,6 +11,15 @@ storage cycle, so there is a verified checkpoint to fall back to):
   mid-verify   the next checkpoint was uploaded and is being read back (`push`)
   mid-step     two steps after the leg's first completed cycle
   random       one of the above but mid-save, per kill (seeded)
+  auto         (the default) kills placed where rare state changes, read from the events of
+               the straight-through run, which a CPU drill runs first: one SIGKILL just after
+               the first change of the LR's course the trainer printed (a plateau cut, the
+               end of warm-up) and one graceful SIGTERM just after the first epoch boundary
+               (the `epoch` a step prints); more kills spread between. A GPU drill has no
+               straight run to read: its kills go at even steps, the second a SIGTERM.
+`--kills-at STEP,STEP` kills when rank 0 prints each of those steps (a user's own schedule).
+A SIGTERM "kill" is a graceful stop, as a spot notice or `launcher stop` sends: the leg must
+stop on it, push a final checkpoint, and the store's newest verified must be that step.
 On the local backend the leg is frozen (SIGSTOP) at that line and killed with
 its disk; then the store is read — the newest *verified* checkpoint there is
 where the next leg must resume. A kill mid-push or mid-verify
@@ -58,6 +67,92 @@ def kill_predicate(moment: str) -> Callable[[str], bool]:
     return at
 
 
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One kill of a drill: at a moment (MOMENTS), or when rank 0 prints `step` (`how` is
+    "step": SIGKILL there; "sigterm": a graceful SIGTERM there)."""
+
+    how: str
+    step: int | None = None
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.how == "sigterm":
+            return f"by SIGTERM at step {self.step}"
+        return f"at step {self.step}" if self.how == "step" else self.how
+
+
+def lr_turns(ev: LegEvents, after: int) -> int | None:
+    """The first step after `after` where the LR's course changes: it had held and now moves
+    (a plateau cut), or it had risen and now does not (the end of warm-up)."""
+    lrs = [(int(e["step"]), float(e["lr"])) for _, e in ev.all("step") if isinstance(e.get("lr"), (int, float))]
+    for (_, a), (_, b), (s, c) in zip(lrs, lrs[1:], lrs[2:]):
+        before, now = b - a, c - b
+        if s > after and ((before == 0 and now != 0) or (before > 0 >= now)):
+            return s
+    return None
+
+
+def epoch_starts(ev: LegEvents, after: int) -> int | None:
+    """The first step after `after` whose printed `epoch` is not the step before's."""
+    epochs = [(int(e["step"]), e["epoch"]) for _, e in ev.all("step") if "epoch" in e]
+    for (_, a), (s, b) in zip(epochs, epochs[1:]):
+        if s > after and a != b:
+            return s
+    return None
+
+
+def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planned]:
+    """Where `--at auto` puts each kill (module docstring). Every kill after the first storage
+    cycle of the straight run (a kill before it would test only a fresh start), in step order,
+    each before the run's last step."""
+    cycled = next((int(e["step"]) for _, e in straight.all("prune")), None) if straight else None
+    first = cycled if cycled is not None else max(1, steps // (kills + 2))
+    marks: list[Planned] = []
+    if straight is not None:
+        turn = lr_turns(straight, first)
+        if turn is not None and turn + 1 < steps:
+            marks.append(Planned("step", turn + 1, f"just after the LR's course changed at step {turn}"))
+        boundary = epoch_starts(straight, first)
+        if boundary is not None and boundary + 1 < steps:
+            marks.append(Planned("sigterm", boundary + 1, f"just after epoch boundary at step {boundary}"))
+    if not any(m.how == "sigterm" for m in marks) and kills > len(marks):
+        marks.append(Planned("sigterm", None, "a graceful stop mid-run"))
+    while len(marks) < kills:
+        marks.append(Planned("step", None, "spread between"))
+    marks = marks[:kills]
+    fixed = sorted({m.step for m in marks if m.step is not None})
+    free = [m for m in marks if m.step is None]
+    # the steps left free go evenly into the gaps, each at least one step from the others
+    spots = [s for s in range(first + 2, steps) if all(abs(s - f) > 1 for f in fixed)]
+    chosen = [spots[(i + 1) * len(spots) // (len(free) + 1)] for i in range(len(free))] if spots else []
+    placed = [m for m in marks if m.step is not None] + [
+        Planned(m.how, step, m.why) for m, step in zip(free, chosen)]
+    return sorted(placed, key=lambda m: m.step or 0)
+
+
+def planned_kills(kills: int, moment: str, kills_at: list[int] | None, steps: int,
+                  straight: LegEvents | None, rng: random.Random) -> list[Planned]:
+    if kills_at:
+        return [Planned("step", s, "--kills-at") for s in kills_at]
+    if moment == AUTO:
+        return auto_plan(kills, steps, straight)
+    return [Planned(rng.choice(RANDOM_MOMENTS) if moment == "random" else moment) for _ in range(kills)]
+
+
+def step_predicate(step: int) -> Callable[[str], bool]:
+    """True on rank 0's step event for `step` (or a later one)."""
+    def at(line: str) -> bool:
+        event = parse_line(line)
+        return event is not None and event["event"] == "step" and event.get("rank", 0) == 0 and \
+            int(event["step"]) >= step
+    return at
+
+
 @dataclass
 class Kill:
     leg: int
@@ -67,6 +162,8 @@ class Kill:
     """The newest verified checkpoint's step in the store once the leg was dead (None: nothing verified)."""
     store_check: Check | None = None
     """The launcher's read of that checkpoint, against what the legs' logs say was verified."""
+    sigterm: LegOutcome | None = None
+    """A graceful stop, not a kill: the leg itself (it must stop on the SIGTERM with a final push)."""
 
 
 def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  # noqa: ANN001
@@ -89,19 +186,30 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
     return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})")
 
 
-def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0) -> list[Check]:
-    """Kill and relaunch `kills` times, then let the last leg finish; return the checks."""
+def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
+              kills_at: list[int] | None = None) -> list[Check]:
+    """Kill and relaunch `kills` times, then let the last leg finish; return the checks. On a
+    CPU the straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
     rng = random.Random(seed)
     store = ctx.open_store()
     outs: list[LegOutcome] = []
     record: list[Kill] = []
-    for leg in range(kills + 1):
-        if leg == kills:
+    straight = None
+    legs = len(kills_at) if kills_at else kills
+    if not ctx.gpu_count:  # the oracle: the same trainer straight through, on its own empty store
+        straight = run_leg(ctx, legs + 1, steps, ending=Ending(straight=True))
+    plan = planned_kills(kills, moment, kills_at, steps, straight.events if straight else None, rng)
+    for leg in range(legs + 1):
+        if leg == legs:
             outs.append(run_leg(ctx, leg, steps))
             break
-        chosen = rng.choice(RANDOM_MOMENTS) if moment == "random" else moment
+        planned = plan[leg]
+        chosen = planned.name
+        if planned.how == "sigterm":
+            record.append(sigterm_leg(ctx, store, outs, leg, steps, planned))
+            continue
         seen: list[str] = []
-        predicate = kill_predicate(chosen)
+        predicate = kill_predicate(chosen) if planned.how != "step" else step_predicate(int(planned.step or 0))
 
         def kill_when(line: str, predicate: Callable[[str], bool] = predicate, seen: list[str] = seen) -> bool:
             hit = predicate(line)
@@ -127,25 +235,56 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
                 "steps or lower the checkpoint cadence")]
-    straight = None
-    if not ctx.gpu_count:  # the oracle: the same trainer straight through, on its own empty store
-        s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
-        straight = s_out
     from launcher.readback import check_leg_store
     from launcher.rungs.resume import oracle_checks
 
     exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
-    checks = drill_checks(outs, record, steps, straight) + [check_leg_store(store, outs[-1].events)]
+    from launcher.rungs.resume import _under_torchrun
+
+    checks = drill_checks(outs, record, steps, straight, _under_torchrun(ctx)) + \
+        [check_leg_store(store, outs[-1].events)]
     return checks + oracle_checks(ctx, [o.events for o in outs], straight.events if straight else None, exact, steps)
 
 
+def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps: int,  # noqa: ANN001
+                planned: Planned) -> Kill:
+    """A graceful stop in place of a kill: SIGTERM when rank 0 prints the planned step; then
+    the store as the next leg will find it."""
+    out = run_leg(ctx, leg, steps, ending=Ending(sigterm_at=planned.step))
+    outs.append(out)
+    newest = newest_verified(store)
+    stop = out.events.last("stop")
+    return Kill(leg, planned.name, json.dumps(stop[1]) if stop else "", newest.step if newest else None,
+                check_store_after_kill(store, outs, newest.step if newest else None, "the SIGTERM"), sigterm=out)
+
+
 def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
-                 straight: LegOutcome | None = None) -> list[Check]:
+                 straight: LegOutcome | None = None, torchrun: bool = False) -> list[Check]:
     """The kill and store checks (the timeline's come from rehearsal.oracle_checks)."""
+    from launcher.rungs.resume import check_ending
+
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
-                    ()) for k in kills]
-    checks += [check_nothing_left(outs[k.leg]) for k in kills]
+                    ()) for k in kills if k.sigterm is None]
+    for k in kills:
+        if k.sigterm is None:
+            continue
+        out = k.sigterm
+        step = int(k.moment.rsplit(" ", 1)[-1])
+        ended = check_ending(out, Ending(sigterm_at=step))
+        if ended is not None:
+            checks.append(ended)
+        checks.append(check_leg_exit(out, sigterm=torchrun))
+        stop = out.events.last("stop")
+        stopped = int(stop[1]["step"]) if stop and isinstance(stop[1].get("step"), int) else None
+        checks.append(Check(f"leg {k.leg}: its final checkpoint on SIGTERM is the store's newest verified",
+                            stopped is not None and k.expected == stopped,
+                            f"stopped at step {stopped} on the SIGTERM sent at step {step}; the newest verified "
+                            f"checkpoint in the store after it: step {k.expected}" +
+                            ("" if stopped is None or k.expected == stopped else
+                             " (no final push on SIGTERM: a spot notice loses every step since the last one)"),
+                            out.events.pointer(stop)))
+    checks += [check_nothing_left(outs[k.leg]) for k in kills if k.sigterm is None]
     checks += [k.store_check for k in kills if k.store_check is not None]
     for kill, out in zip(kills, outs[1:]):
         checks.append(check_resumed_newest(out.events, kill))
