@@ -38,7 +38,7 @@ def same_loss(a: float, b: float) -> bool:
 VARYING_FIELDS = frozenset({
     "event", "t", "rank", "step", "loss", "lr", "batch_hash",  # compared by compare_straight already
     "loss_local", "tok_s", "step_s", "phases", "gpu_phases", "mem_max_bytes", "flop_s", "mfu", "eta_s",
-    "gpu_util", "by_dtype", "opt_steps",  # timings, and counts of this leg only
+    "gpu_util", "by_dtype", "opt_steps", "nondeterministic",  # timings, and what this process saw first
 })
 """Step fields not compared with the straight-through run as printed fields: the ones
 `compare_straight` compares itself, timings, and counts of one leg."""

@@ -35,6 +35,14 @@ leg at a step (sky): a deadline fixed at launch would have to guess how long the
 start, and a leg of fast steps that started a second early would reach its step limit first."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
+DETERMINISTIC = "LAUNCHER_DETERMINISTIC"
+"""1 on the legs of the rungs whose resumes are compared run against run (rehearsal, smoke, the
+drill): the runtime turns on torch's deterministic algorithms (warn-only, each op without a
+deterministic kernel named), cudnn's deterministic mode, no TF32; the leg also gets
+CUBLAS_WORKSPACE_CONFIG. The probe and the run keep the trainer's own settings (they measure
+speed)."""
+DETERMINISTIC_RUNGS = frozenset({"rehearsal", "smoke", "drill"})
+CUBLAS_WORKSPACE = ":4096:8"
 STORE_KEY = "LAUNCHER_STORE_KEY"
 """The project's store key (hex): a secret, never recorded."""
 LEG_NAMES = (RUN_ID, LEG, RUNG, STORE, MAX_STEPS, DEADLINE, FILES_SHA256)
@@ -50,7 +58,8 @@ def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, dea
     (CUDA_VISIBLE_DEVICES=""): it rehearses the CPU path and must not depend on a GPU."""
     cpu_only = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
     relative = {} if deadline_after_resume is None else {DEADLINE_AFTER_RESUME: f"{deadline_after_resume:.2f}"}
-    return {**cpu_only, **(extra or {}),
+    exact = {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE, DETERMINISTIC: "1"} if rung in DETERMINISTIC_RUNGS else {}
+    return {**cpu_only, **exact, **(extra or {}),
             RUN_ID: run_id, LEG: str(leg), RUNG: rung, STORE: store, MAX_STEPS: str(max_steps),
             DEADLINE: str(int(deadline)), **relative, FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
 
@@ -130,6 +139,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "flops_per_token": OPT_NUM, "formula_flops_per_token": NUM, "flop_s": NUM, "mfu": OPT_NUM, "by_dtype": DICT,
     "gpu_phases": DICT, "async_save": BOOL, "blocked_s": NUM, "gpu_util": OPT_DICT, "dtype": STR, "compiled": BOOL, "device_name": STR,
     "digests": DICT, "opt_steps": INT, "step_batch_fed": BOOL, "batch_from": STR, "tracked": DICT,
+    "deterministic": OPT_DICT, "nondeterministic": LIST,
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 

@@ -50,9 +50,13 @@ class StepEvidence:
     """Hooks on the tracked objects; the evidence fields of each step event."""
 
     def __init__(self) -> None:
+        from runtime.determinism import Determinism
+
         self.fed = FedInputs()
         self.opt_steps = 0
         self.kinds: dict[str, str] = {}
+        self.determinism = Determinism()
+        """The rung's deterministic mode (runtime.determinism), on from the session's start."""
 
     def watch(self, name: str, obj: Any) -> None:
         self.kinds[name] = kind = kind_of(obj)
@@ -76,6 +80,8 @@ class StepEvidence:
             out.update(batch_hash=given, batch_from="step")
         if any(kind == "optimizer" for kind in self.kinds.values()):
             out["opt_steps"] = self.opt_steps
+        if ops := self.determinism.take():
+            out["nondeterministic"] = ops
         return out
 
 

@@ -161,7 +161,7 @@ class Session:
         events.emit("start", run_id=self.run_id, leg=self.leg, rung=self.rung, device=self.device,
                     torch=torch.__version__, world_size=self.world.world_size, params=self.params,
                     max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri,
-                    tracked=self.evidence.kinds, **start_facts)
+                    tracked=self.evidence.kinds, deterministic=self.evidence.determinism.settings, **start_facts)
         world, restore = self.world, self.work / "restore"
         choice, state = None, None
         if world.is_main:

@@ -21,8 +21,12 @@ cd "$work"
 step launcher review
 step launcher up static
 step launcher up rehearsal
-step launcher up smoke --gpus "$GPUS"
-step launcher drill cold-resume --gpus "$GPUS" --kills 2 --at mid-push
+step launcher up smoke --gpus "$GPUS" -v
+# Smoke and the drill run in the deterministic mode (runtime/determinism.py): their checks say
+# "deterministic mode: exact comparisons" when it held, or name the op that had no
+# deterministic kernel; `launcher ledger --json` keeps the line.
+step launcher drill cold-resume --gpus "$GPUS" --kills 2 --at mid-push -v
+step launcher drill cold-resume --gpus "$GPUS"
 # The probe of a ~85M-parameter model (GPT-2 small's shape, block 512): the
 # reference trainer's sustained tokens/s, memory and checkpoint cost on this GPU.
 big="${BIG_COMMAND:-python train.py --ckpt-every 200 --n-layer 12 --n-head 12 --n-embd 768 --block 512 --batch 16 --total-steps 100000 --data-tokens 4000000}"

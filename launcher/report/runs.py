@@ -114,9 +114,13 @@ def load_run(row: dict[str, Any]) -> RunData:
 
 
 def run_exact(run: RunData, cfg: Config) -> bool:
-    """A CPU run of a deterministic trainer: comparisons are exact (bit-identical)."""
-    fell_back = any(c["name"] == "CPU determinism" for c in run.row.get("checks", []))
-    return not run.row["gpu_count"] and cfg.trainer.deterministic and not fell_back
+    """Comparisons are exact (bit-identical): a CPU run of a deterministic trainer, or a GPU run
+    whose legs' deterministic mode held (launcher.state_checks.check_determinism said so)."""
+    from launcher.state_checks import EXACT_ON_GPU
+
+    names = {c["name"] for c in run.row.get("checks", [])}
+    on_cpu = not run.row["gpu_count"] and "CPU determinism" not in names
+    return cfg.trainer.deterministic and (on_cpu or (bool(run.row["gpu_count"]) and EXACT_ON_GPU in names))
 
 
 def readback_of(run: RunData, leg: int) -> dict[str, Any] | None:

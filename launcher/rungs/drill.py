@@ -236,14 +236,13 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
                 "steps or lower the checkpoint cadence")]
     from launcher.readback import check_leg_store
-    from launcher.rungs.resume import oracle_checks
 
-    exact = not ctx.gpu_count and ctx.cfg.trainer.deterministic
-    from launcher.rungs.resume import _under_torchrun
+    from launcher.rungs.resume import _under_torchrun, exact_checks
 
     checks = drill_checks(outs, record, steps, straight, _under_torchrun(ctx)) + \
         [check_leg_store(store, outs[-1].events)]
-    return checks + oracle_checks(ctx, [o.events for o in outs], straight.events if straight else None, exact, steps)
+    return checks + exact_checks(ctx, [o.events for o in outs], straight.events if straight else None,
+                                 bool(ctx.gpu_count), steps)
 
 
 def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps: int,  # noqa: ANN001

@@ -142,8 +142,18 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         ran = check_leg_exit(s_out)
         checks.append(Check(f"straight-through run (leg {legs}, no restart) finished", ran.ok, ran.detail, ran.evidence))
         straight = s_out.events
-    exact = not need_gpu and ctx.cfg.trainer.deterministic
-    return checks + oracle_checks(ctx, [o.events for o in outs], straight, exact, steps)
+    return checks + exact_checks(ctx, [o.events for o in outs], straight, need_gpu, steps)
+
+
+def exact_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, on_gpu: bool,
+                 steps: int) -> list[Check]:
+    """The timeline's checks, exact where they can be: on a CPU for a deterministic trainer,
+    on a GPU when the legs' deterministic mode held (launcher.state_checks.check_determinism)."""
+    from launcher.state_checks import EXACT_ON_GPU, check_determinism
+
+    mode = check_determinism(legs, on_gpu)
+    exact = ctx.cfg.trainer.deterministic and (not on_gpu or (mode is not None and mode.name == EXACT_ON_GPU))
+    return ([mode] if mode is not None else []) + oracle_checks(ctx, legs, straight, exact, steps)
 
 
 def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool,
