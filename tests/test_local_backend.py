@@ -84,6 +84,18 @@ def test_exit_code_is_the_legs_own(tmp_path: Path) -> None:
     assert backend.wait(backend.launch(s), timeout=60).exit_code == 7
 
 
+def launch_until_ready(tmp_path: Path, script: Path) -> tuple[LocalBackend, object, list[str]]:
+    """Launch `script` as leg 0 and wait (30 s at most) for the line `ready` it prints."""
+    files = {script.name: StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
+    backend = LocalBackend(root=tmp_path / "legs")
+    lines: list[str] = []
+    handle = backend.launch(spec(tmp_path, 0, ("python", script.name), files=files), on_line=lines.append)
+    deadline = time.time() + 30
+    while "ready\n" not in lines and time.time() < deadline:
+        time.sleep(0.05)
+    return backend, handle, lines
+
+
 def test_kill_takes_the_process_group_and_the_disk(tmp_path: Path) -> None:
     child_pid = tmp_path / "child.pid"
     script = tmp_path / "sleeper.py"
@@ -93,13 +105,7 @@ def test_kill_takes_the_process_group_and_the_disk(tmp_path: Path) -> None:
         f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid))\n"
         "print('ready', flush=True)\n"
         "time.sleep(600)\n")
-    files = {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
-    backend = LocalBackend(root=tmp_path / "legs")
-    lines: list[str] = []
-    handle = backend.launch(spec(tmp_path, 0, ("python", "sleeper.py"), files=files), on_line=lines.append)
-    deadline = time.time() + 30
-    while "ready\n" not in lines and time.time() < deadline:
-        time.sleep(0.05)
+    backend, handle, _ = launch_until_ready(tmp_path, script)
     assert backend.wait(handle, timeout=0.1) is None  # still running
     result = backend.kill(handle, reason="drill")
     assert result.killed and result.exit_code == -9 and result.end_reason == "drill"
@@ -137,14 +143,8 @@ def test_sigterm_reaches_every_process_of_the_leg_once(tmp_path: Path) -> None:
         "while len(list(COUNTS.glob('*.up'))) < 2: time.sleep(0.05)\n"
         "print('ready', flush=True)\n"
         "while True: time.sleep(0.05)\n")
-    files = {"family.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
-    backend = LocalBackend(root=tmp_path / "legs")
-    lines: list[str] = []
-    handle = backend.launch(spec(tmp_path, 0, ("python", "family.py"), files=files), on_line=lines.append)
+    backend, handle, lines = launch_until_ready(tmp_path, script)
     try:
-        deadline = time.time() + 30
-        while "ready\n" not in lines and time.time() < deadline:
-            time.sleep(0.05)
         assert "ready\n" in lines, lines
         backend.terminate(handle)
         names = ("leader", "grouped", "own-session")
