@@ -137,3 +137,22 @@ def test_kills_at_the_users_own_steps(project: Path) -> None:
     for bad in ("17,8", "0,3", "3,x"):
         res = run_cli(["drill", "cold-resume", "--kills-at", bad], cwd=project)
         assert res.code == 2 and "--kills-at" in res.err and "Traceback" not in res.err, (bad, res.err)
+
+
+def test_the_auto_plan_reads_the_straight_run_and_says_when_no_step_is_left() -> None:
+    """Where `--at auto` puts the kills, from a straight run's events alone: the LR's first turn
+    after the first storage cycle (a SIGKILL a step later), the first epoch boundary (a SIGTERM
+    a step later); and nothing when the first cycle leaves no step before the run's end (the
+    drill then answers no, naming the fix, instead of running fewer kills than asked)."""
+    from launcher.evidence import LegEvents
+    from launcher.rungs.drill import Planned, auto_plan
+
+    def straight(prune_at: int, lrs: list[float], epochs: list[int]) -> LegEvents:
+        items = [(s, {"event": "step", "step": s, "lr": lr, "epoch": ep})
+                 for s, (lr, ep) in enumerate(zip(lrs, epochs), start=1)]
+        return LegEvents(9, Path("leg-9-straight.log"), items + [(99, {"event": "prune", "step": prune_at})])
+
+    ev = straight(5, [2.0] * 16 + [1.0] * 8, [0] * 8 + [1] * 16)  # epoch 1 from step 9, the LR cut at 17
+    assert auto_plan(2, 24, ev) == [Planned("sigterm", 10), Planned("step", 18)]
+    assert auto_plan(1, 24, ev) == [Planned("step", 18)]  # one kill: the LR's turn comes first
+    assert auto_plan(2, 8, straight(7, [2.0] * 8, [0] * 8)) == []  # the first cycle at 7 of 8 steps

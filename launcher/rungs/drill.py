@@ -77,7 +77,6 @@ class Planned:
 
     how: str
     step: int | None = None
-    why: str = ""
 
     @property
     def name(self) -> str:
@@ -116,14 +115,14 @@ def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planne
     if straight is not None:
         turn = lr_turns(straight, first)
         if turn is not None and turn + 1 < steps:
-            marks.append(Planned("step", turn + 1, f"just after the LR's course changed at step {turn}"))
+            marks.append(Planned("step", turn + 1))  # just after the LR's course changed
         boundary = epoch_starts(straight, first)
         if boundary is not None and boundary + 1 < steps:
-            marks.append(Planned("sigterm", boundary + 1, f"just after epoch boundary at step {boundary}"))
+            marks.append(Planned("sigterm", boundary + 1))  # just after the epoch boundary
     if not any(m.how == "sigterm" for m in marks) and kills > len(marks):
-        marks.append(Planned("sigterm", None, "a graceful stop mid-run"))
+        marks.append(Planned("sigterm"))  # a graceful stop mid-run, placed below
     while len(marks) < kills:
-        marks.append(Planned("step", None, "spread between"))
+        marks.append(Planned("step"))  # spread between, placed below
     marks = marks[:kills]
     fixed = sorted({m.step for m in marks if m.step is not None})
     free = [m for m in marks if m.step is None]
@@ -131,14 +130,14 @@ def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planne
     spots = [s for s in range(first + 2, steps) if all(abs(s - f) > 1 for f in fixed)]
     chosen = [spots[(i + 1) * len(spots) // (len(free) + 1)] for i in range(len(free))] if spots else []
     placed = [m for m in marks if m.step is not None] + [
-        Planned(m.how, step, m.why) for m, step in zip(free, chosen)]
+        Planned(m.how, step) for m, step in zip(free, chosen)]
     return sorted(placed, key=lambda m: m.step or 0)
 
 
 def planned_kills(kills: int, moment: str, kills_at: list[int] | None, steps: int,
                   straight: LegEvents | None, rng: random.Random) -> list[Planned]:
     if kills_at:
-        return [Planned("step", s, "--kills-at") for s in kills_at]
+        return [Planned("step", s) for s in kills_at]
     if moment == AUTO:
         return auto_plan(kills, steps, straight)
     return [Planned(rng.choice(RANDOM_MOMENTS) if moment == "random" else moment) for _ in range(kills)]
@@ -162,8 +161,9 @@ class Kill:
     """The newest verified checkpoint's step in the store once the leg was dead (None: nothing verified)."""
     store_check: Check | None = None
     """The launcher's read of that checkpoint, against what the legs' logs say was verified."""
-    sigterm: LegOutcome | None = None
-    """A graceful stop, not a kill: the leg itself (it must stop on the SIGTERM with a final push)."""
+    sigterm_at: int | None = None
+    """A graceful stop, not a kill: the SIGTERM went when rank 0 printed this step (the leg must
+    stop on it with a final push)."""
 
 
 def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  # noqa: ANN001
@@ -188,19 +188,21 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
 
 def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
               kills_at: list[int] | None = None) -> list[Check]:
-    """Kill and relaunch `kills` times, then let the last leg finish; return the checks. On a
-    CPU the straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
+    """Kill and relaunch `kills` times (with `kills_at`, one kill at each of its steps: the
+    caller passes their count), then let the last leg finish; return the checks. On a CPU the
+    straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
     rng = random.Random(seed)
     store = ctx.open_store()
     outs: list[LegOutcome] = []
     record: list[Kill] = []
     straight = None
-    legs = len(kills_at) if kills_at else kills
     if not ctx.gpu_count:  # the oracle: the same trainer straight through, on its own empty store
-        straight = run_leg(ctx, legs + 1, steps, ending=Ending(straight=True))
+        straight = run_leg(ctx, kills + 1, steps, ending=Ending(straight=True))
     plan = planned_kills(kills, moment, kills_at, steps, straight.events if straight else None, rng)
-    for leg in range(legs + 1):
-        if leg == legs:
+    if len(plan) < kills:  # --at auto: no step left between the first checkpoint and the run's end
+        return [no_room(kills, len(plan), steps)]
+    for leg in range(kills + 1):
+        if leg == kills:
             outs.append(run_leg(ctx, leg, steps))
             break
         planned = plan[leg]
@@ -245,6 +247,12 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                                  bool(ctx.gpu_count), steps)
 
 
+def no_room(kills: int, room: int, steps: int) -> Check:
+    return Check("the drill's kills fit its steps", False,
+                 f"{kills} kills planned, room for {room} between the first storage cycle and step {steps}: "
+                 "raise rungs.drill.steps or lower the checkpoint cadence")
+
+
 def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps: int,  # noqa: ANN001
                 planned: Planned) -> Kill:
     """A graceful stop in place of a kill: SIGTERM when rank 0 prints the planned step; then
@@ -254,7 +262,8 @@ def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps:
     newest = newest_verified(store)
     stop = out.events.last("stop")
     return Kill(leg, planned.name, json.dumps(stop[1]) if stop else "", newest.step if newest else None,
-                check_store_after_kill(store, outs, newest.step if newest else None, "the SIGTERM"), sigterm=out)
+                check_store_after_kill(store, outs, newest.step if newest else None, "the SIGTERM"),
+                sigterm_at=planned.step)
 
 
 def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
@@ -264,12 +273,11 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
 
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
-                    ()) for k in kills if k.sigterm is None]
+                    ()) for k in kills if k.sigterm_at is None]
     for k in kills:
-        if k.sigterm is None:
+        if k.sigterm_at is None:
             continue
-        out = k.sigterm
-        step = int(k.moment.rsplit(" ", 1)[-1])
+        out, step = outs[k.leg], k.sigterm_at
         ended = check_ending(out, Ending(sigterm_at=step))
         if ended is not None:
             checks.append(ended)
@@ -283,7 +291,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
                             ("" if stopped is None or k.expected == stopped else
                              " (no final push on SIGTERM: a spot notice loses every step since the last one)"),
                             out.events.pointer(stop)))
-    checks += [check_nothing_left(outs[k.leg]) for k in kills if k.sigterm is None]
+    checks += [check_nothing_left(outs[k.leg]) for k in kills if k.sigterm_at is None]
     checks += [k.store_check for k in kills if k.store_check is not None]
     for kill, out in zip(kills, outs[1:]):
         checks.append(check_resumed_newest(out.events, kill))
