@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from runtime import contract
-from runtime.static_source import configurator_of, unresolved_imports, uses_argparse
+from runtime.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
 
 PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 
@@ -117,6 +117,9 @@ class _Parsed(BaseException):
         self.namespace = namespace
 
 
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
 def last_error_line(text: str) -> str | None:
     """The last line of stderr that is not part of a warning (`file:line: FooWarning: ...` and
     the source line Python prints under it): a deprecation notice is not why a script stopped."""
@@ -133,9 +136,6 @@ def last_error_line(text: str) -> str | None:
             continue
         keep.append(line)
     return keep[-1] if keep else None
-
-
-_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 
 def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
@@ -235,12 +235,7 @@ def foreign_modules(root: Path) -> list[str]:
     """Modules loaded from outside the interpreter's own library, its site-packages, the
     reviewed files (the staged folder `root`) and the leg runtime: an import by absolute
     path or a `sys.path` edit that would fail on a fresh instance."""
-    import site
-    import sysconfig
-
-    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
-    allowed |= {root.resolve(), Path(__file__).resolve().parent}
+    allowed = allowed_roots(root)
     found = []
     for name, module in sorted(sys.modules.items()):
         path = getattr(module, "__file__", None)

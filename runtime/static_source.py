@@ -9,6 +9,28 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Iterator
+
+
+def allowed_roots(root: Path) -> set[Path]:
+    """Where a module may come from on a fresh instance: the interpreter's own library, its
+    site-packages, the reviewed files (the staged folder `root`) and the leg runtime."""
+    import site
+    import sysconfig
+
+    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    return allowed | {root.resolve(), Path(__file__).resolve().parent}
+
+
+def reviewed_trees(root: Path) -> Iterator[tuple[Path, ast.Module]]:
+    """Each reviewed .py file under `root` that parses, with its syntax tree."""
+    for f in sorted(root.rglob("*.py")):
+        try:
+            yield f, ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+
 
 def configurator_of(kind: str, target: str) -> str | None:
     """The file a script execs at module level to read its command line, nanoGPT's
@@ -51,11 +73,7 @@ ARGPARSE_NAMES = {"ArgumentParser", "HfArgumentParser", "parse_args", "parse_kno
 
 def uses_argparse(root: Path) -> bool:
     """Whether any reviewed .py file names argparse or an argparse-style parser (read, not run)."""
-    for f in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
+    for _, tree in reviewed_trees(root):
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in ARGPARSE_NAMES or \
                     isinstance(node, ast.Attribute) and node.attr in ARGPARSE_NAMES or \
@@ -72,20 +90,11 @@ def unresolved_imports(root: Path) -> tuple[list[str], list[str]]:
     files. Imports inside `try:` are optional by intent and left out. Returns (required,
     conditional): an import under an `if` (nanoGPT's `if wandb_log: import wandb`) runs only
     when its branch does, so it is said as a note, not failed."""
-    import site
-    import sysconfig
-
-    allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
-    allowed |= {root.resolve(), Path(__file__).resolve().parent}
+    allowed = allowed_roots(root)
     names: dict[str, str] = {}
     conditional: set[str] = set()
     required: set[str] = set()
-    for f in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
+    for f, tree in reviewed_trees(root):
         optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
         branch = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and not _is_main_guard(t)
                   for n in ast.walk(t) if n is not t}
