@@ -27,12 +27,10 @@ _ALERT = re.compile(r"^(?P<op>\S+) does not have a deterministic implementation"
 class Determinism:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         env = os.environ if env is None else env
-        self.on = env.get(contract.DETERMINISTIC) == "1"
-        self.settings: dict[str, Any] | None = None
         self._ops: list[str] = []
         self._seen: set[str] = set()
-        if self.on:
-            self.settings = self._apply(env)
+        self.settings: dict[str, Any] | None = self._apply(env) if env.get(contract.DETERMINISTIC) == "1" else None
+        """What the mode set (the `start` event's `deterministic`); None: the mode is off."""
 
     def _apply(self, env: dict[str, str]) -> dict[str, Any]:
         import torch

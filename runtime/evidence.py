@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from runtime.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
+from runtime.determinism import Determinism
 
 KINDS = ("model", "optimizer", "scheduler", "data", "other")
 
@@ -50,8 +51,6 @@ class StepEvidence:
     """Hooks on the tracked objects; the evidence fields of each step event."""
 
     def __init__(self) -> None:
-        from runtime.determinism import Determinism
-
         self.fed = FedInputs()
         self.opt_steps = 0
         self.kinds: dict[str, str] = {}

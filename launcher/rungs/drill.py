@@ -239,9 +239,9 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                 "steps or lower the checkpoint cadence")]
     from launcher.readback import check_leg_store
 
-    from launcher.rungs.resume import _under_torchrun, exact_checks
+    from launcher.rungs.resume import under_torchrun, exact_checks
 
-    checks = drill_checks(outs, record, steps, straight, _under_torchrun(ctx)) + \
+    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
         [check_leg_store(store, outs[-1].events)]
     return checks + exact_checks(ctx, [o.events for o in outs], straight.events if straight else None,
                                  bool(ctx.gpu_count), steps)

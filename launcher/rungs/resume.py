@@ -48,7 +48,7 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     return steps - 1, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
 
 
-def _under_torchrun(ctx: RunContext) -> bool:
+def under_torchrun(ctx: RunContext) -> bool:
     """The leg's program is torchrun, which exits 1 after a SIGTERM once its ranks are done: only
     then is a non-zero exit after the launcher's SIGTERM judged by the ranks' `done` events. A
     plain Python trainer exits 0 after a graceful stop; its exit 1 is a failure (a rank-only
@@ -89,7 +89,7 @@ def _outran(out: LegOutcome, action: str) -> str:
     steps = [(int(e["step"]), float(e["t"])) for _, e in out.events.all("step")
              if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)]
     before = [s for s, t in steps if t <= out.acted_at]
-    if not before or not steps:
+    if not before:
         return ""
     at, last = max(before), max(s for s, _ in steps)
     if at >= last:
@@ -115,7 +115,7 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
         max_steps, ending = plan_endings(ctx, steps, legs, outs[0] if outs else None, leg)
         out = run_leg(ctx, leg, max_steps, ending=ending)
         outs.append(out)
-        exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None and _under_torchrun(ctx))
+        exited = check_leg_exit(out, sigterm=ending.sigterm_at is not None and under_torchrun(ctx))
         checks.append(exited)
         if silent(out.events):
             return checks  # one answer, naming the cause: the checks after it would only echo it
