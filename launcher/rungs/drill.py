@@ -239,7 +239,7 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                 "steps or lower the checkpoint cadence")]
     from launcher.readback import check_leg_store
 
-    from launcher.rungs.resume import under_torchrun, exact_checks
+    from launcher.rungs.resume import exact_checks, under_torchrun
 
     checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
         [check_leg_store(store, outs[-1].events)]
