@@ -59,7 +59,7 @@ def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], 
 def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
              reviewed: dict[str, str], image: str | None) -> str:
     """The rendered leg-0 launch and the quota arithmetic, as text."""
-    straight = " (+1 straight-through leg on the CPU, the oracle)" if rung.name in ("rehearsal", "drill") and not gpus else ""
+    straight = " (+1 straight-through leg on the CPU, the oracle)" if rung.name in ("rehearsal", "probe", "drill") and not gpus else ""
     legs = "leg after leg to its last step" if rung.name == "run" else f"{rung.legs} legs{straight}"
     out = [f"dry run: rung {rung.name} on {backend}, {legs}, nothing launched or recorded"]
     from launcher.legs import redact

@@ -38,6 +38,10 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
                  "leg 1: exact data position (batch hashes)", "no batch read twice (2 legs, 80 steps)",
                  "leg 1: the launcher read back its checkpoint from the store"):
         assert checks[name]["ok"], checks[name]
+    # the rehearsal's oracle: a third leg straight through, the resumed run equal to it, and the length
+    for name in ("straight-through run (leg 2, no restart) finished", "resumed run = straight-through run",
+                 "the run ended at exactly its step count"):
+        assert checks[name]["ok"], checks[name]
     assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "probe" and run["gpu_count"] == 0 and run["billed_gpu_hours"] == 0
@@ -82,3 +86,18 @@ def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
     assert "standard error" in check_sustained(_leg(tmp_path, [{"event": "rate", "step": 9, "tok_s": 5.0,
                                                                "window_first": 2, "window_last": 9, "seconds": 1.0,
                                                                "rel_err": None}])).detail
+
+
+def test_a_cpu_probe_catches_a_reseeded_rng_by_the_straight_through_run(tmp_path: Path, leg_tmp: Path) -> None:
+    """The probe's cold resume was compared within a band, with no oracle: a batch RNG
+    reseeded on resume (every resumed batch one leg 0 already drew) passed it. With --cpu the
+    straight-through run names the first batch that differs."""
+    from tests.test_planted_bugs import copy_example, plant
+
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\ntorch.manual_seed(1337)\n")
+    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert res.code == 1 and checks["leg 1 resumed from the store"]["ok"], checks
+    oracle = checks["resumed run = straight-through run"]
+    assert not oracle["ok"] and "batch_hash" in oracle["detail"], oracle

@@ -4,7 +4,9 @@ Two legs on fresh instances. Leg 0 trains most of the rung's steps and is
 measured: the sustained rate (warm-up excluded, with its standard error), the
 memory trend (flat or leaking), and the checkpoint cycle's cost at the
 configured cadence. Leg 1 is a cold resume from the store on an empty disk,
-checked like every resume (position, LR, loss continuity, no re-read).
+checked like every resume (position, LR, loss continuity, no re-read), and must
+end at exactly the rung's step count. With --cpu a third leg runs straight
+through, and the resumed run must equal it, as in the rehearsal.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     if need_gpu:
         checks.append(check_device(second))
     from launcher.readback import check_leg_store
-    from launcher.state_checks import timeline_checks
+    from launcher.rungs.resume import check_run_length, straight_and_exact
 
     store = ctx.open_store()
     checks += [check_resumed(second.events, pushed_step), check_pushed(second.events)[0],
-               check_leg_store(store, second.events)]
-    # On a GPU the band, not bit-identity: kernels are not deterministic across runs.
-    return checks + timeline_checks([first.events, second.events], None, exact=False)
+               check_leg_store(store, second.events), check_run_length(second, steps)]
+    # With --cpu, the rehearsal's oracle: a straight-through run and exact comparisons. On a GPU
+    # the band: the probe keeps the user's settings (it measures speed), so no deterministic mode.
+    return checks + straight_and_exact(ctx, [first, second], steps, need_gpu)
