@@ -101,3 +101,16 @@ def test_a_cpu_probe_catches_a_reseeded_rng_by_the_straight_through_run(tmp_path
     assert res.code == 1 and checks["leg 1 resumed from the store"]["ok"], checks
     oracle = checks["resumed run = straight-through run"]
     assert not oracle["ok"] and "batch_hash" in oracle["detail"], oracle
+
+
+def test_a_cpu_probe_names_a_leg_that_trains_past_its_step_limit(tmp_path: Path, leg_tmp: Path) -> None:
+    """The trainer hands the session its own step count, so LAUNCHER_MAX_STEPS is ignored: the
+    probe asked for 30 steps and the legs trained to the script's 200. The run length says so."""
+    from tests.test_planted_bugs import copy_example, plant
+
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "total_steps=args.max_iters,", "total_steps=args.max_iters, max_steps=args.max_iters,")
+    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    length = checks["the run ended at exactly its step count"]
+    assert res.code == 1 and not length["ok"] and "at step 200 of 30" in length["detail"], checks
