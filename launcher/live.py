@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.events import DAMAGED, parse_line
 
-QUIET = {"session", "step", "save", "serialized", "state_digest", "flops", "push", "verify", "delete_local", "prune", "memory", "rate", "health"}
+QUIET = {"session", "step", "save", "serialized", "state_digest", "trains_from", "flops", "push", "verify",
+         "delete_local", "prune", "memory", "rate", "health"}
 PUSH_WAIT_SHOWN_S = 0.5
 
 
@@ -74,7 +75,8 @@ def _flops(e: dict[str, Any]) -> str:
 
 def _state_digest(e: dict[str, Any]) -> str:
     digests = e.get("digests") or {}
-    return f"step {e['step']} state digests: " + ", ".join(f"{k} {str(v)[:8]}" for k, v in sorted(digests.items()))
+    head = "trains from step" if e["event"] == "trains_from" else "step"
+    return f"{head} {e['step']} state digests: " + ", ".join(f"{k} {str(v)[:8]}" for k, v in sorted(digests.items()))
 
 
 def _push(e: dict[str, Any]) -> str:
@@ -151,6 +153,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     "save": _save,
     "serialized": _serialized,
     "state_digest": _state_digest,
+    "trains_from": _state_digest,
     "flops": _flops,
     "push": _push,
     "verify": _verify,

@@ -91,3 +91,62 @@ def check_leg_store(store: Any, ev: LegEvents) -> Check:
     if reason in ("sigterm", "deadline") and ok:
         detail += f"; the leg stopped on {reason} at step {last} and left that step verified"
     return Check(name, ok, detail, ev.pointer(item))
+
+
+class StateReader:
+    """The launcher's read of checkpoints' *state*: `runtime.loadcheck --serve` in the trainer's
+    interpreter (the launcher has no torch), started at once (its torch import overlaps the
+    drill's first legs) and kept for every read, so torch is imported once. Each read fetches
+    the checkpoint whole, checks every file against its manifest, loads it as a leg would
+    (`weights_only`) and digests it. Any failure is that read's answer (`ok: false` and why),
+    never an exception."""
+
+    READ_TIMEOUT_S = 1800.0
+
+    def __init__(self, python: str, store_uri: str, prefix: str, env: dict[str, str]) -> None:
+        import subprocess
+
+        self.argv = [python, "-m", "runtime.loadcheck", "--serve", store_uri, prefix]
+        self.proc: Any = None
+        self.broken: str | None = None
+        self.errors = tempfile.TemporaryFile()  # a file, not a pipe: warnings can never fill it and block the reader
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.errors, text=True, env=env)
+        except OSError as err:
+            self.broken = f"{python} could not start: {err}"
+
+    def read(self, name: str, kinds: dict[str, str]) -> dict[str, Any]:
+        import json
+        import select
+
+        if self.broken is None:
+            try:
+                self.proc.stdin.write(json.dumps({"name": name, "kinds": kinds}) + "\n")
+                self.proc.stdin.flush()
+                ready, _, _ = select.select([self.proc.stdout], [], [], self.READ_TIMEOUT_S)
+                line = self.proc.stdout.readline() if ready else ""
+                if line:
+                    return json.loads(line)
+                self.broken = f"no answer within {self.READ_TIMEOUT_S:g} s" if not ready else self._why_ended()
+            except (OSError, ValueError) as err:
+                self.broken = f"{type(err).__name__}: {err}"
+            self.close()
+        return {"ok": False, "name": name, "error": f"the launcher could not read the state ({self.broken})"}
+
+    def _why_ended(self) -> str:
+        self.proc.kill()
+        self.proc.wait()
+        self.errors.seek(0)
+        err = self.errors.read().decode(errors="replace").strip().splitlines()
+        return f"{' '.join(self.argv[:3])} ended: {err[-1][:300] if err else 'no output'}"
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+            self.proc = None
+        self.errors.close()
+        self.broken = self.broken or "closed"

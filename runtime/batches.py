@@ -128,6 +128,8 @@ class FedInputs:
         """Per forward: its digest (str), or a (host copies, done-event) pair still to hash."""
         self.tensors: dict[Signature, set[str]] = {}
         """Every fed tensor's own digest this step, by kind and shape (the `batch=` cross-check)."""
+        self.first: Any = None
+        """Called once, at the next training forward, before its inputs are hashed (then cleared)."""
 
     def watch(self, module: torch.nn.Module) -> None:
         module.register_forward_pre_hook(self._hook, with_kwargs=True)
@@ -135,6 +137,9 @@ class FedInputs:
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
+        if self.first is not None:
+            first, self.first = self.first, None
+            first()
         items = list(_tensors({"args": list(args), **kwargs}))
         if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in items):
             copies = [(path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)

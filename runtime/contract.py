@@ -129,6 +129,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "stop": {"reason": STR},
     "done": {"step": INT},
     "state_digest": {"step": INT, "digests": DICT},
+    "trains_from": {"step": INT, "digests": DICT},
 }
 # Fields that need not be there, but that consumers read as this type when they are.
 OPTIONAL_FIELDS: dict[str, str] = {

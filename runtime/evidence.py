@@ -14,6 +14,11 @@
   object as loaded at a resume (the `resume` event's `digests`). On a CPU every digest at every
   checkpoint step must equal the straight-through run's: a counter or a plateau scheduler that
   diverges shows in the state the moment it diverges, before any loss does.
+- **The state training starts from** (`trains_from`): after a resume, at the first training
+  forward, the digests of each tracked model's weights and each optimizer's moments. The
+  launcher compares them with its own read of the store's checkpoint: a loop that replaces
+  the restored state before it trains (a host-local copy, a newer checkpoint that never
+  verified) is named, though the session itself loaded the right one.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime import events
 from runtime.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
 from runtime.determinism import Determinism
 
@@ -63,6 +69,14 @@ class StepEvidence:
             self.fed.watch(obj)
         if kind == "optimizer" and isinstance(obj, torch.optim.Optimizer):
             obj.register_step_post_hook(self._stepped)
+
+    def trains_from(self, tracked: dict[str, Any], step: int) -> None:
+        """After a resume to `step`: at the first training forward, print `trains_from` with
+        the digests of the state that forward trains (`trained_state_digests`)."""
+        def emit() -> None:
+            states = {n: o.state_dict() for n, o in tracked.items() if self.kinds.get(n) in TRAINED_KINDS}
+            events.emit("trains_from", step=step, digests=trained_state_digests(states, self.kinds))
+        self.fed.first = emit
 
     def _stepped(self, *_: Any) -> None:
         self.opt_steps += 1
@@ -127,4 +141,21 @@ def state_digests(state: dict[str, Any], names: list[str]) -> dict[str, str]:
     rngs = state.get("rng") or []
     for stream in sorted({k for r in rngs if isinstance(r, dict) for k in r}):
         out[f"rng.{stream}"] = state_digest([r.get(stream) for r in rngs if isinstance(r, dict)])
+    return out
+
+
+TRAINED_KINDS = ("model", "optimizer")
+
+
+def trained_state_digests(states: dict[str, Any], kinds: dict[str, str]) -> dict[str, str]:
+    """What a resumed leg trains from: each model's weights and each optimizer's moments (its
+    `state`; not its `param_groups`, whose LR a loop may set before the forward, as nanoGPT
+    does). The launcher computes the same from the store's checkpoint (runtime.loadcheck)."""
+    out = {}
+    for name, kind in kinds.items():
+        value = states.get(name)
+        if kind == "model" and value is not None:
+            out[name] = state_digest(value)
+        elif kind == "optimizer" and isinstance(value, dict):
+            out[name] = state_digest(value.get("state", {}))
     return out

@@ -8,6 +8,14 @@ itself never imports it) on the final checkpoint before it calls a stop clean.
 It runs on the host, so it loads exactly as a leg does: no symlink followed,
 no byte past the manifest's sizes, `torch.load(weights_only=True)`.
 Exit 0 loadable, 1 not.
+
+    python -m runtime.loadcheck --serve STORE_URI PREFIX
+
+reads one request a line on stdin (`{"name": NAME, "kinds": {tracked name: kind}}`) and
+answers each with the same JSON line plus the state's digests: `digests`, per object as
+the session's `state_digest` event computes them, and `trains_from`, the weights and
+moments a leg resumed from it must train from (runtime.evidence). The drill runs one per
+drill, in the trainer's interpreter, so torch is imported once, not once per kill.
 """
 
 from __future__ import annotations
@@ -17,18 +25,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from runtime.checkpoint import load_local
 from runtime.store import open_store
+from runtime.store.base import Store
 
 
 def check(uri: str, prefix: str, name: str) -> dict:
+    return read(open_store(uri, prefix), name)[0]
+
+
+def read(store: Store, name: str) -> tuple[dict, dict | None]:
+    """(the answer, the state loaded: None where there is none to digest)."""
     began = time.perf_counter()
-    store = open_store(uri, prefix)
     listed = {c.name: c for c in store.list()}
     info = listed.get(name)
     if info is None:
-        return {"ok": False, "name": name, "error": "not in the store"}
+        return {"ok": False, "name": name, "error": "not in the store"}, None
     fmt = info.manifest.meta.get("format") if isinstance(info.manifest.meta, dict) else None
     with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
         try:
@@ -40,10 +54,10 @@ def check(uri: str, prefix: str, name: str) -> dict:
                     check_windows(folder, info.seal)
                 return {"ok": True, "name": name, "step": info.step, "verified": info.verified,
                         "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt,
-                        "seconds": round(time.perf_counter() - began, 3)}
+                        "seconds": round(time.perf_counter() - began, 3)}, None
             state, manifest = load_local(folder, seal=info.seal, fetched=True)
         except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
-            return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}
+            return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}, None
     # The session's own keys; everything else is whatever the trainer tracked (model, optimizer, ...).
     missing = [k for k in ("step", "rng") if k not in state]
     step_ok = state.get("step") == info.step
@@ -54,13 +68,39 @@ def check(uri: str, prefix: str, name: str) -> dict:
            "keys": sorted(state), "missing_keys": missing, "seconds": round(time.perf_counter() - began, 3)}
     if error:
         out["error"] = error
-    return out
+    return out, state
+
+
+def serve(uri: str, prefix: str, requests: Any, answer: Any) -> None:
+    """One answer line per request line (module docstring), until stdin closes."""
+    from runtime.evidence import state_digests, trained_state_digests
+
+    store = open_store(uri, prefix)
+    for line in requests:
+        try:
+            request = json.loads(line)
+            name, kinds = str(request["name"]), dict(request.get("kinds") or {})
+        except (ValueError, KeyError, TypeError) as err:
+            out: dict = {"ok": False, "error": f"bad request: {type(err).__name__}: {err}"}
+        else:
+            try:
+                out, state = read(store, name)
+            except Exception as err:  # noqa: BLE001 - a store error is this checkpoint's answer, not the server's end
+                out, state = {"ok": False, "name": name, "error": f"{type(err).__name__}: {err}"}, None
+            if state is not None:
+                out["digests"] = state_digests(state, sorted(state))
+                out["trains_from"] = trained_state_digests(state, kinds)
+        answer.write(json.dumps(out) + "\n")
+        answer.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "--serve":
+        serve(args[1], args[2], sys.stdin, sys.stdout)
+        return 0
     if len(args) != 3:
-        print("usage: python -m runtime.loadcheck STORE_URI PREFIX NAME", file=sys.stderr)
+        print("usage: python -m runtime.loadcheck STORE_URI PREFIX NAME | --serve STORE_URI PREFIX", file=sys.stderr)
         return 2
     result = check(*args)
     print(json.dumps(result))

@@ -17,8 +17,8 @@ What it does for the trainer (DESIGN.md's leg contract):
   optimizer, scheduler, sampler, a stateful loader), every RNG stream (python, numpy,
   torch, CUDA) per rank, the step and the tokens, from the newest verified checkpoint
   that fetches, checks and loads; damaged ones are skipped with `resume_skip`;
-- `step()` prints the `step` event every step, with the hash of the batch it was
-  handed (the launcher's data checks rest on that hash, not on what the trainer
+- `step()` prints the `step` event every step, with the hash of the inputs the tracked
+  model was fed (runtime.evidence: the data checks rest on it, not on what the trainer
   says), snapshots the state on the cadence (a copy at the step boundary: the state
   at one step) and writes it and runs the storage cycle in the background (write,
   push, verify by reading back, delete the local copy, prune; runtime.checkpoint);
@@ -59,9 +59,7 @@ from runtime.steptime import FlopProbe, StepClock
 from runtime.store import StoreError, open_store
 from runtime.window import emit_memory, emit_rate
 
-
-def _nothing() -> None:
-    return None
+_no_step_hook: Callable[[], None] = lambda: None  # noqa: E731 - an object with no on_step()
 
 
 def resolve_device(requested: str = "auto") -> str:
@@ -206,11 +204,12 @@ class Session:
             self._exit(EXIT_REFUSED)
         set_rng_state(state["rng"][world.rank])
         self.step_count, self.tokens = int(state["step"]), int(state.get("tokens", 0))
-        lr = self.current_lr()
+        if world.is_main:  # the state the first training forward trains from, for the launcher's read
+            self.evidence.trains_from(self.tracked, self.step_count)
         if self.lr_schedule is not None:
             facts["lr_expected"] = float(self.lr_schedule(self.step_count))
         fields: dict[str, Any] = {"from_step": self.step_count, "checkpoint": name, "tokens_consumed": self.tokens}
-        if lr is not None:
+        if (lr := self.current_lr()) is not None:
             fields["lr"] = lr
         events.emit("resume", **{**fields, **facts})
 
@@ -275,7 +274,7 @@ class Session:
             self._exit(EXIT_FAILED)
         step = self.step_count
         for obj in self.tracked.values():
-            getattr(obj, "on_step", _nothing)()
+            getattr(obj, "on_step", _no_step_hook)()
         self._history.append((step, self.tokens - self._resume_tokens, time.time()))
         if step % self.metrics_every == 0:
             self._emit_window()

@@ -69,16 +69,19 @@ def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None
 
 
 @pytest.mark.slow
-def test_kill_9_matrix_twenty_random_kills(project: Path) -> None:
-    """>= 20 kills at random moments across step/push/verify/prune; every resume exact."""
-    edit_config(project, rungs__drill={"steps": 130, "budget_minutes": 10})
-    code, checks, run = drill(project, "--kills", "20", "--at", "random", "--seed", "7")
+def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
+    """8 kills at random moments, each of step/push/verify/prune twice (seed 3); every resume
+    exact, each checked against the launcher's read of the store's state. (It was 20 kills over
+    130 steps, 92 s of a 20-minute suite; all 20 resumed exactly in every run on record.)"""
+    edit_config(project, rungs__drill={"steps": 60, "budget_minutes": 10})
+    code, checks, run = drill(project, "--kills", "8", "--at", "random", "--seed", "3")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
-    moments = {c["name"].split("killed ")[1] for c in checks.values() if " killed " in c["name"]}
-    assert moments == {"after-push", "mid-push", "mid-verify", "mid-step"}  # every moment was hit
+    moments = [c["name"].split("killed ")[1] for c in checks.values() if " killed " in c["name"]]
+    assert sorted(moments) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each hit twice
     resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
-    assert len(resumed) == 20 and all(c["ok"] for c in resumed)
-    assert sum(leg["killed"] for leg in run["legs"]) == 20
+    assert len(resumed) == 8 and all(c["ok"] and "the launcher's read of that checkpoint" in c["detail"]
+                                     for c in resumed), resumed
+    assert sum(leg["killed"] for leg in run["legs"]) == 8
 
 
 def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:

@@ -351,3 +351,84 @@ def test_a_plateau_scheduler_left_out_of_the_state(tmp_path: Path, leg_tmp: Path
     assert res.code == 1 and "lr" in bad["resumed run = straight-through run"], bad
     assert any("LR follows the schedule" in name for name in bad), bad
     report_fails(root, 3)
+
+
+def drill(root: Path, *args: str) -> tuple[int, dict[str, dict]]:
+    res = run_cli(["drill", "cold-resume", *args, "--json"], cwd=root, timeout=900)
+    return res.code, {c["name"]: c for c in res.json()["checks"]}
+
+
+def short_drill(root: Path) -> None:
+    """15 steps (a checkpoint every 5): room for one kill after the first storage cycle."""
+    cfg = root / "launcher.yaml"
+    cfg.write_text(cfg.read_text().replace("drill: {steps: 30", "drill: {steps: 15"))
+
+
+def test_a_resume_from_a_host_local_cache_is_named_by_the_launchers_read(tmp_path: Path, leg_tmp: Path) -> None:
+    """The trainer keeps its own copy of the state on the host's disk (every 5 steps, outside
+    the leg's disk) and loads it over what `sess.resume()` restored: on a cloud's fresh instance
+    that copy is gone (or stale). The `resume` event still names the store's checkpoint; the
+    state the first training forward used is compared with the launcher's own read of it."""
+    root = copy_example("plain_loop", tmp_path)
+    short_drill(root)
+    cache = tmp_path / "host-cache.pt"  # outside every leg's fresh dir: survives the kill
+    plant(root, "sess.resume()\n",
+          "sess.resume()\n"
+          f"CACHE = {str(cache)!r}  # the bug: the host's own copy wins over the store's\n"
+          "import os\n"
+          "if sess.step_count and os.path.exists(CACHE):\n"
+          "    cached = torch.load(CACHE, weights_only=True)\n"
+          "    model.load_state_dict(cached['model'])\n"
+          "    opt.load_state_dict(cached['opt'])\n")
+    plant(root, "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n",
+          "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n"
+          "        if sess.step_count % 5 == 3:  # never a checkpoint's step\n"
+          "            torch.save({'model': model.state_dict(), 'opt': opt.state_dict()}, CACHE)\n"
+          "        __import__('time').sleep(0.05)  # 50 ms steps: the kill lands a step or two past step 5's cycle\n")
+    code, checks = drill(root, "--kills", "1", "--at", "mid-step")  # two steps past the first verified one
+    bad = failed(checks)
+    resumed = bad["leg 1 resumed from the newest verified checkpoint"]
+    assert code == 1 and "is not that checkpoint's: model" in resumed, bad
+    assert "matches no checkpoint the store held" in resumed, resumed
+    assert "matches no checkpoint the store held" in report_fails(root, 6)[6]
+
+
+SLOW_VERIFY = '''
+import time as _time
+import runtime.cycle as _cycle
+
+_verify = _cycle.verify_checkpoint
+
+
+def _slow_verify(*args, **kwargs):  # a slow store: the read-back takes a second, so a kill lands in it
+    _time.sleep(1.0)
+    return _verify(*args, **kwargs)
+
+
+_cycle.verify_checkpoint = _slow_verify
+'''
+
+
+def test_a_resume_from_a_checkpoint_that_never_verified_is_named_by_the_launchers_read(
+        tmp_path: Path, leg_tmp: Path) -> None:
+    """Killed while the step-10 checkpoint was being read back: the store holds it, without a
+    verified mark. The trainer looks past `sess.resume()` (which restored step 5, the newest
+    verified) for the newest checkpoint in the store, verified or not, and trains from it."""
+    root = copy_example("plain_loop", tmp_path)
+    short_drill(root)
+    plant(root, "from runtime.session import Session\n", "from runtime.session import Session\n" + SLOW_VERIFY)
+    plant(root, "sess.resume()\n",
+          "sess.resume()\n"
+          "from pathlib import Path\n"
+          "newer = [c for c in sess.store.scan().checkpoints if c.step > sess.step_count]  # the bug: verified or not\n"
+          "if newer:\n"
+          "    folder = sess.store.fetch(newer[-1].name, Path('newer'))\n"
+          "    state = torch.load(folder / 'state.pt', weights_only=True)\n"
+          "    model.load_state_dict(state['model'])\n"
+          "    opt.load_state_dict(state['optimizer'])\n")
+    code, checks = drill(root, "--kills", "1", "--at", "mid-verify")
+    bad = failed(checks)
+    resumed = bad["leg 1 resumed from the newest verified checkpoint"]
+    assert code == 1 and "resumed at step 5" in resumed, bad
+    assert "the store's step-10 checkpoint, which never verified" in resumed, resumed
+    assert "which never verified" in report_fails(root, 6)[6]

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from launcher.evidence import LegEvents
+from launcher.readback import StateReader
+from launcher.rungs.drill import Kill, check_resumed_newest
 from launcher.state_checks import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
                                    check_restored, check_state_straight)
 from runtime.contract import check_event
-from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests
+from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
 
 pytestmark = pytest.mark.unit
 
@@ -174,3 +176,77 @@ def test_the_new_fields_are_typed_in_the_contract() -> None:
     assert check_event({"event": "state_digest", "step": 1, "digests": {"model": "ab"}}) is None
     assert "digests" in (check_event({"event": "state_digest", "step": 1, "digests": {"model": 3}}) or "")
     assert "opt_steps" in (check_event({"event": "step", "step": 1, "loss": 1.0, "lr": 0.1, "opt_steps": "x"}) or "")
+
+
+def test_the_state_training_starts_from_is_digested_alike_by_the_leg_and_the_launchers_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a resume the first training forward prints the digests of the weights and the
+    optimizer's moments it trains from (once; an evaluation forward does not count); the
+    launcher's reader computes the same from the saved state, loaded as a leg loads it. An LR
+    the loop sets before the forward (nanoGPT) is not a difference; one changed weight is."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "state.pt")
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
+    printed: list[dict[str, Any]] = []
+    monkeypatch.setattr("runtime.events.emit", lambda event, **f: printed.append({"event": event, **f}))
+    ev = StepEvidence()
+    ev.watch("model", model)
+    ev.watch("optimizer", opt)
+    ev.trains_from({"model": model, "optimizer": opt}, 7)
+    for group in opt.param_groups:
+        group["lr"] = 0.05  # the loop's own schedule, set before the forward
+    model.eval()
+    model(torch.randn(3, 4))  # an evaluation forward trains nothing
+    assert printed == []
+    model.train()
+    model(torch.randn(3, 4)).sum().backward()
+    model(torch.randn(3, 4)).sum().backward()  # once only
+    kinds = {"model": "model", "optimizer": "optimizer"}
+    assert printed == [{"event": "trains_from", "step": 7, "digests": trained_state_digests(saved, kinds)}]
+    with torch.no_grad():
+        model.weight[0, 0] += 1e-3
+    assert trained_state_digests({"model": model.state_dict(), "optimizer": opt.state_dict()}, kinds)["model"] != \
+        printed[0]["digests"]["model"]
+
+
+def kill_with(reads: dict[int, dict[str, Any]], expected: int = 5) -> Kill:
+    return Kill(leg=0, moment="mid-verify", at_line="", expected=expected, reads=reads)
+
+
+def test_the_resume_point_is_checked_against_the_launchers_read_of_the_store() -> None:
+    store5 = {"ok": True, "verified": True, "trains_from": {"model": "m5", "optimizer": "o5"},
+              "digests": {"model": "M5"}}
+    store10 = {"ok": True, "verified": False, "trains_from": {"model": "m10", "optimizer": "o10"}}
+    resume = {"event": "resume", "from_step": 5, "digests": {"model": "M5"}}
+
+    def check(*events: dict[str, Any], reads: dict[int, dict[str, Any]] | None = None) -> Any:
+        return check_resumed_newest(leg(1, resume, *events), kill_with({5: store5, 10: store10} if reads is None
+                                                                        else reads))
+
+    good = check({"event": "trains_from", "step": 5, "digests": {"model": "m5", "optimizer": "o5"}})
+    assert good.ok and "(model, optimizer) = the launcher's read" in good.detail
+    unverified = check({"event": "trains_from", "step": 5, "digests": {"model": "m10", "optimizer": "o10"}})
+    assert not unverified.ok and "it is the store's step-10 checkpoint, which never verified" in unverified.detail
+    cached = check({"event": "trains_from", "step": 5, "digests": {"model": "mX", "optimizer": "o5"}})
+    assert not cached.ok and "model mX vs m5" in cached.detail and "matches no checkpoint" in cached.detail
+    assert check().ok and "each object as loaded (model)" in check().detail  # no training forward: the resume's
+    unread = check({"event": "trains_from", "step": 5, "digests": {"model": "m5"}},
+                   reads={5: {"ok": False, "error": "the launcher could not read the state (no torch)"}})
+    assert not unread.ok and "no torch" in unread.detail
+    silent = check_resumed_newest(leg(1, {"event": "resume", "from_step": 5}), kill_with({5: store5}))
+    assert silent.ok and "printed no state digests" in silent.detail  # a trainer of the contract alone
+    assert not check_resumed_newest(leg(1, {"event": "resume", "from_step": 10}), kill_with({5: store5})).ok
+
+
+def test_a_reader_that_cannot_run_says_why_on_each_read(tmp_path: Path) -> None:
+    for python, why in (("/nonexistent/python", "could not start"), ("/bin/false", "ended")):
+        reader = StateReader(python, tmp_path.as_uri(), "runs/x", {})
+        try:
+            out = reader.read("step-00000005", {})
+            assert not out["ok"] and why in out["error"] and "the launcher could not read the state" in out["error"]
+            assert not reader.read("step-00000010", {})["ok"]  # broken stays broken, said again
+        finally:
+            reader.close()

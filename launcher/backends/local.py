@@ -47,6 +47,14 @@ def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
     return argv
 
 
+def trainer_python(command: tuple[str, ...] | list[str]) -> str:
+    """The interpreter the trainer runs in on this host: its command's own python (a venv of
+    the trainer's), else this one. Rung 0 and the launcher's reads of a checkpoint's state
+    run there: the launcher itself has no torch."""
+    argv = resolve_command(command)
+    return argv[0] if argv and Path(argv[0]).name.startswith("python") else sys.executable
+
+
 def leg_process_env(spec: LegSpec) -> dict[str, str]:
     """The host environment minus any stale LAUNCHER_* or secret, plus the leg's, plus the
     token that marks every process of this leg."""

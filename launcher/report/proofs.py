@@ -237,7 +237,7 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
     if not kills:
         return Proof(6, MISSING, "the drill runs reported killed no leg")
     status = FAIL if bad else PASS
-    k = kills[-1]
+    k = bad[0] if bad else kills[-1]  # a failure is told by the first kill that failed
     summary = (f"{len(kills) - len(bad)} of {len(kills)} kills recovered solely from the store on a fresh instance; "
                f"e.g. leg {k['killed_leg']} {k['how']}: the next leg (exit {k['next_leg_exit']}) resumed at step "
                f"{k['resumed_at']} "

@@ -29,15 +29,20 @@ must fall back to the previous verified checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import random
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
+from launcher.backends.local import trainer_python
 from launcher.evidence import Check, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.rungs.checks import check_leg_exit
+from launcher.state_checks import tracked_kinds
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
+from runtime.store.seal import KEY_ENV
 
 MOMENTS = ("after-push", "mid-save", "mid-push", "mid-verify", "mid-step")
 RANDOM_MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
@@ -164,6 +169,9 @@ class Kill:
     sigterm_at: int | None = None
     """A graceful stop, not a kill: the SIGTERM went when rank 0 printed this step (the leg must
     stop on it with a final push)."""
+    reads: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The launcher's read of the state of each checkpoint the store held once the leg was dead,
+    from the newest verified one on (newer ones never verified), by step (`read_states`)."""
 
 
 def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  # noqa: ANN001
@@ -171,8 +179,6 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
     """The resume point must not come only from the store as found: every checkpoint the
     legs' logs call verified may be pruned, never lost, so the newest one the store holds
     is at least the newest the logs verified; and the launcher reads it back itself."""
-    from launcher.readback import read_checkpoint
-
     leg = outs[-1].events.leg
     claimed = [int(e["step"]) for o in outs for _, e in o.events.all("verify") if e.get("ok")]
     newest_claimed = max(claimed) if claimed else None
@@ -186,11 +192,31 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
     return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})")
 
 
+def read_states(reader: StateReader, store, outs: list[LegOutcome], newest: int | None  # noqa: ANN001
+                ) -> dict[int, dict[str, Any]]:
+    """The state the next leg must train from, as the launcher reads it: the store's newest
+    verified checkpoint, and each newer one that never verified (to name it if a leg trains
+    from one), digested by `runtime.loadcheck` (StateReader)."""
+    kinds = tracked_kinds([o.events for o in outs]) or {}
+    found = [c for c in store.scan().checkpoints if newest is None or c.step >= newest]
+    return {c.step: reader.read(c.name, kinds) for c in found}
+
+
 def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
               kills_at: list[int] | None = None) -> list[Check]:
     """Kill and relaunch `kills` times (with `kills_at`, one kill at each of its steps: the
     caller passes their count), then let the last leg finish; return the checks. On a CPU the
     straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV} | ctx.secrets()
+    reader = StateReader(trainer_python(ctx.cfg.trainer.command), ctx.store_uri, f"runs/{ctx.run_id}", env)
+    try:
+        return _drill(ctx, steps, kills, moment, seed, kills_at, reader)
+    finally:
+        reader.close()
+
+
+def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kills_at: list[int] | None,
+           reader: StateReader) -> list[Check]:
     rng = random.Random(seed)
     store = ctx.open_store()
     outs: list[LegOutcome] = []
@@ -209,6 +235,7 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
         chosen = planned.name
         if planned.how == "sigterm":
             record.append(sigterm_leg(ctx, store, outs, leg, steps, planned))
+            record[-1].reads = read_states(reader, store, outs, record[-1].expected)
             continue
         seen: list[str] = []
         predicate = kill_predicate(chosen) if planned.how != "step" else step_predicate(int(planned.step or 0))
@@ -230,6 +257,7 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
             newest = newest_verified(store)
             record[-1].expected = newest.step if newest else None
             record[-1].store_check = check_store_after_kill(store, outs, newest.step if newest else None)
+            record[-1].reads = read_states(reader, store, outs, record[-1].expected)
         if not record or record[-1].leg != leg:  # the leg ended before the moment came
             if silent(outs[-1].events):
                 return [check_leg_exit(o) for o in outs]  # the leg said nothing: that is the answer
@@ -237,8 +265,6 @@ def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
                 "steps or lower the checkpoint cadence")]
-    from launcher.readback import check_leg_store
-
     from launcher.rungs.resume import exact_checks, under_torchrun
 
     checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
@@ -319,11 +345,46 @@ def check_nothing_left(out: LegOutcome) -> Check:
 
 
 def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:
+    """The step the leg says it resumed at, and the state it trained from, against the launcher's
+    own read of the store after the kill: a loop that replaces the restored state before it
+    trains (a host-local copy, a newer checkpoint that never verified) is named here."""
     resume = ev.first("resume")
     got = resume[1]["from_step"] if resume else None
     name = f"leg {ev.leg} resumed from the newest verified checkpoint"
     detail = f"resumed at step {got}; the newest verified checkpoint when leg {kill.leg} died was step {kill.expected}"
-    return Check(name, got == kill.expected, detail, ev.pointer(resume))
+    if got != kill.expected or kill.expected is None:
+        return Check(name, got == kill.expected, detail, ev.pointer(resume))
+    ok, said, pointer = trained_from(ev, kill)
+    return Check(name, ok, f"{detail}; {said}", ev.pointer(pointer or resume))
+
+
+def trained_from(ev: LegEvents, kill: Kill) -> tuple[bool, str, Any]:
+    """(ok, what was compared, the event it rests on): the digests the leg printed of the state
+    its first training forward used (`trains_from`; else of each object as loaded, `resume`)
+    against the launcher's read of the checkpoint at `kill.expected`."""
+    read = kill.reads.get(int(kill.expected or 0))
+    if read is None or not read.get("ok"):
+        why = read.get("error") if read else "not in the store when the launcher read it"
+        return False, f"the launcher's read of step {kill.expected}'s state failed: {why}", None
+    first, resume = ev.first("trains_from"), ev.first("resume")
+    item, key, what = ((first, "trains_from", "the state its first training forward used") if first is not None
+                       else (resume, "digests", "each object as loaded"))
+    printed = (item[1].get("digests") if item else None) or {}
+    mine = read.get(key) or {}
+    shared = sorted(set(printed) & set(mine))
+    if not shared:
+        return True, ("the leg printed no state digests: the state it trained from was not compared with the "
+                      "store's"), None
+    wrong = [k for k in shared if printed[k] != mine[k]]
+    if not wrong:
+        return True, f"{what} ({', '.join(shared)}) = the launcher's read of that checkpoint in the store", item
+    other = next((s for s, r in sorted(kill.reads.items()) if s != kill.expected and r.get("ok")
+                  and all((r.get(key) or {}).get(k) == printed[k] for k in wrong)), None)
+    where = ("a copy from elsewhere (a host-local cache? it matches no checkpoint the store held)" if other is None
+             else f"the store's step-{other} checkpoint" + ("" if kill.reads[other].get("verified")
+                                                           else ", which never verified"))
+    return False, (f"but {what} is not that checkpoint's: {', '.join(wrong)} "
+                   f"{printed[wrong[0]][:12]} vs {mine[wrong[0]][:12]} in the store; it is {where}"), item
 
 
 def _brief(line: str) -> str:

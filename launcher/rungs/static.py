@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from launcher.backends.local import resolve_command
+from launcher.backends.local import resolve_command, trainer_python
 from launcher.evidence import Check, Pointer
 from launcher.legs import RunContext
 from launcher.manifest import HashComparison, stage_files
@@ -44,8 +43,7 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     # In the trainer's interpreter: a command that names its own python (a venv of the
     # trainer's) is checked with it, not with the launcher's.
     leg_argv = resolve_command(ctx.cfg.trainer.command)
-    python = leg_argv[0] if Path(leg_argv[0]).name.startswith("python") else sys.executable
-    argv = [python, "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
+    argv = [trainer_python(leg_argv), "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
     for module in ctx.cfg.trainer.modules:
         argv += ["--module", module]
     argv += ["--", *leg_argv]
