@@ -186,6 +186,8 @@ def test_drill_in_containers(built: Path) -> None:
     res = run_cli(["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--at", "after-push", "--json"], cwd=built, timeout=900)
     out = res.json()
     assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
+    resumed = [c["detail"] for c in out["checks"] if c["name"].endswith("resumed from the newest verified checkpoint")]
+    assert len(resumed) == 2 and all("the launcher's read of that checkpoint" in d for d in resumed), resumed
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]
     assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False, False]
     assert run["legs"][-1]["role"] == "straight"  # the uninterrupted reference run, its own container

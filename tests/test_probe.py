@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from launcher.evidence import LegEvents
 from launcher.measure import check_cadence, check_memory, check_sustained
 from tests.helpers import assert_one_line_error, run_cli, run_rows
@@ -114,3 +116,38 @@ def test_a_cpu_probe_names_a_leg_that_trains_past_its_step_limit(tmp_path: Path,
     checks = {c["name"]: c for c in res.json()["checks"]}
     length = checks["the run ended at exactly its step count"]
     assert res.code == 1 and not length["ok"] and "at step 200 of 30" in length["detail"], checks
+
+
+PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it had the straight-through run
+    "optimizer-untracked": ("flat_gpt", "sess.track(model=model, optimizer=optimizer)", "sess.track(model=model)",
+                            "resumed run = straight-through run", "loss"),
+    "optimizer-re-created": ("flat_gpt", "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n"
+                             "    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)\n",
+                             "leg 1: the tracked optimizer is the one stepping", "does not track"),
+    "optimizer-on-a-stale-model": ("flat_gpt", "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n"
+                                   "    import copy\n    model = copy.deepcopy(model)  # the optimizer keeps the old\n",
+                                   "resumed run = straight-through run", "first difference at step"),
+    "curriculum-restarted": ("plain_loop", "        loss = criterion(model(x)",
+                             "        seen = globals().get('seen', 0) + 1  # not in sess.extra\n"
+                             "        globals()['seen'] = seen\n"
+                             "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
+                             "        loss = criterion(model(x)", "resumed run = straight-through run", "batch_hash"),
+    "reshuffled-per-leg": ("plain_loop", "seed=args.seed)  # a shuffle",
+                           "seed=args.seed + int(__import__('os').environ['LAUNCHER_LEG']))  # a shuffle",
+                           "leg 1 finished", "cursor_mismatch"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PROBE_PLANTS))
+def test_a_cpu_probe_catches_the_classic_resume_bugs(bug: str, tmp_path: Path, leg_tmp: Path) -> None:
+    """Each caught by the check that names it: with the reseeded RNG and the overrun above, what
+    the probe passed when it compared its cold resume within a band, with no straight-through run."""
+    from tests.test_planted_bugs import copy_example, plant
+
+    example, old, new, check, said = PROBE_PLANTS[bug]
+    root = copy_example(example, tmp_path)
+    plant(root, old, new)
+    res = run_cli(["up", "probe", "--cpu", "--steps", "20", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert res.code == 1 and not checks[check]["ok"] and said in checks[check]["detail"], \
+        {n: c["detail"] for n, c in checks.items() if not c["ok"]}
