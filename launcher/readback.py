@@ -14,6 +14,9 @@ SIGTERM or its deadline must have left its last step so.
 from __future__ import annotations
 
 import hashlib
+import json
+import select
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -104,8 +107,6 @@ class StateReader:
     READ_TIMEOUT_S = 1800.0
 
     def __init__(self, python: str, store_uri: str, prefix: str, env: dict[str, str]) -> None:
-        import subprocess
-
         self.argv = [python, "-m", "runtime.loadcheck", "--serve", store_uri, prefix]
         self.proc: Any = None
         self.broken: str | None = None
@@ -117,9 +118,6 @@ class StateReader:
             self.broken = f"{python} could not start: {err}"
 
     def read(self, name: str, kinds: dict[str, str]) -> dict[str, Any]:
-        import json
-        import select
-
         if self.broken is None:
             try:
                 self.proc.stdin.write(json.dumps({"name": name, "kinds": kinds}) + "\n")

@@ -362,7 +362,7 @@ def trained_from(ev: LegEvents, kill: Kill) -> tuple[bool, str, Any]:
     """(ok, what was compared, the event it rests on): the digests the leg printed of the state
     its first training forward used (`trains_from`; else of each object as loaded, `resume`)
     against the launcher's read of the checkpoint at `kill.expected`."""
-    read = kill.reads.get(int(kill.expected or 0))
+    read = kill.reads.get(kill.expected) if kill.expected is not None else None
     if read is None or not read.get("ok"):
         why = read.get("error") if read else "not in the store when the launcher read it"
         return False, f"the launcher's read of step {kill.expected}'s state failed: {why}", None
