@@ -106,11 +106,11 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
 
     cfg = _load(config)
     if dry_run:
-        text, refusal = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps,
-                                         allow_overdraft=allow_overdraft, skip_preflight=skip_preflight)
+        text, refusal, plan = describe_dry_run(cfg, rung, backend, gpus, nodes, cpu=cpu, steps=steps,
+                                               allow_overdraft=allow_overdraft, skip_preflight=skip_preflight)
         if json_out:
             print_json({"dry_run": True, "text": text, "would_launch": refusal is None,
-                        "refusal": refusal.message if refusal else None})
+                        "refusal": refusal.message if refusal else None, "plan": plan})
         else:
             sys.stdout.write(text + "\n")
         if refusal is not None:

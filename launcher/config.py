@@ -10,6 +10,7 @@ mapping is checked against them is `launcher.config_parse`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,19 @@ from launcher.errors import BadInput, ConfigError
 CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@[\w./-]{1,200})?")
+HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@(?P<revision>[\w./-]{1,200}))?")
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/root", "/sbin", "/srv",
+               "/tmp", "/usr", "/var")
+"""Never a store themselves: a store is a folder of its own."""
+PSEUDO_DIRS = (Path("/dev"), Path("/proc"), Path("/run"), Path("/sys"))
+"""Nor anything under these: devices and the kernel's views, not disks."""
 GPU_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 # Bounds: a value outside them is a typo or an attack on a guard, never a plan.
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 64
 MAX_STEPS = 100_000_000
 MAX_BUDGET_MINUTES = 7 * 24 * 60
+MIN_BUDGET_MINUTES = 0.01
 MAX_GPU_HOURS = 1_000_000.0
 MAX_USD = 1_000_000_000.0
 MAX_PRICE = 10_000.0
@@ -98,6 +105,9 @@ class TrainerConfig:
             raise ConfigError("trainer.command", "must not be empty")
         if not self.parser.isidentifier():
             raise ConfigError("trainer.parser", f"must be argv, none or a function name, got {self.parser!r}")
+        for i, module in enumerate(self.modules):
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ConfigError(f"trainer.modules[{i}]", f"must be a module name such as pkg.mod, got {module!r}")
 
 
 @dataclass(frozen=True)
@@ -114,9 +124,9 @@ class RungConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.steps <= MAX_STEPS:
             raise ConfigError("steps", f"must be 2 to {MAX_STEPS:,}, got {self.steps}")
-        if not 0 < self.budget_minutes <= MAX_BUDGET_MINUTES:
-            raise ConfigError("budget_minutes", f"must be above 0 and at most {MAX_BUDGET_MINUTES} (a week), "
-                              f"got {self.budget_minutes}")
+        if not MIN_BUDGET_MINUTES <= self.budget_minutes <= MAX_BUDGET_MINUTES:
+            raise ConfigError("budget_minutes", f"must be {MIN_BUDGET_MINUTES} (0.6 s) to {MAX_BUDGET_MINUTES} "
+                              f"(a week), got {self.budget_minutes}")
 
 
 MAX_RESTARTS_ON_ERRORS = 100
@@ -182,9 +192,10 @@ class QuotaConfig:
             raise ConfigError("quota.reset_weekday", f"must be a weekday name, got {self.reset_weekday!r}")
         if self.budget_usd is not None and not 0 <= self.budget_usd <= MAX_USD:
             raise ConfigError("quota.budget_usd", f"must be 0 to {MAX_USD:g}, got {self.budget_usd}")
-        if self.session_hours is not None and not 0 < self.session_hours <= MAX_BUDGET_MINUTES / 60:
-            raise ConfigError("quota.session_hours", f"must be above 0 and at most {MAX_BUDGET_MINUTES // 60}, "
-                              f"got {self.session_hours}")
+        if self.session_hours is not None and not MIN_BUDGET_MINUTES / 60 <= self.session_hours <= \
+                MAX_BUDGET_MINUTES / 60:
+            raise ConfigError("quota.session_hours", f"must be {MIN_BUDGET_MINUTES / 60:g} (0.6 s) to "
+                              f"{MAX_BUDGET_MINUTES // 60}, got {self.session_hours}")
 
 
 @dataclass(frozen=True)
@@ -307,11 +318,20 @@ def store_uri(cfg: Config, on_disk: bool = True) -> str:
             raise ConfigError("store", f"file:// URIs must be absolute, got {cfg.store!r}")
         return _store_dir(path).as_uri()
     if cfg.store.startswith("hf://"):
-        if not HF_URI.fullmatch(cfg.store):
+        found = HF_URI.fullmatch(cfg.store)
+        if not found:
             raise ConfigError("store", f"expected hf://owner/repo[@revision], got {cfg.store!r}")
+        revision = found.group("revision")
+        if revision is not None and not all(part and not part.startswith(".") and not part.endswith(".lock")
+                                            for part in revision.split("/")):
+            raise ConfigError("store", f"{revision!r} is not a branch, tag or commit name (no empty, '.'-led or "
+                              f"'..' parts), in {cfg.store!r}")
         return cfg.store
     if "://" in cfg.store:
         raise ConfigError("store", f"unknown scheme in {cfg.store!r} (expected file:// or a path)")
+    if cfg.store.startswith("~"):
+        raise ConfigError("store", f"{cfg.store!r}: the launcher does not expand ~ (a leg's home is not yours); "
+                          "write the absolute path")
     return _store_dir(cfg.root / cfg.store).as_uri()
 
 
@@ -326,6 +346,12 @@ def _local_store(path: Path) -> Path:
         raise ConfigError("store", f"{resolved} exists and is not a folder: checkpoints need a folder")
     if len(str(resolved)) > 1024:
         raise ConfigError("store", "the store path is longer than 1024 characters")
+    if str(resolved) in SYSTEM_DIRS or any(resolved.is_relative_to(d) for d in PSEUDO_DIRS):
+        raise ConfigError("store", f"{resolved} is a system folder: give the store a folder of its own")
+    ancestor = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not os.access(ancestor, os.W_OK | os.X_OK):  # read-only file system or no permission: said now, not mid-leg
+        raise ConfigError("store", f"{resolved} cannot be created or written by this user ({ancestor} is not "
+                          "writable)")
     return resolved
 
 

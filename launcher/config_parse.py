@@ -51,6 +51,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             return None
         tp = next(a for a in args if a is not type(None))
     if dataclasses.is_dataclass(tp):
+        if value is None:  # `rehearsal:` with nothing after it: a section left half-written, not "the defaults"
+            raise ConfigError(key, "must be a mapping, got null (leave the key out for its defaults)")
         return build(tp, value, key)
     origin = get_origin(tp)
     if origin is list:

@@ -1,37 +1,40 @@
-"""`launcher up ... --dry-run`: what would be launched and what it may cost; launches,
-records and creates nothing (no ledger, no store folder), and prints the leg
-environment redacted exactly as the ledger would record it."""
+"""`launcher up ... --dry-run`: the launch plan (launcher.plan) as text: what would be
+launched, its price and every guard's decision; launches, records and creates nothing (no
+ledger, no store folder), and prints the leg environment redacted exactly as the ledger
+would record it."""
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.config import Config, GpuSpec, store_uri
 from launcher.ladder import Rung, first_leg_steps
-from launcher.ledger import Ledger
-from launcher.spend import project
-from runtime.hashing import digest_lines as files_digest
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
 
 PLACEHOLDER_RUN = "dry-run"
 
 
-def leg0_env(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
-             reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
+def leg0_env(cfg: Config, rung: Rung, backend: str, gpus: GpuSpec | None, gpus_total: int,
+             quota_left: float | None, reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
     """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
     same facts: its step count (launcher.ladder.first_leg_steps), and its deadline capped by
-    the session cap and by what the quota still allows (as the quota guard would reserve)."""
+    the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
+    guard would leave it) over `gpus_total` GPUs (the plan's: every node counted)."""
     from launcher.legs import leg_deadline, leg_env
 
     if not rung.legs:
         return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
     rung_cfg = cfg.rung(rung.name)
     steps = first_leg_steps(rung.name, rung_cfg.steps, can_terminate(backend))
-    projection = project(cfg, ledger, rung, gpus, nodes)
-    left = None if projection.remaining is None else max(0.0, projection.remaining)
-    deadline = leg_deadline(cfg, rung_cfg.budget_minutes * 60.0, left, (gpus.count if gpus else 0) * nodes, now)
+    left = None if quota_left is None else max(0.0, quota_left)
+    deadline = leg_deadline(cfg, rung_cfg.budget_minutes * 60.0, left, gpus_total, now)
     return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
 
 
@@ -42,61 +45,67 @@ def can_terminate(backend: str) -> bool:
     return backend_class(backend).can_terminate
 
 
-def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], dry_run: bool) -> str:
-    """The pushed repo@sha256 of the image baked from the reviewed files."""
-    from launcher.errors import Refused
-
-    rows = ledger.images(files_digest(reviewed)) if ledger is not None else []
-    pushed = next((r["pushed_ref"] for r in rows if r["pushed_ref"]), None)
-    if pushed:
-        return pushed
-    if dry_run:
-        return f"preflight/{cfg.project}:{files_digest(reviewed)[:12]}"
-    raise Refused("no pushed image was built from the reviewed files: a cloud instance could not pull it",
-                  hint="run `launcher image build --gpu` and `launcher image push`")
+def legs_line(plan: Plan) -> str:
+    """How many legs the plan launches, the straight-through oracle counted and named."""
+    rung = plan.request.rung
+    if rung.name == "run":
+        return "leg after leg to its last step"
+    straight = [leg for leg in plan.legs if leg.role == "straight"]
+    if not straight:
+        return f"{len(plan.legs)} legs"
+    return (f"{len(plan.legs)} legs: {rung.legs} of the rung, then leg {straight[0].index} straight through "
+            "on the CPU (the oracle its resumes are compared with)")
 
 
-def describe(cfg: Config, ledger: Ledger | None, rung: Rung, backend: str, gpus: GpuSpec | None, nodes: int,
-             reviewed: dict[str, str], image: str | None) -> str:
-    """The rendered leg-0 launch and the quota arithmetic, as text."""
-    straight = " (+1 straight-through leg on the CPU, the oracle)" if rung.name in ("rehearsal", "probe", "drill") and not gpus else ""
-    legs = "leg after leg to its last step" if rung.name == "run" else f"{rung.legs} legs{straight}"
-    out = [f"dry run: rung {rung.name} on {backend}, {legs}, nothing launched or recorded"]
+def describe(plan: Plan) -> str:
+    """The plan as text: the legs, leg 0's rendered launch, the price and the quota guard."""
     from launcher.legs import redact
 
-    env = redact(leg0_env(cfg, ledger, rung, backend, gpus, nodes, reviewed), cfg.secrets)  # printed: redacted like the ledger
+    cfg, request = plan.cfg, plan.request
+    rung, backend, gpus = request.rung, request.backend, request.gpus
+    out = [f"dry run: rung {rung.name} on {backend}, {legs_line(plan)}, nothing launched or recorded"]
+    assert plan.projection is not None and plan.quota is not None
+    env = redact(leg0_env(cfg, rung, backend, gpus, request.gpus_total, plan.quota.remaining_gpu_hours,
+                          plan.reviewed), cfg.secrets)  # printed: redacted like the ledger
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":
-        out += _sky_leg0(cfg, ledger, rung, gpus, nodes, reviewed, env)
+        out += _sky_leg0(plan, env)
     elif backend == "docker":
         from launcher.backends.base import LegSpec
         from launcher.backends.docker import run_argv
 
         spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, gpus=gpus)
-        out.append("$ " + shlex.join(run_argv(spec, image or "<image>", "host")))
+        program = shutil.which("docker") or "docker"  # shown even where the docker guard refused
+        out.append("$ " + shlex.join(run_argv(spec, plan.image or "<image>", "host", program)))
     else:
         from launcher.backends.local import resolve_command
 
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         out.append(f"$ cd <fresh empty dir> && {assigns} {shlex.join(resolve_command(cfg.trainer.command))}")
-    out.append("quota: " + project(cfg, ledger, rung, gpus, nodes).describe())
+    if plan.preflight is not None:
+        gate = plan.preflight
+        out.append("preflight: skipped, reason recorded: " + str(gate["reason"]) if gate["gate"] == "skipped"
+                   else f"preflight: report {Path(gate['report']).name} passes (proofs "
+                   f"{', '.join(map(str, gate['proofs']))} PASS)")
+    out.append("quota: " + plan.projection.describe())
+    if plan.price is not None:
+        source = "the provider's price" if plan.pick is not None else "launcher.yaml prices"
+        out.append(f"price: ${plan.price:.4f} per GPU-hour ({source}): this rung ${plan.quota.usd:.2f} at most")
+    out.append("guard: " + plan.quota.arithmetic)
+    out += [f"{d.guard}: refused: {d.refusal.message}" for d in plan.decisions if d.refusal is not None]
     return "\n".join(out)
 
 
-def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | None, nodes: int,
-              reviewed: dict[str, str], env: dict[str, str]) -> list[str]:
+def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
     """Leg 0's task YAML, and SkyPilot's own dry run of it: the instance its optimizer
     picks and what that costs per hour, host VM included (with the rung's total at that price)."""
     from launcher.backends.base import LegSpec
-    from launcher.backends.sky import SkyBackend
     from launcher.legs import exported_secrets
-    from launcher.backends.skytask import sky_module
 
-    ref = sky_image_ref(cfg, ledger, reviewed, dry_run=True)
+    cfg, rung, backend = plan.cfg, plan.request.rung, plan.backend
     spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, exported_secrets(cfg),
-                   gpus=gpus)
-    backend = SkyBackend(cfg, ref, nodes, sky=sky_module())
+                   gpus=plan.request.gpus)
     with tempfile.TemporaryDirectory() as tmp:
         if rung.name == "run":  # one managed job; its first attempt's deadline stands for the job's
             from launcher.backends.skyjob import dry_run
@@ -106,7 +115,7 @@ def _sky_leg0(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | No
             task, pick, why = dry_run(backend, spec, Path(tmp) / "job-0.sky.yaml", deadline,
                                       run_cfg.budget_minutes * 60.0, run_cfg.max_restarts_on_errors)
         else:
-            task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")
+            task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")  # type: ignore[union-attr]
     what = "managed job" if rung.name == "run" else "leg 0"
     out = [f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
     if pick is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,30 @@ class Pointer:
         return {"leg": self.leg, "log": self.log, "line": self.line, "text": self.text}
 
 
+class Kind(StrEnum):
+    """What a check is, for the readers that select checks (the report, the gate): a stable id
+    they match instead of a check's wording, which is free to change. A check nobody selects
+    carries none."""
+
+    READBACK = "readback"
+    """The launcher read back the checkpoint a leg's events call verified (`leg` set)."""
+    STORE_AFTER_KILL = "store_after_kill"
+    """The store after a drill's kill or SIGTERM holds the newest verified checkpoint, read back (`leg`)."""
+    STOPPED_AS_ASKED = "stopped_as_asked"
+    """A leg the launcher ended by SIGTERM or its deadline stopped on it (`leg`; facts: want, got)."""
+    LEG_FINISHED = "leg_finished"
+    """A leg ended on its own, every rank's `done` printed (`leg`)."""
+    RESUMED_NEWEST = "resumed_newest"
+    """A drill's leg resumed from the newest verified checkpoint at the kill, by the launcher's own
+    read of the store (`leg`; facts: resumed_at, expected, state)."""
+    CPU_DETERMINISM = "cpu_determinism"
+    """Two straight-through runs of a CPU rung disagreed: the trainer does not reproduce itself."""
+    GPU_EXACT = "gpu_exact"
+    """Every GPU leg held the deterministic mode: the re-run steps are compared exactly."""
+    GPU_BAND = "gpu_band"
+    """A GPU leg ran an op without a deterministic kernel (or without the mode): compared within the band."""
+
+
 @dataclass(frozen=True)
 class Check:
     """One pass/fail answer with the numbers it rests on."""
@@ -38,13 +63,33 @@ class Check:
     evidence: tuple[Pointer, ...] = ()
     missing: bool = False
     """Not answerable from what the leg printed (no batch hashes, say): never a pass."""
+    kind: str = ""
+    """A `Kind` where a reader selects the check; its readers never match `name` or `detail`."""
+    leg: int | None = None
+    """The leg the check is about, where it is about one."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """Structured fields a reader uses (numbers, steps), so that none parses `detail`."""
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "ok": self.ok, "detail": self.detail,
                "evidence": [p.to_json() for p in self.evidence]}
         if self.missing:
             out["missing"] = True
+        if self.kind:
+            out["kind"] = str(self.kind)
+        if self.leg is not None:
+            out["leg"] = self.leg
+        if self.facts:
+            out["facts"] = self.facts
         return out
+
+
+def find(checks: list[dict[str, Any]], kind: Kind, leg: int | None = None, ok: bool | None = None
+         ) -> list[dict[str, Any]]:
+    """The recorded checks (ledger rows, `Check.to_json`) of `kind`, of leg `leg` if given,
+    passed or failed if `ok` is given: how the report and the gate select checks."""
+    return [c for c in checks if c.get("kind") == kind and (leg is None or c.get("leg") == leg)
+            and (ok is None or bool(c.get("ok")) == ok)]
 
 
 @dataclass

@@ -39,6 +39,15 @@ class Rung:
     """The runner on the sky backend, where it differs."""
     available: bool = True
     """False for rungs this version cannot run yet (refused with exit 2)."""
+    oracle: bool = False
+    """Whether its resumes are compared with the same trainer run straight through, on a CPU
+    (one leg more: `straight_leg`). A GPU leg keeps the user's settings: no oracle there."""
+
+    @property
+    def straight_leg(self) -> bool:
+        """Whether a straight-through leg runs beside its legs: the one place that decides it
+        (the runners run it, the launch plan counts and shows it)."""
+        return self.oracle and not self.needs_gpu
 
     @property
     def trains(self) -> bool:
@@ -52,13 +61,13 @@ RUNGS: tuple[Rung, ...] = (
          runner="static:run_static"),
     Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
          "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8),
-         resumes=True, runner="resume:run_rung"),
+         resumes=True, runner="resume:run_rung", oracle=True),
     Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
          "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8),
-         resumes=True, runner="resume:run_rung"),
+         resumes=True, runner="resume:run_rung", oracle=True),
     Rung("probe", 3, "fresh instance, GPU, 1–1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store?", True, 2,
-         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung"),
+         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung", oracle=True),
     Rung("run", 4, "fresh instance(s), leg after leg", "The run itself, after a signed report with every "
          "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1,
          (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
@@ -124,5 +133,5 @@ def rung_named(name: str) -> Rung:
 
 DRILL = Rung("drill", -1, "the chosen backend", "Does the run survive losing its instance at the worst "
              "moment: resumed solely from the store, at the newest verified checkpoint, exactly?", False, 3,
-             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:run_drill")
+             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:run_drill", oracle=True)
 """Not a rung of the ladder: `launcher drill cold-resume`, recorded like one."""

@@ -96,6 +96,16 @@ class Ledger:
         if self._db.in_transaction:
             yield self._db
             return
+        self._begin()
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _begin(self) -> None:
+        """BEGIN IMMEDIATE: the write lock, or a one-line refusal naming who holds it."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as err:
@@ -104,12 +114,19 @@ class Ledger:
                               f"(waited {LOCK_WAIT_S:g} s)",
                               hint="wait for it to finish, or stop it, then run this again") from None
             raise
+
+    @contextmanager
+    def rolled_back(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... ROLLBACK, always: what a transaction would decide, with nothing
+        written (the dry run's quota guard runs the real one's reconciliation and arithmetic).
+        A `transaction` inside it is part of it, and rolled back with it."""
+        if self._db.in_transaction:
+            raise RuntimeError("rolled_back() inside a transaction would undo the enclosing one")
+        self._begin()
         try:
             yield self._db
-        except BaseException:
+        finally:
             self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     # --- reviews -------------------------------------------------------------
 
@@ -157,9 +174,10 @@ class Ledger:
         with self.transaction() as db:
             start = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM checks WHERE run_id=?", (run_id,)).fetchone()[0]
             db.executemany(
-                "INSERT INTO checks (run_id, seq, name, ok, detail, evidence) VALUES (?, ?, ?, ?, ?, ?)",
-                [(run_id, start + i, c["name"], int(c["ok"]), c["detail"], json.dumps(c.get("evidence", [])))
-                 for i, c in enumerate(checks)])
+                "INSERT INTO checks (run_id, seq, name, ok, detail, evidence, kind, leg, facts) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, start + i, c["name"], int(c["ok"]), c["detail"], json.dumps(c.get("evidence", [])),
+                  c.get("kind"), c.get("leg"), json.dumps(c.get("facts") or {})) for i, c in enumerate(checks)])
 
     def end_run(self, run_id: str, *, ended_at: float, exit_code: int, verdict: str, cost_source: str) -> None:
         """Close the run; its billed GPU-hours and cost are the sum of its legs'."""
@@ -196,7 +214,8 @@ class Ledger:
                             self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}
             run["legs"] = [self._leg_row(dict(r))
                            for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
-            run["checks"] = [clean(dict(r, ok=bool(r["ok"])), (), {"evidence": list})
+            run["checks"] = [clean(dict(r, ok=bool(r["ok"]), facts=r["facts"] or "{}"), ("leg",),
+                                   {"evidence": list, "facts": dict})
                              for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
             out.append(run)
         return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -17,6 +17,8 @@ MIGRATIONS = {
     7: ["ALTER TABLE legs ADD COLUMN hourly_usd REAL", "ALTER TABLE legs ADD COLUMN cost_source TEXT",
         "ALTER TABLE legs ADD COLUMN placement TEXT"],
     8: ["ALTER TABLE runs ADD COLUMN preflight TEXT"],
+    9: ["ALTER TABLE checks ADD COLUMN kind TEXT", "ALTER TABLE checks ADD COLUMN leg INTEGER",
+        "ALTER TABLE checks ADD COLUMN facts TEXT"],
 }
 
 SCHEMA = """
@@ -128,6 +130,9 @@ CREATE TABLE IF NOT EXISTS checks (
     ok          INTEGER NOT NULL,
     detail      TEXT NOT NULL,
     evidence    TEXT NOT NULL,             -- JSON list of pointers {leg, line, text}
+    kind        TEXT,                      -- launcher.evidence.Kind where a reader selects it
+    leg         INTEGER,                   -- the leg it is about
+    facts       TEXT,                      -- JSON {field: value}: what readers use, never parsed from detail
     PRIMARY KEY (run_id, seq)
 );
 """

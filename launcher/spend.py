@@ -92,6 +92,19 @@ class Reservation:
     remaining_gpu_hours: float | None
 
 
+@dataclass(frozen=True)
+class QuotaDecision:
+    """The quota guard's answer for one rung: what it reserves, the arithmetic, and the
+    refusal (None: it fits, or `--allow-overdraft` lets it over, recorded as an overdraft)."""
+
+    gpu_hours: float
+    usd: float
+    arithmetic: str
+    overdraft: bool
+    remaining_gpu_hours: float | None
+    refusal: Refused | None
+
+
 def _free(cfg: Config, used: float, used_usd: float, held: float, held_usd: float, price: float | None) -> float:
     """GPU-hours the quota and the USD budget still allow (inf: no cap)."""
     free = math.inf
@@ -102,48 +115,71 @@ def _free(cfg: Config, used: float, used_usd: float, held: float, held_usd: floa
     return free
 
 
-def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projection, price: float | None,
-            allow_overdraft: bool, at_least: float | None = None) -> Reservation:
-    """The guard. Reconcile, check used + reserved + this rung against the quota and
-    the USD budget, and reserve — one BEGIN IMMEDIATE transaction, so concurrent
-    launchers never reserve more than the quota. Refuses with exit 3, arithmetic in one line.
+def decide(cfg: Config, totals: tuple[float, float, float, float], proj: Projection, price: float | None,
+           allow_overdraft: bool, at_least: float | None = None) -> QuotaDecision:
+    """The guard's arithmetic on the period's (used, used USD, held, held USD): used + reserved
+    + this rung against the quota and the USD budget. The one place it is decided: `reserve`
+    applies it inside its transaction, `preview` (the launch plan, the dry run) in one rolled back.
 
     `at_least` (GPU-hours; the run): when the rung does not fit, reserve what is left
     instead, provided it is at least this much (the run's legs then stop at the quota)."""
+    used, used_usd, held, held_usd = totals
+    free = _free(cfg, used, used_usd, held, held_usd, price)
+    capped = at_least is not None and not allow_overdraft and at_least <= free < proj.rung_gpu_hours
+    if capped:
+        proj = dataclasses.replace(proj, rung_gpu_hours=free)
+    usd = proj.rung_gpu_hours * (price or 0.0)
+    total = used + held + proj.rung_gpu_hours
+    since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
+    line = (f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
+            f"({proj.legs} legs x {proj.budget_minutes:g} min x {proj.gpus} GPUs x {proj.nodes} nodes) "
+            f"= {total:.2f} GPU-h")
+    quota = cfg.quota.gpu_hours
+    over = []
+    if quota is not None and total > quota + 1e-9:
+        over.append(f"{line} > quota {quota:g} GPU-h (period from {since})")
+    budget = cfg.quota.budget_usd
+    if budget is not None and used_usd + held_usd + usd > budget + 1e-9:
+        over.append(f"${used_usd:.2f} + ${held_usd:.2f} + ${usd:.2f} = ${used_usd + held_usd + usd:.2f} "
+                    f"> budget ${budget:g}")
+    refusal = None
+    if over and not allow_overdraft:
+        refusal = Refused("quota: " + "; ".join(over), hint="wait for the next period, lower the rung's budget, "
+                          "or pass --allow-overdraft (recorded)")
+    arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
+    if capped:
+        arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
+    if over:
+        arithmetic = "OVERDRAFT: " + "; ".join(over)
+    remaining = None if quota is None else max(0.0, quota - used - held)
+    return QuotaDecision(proj.rung_gpu_hours, usd, arithmetic, bool(over), remaining, refusal)
+
+
+def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projection, price: float | None,
+            allow_overdraft: bool, at_least: float | None = None) -> Reservation:
+    """The guard. Reconcile, decide (`decide`) and reserve — one BEGIN IMMEDIATE transaction,
+    so concurrent launchers never reserve more than the quota. Refuses with exit 3,
+    arithmetic in one line."""
     with ledger.transaction():
         dead = settle_dead(ledger)
-        used, used_usd, held, held_usd = ledger.period_totals(proj.period_from)
-        free = _free(cfg, used, used_usd, held, held_usd, price)
-        capped = at_least is not None and not allow_overdraft and at_least <= free < proj.rung_gpu_hours
-        if capped:
-            proj = dataclasses.replace(proj, rung_gpu_hours=free)
-        usd = proj.rung_gpu_hours * (price or 0.0)
-        total = used + held + proj.rung_gpu_hours
-        since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
-        line = (f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
-                f"({proj.legs} legs x {proj.budget_minutes:g} min x {proj.gpus} GPUs x {proj.nodes} nodes) "
-                f"= {total:.2f} GPU-h")
-        quota = cfg.quota.gpu_hours
-        over = []
-        if quota is not None and total > quota + 1e-9:
-            over.append(f"{line} > quota {quota:g} GPU-h (period from {since})")
-        budget = cfg.quota.budget_usd
-        if budget is not None and used_usd + held_usd + usd > budget + 1e-9:
-            over.append(f"${used_usd:.2f} + ${held_usd:.2f} + ${usd:.2f} = ${used_usd + held_usd + usd:.2f} "
-                        f"> budget ${budget:g}")
-        if over and not allow_overdraft:
-            raise Refused("quota: " + "; ".join(over), hint="wait for the next period, lower the rung's budget, "
-                          "or pass --allow-overdraft (recorded)")
-        arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
-        if capped:
-            arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
-        if over:
-            arithmetic = "OVERDRAFT: " + "; ".join(over)
+        got = decide(cfg, ledger.period_totals(proj.period_from), proj, price, allow_overdraft, at_least)
+        if got.refusal is not None:
+            raise got.refusal
         rid = ledger.reserve(run_id, rung, socket.gethostname(), os.getpid(), process_start(os.getpid()),
-                             proj.rung_gpu_hours, usd, bool(over), arithmetic)
+                             got.gpu_hours, got.usd, got.overdraft, got.arithmetic)
     clean_up(dead, ledger)
-    remaining = None if quota is None else max(0.0, quota - used - held)
-    return Reservation(int(rid), proj.rung_gpu_hours, usd, arithmetic, remaining)
+    return Reservation(int(rid), got.gpu_hours, got.usd, got.arithmetic, got.remaining_gpu_hours)
+
+
+def preview(cfg: Config, ledger: Ledger | None, proj: Projection, price: float | None, allow_overdraft: bool,
+            at_least: float | None = None) -> QuotaDecision:
+    """What `reserve` would decide now, written nowhere: the reconciliation and the totals in a
+    transaction that is rolled back (no ledger: nothing used or held yet)."""
+    if ledger is None:
+        return decide(cfg, (0.0, 0.0, 0.0, 0.0), proj, price, allow_overdraft, at_least)
+    with ledger.rolled_back():
+        settle_dead(ledger)
+        return decide(cfg, ledger.period_totals(proj.period_from), proj, price, allow_overdraft, at_least)
 
 
 @dataclass(frozen=True)

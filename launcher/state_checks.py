@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.evidence import Check, LegEvents, surviving_timeline
+from launcher.evidence import Check, Kind, LegEvents, surviving_timeline
 from launcher.resume_checks import (VARYING_FIELDS, check_batches, check_loss, check_lr, check_no_repeat,
                                     check_sample_index, compare_straight, missing, resume_step, resumed_legs,
                                     same_loss, steps_of)
@@ -232,14 +232,16 @@ def check_determinism(legs: list[LegEvents], on_gpu: bool) -> Check | None:
         return Check(BAND_ON_GPU, True, f"{', '.join(ops)} ran without a deterministic kernel (first: leg {ev.leg} "
                      f"step {e['step']}): " + ("the re-run steps are compared within the run's own noise band, "
                                                "not exactly" if on_gpu else "said; the CPU comparisons stay exact"),
-                     ev.pointer((n, e)))
+                     ev.pointer((n, e)), kind=Kind.GPU_BAND)
     if not on_gpu:
         return None
     starts = [ev.first("start") for ev in legs]
     off = [ev.leg for ev, st in zip(legs, starts) if st is None or not (st[1].get("deterministic") or {}).get("algorithms")]
     if off:
         return Check("deterministic mode", True, f"legs {off} did not start with torch's deterministic algorithms on "
-                     "(a trainer outside the session?): the re-run steps are compared within the band")
+                     "(a trainer outside the session?): the re-run steps are compared within the band",
+                     kind=Kind.GPU_BAND)
     return Check(EXACT_ON_GPU, True, f"all {len(legs)} legs ran with deterministic algorithms, cudnn deterministic, no "
-                 "TF32, and no op without a deterministic kernel: the re-run steps are compared exactly")
+                 "TF32, and no op without a deterministic kernel: the re-run steps are compared exactly",
+                 kind=Kind.GPU_EXACT)
 

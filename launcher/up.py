@@ -15,16 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.backends import BACKENDS, HOST, Backend, make_backend
+from launcher.backends import BACKENDS
 from launcher.backends.base import StagedFile
-from launcher.rungs.chain import first_leg_gpu_hours
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
 from launcher.evidence import Check
 from launcher.ladder import Rung, rung_named
-from launcher.ledger import Ledger
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
-from launcher.manifest import guard_hashes, reviewed_paths
+from launcher.manifest import reviewed_paths
+from launcher.plan import Plan, Request, make_plan
 from launcher.storekey import project_key
 from runtime.hashing import sha256_file
 
@@ -50,8 +49,7 @@ class Outcome:
 
 
 def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, nodes: int = 1,
-                     dry_run: bool = False, cpu: bool = False, steps: int | None = None
-                     ) -> tuple[Rung, GpuSpec | None]:
+                     cpu: bool = False, steps: int | None = None) -> tuple[Rung, GpuSpec | None]:
     """Bad input is refused here, before the ledger is opened. `cpu` runs a GPU
     rung's legs on the CPU (a dress rehearsal of the rung: its GPU checks are
     left out, and the report counts nothing it measures as the target's)."""
@@ -70,7 +68,7 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     check_nodes(nodes)
     if nodes > 1 and backend_name != "sky":
         raise BadInput(f"--nodes {nodes}: only the sky backend launches several nodes")
-    if not rung.available and not dry_run:
+    if not rung.available:
         raise BadInput(f"rung {rung.name!r} is not available in this version "
                        "(available: static, rehearsal, smoke, probe)")
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
@@ -97,96 +95,39 @@ def check_nodes(nodes: int) -> None:
 
 def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
             cpu: bool = False, steps: int | None = None, allow_overdraft: bool = False,
-            skip_preflight: str | None = None) -> tuple[str, LauncherError | None]:
-    """What `up` would launch, and the quota arithmetic; launches, records and creates nothing
-    (the ledger is only read, if there is one). Returns the text and the error the real
-    launch would end in (None: it would launch): every check the real one makes, in its
-    order, so the first one it would stop at decides the exit code."""
+            skip_preflight: str | None = None) -> tuple[str, LauncherError | None, dict[str, Any]]:
+    """The launch plan `up` would execute (launcher.plan), shown: launches, records and creates
+    nothing. Returns the text, the error the real launch would end in (None: it would
+    launch; every guard decided as the real launch decides it, in its order), and the plan's facts."""
     from launcher.dryrun import describe
-    from launcher.manifest import hash_reviewed
-    from launcher.spend import project
 
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, dry_run=True, cpu=cpu, steps=steps)
+    request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
+                            skip_preflight)
+    plan = make_plan(cfg, request, dry_run=True)
+    try:
+        return describe(plan), plan.refusal(dry_run=True), plan.to_json()
+    finally:
+        plan.close()
+
+
+def _request(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int, cpu: bool,
+             steps: int | None, allow_overdraft: bool, skip_preflight: str | None,
+             retry_until_up: bool = False) -> tuple[Request, Config]:
+    """The request as one typed value, and the config with `--steps` applied: bad input refused here."""
+    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
     if skip_preflight is not None:
         check_skip_reason(rung, skip_preflight)
-    cfg = with_steps(cfg, rung, steps)
-    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
-    stops: list[LauncherError] = []
-    if not rung.available:
-        stops.append(BadInput(f"rung {rung.name!r} is not available in this version"))
-    try:
-        cmp = None
-        try:
-            if ledger is None:
-                raise Refused("no review recorded (run `launcher review`)")
-            cmp = guard_hashes(cfg, ledger)
-        except Refused as err:
-            stops.append(err)
-        current = cmp.current if cmp else hash_reviewed(cfg, strict=False)
-        image = None
-        if rung.legs and ledger is not None:
-            try:
-                image = _image_for(backend_name, cfg, ledger, current)
-            except LauncherError as err:
-                stops.append(err)
-        text = describe(cfg, ledger, rung, backend_name, gpus, nodes, current, image)
-        if rung.name == "run" and ledger is not None and cmp is not None:
-            try:
-                gate = _gate(cfg, ledger, rung, current, image, gpus, skip_preflight)
-                text += ("\npreflight: skipped, reason recorded: " + str(gate["reason"]) if gate["gate"] == "skipped"
-                         else f"\npreflight: report {Path(gate['report']).name} passes (proofs "
-                         f"{', '.join(map(str, gate['proofs']))} PASS)")
-            except Refused as err:
-                stops.append(err)
-                text += f"\npreflight: {err.message}"
-        proj = project(cfg, ledger, rung, gpus, nodes)
-        if rung.name == "run" and gpus is not None:  # not refused for not fitting whole: its legs stop at the quota
-            if not allow_overdraft and proj.remaining is not None and \
-                    proj.remaining < first_leg_gpu_hours(gpus.count * nodes):
-                stops.append(Refused(f"the quota leaves {proj.remaining:.3f} GPU-h: not one leg of the run fits"))
-        elif not allow_overdraft and not proj.fits:
-            stops.append(Refused("the quota does not fit this rung (the arithmetic is above)"))
-    finally:
-        if ledger is not None:
-            ledger.close()
-    if not stops:
-        return text, None
-    first = stops[0]
-    return text, type(first)("a real launch would be refused: " + "; ".join(e.message for e in stops),
-                             hint=first.hint)
-
-
-def _image_for(name: str, cfg: Config, ledger: Ledger, reviewed: dict[str, str]) -> str | None:
-    """The image legs on this backend run: docker, one built from exactly the reviewed files
-    (exit 3 otherwise); sky, one pushed (exit 3), with a store a cloud can reach (exit 2)."""
-    if name == "docker":
-        from launcher.image import image_for_launch
-
-        return image_for_launch(cfg, ledger, reviewed)
-    if name == "sky":
-        from launcher.dryrun import sky_image_ref
-
-        _sky_store(cfg)
-        return sky_image_ref(cfg, ledger, reviewed, dry_run=False)
-    return None
-
-
-def _sky_store(cfg: Config) -> None:
-    if not store_uri(cfg).startswith("hf://"):
-        raise BadInput("the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
-                       f"(not {store_uri(cfg)}, which exists only on this machine)")
+    return (Request(rung, backend_name, gpus, nodes, allow_overdraft, retry_until_up, skip_preflight),
+            with_steps(cfg, rung, steps))
 
 
 def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
        show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False, cpu: bool = False,
        steps: int | None = None, retry_until_up: bool = False, skip_preflight: str | None = None) -> Outcome:
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
-    rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
-    if skip_preflight is not None:
-        check_skip_reason(rung, skip_preflight)
-    cfg = with_steps(cfg, rung, steps)
-    return execute(cfg, config_path, rung, backend_name, gpus, show, nodes, _run_rung, allow_overdraft,
-                   retry_until_up=retry_until_up, skip_preflight=skip_preflight)
+    request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
+                            skip_preflight, retry_until_up)
+    return execute(cfg, config_path, request, show, _run_rung)
 
 
 def check_skip_reason(rung: Rung, reason: str) -> None:
@@ -217,8 +158,8 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
         kills = len(at_steps)
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
-    return execute(cfg, config_path, rung, backend_name, gpus, show, 1,
-                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps), allow_overdraft)
+    return execute(cfg, config_path, Request(rung, backend_name, gpus, 1, allow_overdraft), show,
+                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps))
 
 
 def parse_kill_steps(text: str, steps: int) -> list[int]:
@@ -235,50 +176,38 @@ def parse_kill_steps(text: str, steps: int) -> list[int]:
     return found
 
 
-def execute(cfg: Config, config_path: Path, rung: Rung, backend_name: str, gpus: GpuSpec | None,
-            show: Callable[[int, str], None], nodes: int,
-            runner: Callable[[RunContext, Any], list[Check]], allow_overdraft: bool = False,
-            retry_until_up: bool = False, skip_preflight: str | None = None) -> Outcome:
-    """Guard, record, run `runner`, close the record (also when interrupted)."""
-    if rung.legs and backend_name == "docker":
-        from launcher.image import docker_cli
-
-        docker_cli()  # bad input (exit 2) before anything is recorded
-    uri = store_uri(cfg)
-    paths = reviewed_paths(cfg, strict=False)
-
-    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")  # no ledger: no review, and nothing is made
-    if ledger is None:
-        raise Refused("no review recorded: nothing to compare the files against",
-                      hint="run `launcher review` after reading the files to be run")
+def execute(cfg: Config, config_path: Path, request: Request, show: Callable[[int, str], None],
+            runner: Callable[[RunContext, Any], list[Check]]) -> Outcome:
+    """Plan (every guard, refusing at the first: nothing recorded yet), reserve, record, run
+    `runner`, close the record (also when interrupted)."""
+    plan = make_plan(cfg, request, dry_run=False)
     try:
-        cmp = guard_hashes(cfg, ledger)  # exit 3 on mismatch, before any row
-        backend, image = _backend_for(rung, backend_name, cfg, ledger, cmp.current, nodes, retry_until_up)
-        preflight = _gate(cfg, ledger, rung, cmp.current, image, gpus, skip_preflight)  # exit 3: no passing report
-        files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in paths.items()}
-        ctx = RunContext(cfg, rung, backend, ledger, new_run_id(cfg.project, rung.name), uri, files, gpus, show,
-                         nodes)
-        reservation = _reserve(ctx, allow_overdraft)  # exit 3 when over quota
+        ledger, cmp, rung = plan.ledger, plan.cmp, request.rung
+        assert ledger is not None and cmp is not None and plan.backend is not None  # the guards passed
+        files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in reviewed_paths(cfg, strict=False).items()}
+        ctx = RunContext(cfg, rung, plan.backend, ledger, new_run_id(cfg.project, rung.name), store_uri(cfg), files,
+                         request.gpus, show, request.nodes)
+        reservation = _reserve(ctx, plan)  # the quota guard again, in the transaction that reserves (exit 3)
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = sha256_file(config_path)
-        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=image,
-                              preflight=json.dumps(preflight) if preflight else None), cmp.current)
+        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=plan.image,
+                              preflight=json.dumps(plan.preflight) if plan.preflight else None), cmp.current)
         return _run_recorded(ctx, runner, cmp, reservation)
     finally:
-        ledger.close()
+        plan.close()
 
 
-def _reserve(ctx: RunContext, allow_overdraft: bool) -> int:
-    """Price the rung and reserve its GPU-hours under the quota (exit 3 when over it);
-    the reservation's id."""
-    from launcher.spend import project, reserve
+def _reserve(ctx: RunContext, plan: Plan) -> int:
+    """Reserve the rung's GPU-hours under the quota at the plan's price (launcher.spend.reserve
+    decides as the plan's preview did, now in the transaction that reserves; exit 3 when over
+    it); the reservation's id."""
+    from launcher.spend import reserve
 
-    cfg, rung, gpus, nodes = ctx.cfg, ctx.rung, ctx.gpus, ctx.nodes
-    ctx.gpu_hour_price = _gpu_hour_price(cfg, ctx.backend, rung, gpus, nodes)
-    ctx.allow_overdraft = allow_overdraft
-    at_least = first_leg_gpu_hours(gpus.count * nodes) if rung.name == "run" and gpus else None
-    held = reserve(cfg, ctx.ledger, ctx.run_id, rung.name, project(cfg, None, rung, gpus, nodes),
-                   ctx.gpu_hour_price, allow_overdraft, at_least=at_least)
+    assert plan.projection is not None
+    ctx.gpu_hour_price = plan.price
+    ctx.allow_overdraft = plan.request.allow_overdraft
+    held = reserve(ctx.cfg, ctx.ledger, ctx.run_id, ctx.rung.name, plan.projection, plan.price,
+                   plan.request.allow_overdraft, at_least=plan.at_least)
     ctx.quota_left_hours = held.remaining_gpu_hours
     ctx.reservation_id = held.id
     return held.id
@@ -321,39 +250,6 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
         ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
                        cost_source=source)
         settle(ledger, reservation, ctx.run_id)
-
-
-def _gate(cfg: Config, ledger: Ledger, rung: Rung, files: dict[str, str], image: str | None,
-          gpus: GpuSpec | None, skip_preflight: str | None) -> dict[str, Any] | None:
-    """The run launches only past a passing report (launcher.gate), or with a recorded reason."""
-    if rung.name != "run":
-        return None
-    from launcher import gate
-
-    if skip_preflight is not None:
-        return gate.skipped(skip_preflight)
-    return gate.check(cfg, ledger, files, image, gpus).to_json()
-
-
-def _gpu_hour_price(cfg: Config, backend: Backend, rung: Rung, gpus: GpuSpec | None, nodes: int) -> float | None:
-    """What the quota guard reserves USD at, per GPU-hour: SkyPilot's optimizer price of the
-    whole instance (host VM included) spread over its GPUs where it can say, else the config's."""
-    if gpus is None:
-        return None
-    pick = backend.quote(rung.name, gpus) if rung.legs else None
-    if pick is not None:
-        return pick.hourly_usd / (gpus.count * nodes)
-    return cfg.prices.get(gpus.name)
-
-
-def _backend_for(rung: Rung, name: str, cfg: Config, ledger: Ledger,
-                 reviewed: dict[str, str], nodes: int, retry_until_up: bool = False) -> tuple[Backend, str | None]:
-    """The backend the rung's legs run on, and the image they run (see _image_for); the host
-    for a rung without legs (rung 0: it launches nothing)."""
-    if not rung.legs:
-        return make_backend(HOST), None
-    image = _image_for(name, cfg, ledger, reviewed)
-    return make_backend(name, cfg, image, nodes, retry_until_up), image
 
 
 def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison

@@ -126,16 +126,17 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
     ("project",): [None, 1, "", "UPPER", "a" * 40, "a b", "a\n", "-x", "\0", True],
     ("trainer", "command"): ["", [], [1], "python\0train.py", {"a": 1}, None, "'unclosed"],
     ("trainer", "parser"): ["", "1abc", "a-b", None, 5],
-    ("trainer", "modules"): ["x", [1], [None], [["x"]]],
+    ("trainer", "modules"): ["x", [1], [None], [["x"]], [""], ["os;id"], ["a..b"], ["1mod"]],
     ("reviewed",): [[], [""], ["/etc/passwd"], ["../x"], "train.py", [None], ["a\0b"], [" "], ["x" * 5000]],
     ("store",): ["", " ", "file:///dev/null", "file://relative/x", "s3://b/x", "hf://a", "hf://a/b\n", "hf://a/b c",
-                 5, [], "@FILE"],
+                 5, [], "@FILE", "hf://a/b@../../x", "hf://a/b@main/", "hf://a/b@.hidden", "file:///proc/self",
+                 "file:///etc", "file:///", "file:///sys/x", "~/.store", "~"],
     ("state_dir",): ["", "\0", 5, "@FILE", [], "a\nb"],
     ("quota", "gpu_hours"): [NAN, INF, -INF, -1, 10**7, "30", True, 10**30, []],
     ("quota", "period"): ["day", "", 5, None, "WEEK"],
     ("quota", "reset_weekday"): ["funday", "", None, 1],
     ("quota", "budget_usd"): [NAN, INF, -1, 1e12, "x"],
-    ("quota", "session_hours"): [NAN, 0, -1, INF, 1000, "9"],
+    ("quota", "session_hours"): [NAN, 0, -1, INF, 1000, "9", 1.0e-300, 5e-324],
     ("prices",): [{"T4": NAN}, {"T4": -1}, {"T4": INF}, {"T4": 1e6}, {"": 1}, {"T4\n": 1}, {"T4": "1"}, "x", [1],
                   {1: 0.3}, {"T4": None}],
     ("image", "repository"): ["UPPER/x", "", "a b", 5],
@@ -146,8 +147,9 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
 }
 for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
     BAD_VALUES[("rungs", _rung, "steps")] = [0, 1, -1, 10**9, 1.5, "10", None, True, 10**30, NAN]
-    BAD_VALUES[("rungs", _rung, "budget_minutes")] = [NAN, INF, -INF, 0, -1, 10**6, "5", True, None]
-    BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3]
+    BAD_VALUES[("rungs", _rung, "budget_minutes")] = [NAN, INF, -INF, 0, -1, 10**6, "5", True, None, 1.0e-300,
+                                                      5e-324, 0.001]
+    BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3, None]
 BAD_VALUES[("rungs", "run", "max_restarts_on_errors")] = [-1, 101, 1.5, "3", True, None, NAN]
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone
 # Globs that parse but reach into the launcher's own state: refused where globs are expanded.

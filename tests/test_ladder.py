@@ -53,7 +53,7 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     spec = parse_gpus(gpus) if gpus else None
     reviewed = {"train.py": "ab" * 32}
     now = 1_700_000_000.0
-    shown = leg0_env(cfg, None, rung_named(rung_name), "local", spec, 1, reviewed, now=now)
+    shown = leg0_env(cfg, rung_named(rung_name), "local", spec, spec.count if spec else 0, quota, reviewed, now=now)
 
     from launcher.backends.base import StagedFile
     from launcher.legs import leg_deadline

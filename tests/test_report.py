@@ -91,6 +91,24 @@ def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, 
     assert "**Efficiency**" in md and "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in md
 
 
+def reword_checks(project: Path) -> None:
+    """Every recorded check's name and detail replaced by other words (kind, leg and facts kept)."""
+    with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
+        db.execute("UPDATE checks SET name = 'check ' || seq || ' reworded', detail = 'said otherwise ' || seq")
+
+
+def test_rewording_every_check_changes_no_proof(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """The report selects checks by kind and reads their facts, never their wording: with every
+    check's name and detail rewritten in the ledger, the eight proofs come out the same."""
+    root, env = ladder
+    before = proofs(report_json(root, env, tmp_path / "before"))
+    copy = clone(root, tmp_path / "proj")
+    reword_checks(copy)
+    after = proofs(report_json(copy, env, tmp_path / "after"))
+    assert {n: p["status"] for n, p in after.items()} == {n: p["status"] for n, p in before.items()}
+    assert after[6]["numbers"]["kills"][0]["resumed_at"] == before[6]["numbers"]["kills"][0]["resumed_at"]
+
+
 def test_the_rehearsal_fits_a_few_screens(ladder: tuple[Path, dict[str, str]]) -> None:
     """Quiet by default: the ladder's rehearsal, as a user sees it, is three legs and an answer
     (-v, every event as a sentence, is test_rehearsal_cycles_through_the_hub_when_configured's)."""
@@ -129,6 +147,19 @@ def test_check_refuses_an_edited_report(ladder: tuple[Path, dict[str, str]], tmp
     (folder / "extra.txt").write_text("x")
     assert "added: extra.txt" in run_cli(["report", "--check", str(folder)], cwd=root).out
     assert_one_line_error(run_cli(["report", "--check", str(tmp_path)], cwd=root), 2, "not a report folder")
+
+
+@pytest.mark.parametrize("files", [["preflight.md"], 3, {"preflight.md": 5}, None])
+def test_check_refuses_a_malformed_signature_naming_it(files: object, tmp_path: Path) -> None:
+    """A signature whose `files` is not a map of paths to sha256 strings: a finding (exit 1,
+    one line naming the file), never a traceback."""
+    folder = tmp_path / "rep"
+    folder.mkdir()
+    (folder / "preflight.md").write_text("# report\n")
+    (folder / "signature.json").write_text(json.dumps({"algorithm": "sha256", "digest": "0" * 64, "files": files}))
+    res = run_cli(["report", "--check", str(folder)], cwd=tmp_path)
+    assert res.code == 1 and "Traceback" not in res.out + res.err, (res.out, res.err)
+    assert "signature.json is malformed" in res.out, res.out
 
 
 def test_quota_arithmetic_matches_launcher_spend(ladder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:

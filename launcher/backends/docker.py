@@ -44,9 +44,10 @@ def store_mounts(env: dict[str, str]) -> list[str]:
     return [] if path is None else ["-v", f"{path}:{path}"]
 
 
-def run_argv(spec: LegSpec, image: str, network: str) -> list[str]:
-    """The `docker run` argv for a leg (secret names only, never their values)."""
-    argv = [docker_cli(), "run", "--name", container_name(spec), "--network", network, "--init"]
+def run_argv(spec: LegSpec, image: str, network: str, program: str | None = None) -> list[str]:
+    """The `docker run` argv for a leg (secret names only, never their values); `program`: the
+    docker CLI's path (default: found now, bad input where there is none)."""
+    argv = [program or docker_cli(), "run", "--name", container_name(spec), "--network", network, "--init"]
     if spec.gpus is not None:
         argv += ["--gpus", "all"]
     for key, value in spec.env.items():

@@ -157,6 +157,9 @@ def check(folder: Path) -> list[str]:
         digest = sig["digest"]
     except (ValueError, KeyError, TypeError) as err:
         return [f"{SIGNATURE} is unreadable ({err.__class__.__name__}): edited"]
+    if not (isinstance(signed, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in signed.items())
+            and isinstance(digest, str)):
+        return [f"{SIGNATURE} is malformed (files must map paths to sha256 strings, digest must be a string): edited"]
     now = _hash_tree(folder)
     problems = [f"edited: {rel}" for rel in sorted(signed) if rel in now and now[rel] != signed[rel]]
     problems += [f"missing: {rel}" for rel in sorted(set(signed) - set(now))]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from launcher.config import Config
-from launcher.evidence import NO_EVENTS, Check, LegEvents, silent
+from launcher.evidence import NO_EVENTS, Check, Kind, LegEvents, find, silent
 from launcher.measure import RATE_REL_ERR_MAX
 from launcher.report.runs import (FAIL, MISSING, PASS, RESUME_RUNGS, Evidence, NoResume, Proof, RunData,
                                   all_resumes, crashed_legs, never_resumed, rate_leg, readback_of, resumes, run_exact)
@@ -29,13 +29,8 @@ def storage_failures(runs: list[RunData]) -> list[tuple[RunData, dict[str, Any]]
     """Ledger checks that say a leg's checkpoint did not reach the store: the launcher's own
     read failed, or a leg the launcher ended (SIGTERM, deadline) did not stop as asked, so
     it pushed no final checkpoint."""
-    found = []
-    for run in runs:
-        for c in run.row.get("checks", []):
-            if not c["ok"] and (c["name"].endswith("the launcher read back its checkpoint from the store")
-                                or c["name"].endswith(("stopped on sigterm", "stopped on deadline"))):
-                found.append((run, c))
-    return found
+    return [(run, c) for run in runs for kind in (Kind.READBACK, Kind.STOPPED_AS_ASKED)
+            for c in find(run.row.get("checks", []), kind, ok=False)]
 
 
 def proof_1(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> Proof:
@@ -117,8 +112,8 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
         elif not rerun:
             found = [(legs[i].leg, check_loss(legs, i, exact)) for i in resumed_legs(legs)]
     if number == 4 and legs:  # two straight-through runs that disagreed: the rung's finding stands here too
-        found += [(legs[-1].leg, Check(c["name"], False, c["detail"])) for c in run.row.get("checks", [])
-                  if c["name"] == "CPU determinism" and not c["ok"]]
+        found += [(legs[-1].leg, Check(c["name"], False, c["detail"]))
+                  for c in find(run.row.get("checks", []), Kind.CPU_DETERMINISM, ok=False)]
     return found + [(leg, c) for leg, c in measured if c is not None]
 
 
@@ -211,7 +206,6 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
     kills, bad, evidence = [], [], []
     for run in drills:
         legs = {leg["leg"]: leg for leg in run.row["legs"]}
-        ledger_checks = {c["name"]: c for c in run.row["checks"]}
         for i, leg in legs.items():
             if not (leg["killed"] and str(leg.get("end_reason") or "").startswith("drill kill")) or i + 1 not in legs:
                 continue
@@ -219,7 +213,7 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
             resume = after.first("resume")
             logged = [int(e["step"]) for ev in run.legs[:i + 1] for _, e in ev.all("verify") if e.get("ok")]
             newest_logged = max(logged) if logged else None
-            store_check = ledger_checks.get(f"leg {i + 1} resumed from the newest verified checkpoint")
+            store_check = next(iter(find(run.row["checks"], Kind.RESUMED_NEWEST, leg=i + 1)), None)
             got = int(resume[1]["from_step"]) if resume else None
             fresh = legs[i + 1]["instance"] != leg["instance"]
             read = readback_of(run, i)
@@ -229,7 +223,7 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
                           "next_leg_exit": legs[i + 1]["exit_code"],
                           "newest_verified_in_logs": newest_logged, "fresh_instance": fresh,
                           # the drill read the store after the kill; its check says what it found
-                          "store_read_at_kill": store_check["detail"].split("; ", 1)[-1] if store_check else None,
+                          "store_read_at_kill": _at_kill(store_check),
                           "launcher_read": read["detail"] if read else "the launcher did not read the store back"})
             if not ok:
                 bad.append(kills[-1])
@@ -243,6 +237,15 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
                f"{k['resumed_at']} "
                f"(newest verified in the logs: {k['newest_verified_in_logs']}; {k['store_read_at_kill']})")
     return Proof(6, status, summary, {"kills": kills, "failed": len(bad)}, evidence[-4:])
+
+
+def _at_kill(check: dict[str, Any] | None) -> str | None:
+    """What the drill's own read of the store found at a kill, from its check's facts."""
+    if check is None:
+        return None
+    facts = check.get("facts") or {}
+    return f"newest verified at the kill: step {facts.get('expected')}" + (f"; {facts['state']}" if facts.get("state")
+                                                                          else "")
 
 
 def storage_cycles(ev: LegEvents) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from launcher.config import Config
 from launcher.errors import BadInput
-from launcher.evidence import NO_EVENTS, LegEvents, Pointer, last_line, silent
+from launcher.evidence import NO_EVENTS, Kind, LegEvents, Pointer, find, last_line, silent
 from launcher.ladder import resume_rungs, rung_order
 from launcher.ledger import Ledger
 from launcher.measure import sustained
@@ -116,18 +116,15 @@ def load_run(row: dict[str, Any]) -> RunData:
 def run_exact(run: RunData, cfg: Config) -> bool:
     """Comparisons are exact (bit-identical): a CPU run of a deterministic trainer, or a GPU run
     whose legs' deterministic mode held (launcher.state_checks.check_determinism said so)."""
-    from launcher.state_checks import EXACT_ON_GPU
-
-    names = {c["name"] for c in run.row.get("checks", [])}
-    on_cpu = not run.row["gpu_count"] and "CPU determinism" not in names
-    return cfg.trainer.deterministic and (on_cpu or (bool(run.row["gpu_count"]) and EXACT_ON_GPU in names))
+    checks = run.row.get("checks", [])
+    on_cpu = not run.row["gpu_count"] and not find(checks, Kind.CPU_DETERMINISM)
+    return cfg.trainer.deterministic and (on_cpu or (bool(run.row["gpu_count"]) and bool(find(checks, Kind.GPU_EXACT))))
 
 
 def readback_of(run: RunData, leg: int) -> dict[str, Any] | None:
     """The launcher's own read of the store after leg `leg` (a ledger check), if it made one."""
-    names = (f"leg {leg}: the launcher read back its checkpoint from the store",
-             f"leg {leg}: the store after the kill holds the newest verified checkpoint")
-    return next((c for c in run.row.get("checks", []) if c["name"] in names), None)
+    checks = run.row.get("checks", [])
+    return next(iter(find(checks, Kind.READBACK, leg=leg) + find(checks, Kind.STORE_AFTER_KILL, leg=leg)), None)
 
 
 def rate_leg(runs: list[RunData], gpu: bool) -> tuple[RunData, LegEvents, dict[str, Any]] | None:
@@ -216,11 +213,11 @@ def crashed_legs(run: RunData) -> list[str]:
     sent, its every rank having printed a verified `done`) is not one."""
     if run.rung not in RESUME_RUNGS and run.rung not in ("probe", "run"):
         return []
-    finished = {c["name"] for c in run.row.get("checks", []) if c.get("ok")}
+    finished = {c["leg"] for c in find(run.row.get("checks", []), Kind.LEG_FINISHED, ok=True)}
     out = []
     for leg in run.row["legs"]:
         code, n = leg.get("exit_code"), leg["leg"]
-        if code in (0, None) or leg.get("killed") or f"leg {n} finished" in finished:
+        if code in (0, None) or leg.get("killed") or n in finished:
             continue
         what = "the straight-through run" if leg.get("role") == "straight" else f"leg {n}"
         out.append(f"{run.rung} {run.id} {what} exited {code} ({leg.get('end_reason')})")

@@ -4,7 +4,7 @@ The resume checks are launcher.resume_checks."""
 
 from __future__ import annotations
 
-from launcher.evidence import NO_EVENTS, Check, last_line, silent
+from launcher.evidence import NO_EVENTS, Check, Kind, last_line, silent
 from launcher.legs import LegOutcome
 
 
@@ -31,7 +31,7 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
                   f"preflight event; the last line of its log: {last_line(ev.log)!r}")
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
-    return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop))
+    return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop), kind=Kind.LEG_FINISHED, leg=ev.leg)
 
 
 def check_device(out: LegOutcome) -> Check:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.backends.local import trainer_python
-from launcher.evidence import Check, LegEvents, silent
+from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.rungs.checks import check_leg_exit
@@ -185,11 +185,14 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
     name = f"leg {leg}: the store after {when} holds the newest verified checkpoint"
     if newest_claimed is not None and (newest is None or newest < newest_claimed):
         return Check(name, False, f"the logs say step {newest_claimed} was verified, but the newest verified "
-                     f"checkpoint in the store after {when} is {newest}: the store lost checkpoints")
+                     f"checkpoint in the store after {when} is {newest}: the store lost checkpoints",
+                     kind=Kind.STORE_AFTER_KILL, leg=leg)
     if newest is None:
-        return Check(name, True, "nothing verified yet, in the logs or the store: a fresh start is right")
+        return Check(name, True, "nothing verified yet, in the logs or the store: a fresh start is right",
+                     kind=Kind.STORE_AFTER_KILL, leg=leg)
     ok, detail, _ = read_checkpoint(store, newest)
-    return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})")
+    return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})",
+                 kind=Kind.STORE_AFTER_KILL, leg=leg)
 
 
 def read_states(reader: StateReader, store, outs: list[LegOutcome], newest: int | None  # noqa: ANN001
@@ -222,7 +225,7 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
     outs: list[LegOutcome] = []
     record: list[Kill] = []
     straight = None
-    if not ctx.gpu_count:  # the oracle: the same trainer straight through, on its own empty store
+    if ctx.rung.straight_leg:  # the oracle: the same trainer straight through, on its own empty store
         straight = run_leg(ctx, kills + 1, steps, ending=Ending(straight=True))
     plan = planned_kills(kills, moment, kills_at, steps, straight.events if straight else None, rng)
     if len(plan) < kills:  # --at auto: no step left between the first checkpoint and the run's end
@@ -352,10 +355,13 @@ def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:
     got = resume[1]["from_step"] if resume else None
     name = f"leg {ev.leg} resumed from the newest verified checkpoint"
     detail = f"resumed at step {got}; the newest verified checkpoint when leg {kill.leg} died was step {kill.expected}"
+    facts = {"resumed_at": got, "expected": kill.expected}
     if got != kill.expected or kill.expected is None:
-        return Check(name, got == kill.expected, detail, ev.pointer(resume))
+        return Check(name, got == kill.expected, detail, ev.pointer(resume), kind=Kind.RESUMED_NEWEST, leg=ev.leg,
+                     facts=facts)
     ok, said, pointer = trained_from(ev, kill)
-    return Check(name, ok, f"{detail}; {said}", ev.pointer(pointer or resume))
+    return Check(name, ok, f"{detail}; {said}", ev.pointer(pointer or resume), kind=Kind.RESUMED_NEWEST, leg=ev.leg,
+                 facts={**facts, "state": said})
 
 
 def trained_from(ev: LegEvents, kill: Kill) -> tuple[bool, str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.evidence import Check, LegEvents, silent
+from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import resume_leg0_steps, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
@@ -77,7 +77,8 @@ def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
     detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
     if got != want:
         detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")
-    return Check(f"leg {out.events.leg} stopped on {want}", got == want, detail, out.events.pointer(stop))
+    return Check(f"leg {out.events.leg} stopped on {want}", got == want, detail, out.events.pointer(stop),
+                 kind=Kind.STOPPED_AS_ASKED, leg=out.events.leg, facts={"want": want, "got": got})
 
 
 def _outran(out: LegOutcome, action: str) -> str:
@@ -144,11 +145,11 @@ def check_run_length(last: LegOutcome, steps: int) -> Check:
 
 
 def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need_gpu: bool) -> list[Check]:
-    """On a CPU the same trainer runs straight through once (the oracle, leg len(outs)); then
-    the timeline's checks, exact where they can be (exact_checks)."""
+    """On a CPU the same trainer runs straight through once (the oracle, leg len(outs);
+    `Rung.straight_leg` decides); then the timeline's checks, exact where they can be (exact_checks)."""
     checks: list[Check] = []
     straight = None
-    if not need_gpu:
+    if ctx.rung.straight_leg:
         s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
         ran = check_leg_exit(s_out)
         checks.append(Check(f"straight-through run (leg {len(outs)}, no restart) finished", ran.ok, ran.detail,
@@ -161,10 +162,10 @@ def exact_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | N
                  steps: int) -> list[Check]:
     """The timeline's checks, exact where they can be: on a CPU for a deterministic trainer,
     on a GPU when the legs' deterministic mode held (launcher.state_checks.check_determinism)."""
-    from launcher.state_checks import EXACT_ON_GPU, check_determinism
+    from launcher.state_checks import check_determinism
 
     mode = check_determinism(legs, on_gpu)
-    exact = ctx.cfg.trainer.deterministic and (not on_gpu or (mode is not None and mode.name == EXACT_ON_GPU))
+    exact = ctx.cfg.trainer.deterministic and (not on_gpu or (mode is not None and mode.kind == Kind.GPU_EXACT))
     return ([mode] if mode is not None else []) + oracle_checks(ctx, legs, straight, exact, steps)
 
 
@@ -184,6 +185,7 @@ def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | 
         if not same.ok:
             found = [Check("CPU determinism", False, same.detail + ": an exact comparison cannot prove this "
                            "trainer's resumes (seed everything before building the model and drawing data, or set "
-                           "trainer.deterministic: false to compare within a band)", same.evidence)] + \
+                           "trainer.deterministic: false to compare within a band)", same.evidence,
+                           kind=Kind.CPU_DETERMINISM)] + \
                 timeline_checks(legs, straight, exact=False)
     return found

@@ -1,0 +1,103 @@
+"""The dry run is the launch: one plan (launcher.plan), shown or executed.
+
+Parity is generated from the plan's own list of guards: every guard has a case that makes
+it refuse, and for each the dry run and the real `launcher up` exit with the same code,
+name the same reason, and record nothing. A guard added to `launcher.plan.GUARDS` without
+a case here fails `test_every_guard_has_a_parity_case`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from launcher.plan import GUARDS
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+
+
+def _no_docker(root: Path) -> dict[str, str]:
+    return {"PATH": "/nonexistent"}  # the launcher is started by its own path; `docker` is found nowhere
+
+
+def _no_review(root: Path) -> dict[str, str]:
+    (root / ".launcher" / "ledger.db").unlink()
+    return {}
+
+
+def _edited(root: Path) -> dict[str, str]:
+    train = root / "train.py"
+    train.write_text(train.read_text() + "\n# edited after the review\n")
+    return {}
+
+
+def _nothing(root: Path) -> dict[str, str]:
+    return {}
+
+
+def _usd_budget(root: Path) -> dict[str, str]:
+    edit_config(root, quota__budget_usd=0.01)  # smoke on T4:1: 3 legs x 10 min x $0.35/GPU-h = $0.17
+    assert run_cli(["review"], cwd=root).code == 0
+    return {}
+
+
+CASES: dict[str, tuple[Callable[[Path], dict[str, str]], list[str], int, str]] = {
+    # guard: (how to make it refuse, the `up` arguments, the exit code, what the one line names)
+    "docker": (_no_docker, ["rehearsal", "--backend", "docker"], 2, "the docker CLI is not installed"),
+    "review": (_no_review, ["rehearsal"], 3, "no review recorded"),
+    "hashes": (_edited, ["rehearsal"], 3, "reviewed files differ from review #1"),
+    "image": (_nothing, ["rehearsal", "--backend", "docker"], 3, "no image has been built for this project"),
+    "preflight": (_nothing, ["run", "--gpus", "T4:1"], 3, "no signed preflight report for exactly these files"),
+    "quota": (_usd_budget, ["smoke", "--gpus", "T4:1"], 3, "> budget $0.01"),
+}
+
+
+def test_every_guard_has_a_parity_case() -> None:
+    assert set(CASES) == set(GUARDS), "each guard in launcher.plan.GUARDS needs a refusal case here"
+
+
+@pytest.mark.parametrize("guard", sorted(GUARDS))
+def test_the_dry_run_refuses_where_the_launch_refuses(guard: str, project: Path) -> None:
+    make, args, code, needle = CASES[guard]
+    env = make(project)
+    before = run_rows(project)
+    dry = run_cli(["up", *args, "--dry-run"], cwd=project, env=env)
+    assert_one_line_error(dry, code, "a real launch would be refused", needle)
+    real = run_cli(["up", *args], cwd=project, env=env)
+    assert_one_line_error(real, code, needle)
+    assert run_rows(project) == before  # refused before anything was recorded
+    if (project / ".launcher" / "ledger.db").exists():
+        with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
+            assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
+
+
+def test_a_dry_run_names_every_reason_a_launch_would_stop_at(project: Path) -> None:
+    """Two guards refuse: the launch stops at the first; the dry run names both, in order."""
+    _edited(project)
+    _usd_budget(project)  # the review it records accepts the edit: edit again for the hash guard
+    _edited(project)
+    dry = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
+    assert_one_line_error(dry, 3, "reviewed files differ", "> budget $0.01")
+    line = dry.err.splitlines()[0]
+    assert line.index("reviewed files differ") < line.index("> budget")
+    real = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project)
+    assert_one_line_error(real, 3, "reviewed files differ")
+    assert "budget" not in real.err.splitlines()[0]
+
+
+def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project: Path) -> None:
+    """`up smoke --cpu` launches its three legs and the straight-through oracle: four, and
+    its dry run says four; on a GPU there is no oracle (three)."""
+    cpu = run_cli(["up", "smoke", "--cpu", "--dry-run"], cwd=project)
+    assert cpu.code == 0 and "rung smoke on local, 4 legs: 3 of the rung, then leg 3 straight through on the " \
+        "CPU" in cpu.out, cpu.out
+    gpu = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
+    assert gpu.code == 0 and "rung smoke on local, 3 legs," in gpu.out, gpu.out
+    planned = run_cli(["up", "smoke", "--cpu", "--dry-run", "--json"], cwd=project).json()["plan"]
+    assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "image", "quota"]
+    real = run_cli(["up", "smoke", "--cpu", "--json"], cwd=project, timeout=900)
+    run = run_cli(["ledger", real.json()["run_id"], "--json"], cwd=project).json()[0]
+    launched = [{"leg": leg["leg"], "role": leg["role"] or "leg"} for leg in run["legs"]]
+    assert launched == planned["legs"] and len(launched) == 4
