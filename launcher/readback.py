@@ -130,6 +130,8 @@ class StateReader:
                 if line:
                     return json.loads(line)
                 self.broken = f"no answer within {self.READ_TIMEOUT_S:g} s" if not ready else self._why_ended()
+            except BrokenPipeError:  # it ended before it read the request
+                self.broken = self._why_ended()
             except (OSError, ValueError) as err:
                 self.broken = f"{type(err).__name__}: {err}"
             self.close()
@@ -146,8 +148,11 @@ class StateReader:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
-            self.proc.stdin.close()
-            self.proc.stdout.close()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:  # a request still buffered for a reader that is gone
+                    pass
             self.proc = None
         self.errors.close()
         self.broken = self.broken or "closed"

@@ -192,7 +192,7 @@ def test_bad_report_requests_are_refused_whole(ladder: tuple[Path, dict[str, str
 
 # --- the arithmetic on the target hardware, from a GPU leg's events --------------
 
-READ_OK = {"name": "leg 0: the launcher read back its checkpoint from the store", "ok": True,
+READ_OK = {"name": "leg 0: the launcher read back its checkpoint from the store", "ok": True, "kind": "readback", "leg": 0,
            "detail": "step-00000005 (12,300 B) fetched whole, every file's sha256 matches the manifest"}
 
 

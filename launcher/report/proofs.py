@@ -29,8 +29,8 @@ def storage_failures(runs: list[RunData]) -> list[tuple[RunData, dict[str, Any]]
     """Ledger checks that say a leg's checkpoint did not reach the store: the launcher's own
     read failed, or a leg the launcher ended (SIGTERM, deadline) did not stop as asked, so
     it pushed no final checkpoint."""
-    return [(run, c) for run in runs for kind in (Kind.READBACK, Kind.STOPPED_AS_ASKED)
-            for c in find(run.row.get("checks", []), kind, ok=False)]
+    lost = (Kind.READBACK, Kind.STOPPED_AS_ASKED)
+    return [(run, c) for run in runs for c in run.row.get("checks", []) if c.get("kind") in lost and not c["ok"]]
 
 
 def proof_1(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> Proof:
