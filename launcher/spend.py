@@ -149,8 +149,8 @@ def decide(cfg: Config, totals: tuple[float, float, float, float], proj: Project
     arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
     if capped:
         arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
-    if over:
-        arithmetic = "OVERDRAFT: " + "; ".join(over)
+    if over:  # recorded as an overdraft when --allow-overdraft lets it through; else what the refusal says
+        arithmetic = ("OVERDRAFT: " if allow_overdraft else "over: ") + "; ".join(over)
     remaining = None if quota is None else max(0.0, quota - used - held)
     return QuotaDecision(proj.rung_gpu_hours, usd, arithmetic, bool(over), remaining, refusal)
 

@@ -73,6 +73,20 @@ def test_the_dry_run_refuses_where_the_launch_refuses(guard: str, project: Path)
             assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
 
 
+def test_the_sky_backend_with_several_nodes_refuses_alike(project: Path) -> None:
+    """Another backend and shape through the same plan: two nodes on sky with a store only this
+    machine has (SkyPilot's own API server renders and prices the dry run's leg 0)."""
+    args = ["up", "smoke", "--gpus", "T4:2", "--backend", "sky", "--nodes", "2"]
+    dry = run_cli([*args, "--dry-run", "--json"], cwd=project)
+    assert_one_line_error(dry, 2, "a real launch would be refused", "hf://owner/repo")
+    plan = dry.json()["plan"]
+    assert plan["gpus_total"] == 4 and plan["nodes"] == 2 and len(plan["legs"]) == 3  # a GPU rung: no oracle leg
+    assert [g["guard"] for g in plan["guards"] if not g["ok"]] == ["image"]
+    real = run_cli(args, cwd=project)
+    assert_one_line_error(real, 2, "hf://owner/repo")
+    assert run_rows(project) == 0
+
+
 def test_a_dry_run_names_every_reason_a_launch_would_stop_at(project: Path) -> None:
     """Two guards refuse: the launch stops at the first; the dry run names both, in order."""
     _edited(project)
