@@ -73,6 +73,22 @@ def test_the_dry_run_refuses_where_the_launch_refuses(guard: str, project: Path)
             assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
 
 
+SHAPES = [["static"], ["rehearsal"], ["smoke", "--cpu"], ["probe", "--cpu"], ["run", "--cpu"],
+          ["smoke", "--gpus", "T4:2"], ["rehearsal", "--backend", "docker"], ["probe", "--cpu", "--backend", "docker"]]
+
+
+def test_every_rung_and_backend_refuses_alike(project: Path) -> None:
+    """Each rung, on the CPU and on a GPU request, on the local and docker backends: one plan,
+    so an edited file is refused by the dry run and by the launch with the same line."""
+    _edited(project)
+    for args in SHAPES:
+        dry = run_cli(["up", *args, "--dry-run"], cwd=project)
+        assert_one_line_error(dry, 3, "a real launch would be refused", "reviewed files differ from review #1")
+        real = run_cli(["up", *args], cwd=project)
+        assert_one_line_error(real, 3, "reviewed files differ from review #1")
+    assert run_rows(project) == 0
+
+
 def test_the_sky_backend_with_several_nodes_refuses_alike(project: Path) -> None:
     """Another backend and shape through the same plan: two nodes on sky with a store only this
     machine has (SkyPilot's own API server renders and prices the dry run's leg 0)."""
