@@ -102,7 +102,7 @@ class RunContext:
 
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
-        return leg_deadline(self.cfg, budget_s, self.quota_left_hours, self.gpu_count * self.nodes)
+        return leg_deadline(self.cfg, budget_s, self.quota_left_hours, self.gpus_total)
 
     @property
     def run_dir(self) -> Path:
@@ -111,6 +111,11 @@ class RunContext:
     @property
     def gpu_count(self) -> int:
         return self.gpus.count if self.gpus else 0
+
+    @property
+    def gpus_total(self) -> int:
+        """GPUs of one leg, every node counted (launcher.plan.Request.gpus_total, on the run's context)."""
+        return self.gpu_count * self.nodes
 
     def leg_env(self, leg: int, max_steps: int, deadline: float,
                 deadline_after_resume: float | None = None) -> dict[str, str]:

@@ -113,7 +113,7 @@ def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple
     rate = rate_now([o.events for o in outs])
     step_s = rate["step_s"] if rate else None
     left = newest[0] or 0
-    gpus = ctx.gpu_count * ctx.nodes
+    gpus = ctx.gpus_total
     need = (steps - left) * step_s * gpus / 3600.0 if step_s else None
     rest = (f"the rest (steps {left + 1}..{steps}) needs about {need:,.2f} GPU-h at the measured {step_s:.3g} s/step"
             if need is not None else f"the rest is steps {left + 1}..{steps}")
@@ -190,7 +190,7 @@ def run_chain(ctx: RunContext, cmp: object = None) -> list[Check]:
     outs: list[LegOutcome] = []
     checks: list[Check] = []
     progress = Progress(newest_in_store(store))
-    gpus = ctx.gpu_count * ctx.nodes
+    gpus = ctx.gpus_total
     budget_h = ctx.cfg.rungs.run.budget_minutes / 60.0 * gpus
     for leg in range(MAX_LEGS):
         if ctx.reservation_id is not None and gpus:

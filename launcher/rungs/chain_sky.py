@@ -110,7 +110,7 @@ def _prepare_job(ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Pr
     the quota grants it (a week where nothing bounds it); a quota that no longer fits one
     leg ends the run (launcher.rungs.chain.quota_out)."""
     run_cfg = ctx.cfg.rungs.run
-    gpus = max(1, ctx.gpu_count * ctx.nodes)
+    gpus = max(1, ctx.gpus_total)
     grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
     job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
     if job_s < min_leg_s(outs):

@@ -35,7 +35,7 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     if need_gpu:
         checks.append(check_device(first))
     checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]
-    gpu_name, gpu_total = (ctx.gpus.name if ctx.gpus else None), ctx.gpu_count * ctx.nodes
+    gpu_name, gpu_total = (ctx.gpus.name if ctx.gpus else None), ctx.gpus_total
     for extra in (check_breakdown(first.events), check_efficiency(first.events, gpu_name, gpu_total, run_steps),
                   check_utilisation(first.events)):
         if extra is not None:
