@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.evidence import Check, LegEvents
+from launcher.evidence import Check, Kind, LegEvents
 from launcher.measure import step_breakdown, sustained
 from runtime.peaks import PEAKS, gpu_of_device_name, peak_flops
 
@@ -109,7 +109,7 @@ def check_efficiency(ev: LegEvents, ledger_gpu: str | None, gpus: int, run_steps
     if run_steps and gpus and s and s["tokens_per_step"] and e.get("mfu") is not None:
         w = what_if(e, run_steps, s["tokens_per_step"], run_steps * s["tokens_per_step"] / s["tok_s"] / 3600, gpus)
         detail += "; " + describe_what_if(w)
-    return Check(f"leg {ev.leg}: FLOPs and MFU", True, detail, e["evidence"])
+    return Check(f"leg {ev.leg}: FLOPs and MFU", True, detail, e["evidence"], kind=Kind.MFU, leg=ev.leg)
 
 
 def describe_what_if(w: dict[str, Any]) -> str:
@@ -165,7 +165,8 @@ def check_utilisation(ev: LegEvents) -> Check | None:
     i = idle_breakdown(ev)
     if i is None:
         return None
-    return Check(f"leg {ev.leg}: GPU utilisation", True, describe_idle(i), i["evidence"])
+    return Check(f"leg {ev.leg}: GPU utilisation", True, describe_idle(i), i["evidence"],
+                 kind=Kind.GPU_UTILISATION, leg=ev.leg)
 
 
 # --- what efficiency would buy ---------------------------------------------------------

@@ -30,27 +30,112 @@ class Pointer:
 
 
 class Kind(StrEnum):
-    """What a check is, for the readers that select checks (the report, the gate): a stable id
-    they match instead of a check's wording, which is free to change. A check nobody selects
-    carries none."""
+    """What a check is: a stable id every check carries, which its readers (the report, the
+    gate, status, a user's script over `--json`) match instead of its wording, which is free
+    to change. Grouped by the module that makes them; `leg` and `facts` say where the check
+    uses them. A new check needs a member (tests/test_layout.py holds every `Check(` call in
+    `launcher/` to a `kind=`, and every member to a check made with it)."""
 
+    # launcher/readback.py
     READBACK = "readback"
     """The launcher read back the checkpoint a leg's events call verified (`leg` set)."""
+    # launcher/rungs/drill.py
     STORE_AFTER_KILL = "store_after_kill"
     """The store after a drill's kill or SIGTERM holds the newest verified checkpoint, read back (`leg`)."""
+    RESUMED_NEWEST = "resumed_newest"
+    """A leg resumed from the newest verified checkpoint the launcher read in the store before it
+    (`leg`; facts: resumed_at, expected, and in a drill the state it trained from)."""
+    KILL_MOMENT = "kill_moment"
+    """A drill's leg reached the moment planned for its kill (`leg`)."""
+    KILLS_FIT = "kills_fit"
+    """The drill's planned kills fit between its first storage cycle and its last step."""
+    KILLED = "killed"
+    """A drill killed a leg at its moment (`leg`; facts: moment, expected)."""
+    SIGTERM_FINAL = "sigterm_final"
+    """A leg stopped by SIGTERM left its final checkpoint as the store's newest verified (`leg`)."""
+    NOTHING_LEFT = "nothing_left"
+    """No process of a killed leg outlived the kill (`leg`)."""
+    # launcher/rungs/resume.py, launcher/rungs/chain.py, launcher/rungs/checks.py, launcher/up.py
     STOPPED_AS_ASKED = "stopped_as_asked"
     """A leg the launcher ended by SIGTERM or its deadline stopped on it (`leg`; facts: want, got)."""
     LEG_FINISHED = "leg_finished"
     """A leg ended on its own, every rank's `done` printed (`leg`)."""
-    RESUMED_NEWEST = "resumed_newest"
-    """A drill's leg resumed from the newest verified checkpoint at the kill, by the launcher's own
-    read of the store (`leg`; facts: resumed_at, expected, state)."""
+    ON_ACCELERATOR = "on_accelerator"
+    """A GPU rung's leg ran on CUDA (`leg`)."""
+    RUN_LENGTH = "run_length"
+    """The run's last leg finished at exactly the run's step count."""
+    STRAIGHT_FINISHED = "straight_finished"
+    """The straight-through reference leg (the oracle, no restart) finished (`leg`)."""
     CPU_DETERMINISM = "cpu_determinism"
     """Two straight-through runs of a CPU rung disagreed: the trainer does not reproduce itself."""
+    LEG_ENDED = "leg_ended"
+    """A leg of the run rung ended, and what the store held after it (`leg`)."""
+    PROGRESS = "progress"
+    """The run makes progress: no crash loop of legs leaving no newer verified checkpoint."""
+    QUOTA_LEG = "quota_leg"
+    """The quota allowed the run another leg."""
+    LEG_CAP = "leg_cap"
+    """The run ended within its cap on legs."""
+    RECOVERIES = "recoveries"
+    """Every recovery SkyPilot's managed job made became a leg in the ledger."""
+    RAN_TO_END = "ran_to_end"
+    """The rung ran to its end (a stop by the user or the launcher's own deadline says why not)."""
+    # launcher/rungs/static.py
+    HASHES = "hashes"
+    """The files hash as the review recorded them."""
+    COMMAND_LINE = "command_line"
+    """The command line the legs run, recorded."""
+    TRAINER_STATIC = "trainer_static"
+    """A check the trainer's static check (runtime/static_check.py) reported in its interpreter."""
+    IMPORT_PARSE = "import_parse"
+    """The static check itself ran and answered."""
+    # launcher/resume_checks.py
+    TIMELINE = "timeline"
+    """The resumed timeline's steps match the straight-through run (loss, and the compared fields)."""
+    REPEATABLE = "repeatable"
+    """Two straight-through runs agree at every step."""
+    DATA_POSITION = "data_position"
+    """A resumed leg read the batches the straight-through run read at its steps (`leg`)."""
+    NO_REPEAT = "no_repeat"
+    """No batch was read twice across the surviving timeline."""
+    SAMPLE_INDEX = "sample_index"
+    """The trainer's own sample index continues across the resumes."""
+    LR = "lr"
+    """A resumed leg ran with the schedule's LR (`leg`)."""
+    LOSS_CONTINUITY = "loss_continuity"
+    """The loss continues across a restart, exactly or within the band (`leg`)."""
+    PUSHED = "pushed"
+    """A leg pushed a checkpoint that verified (`leg`; facts: step)."""
+    RESUMED = "resumed"
+    """A leg resumed from the store rather than from scratch (`leg`)."""
+    # launcher/state_checks.py
+    FED_BATCH = "fed_batch"
+    """The batch given to step() is the one the model was fed."""
+    OPTIMIZER_IN_USE = "optimizer_in_use"
+    """The tracked optimizer is the one stepping after a resume (`leg`)."""
+    STATE_RESTORED = "state_restored"
+    """Tracked objects loaded as saved, by their digests (`leg`; facts: kinds)."""
+    STATE_STRAIGHT = "state_straight"
+    """Tracked objects' digests equal the straight-through run's at each checkpoint (facts: kinds)."""
+    FIELDS_STRAIGHT = "fields_straight"
+    """The printed step fields equal the straight-through run's at every resumed step."""
     GPU_EXACT = "gpu_exact"
     """Every GPU leg held the deterministic mode: the re-run steps are compared exactly."""
     GPU_BAND = "gpu_band"
     """A GPU leg ran an op without a deterministic kernel (or without the mode): compared within the band."""
+    # launcher/measure.py, launcher/efficiency.py
+    SUSTAINED_RATE = "sustained_rate"
+    """A leg's sustained tokens per second, with its standard error (`leg`)."""
+    MEMORY_FLAT = "memory_flat"
+    """A leg's memory stayed flat across its windows (`leg`)."""
+    CADENCE = "cadence"
+    """The checkpoint cadence costs under 1 % of step time (`leg`)."""
+    STEP_BREAKDOWN = "step_breakdown"
+    """Where a leg's step time goes (`leg`)."""
+    MFU = "mfu"
+    """A leg's FLOPs and MFU (`leg`)."""
+    GPU_UTILISATION = "gpu_utilisation"
+    """A leg's GPU utilisation and idle time (`leg`)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +148,8 @@ class Check:
     evidence: tuple[Pointer, ...] = ()
     missing: bool = False
     """Not answerable from what the leg printed (no batch hashes, say): never a pass."""
-    kind: str = ""
-    """A `Kind` where a reader selects the check; its readers never match `name` or `detail`."""
+    kind: str = field(kw_only=True)
+    """Its `Kind`: what its readers match; they never match `name` or `detail`."""
     leg: int | None = None
     """The leg the check is about, where it is about one."""
     facts: dict[str, Any] = field(default_factory=dict)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from launcher.evidence import NO_EVENTS, Check, LegEvents, Pointer
+from launcher.evidence import NO_EVENTS, Check, Kind, LegEvents, Pointer
 
 RATE_REL_ERR_MAX = 0.02
 """The sustained rate must be known to within 2 % (one block standard error)."""
@@ -48,14 +48,16 @@ def check_sustained(ev: LegEvents) -> Check:
     s = sustained(ev)
     if s is None:
         if not ev.all("step"):
-            return Check(name, False, NO_EVENTS if not ev.items else "the leg printed no `step` event")
-        return Check(name, False, "no `rate` event: the leg ran too few steps past the warm-up to measure")
+            return Check(name, False, NO_EVENTS if not ev.items else "the leg printed no `step` event",
+                         kind=Kind.SUSTAINED_RATE, leg=ev.leg)
+        return Check(name, False, "no `rate` event: the leg ran too few steps past the warm-up to measure",
+                     kind=Kind.SUSTAINED_RATE, leg=ev.leg)
     rel = s["rel_err"]
     ok = rel is not None and rel <= RATE_REL_ERR_MAX
     err = "unknown (window too short for block errors)" if rel is None else f"+-{100 * rel:.2f} %"
     return Check(name, ok, f"{s['tok_s']:,.1f} tok/s over steps {s['window_first']}..{s['window_last']} "
                  f"({s['window_steps']} steps, {s['seconds']:.1f} s), standard error {err} "
-                 f"(needs <= {100 * RATE_REL_ERR_MAX:.0f} %)", s["evidence"])
+                 f"(needs <= {100 * RATE_REL_ERR_MAX:.0f} %)", s["evidence"], kind=Kind.SUSTAINED_RATE, leg=ev.leg)
 
 
 def memory_trend(ev: LegEvents) -> dict[str, Any] | None:
@@ -84,7 +86,7 @@ def check_memory(ev: LegEvents, run_steps: int) -> Check:
     name = f"leg {ev.leg}: memory flat"
     m = memory_trend(ev)
     if m is None:
-        return Check(name, False, "fewer than two `memory` windows")
+        return Check(name, False, "fewer than two `memory` windows", kind=Kind.MEMORY_FLAT, leg=ev.leg)
     what = {"cuda": "GPU memory (peak allocated, max across ranks)", "host_rss": "host RSS (max across ranks)"}.get(
         m["kind"], "memory (peak, max across ranks)")
     detail = (f"{what}: {mib(m['early_bytes'])} at step {m['early_step']} -> {mib(m['late_bytes'])} at step "
@@ -93,7 +95,7 @@ def check_memory(ev: LegEvents, run_steps: int) -> Check:
         projected = m["slope_bytes_per_step"] * run_steps
         detail += (f"; leaking {m['slope_bytes_per_step'] * 1000 / 2**20:.2f} MiB per 1000 steps: "
                    f"+{projected / 2**30:.2f} GiB over the run's {run_steps:,} steps")
-    return Check(name, m["flat"], detail, m["evidence"])
+    return Check(name, m["flat"], detail, m["evidence"], kind=Kind.MEMORY_FLAT, leg=ev.leg)
 
 
 def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
@@ -139,11 +141,11 @@ def check_cadence(ev: LegEvents) -> Check:
     name = f"leg {ev.leg}: checkpoint cadence affordable"
     c = cycle_cost(ev)
     if c is None:
-        return Check(name, False, "no complete save -> push -> verify cycle to measure")
+        return Check(name, False, "no complete save -> push -> verify cycle to measure", kind=Kind.CADENCE, leg=ev.leg)
     if c["interval_steps"] is None:
         return Check(name, False, f"one checkpoint only ({c['save_s']:.3f} s on the critical path): no cadence to "
                      f"measure; under 1 % of step time needs a checkpoint every {c['min_interval_1pct']} steps or more",
-                     c["evidence"])
+                     c["evidence"], kind=Kind.CADENCE, leg=ev.leg)
     ok = c["overhead"] <= CADENCE_OVERHEAD_MAX and c["push_waits"] == 0
     detail = (f"every {c['interval_steps']} steps: save {c['save_s']:.3f} s on the critical path = "
               f"{100 * c['overhead']:.2f} % of {c['interval_steps']} x {c['step_s']:.4f} s steps "
@@ -151,7 +153,7 @@ def check_cadence(ev: LegEvents) -> Check:
               + (f"write {c['serialize_s']:.3f} s + " if c["background_save"] else "")
               + f"push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
               f"off it; {c['push_waits']} push waits")
-    return Check(name, ok, detail, c["evidence"])
+    return Check(name, ok, detail, c["evidence"], kind=Kind.CADENCE, leg=ev.leg)
 
 
 def mib(n: float) -> str:
@@ -240,4 +242,5 @@ def check_breakdown(ev: LegEvents) -> Check | None:
     b = step_breakdown(ev)
     if b is None:
         return None  # a trainer that does not time its phases: nothing to say, nothing to fail
-    return Check(f"leg {ev.leg}: where step time goes", True, describe_breakdown(b), b["evidence"])
+    return Check(f"leg {ev.leg}: where step time goes", True, describe_breakdown(b), b["evidence"],
+                 kind=Kind.STEP_BREAKDOWN, leg=ev.leg)

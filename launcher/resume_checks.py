@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.evidence import Check, LegEvents, Pointer, surviving_timeline
+from launcher.evidence import Check, Kind, LegEvents, Pointer, surviving_timeline
 from runtime.metrics import loss_continuity
 
 FLOAT32_EPS = 2.0 ** -23
@@ -61,8 +61,9 @@ def _ptr(ev: LegEvents, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointe
     return ev.pointer(item)
 
 
-def missing(name: str, why: str) -> Check:
-    return Check(name, False, why, (), missing=True)
+def missing(name: str, why: str, kind: Kind, leg: int | None = None) -> Check:
+    """Not answerable from what the legs printed: never a pass."""
+    return Check(name, False, why, (), missing=True, kind=kind, leg=leg)
 
 
 # --- the straight-through oracle -----------------------------------------------------
@@ -73,12 +74,14 @@ def compare_straight(timeline: list[LegEvents], straight: LegEvents, exact: bool
     ref = steps_of(straight)
     got = {s: (ev, item) for ev in surviving_timeline(timeline) for s, item in steps_of(ev).items()}
     if not ref:
-        return Check(name, False, f"the straight-through leg printed no step events ({straight.log})")
+        return Check(name, False, f"the straight-through leg printed no step events ({straight.log})",
+                     kind=Kind.TIMELINE)
     if set(got) != set(ref):
         lost = sorted(set(ref) - set(got))
         extra = sorted(set(got) - set(ref))
         return Check(name, False, f"the resumed timeline has steps {_span(got)}, the straight-through run "
-                     f"{_span(ref)}" + (f"; missing {lost[:5]}" if lost else "") + (f"; extra {extra[:5]}" if extra else ""))
+                     f"{_span(ref)}" + (f"; missing {lost[:5]}" if lost else "") + (f"; extra {extra[:5]}" if extra else ""),
+                     kind=Kind.TIMELINE)
     if not exact and band is None:  # the run's own noise: 1.5 x its largest step-to-step jump
         losses = [ref[s][1]["loss"] for s in sorted(ref)]
         band = 1.5 * max((abs(b - a) for a, b in zip(losses, losses[1:])), default=0.0)
@@ -94,13 +97,13 @@ def compare_straight(timeline: list[LegEvents], straight: LegEvents, exact: bool
             if not same:
                 return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {key} {a!r} vs {b!r} in the "
                              f"straight-through run" + ("" if exact else f" (band +-{tol:.5f})"),
-                             _ptr(ev, (n, e)) + straight.pointer(ref[s]))
+                             _ptr(ev, (n, e)) + straight.pointer(ref[s]), kind=Kind.TIMELINE)
     hashed = all("batch_hash" in ref[s][1] for s in ref)
     what = "loss, LR and batch hash" if hashed else "loss and LR (no batch hashes printed)"
     how = "identical" if exact else f"within +-{tol:.5f} (not deterministic: band)"
     return Check(name, True, f"steps {_span(ref)}: {what} {how} at every step, legs {[ev.leg for ev in timeline]}"
                  + ("; loss to float32 resolution" if exact else ""),
-                 straight.pointer(ref[max(ref)]))
+                 straight.pointer(ref[max(ref)]), kind=Kind.TIMELINE)
 
 
 def check_deterministic(first: LegEvents, repeat: LegEvents) -> Check:
@@ -116,8 +119,8 @@ def check_deterministic(first: LegEvents, repeat: LegEvents) -> Check:
             same = same_loss(u, v) if key == "loss" and u is not None and v is not None else u == v
             if not same:
                 return Check(name, False, f"two straight-through runs differ at step {s}: {key} {u!r} vs {v!r}",
-                             repeat.pointer(b[s]))
-    return Check(name, True, f"two straight-through runs agree on every step ({len(a)} steps)")
+                             repeat.pointer(b[s]), kind=Kind.REPEATABLE)
+    return Check(name, True, f"two straight-through runs agree on every step ({len(a)} steps)", kind=Kind.REPEATABLE)
 
 
 # --- data: what each resumed leg read ------------------------------------------------
@@ -130,15 +133,17 @@ def check_batches(legs: list[LegEvents], i: int, straight: LegEvents | None = No
     start = resume_step(after)
     post = steps_of(after)
     if start is None or not post:
-        return Check(name, False, f"leg {after.leg} printed no resume or no step event")
+        return Check(name, False, f"leg {after.leg} printed no resume or no step event",
+                     kind=Kind.DATA_POSITION, leg=after.leg)
     if any("batch_hash" not in e for _, e in post.values()):
-        return missing(name, NO_BATCH_HASH)
+        return missing(name, NO_BATCH_HASH, Kind.DATA_POSITION, after.leg)
     earlier = [steps_of(ev) for ev in legs[:i]]
     for s in sorted(post):  # a re-run step must read what was read there before
         for ev, steps in zip(legs[:i], earlier):
             if s in steps and "batch_hash" in steps[s][1] and steps[s][1]["batch_hash"] != post[s][1]["batch_hash"]:
                 return Check(name, False, f"step {s} read batch {post[s][1]['batch_hash'][:12]}, leg {ev.leg} read "
-                             f"{steps[s][1]['batch_hash'][:12]} at that step", after.pointer(post[s]) + ev.pointer(steps[s]))
+                             f"{steps[s][1]['batch_hash'][:12]} at that step", after.pointer(post[s]) + ev.pointer(steps[s]),
+                             kind=Kind.DATA_POSITION, leg=after.leg)
     consumed: dict[str, tuple[LegEvents, int]] = {}
     for ev in surviving_timeline(legs[:i] + [after])[:-1]:
         for s, (_, e) in steps_of(ev).items():
@@ -151,11 +156,12 @@ def check_batches(legs: list[LegEvents], i: int, straight: LegEvents | None = No
         ev, s = consumed[h]
         return Check(name, False, f"the first batch after the resume at step {start} ({h[:12]}, step {first}) was "
                      f"already consumed at step {s} (leg {ev.leg}): the resume re-read data",
-                     after.pointer(post[first]))
+                     after.pointer(post[first]), kind=Kind.DATA_POSITION, leg=after.leg)
     rerun = sorted(s for s in post if any(s in st for st in earlier))
     return Check(name, True, f"resumed at step {start}; step {first} read {h[:12]}, not among the {len(consumed)} "
                  f"batches consumed before" + (f"; steps {rerun[0]}-{rerun[-1]} re-run reading the same batches"
-                                               if rerun else ""), after.pointer(post[first]))
+                                               if rerun else ""), after.pointer(post[first]),
+                                               kind=Kind.DATA_POSITION, leg=after.leg)
 
 
 def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) -> Check:
@@ -166,9 +172,9 @@ def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) ->
     seq = [(ev, s, item) for ev in timeline for s, item in sorted(steps_of(ev).items())]
     name = f"no batch read twice ({len(legs)} legs, {len(seq)} steps)"
     if not seq:
-        return Check(name, False, "no step events")
+        return Check(name, False, "no step events", kind=Kind.NO_REPEAT)
     if any("batch_hash" not in item[1] for _, _, item in seq):
-        return missing(name, NO_BATCH_HASH)
+        return missing(name, NO_BATCH_HASH, Kind.NO_REPEAT)
     ref = {s: item[1].get("batch_hash") for s, item in steps_of(straight).items()} if straight else {}
     seen: dict[tuple[Any, str], tuple[LegEvents, int]] = {}
     for ev, s, (n, e) in seq:
@@ -179,14 +185,16 @@ def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) ->
                 continue  # the uninterrupted run reads it twice too: the data holds it twice
             where = f" in epoch {e['epoch']}" if e.get("epoch") is not None else ""
             return Check(name, False, f"leg {ev.leg} step {s} read batch {e['batch_hash'][:12]}, already read at step "
-                         f"{prev_s} (leg {prev_ev.leg}){where}", ev.pointer((n, e)))
+                         f"{prev_s} (leg {prev_ev.leg}){where}", ev.pointer((n, e)), kind=Kind.NO_REPEAT)
         seen[key] = (ev, s)
     steps = [s for _, s, _ in seq]
     gaps = [b for a, b in zip(steps, steps[1:]) if b != a + 1]
     if gaps or steps[0] != 1:
-        return Check(name, False, f"the surviving timeline's steps are not consecutive from 1 (at {gaps[:3] or steps[0]})")
+        return Check(name, False, f"the surviving timeline's steps are not consecutive from 1 (at {gaps[:3] or steps[0]})",
+                     kind=Kind.NO_REPEAT)
     return Check(name, True, f"steps 1..{steps[-1]}: {len(seen)} batch hashes, none read twice"
-                 + (" within an epoch" if any(k[0] is not None for k in seen) else "") + f", legs {[e.leg for e in legs]}")
+                 + (" within an epoch" if any(k[0] is not None for k in seen) else "") + f", legs {[e.leg for e in legs]}",
+                 kind=Kind.NO_REPEAT)
 
 
 def check_sample_index(legs: list[LegEvents]) -> Check | None:
@@ -200,9 +208,9 @@ def check_sample_index(legs: list[LegEvents]) -> Check | None:
     for a, b in zip(seq, seq[1:]):
         if b[2]["sample_index"] - a[2]["sample_index"] != stride or b[1] != a[1] + 1 or stride <= 0:
             return Check(name, False, f"leg {a[0]} step {a[1]} read sample {a[2]['sample_index']}, then leg {b[0]} "
-                         f"step {b[1]} read sample {b[2]['sample_index']} (stride {stride})")
+                         f"step {b[1]} read sample {b[2]['sample_index']} (stride {stride})", kind=Kind.SAMPLE_INDEX)
     return Check(name, True, f"samples {seq[0][2]['sample_index']}..{seq[-1][2]['sample_index'] + stride - 1} read "
-                 f"once each, in order, stride {stride}")
+                 f"once each, in order, stride {stride}", kind=Kind.SAMPLE_INDEX)
 
 
 # --- LR and loss ----------------------------------------------------------------------
@@ -214,7 +222,7 @@ def check_lr(legs: list[LegEvents], i: int, straight: LegEvents | None = None) -
     post = steps_of(after)
     resume = after.first("resume")
     if resume is None or not post:
-        return Check(name, False, f"leg {after.leg} printed no resume or no step event")
+        return Check(name, False, f"leg {after.leg} printed no resume or no step event", kind=Kind.LR, leg=after.leg)
     if straight is not None:
         ref, source = {s: it[1]["lr"] for s, it in steps_of(straight).items()}, "the straight-through run's"
     elif all("lr_expected" in e for _, e in post.values()):
@@ -226,17 +234,19 @@ def check_lr(legs: list[LegEvents], i: int, straight: LegEvents | None = None) -
     for s in compared:
         if post[s][1]["lr"] != ref[s]:
             return Check(name, False, f"step {s} ran with LR {post[s][1]['lr']!r}; {source} LR there is {ref[s]!r}",
-                         after.pointer(post[s]))
+                         after.pointer(post[s]), kind=Kind.LR, leg=after.leg)
     if compared:
         return Check(name, True, f"steps {compared[0]}-{compared[-1]} ({len(compared)}) ran with {source} LR, "
-                     f"from {post[compared[0]][1]['lr']!r}", after.pointer(post[compared[0]]))
+                     f"from {post[compared[0]][1]['lr']!r}", after.pointer(post[compared[0]]),
+                     kind=Kind.LR, leg=after.leg)
     # A schedule that is not a function of the step (ReduceLROnPlateau): the LR the checkpoint saved.
     saved, first = resume[1].get("lr"), post[min(post)][1]["lr"]
     if saved is None:
         return missing(name, "no reference LR: no straight-through run, no lr_expected, no re-run step, and the "
-                       "resume event carries no lr")
+                       "resume event carries no lr", Kind.LR, after.leg)
     return Check(name, saved == first, f"no step-wise reference for this schedule: the first resumed step ran with "
-                 f"{first!r}, the checkpoint saved {saved!r}", after.pointer(resume) + after.pointer(post[min(post)]))
+                 f"{first!r}, the checkpoint saved {saved!r}", after.pointer(resume) + after.pointer(post[min(post)]),
+                 kind=Kind.LR, leg=after.leg)
 
 
 def check_loss(legs: list[LegEvents], i: int, exact: bool) -> Check:
@@ -256,12 +266,13 @@ def check_loss(legs: list[LegEvents], i: int, exact: bool) -> Check:
         ok = all(same_loss(pre_all[s], post[s]) for s in overlap) if exact else worst <= band
         how = "exactly (CPU, deterministic: to float32 resolution)" if exact else f"within the band +-{band:.5f}"
         return Check(name, ok, f"steps {overlap[0]}-{overlap[-1]} re-run: max |loss diff| {worst:.6g}, "
-                     f"must match {how}", after.pointer(after.first("step")))
+                     f"must match {how}", after.pointer(after.first("step")), kind=Kind.LOSS_CONTINUITY, leg=after.leg)
     if cont is None:
-        return Check(name, False, "too few steps on one side of the restart to measure")
+        return Check(name, False, "too few steps on one side of the restart to measure",
+                     kind=Kind.LOSS_CONTINUITY, leg=after.leg)
     return Check(name, cont.ok, f"loss {before[-1]:.5f} -> {post[min(post)]:.5f} across the restart ({cont.delta:+.5f}); "
                  f"band +-{cont.band:.5f} (1.5 x the largest step-to-step jump of the last {cont.window} steps)",
-                 after.pointer(after.first("step")))
+                 after.pointer(after.first("step")), kind=Kind.LOSS_CONTINUITY, leg=after.leg)
 
 
 def resumed_legs(legs: list[LegEvents]) -> list[int]:
@@ -281,18 +292,19 @@ def check_pushed(ev: LegEvents) -> tuple[Check, int | None]:
     name = f"leg {ev.leg} pushed a verified checkpoint"
     verified = [(n, e) for n, e in ev.all("verify") if e.get("ok")]
     if not verified:
-        return Check(name, False, f"no `verify` event with ok=true in leg {ev.leg}"), None
+        return Check(name, False, f"no `verify` event with ok=true in leg {ev.leg}", kind=Kind.PUSHED, leg=ev.leg), None
     item = verified[-1]
     e = item[1]
     detail = f"{e['name']} verified: {e['windows']} windows, {e['bytes_read']} bytes read in {e['seconds']} s"
-    return Check(name, True, detail, ev.pointer(item)), int(e["step"])
+    return Check(name, True, detail, ev.pointer(item), kind=Kind.PUSHED, leg=ev.leg), int(e["step"])
 
 
 def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
     resume = ev.first("resume")
     name = f"leg {ev.leg} resumed from the store"
     if resume is None:
-        return Check(name, False, f"leg {ev.leg} printed no `resume` event: it started from scratch")
+        return Check(name, False, f"leg {ev.leg} printed no `resume` event: it started from scratch",
+                     kind=Kind.RESUMED, leg=ev.leg)
     e = resume[1]
     ok = pushed_step is not None and e["from_step"] == pushed_step
     ranks = {r["from_step"] for _, r in ev.all("resume", rank=None)}
@@ -300,4 +312,4 @@ def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
         ok = False
     return Check(name, ok, f"resumed from {e['checkpoint']} at step {e['from_step']}; leg {ev.leg - 1} pushed "
                  f"step {pushed_step}" + (f"; ranks disagree: {sorted(ranks)}" if len(ranks) > 1 else ""),
-                 ev.pointer(resume))
+                 ev.pointer(resume), kind=Kind.RESUMED, leg=ev.leg)

@@ -75,8 +75,9 @@ def check_fed_batch(legs: list[LegEvents]) -> Check | None:
         if e["step_batch_fed"] is False:
             return Check(name, False, f"leg {ev.leg} step {e['step']}: the batch given to step() is not the one the "
                          "model was fed (a batch fetched ahead of its step?); the data checks use the fed one",
-                         ev.pointer((n, e)))
-    return Check(name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs")
+                         ev.pointer((n, e)), kind=Kind.FED_BATCH)
+    return Check(name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs",
+                 kind=Kind.FED_BATCH)
 
 
 # --- the optimizer in use ---------------------------------------------------------------
@@ -90,19 +91,20 @@ def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
         return None
     if "optimizer" not in tracked.values():
         return missing(name, f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
-                       "optimizer state was restored cannot be checked; `sess.track(optimizer=...)`")
+                       "optimizer state was restored cannot be checked; `sess.track(optimizer=...)`",
+                       Kind.OPTIMIZER_IN_USE, ev.leg)
     steps = [e for _, e in ev.all("step")]
     start = resume_step(ev) or 0
     if not steps or "opt_steps" not in steps[-1]:
-        return missing(name, f"leg {ev.leg}'s step events carry no opt_steps")
+        return missing(name, f"leg {ev.leg}'s step events carry no opt_steps", Kind.OPTIMIZER_IN_USE, ev.leg)
     trained, stepped = int(steps[-1]["step"]) - start, int(steps[-1]["opt_steps"])
     if trained > 0 and stepped == 0:
         return Check(name, False, f"the loop steps an optimizer the session does not track: {trained} steps since "
                      f"the resume at step {start}, 0 steps of the tracked optimizer (re-created after the resume?)",
-                     ev.pointer(ev.last("step")))
+                     ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
     note = "" if stepped == trained else " (some steps skipped: a GradScaler's overflow?)"
     return Check(name, True, f"{stepped} steps of the tracked optimizer in {trained} steps since the resume at "
-                 f"step {start}{note}", ev.pointer(ev.last("step")))
+                 f"step {start}{note}", ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
 
 
 # --- state digests ----------------------------------------------------------------------
@@ -120,13 +122,14 @@ def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Chec
     saved = next((d for d in (_digests_at(e).get(step) for e in reversed(legs[:i])) if d is not None), None)
     name = f"leg {ev.leg}: {', '.join(sorted(loaded))} loaded as saved (state digests)"
     if saved is None:
-        return missing(name, f"no earlier leg printed the state digests of step {step}")
+        return missing(name, f"no earlier leg printed the state digests of step {step}", Kind.STATE_RESTORED, ev.leg)
     wrong = [k for k in sorted(loaded) if k in saved[1]["digests"] and saved[1]["digests"][k] != loaded[k]]
     if wrong:
         return Check(name, False, f"{wrong[0]} as loaded at step {step} differs from what was saved there "
                      f"({loaded[wrong[0]][:12]} vs {saved[1]['digests'][wrong[0]][:12]}): the restore changed it",
-                     ev.pointer(resume))
-    return Check(name, True, f"{len(loaded)} objects at step {step}: each as loaded = as saved", ev.pointer(resume))
+                     ev.pointer(resume), kind=Kind.STATE_RESTORED, leg=ev.leg)
+    return Check(name, True, f"{len(loaded)} objects at step {step}: each as loaded = as saved", ev.pointer(resume),
+                 kind=Kind.STATE_RESTORED, leg=ev.leg)
 
 
 def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: frozenset[str]) -> Check | None:
@@ -156,12 +159,13 @@ def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: froz
             a, b = e["digests"].get(k), ref[s][1]["digests"].get(k)
             if a is not None and b is not None and a != b:
                 return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {k}'s state {a[:12]} vs "
-                             f"{b[:12]} in the straight-through run{left}", ev.pointer((n, e)) + straight.pointer(ref[s]))
+                             f"{b[:12]} in the straight-through run{left}", ev.pointer((n, e)) + straight.pointer(ref[s]),
+                             kind=Kind.STATE_STRAIGHT)
     both = sorted(set(got) & set(ref))
     if not both:
-        return missing(name, "no checkpoint step in common with the straight-through run")
+        return missing(name, "no checkpoint step in common with the straight-through run", Kind.STATE_STRAIGHT)
     return Check(name, True, f"{len(names)} objects ({', '.join(names)}) identical at {len(both)} checkpoint steps "
-                 f"{both[0]}..{both[-1]}{left}", straight.pointer(ref[both[-1]]))
+                 f"{both[0]}..{both[-1]}{left}", straight.pointer(ref[both[-1]]), kind=Kind.STATE_STRAIGHT)
 
 
 # --- every printed field -----------------------------------------------------------------
@@ -190,8 +194,10 @@ def check_fields_straight(legs: list[LegEvents], straight: LegEvents, vary: froz
         for key in sorted(fields):
             if key in e and key in ref[s][1] and not _same(e[key], ref[s][1][key]):
                 return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {key} {e[key]!r} vs "
-                             f"{ref[s][1][key]!r} in the straight-through run", ev.pointer((n, e)) + straight.pointer(ref[s]))
-    return Check(name, True, f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)")
+                             f"{ref[s][1][key]!r} in the straight-through run", ev.pointer((n, e)) + straight.pointer(ref[s]),
+                             kind=Kind.FIELDS_STRAIGHT)
+    return Check(name, True, f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)",
+                 kind=Kind.FIELDS_STRAIGHT)
 
 
 # --- every resume check of one run ------------------------------------------------------

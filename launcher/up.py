@@ -19,7 +19,7 @@ from launcher.backends import BACKENDS
 from launcher.backends.base import StagedFile
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
-from launcher.evidence import Check
+from launcher.evidence import Check, Kind
 from launcher.ladder import Rung, rung_named
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import reviewed_paths
@@ -143,7 +143,8 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
           kills_at: str | None = None) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
-    from launcher.rungs.drill import AUTO, MOMENTS, run_drill
+    from launcher.rungs.drill import run_drill
+    from launcher.rungs.drill_moments import AUTO, MOMENTS
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
@@ -229,7 +230,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
             if ledger.stop_requested(ctx.run_id):  # the stopped leg was the rung's last one
                 raise RunStopped(f"`launcher stop {ctx.run_id}` stopped it")
         except RunStopped as stopped:
-            checks.append(Check("ran to its end", False, str(stopped)))
+            checks.append(Check("ran to its end", False, str(stopped), kind=Kind.RAN_TO_END))
             verdict = "stopped"
         outcome = Outcome(ctx.run_id, ctx.rung.name, checks, time.time() - began)
         exit_code = outcome.exit_code

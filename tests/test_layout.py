@@ -123,3 +123,24 @@ def test_no_import_cycle_even_inside_a_function() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one
     found = cycles(graph)
     assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
+    """A check is selected by its `Kind`, never by its words (launcher/evidence.py): every
+    `Check(...)` made in launcher/ passes `kind=Kind.X` (or a `kind` handed in), and every
+    member of `Kind` is made somewhere — a kind nobody makes is a reader waiting for nothing."""
+    evidence = ast.parse((ROOT / "launcher" / "evidence.py").read_text())
+    kind_class = next(n for n in evidence.body if isinstance(n, ast.ClassDef) and n.name == "Kind")
+    members = {t.id for n in kind_class.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    unkinded, made = [], set()
+    for name, path in modules().items():
+        if not name.startswith("launcher."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Kind":
+                made.add(node.attr)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Check" \
+                    and not any(k.arg == "kind" for k in node.keywords):
+                unkinded.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unkinded, f"checks made without kind=: {unkinded}"
+    assert len(members) > 40 and not members - made, f"kinds no check is made with: {sorted(members - made)}"

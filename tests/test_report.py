@@ -101,6 +101,9 @@ def test_rewording_every_check_changes_no_proof(ladder: tuple[Path, dict[str, st
     """The report selects checks by kind and reads their facts, never their wording: with every
     check's name and detail rewritten in the ledger, the eight proofs come out the same."""
     root, env = ladder
+    with sqlite3.connect(root / ".launcher" / "ledger.db") as db:  # every check of the ladder says its kind
+        assert db.execute("SELECT count(*) FROM checks WHERE coalesce(kind, '') = ''").fetchone()[0] == 0
+        assert db.execute("SELECT count(DISTINCT kind) FROM checks").fetchone()[0] >= 15
     before = proofs(report_json(root, env, tmp_path / "before"))
     copy = clone(root, tmp_path / "proj")
     reword_checks(copy)

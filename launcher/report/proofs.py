@@ -112,7 +112,7 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
         elif not rerun:
             found = [(legs[i].leg, check_loss(legs, i, exact)) for i in resumed_legs(legs)]
     if number == 4 and legs:  # two straight-through runs that disagreed: the rung's finding stands here too
-        found += [(legs[-1].leg, Check(c["name"], False, c["detail"]))
+        found += [(legs[-1].leg, Check(c["name"], False, c["detail"], kind=Kind.CPU_DETERMINISM))
                   for c in find(run.row.get("checks", []), Kind.CPU_DETERMINISM, ok=False)]
     return found + [(leg, c) for leg, c in measured if c is not None]
 
@@ -129,7 +129,8 @@ def proof_resume_checks(number: int, runs: list[RunData], cfg: Config, cite: Evi
             return Proof(number, MISSING, f"{quiet[0].rung} {quiet[0].id}: {NO_EVENTS}")
         return Proof(number, MISSING, "no leg resumed from the store in the runs reported")
     items = [(run, leg, c) for run, leg, c in checks] + [
-        (n.run, n.leg.leg, Check(f"leg {n.leg.leg} resumed", False, n.reason, ())) for n in never]
+        (n.run, n.leg.leg, Check(f"leg {n.leg.leg} resumed", False, n.reason, (),
+                                 kind=Kind.RESUMED, leg=n.leg.leg)) for n in never]
     failed = [t for t in items if not t[2].ok and not t[2].missing]
     absent = [t for t in items if t[2].missing]
     shown = failed[:3] or absent[:1] or (items[:1] + items[-1:] if len(items) > 1 else items)
@@ -207,7 +208,7 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
     for run in drills:
         legs = {leg["leg"]: leg for leg in run.row["legs"]}
         for i, leg in legs.items():
-            if not (leg["killed"] and str(leg.get("end_reason") or "").startswith("drill kill")) or i + 1 not in legs:
+            if not leg["killed"] or i + 1 not in legs:  # a leg killed and relaunched: a cold resume to judge
                 continue
             after = run.legs[i + 1]
             resume = after.first("resume")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import Refused
-from launcher.evidence import Check, LegEvents, silent
+from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.checks import check_leg_exit
 
@@ -85,7 +85,8 @@ def check_resume_point(ev: LegEvents, expected: int | None) -> Check:
     name = f"leg {ev.leg} resumed from the newest verified checkpoint"
     where = "a fresh start" if got is None else f"step {got}"
     return Check(name, got == expected, f"{where}; the newest verified checkpoint in the store before leg {ev.leg} "
-                 f"was {'none' if expected is None else f'step {expected}'}", ev.pointer(resume))
+                 f"was {'none' if expected is None else f'step {expected}'}", ev.pointer(resume),
+                 kind=Kind.RESUMED_NEWEST, leg=ev.leg)
 
 
 def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int | None, after: int | None,
@@ -120,7 +121,7 @@ def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple
     where = f"{newest[1]} (step {left})" if newest[1] else "no verified checkpoint"
     msg = (f"quota: {max(0.0, grant.left_gpu_hours):.3f} GPU-h left in the period, less than one "
            f"{shortest:.0f} s leg on {gpus} GPUs; {rest}; the run stopped at {where}, verified in the store")
-    checks = checks + [Check("the quota allows another leg", False, msg)]
+    checks = checks + [Check("the quota allows another leg", False, msg, kind=Kind.QUOTA_LEG)]
     return QuotaOut(msg, checks, hint=f"the checkpoint stays in the store under runs/{ctx.run_id}; raise "
                     "quota.gpu_hours or wait for the next period (continuing this run id is not in this version: "
                     "a new `launcher up run` starts from step 0)")
@@ -151,7 +152,8 @@ def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Pro
     after, name = progress.newest
     found = leg_checks(ctx, store, outs, before, after, exact)
     checks.append(Check(f"leg {ended.events.leg} ended", True, describe_end(ended) + "; newest verified in the "
-                        "store: " + (f"step {after}" if after is not None else "none")))
+                        "store: " + (f"step {after}" if after is not None else "none"),
+                        kind=Kind.LEG_ENDED, leg=ended.events.leg))
     checks.extend(found)
     if not all(c.ok or c.missing for c in found):
         return "a resume check failed"  # or a store that lost a checkpoint: the run must not go on
@@ -166,7 +168,7 @@ def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Pro
                         f"crash loop: {progress.stalled} leg(s) in a row left no newer verified checkpoint "
                         f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest verified "
                         f"checkpoint is {where}; the last leg {describe_end(ended)}",
-                        ended.events.pointer(ended.events.last("stop"))))
+                        ended.events.pointer(ended.events.last("stop")), kind=Kind.PROGRESS))
     return "crash loop"
 
 
@@ -178,7 +180,8 @@ def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
     legs = [o.events for o in outs]
     witness = check_sample_index(legs)
     return [Check("the run ended at exactly its step count", True, f"leg {last.leg} finished at step {steps} of "
-                  f"{steps} after {len(outs) - 1} restarts", last.pointer(last.last("done"))),
+                  f"{steps} after {len(outs) - 1} restarts", last.pointer(last.last("done")),
+                  kind=Kind.RUN_LENGTH, leg=last.leg),
             check_no_repeat(legs)] + ([witness] if witness else [])
 
 
@@ -212,5 +215,5 @@ def run_chain(ctx: RunContext, cmp: object = None) -> list[Check]:
             return checks + finished(outs, steps)
         if ctx.ledger.stop_requested(ctx.run_id):
             return checks  # `launcher stop`: the leg pushed its final checkpoint; up records "stopped"
-    checks.append(Check("the run ended within the leg cap", False, f"{MAX_LEGS} legs and not done"))
+    checks.append(Check("the run ended within the leg cap", False, f"{MAX_LEGS} legs and not done", kind=Kind.LEG_CAP))
     return checks

@@ -19,7 +19,7 @@ from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
 from launcher.backends.skyapi import cancel, record
 from launcher.rungs.chain import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
-from launcher.evidence import Check, LegEvents
+from launcher.evidence import Check, Kind, LegEvents
 from launcher.legs import LegOutcome, RunContext, redact
 
 MAX_JOB_S = 7 * 24 * 3600.0
@@ -99,7 +99,7 @@ def run_managed(ctx: RunContext, cmp: object = None) -> list[Check]:
             checks.append(Check("the run makes progress", False,
                                 f"SkyPilot ended the job {rec.get('status')}: {rec.get('failure_reason') or ''} "
                                 f"(job_recovery.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
-                                f"verified checkpoint is {progress.newest[1] or 'none'}"))
+                                f"verified checkpoint is {progress.newest[1] or 'none'}", kind=Kind.PROGRESS))
             return checks
         leg += 1  # the job stopped at its deadline before the last step: the next job resumes from the store
 
@@ -165,4 +165,5 @@ def _job_check(job: Any, rec: dict[str, Any], attempts: int) -> Check:
     ok = recoveries is not None and int(recoveries) + 1 == attempts
     return Check(f"managed job {job.job_id}: every recovery became a leg", ok,
                  f"SkyPilot's record: {rec.get('status')}, recovery_count {recoveries}, job_duration "
-                 f"{rec.get('job_duration')} s; the launcher saw {attempts} attempt(s) in the job's log")
+                 f"{rec.get('job_duration')} s; the launcher saw {attempts} attempt(s) in the job's log",
+                 kind=Kind.RECOVERIES)

@@ -38,4 +38,4 @@ def check_device(out: LegOutcome) -> Check:
     start = out.events.first("start")
     device = start[1].get("device") if start else None
     return Check(f"leg {out.events.leg} ran on the accelerator", str(device).startswith("cuda"),
-                 f"device {device!r}", out.events.pointer(start))
+                 f"device {device!r}", out.events.pointer(start), kind=Kind.ON_ACCELERATOR, leg=out.events.leg)

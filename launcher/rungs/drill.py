@@ -23,7 +23,8 @@ stop on it, push a final checkpoint, and the store's newest verified must be tha
 On the local backend the leg is frozen (SIGSTOP) at that line and killed with
 its disk; then the store is read — the newest *verified* checkpoint there is
 where the next leg must resume. A kill mid-push or mid-verify
-must fall back to the previous verified checkpoint.
+must fall back to the previous verified checkpoint. The moments and the `auto` placement
+are in launcher/rungs/drill_moments.py.
 """
 
 from __future__ import annotations
@@ -39,123 +40,11 @@ from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.rungs.checks import check_leg_exit
+from launcher.rungs.drill_moments import Planned, kill_predicate, planned_kills, step_predicate
 from launcher.state_checks import tracked_kinds
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 from runtime.store.seal import KEY_ENV
-
-MOMENTS = ("after-push", "mid-save", "mid-push", "mid-verify", "mid-step")
-RANDOM_MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
-"""What `random` picks from: the moments every trainer has (a synchronous save has no mid-save)."""
-
-
-def kill_predicate(moment: str) -> Callable[[str], bool]:
-    """True on the output line at which to kill, for one leg (state kept per leg)."""
-    seen = {"cycled": False, "steps_after": 0}
-
-    def at(line: str) -> bool:
-        event = parse_line(line)
-        if event is None or event.get("rank", 0) != 0:
-            return False
-        kind, cycled = event["event"], seen["cycled"]
-        if kind == "prune":
-            seen["cycled"] = True
-            return moment == "after-push"
-        if not cycled:
-            return False
-        if kind == "step":
-            seen["steps_after"] += 1
-        background = kind == "save" and event.get("async_save") is True
-        return {"mid-save": background,
-                "mid-push": kind == "serialized" or (kind == "save" and not background), "mid-verify": kind == "push",
-                "mid-step": kind == "step" and seen["steps_after"] == 2}.get(moment, False)
-    return at
-
-
-AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One kill of a drill: at a moment (MOMENTS), or when rank 0 prints `step` (`how` is
-    "step": SIGKILL there; "sigterm": a graceful SIGTERM there)."""
-
-    how: str
-    step: int | None = None
-
-    @property
-    def name(self) -> str:
-        if self.how == "sigterm":
-            return f"by SIGTERM at step {self.step}"
-        return f"at step {self.step}" if self.how == "step" else self.how
-
-
-def lr_turns(ev: LegEvents, after: int) -> int | None:
-    """The first step after `after` where the LR's course changes: it had held and now moves
-    (a plateau cut), or it had risen and now does not (the end of warm-up)."""
-    lrs = [(int(e["step"]), float(e["lr"])) for _, e in ev.all("step") if isinstance(e.get("lr"), (int, float))]
-    for (_, a), (_, b), (s, c) in zip(lrs, lrs[1:], lrs[2:]):
-        before, now = b - a, c - b
-        if s > after and ((before == 0 and now != 0) or (before > 0 >= now)):
-            return s
-    return None
-
-
-def epoch_starts(ev: LegEvents, after: int) -> int | None:
-    """The first step after `after` whose printed `epoch` is not the step before's."""
-    epochs = [(int(e["step"]), e["epoch"]) for _, e in ev.all("step") if "epoch" in e]
-    for (_, a), (s, b) in zip(epochs, epochs[1:]):
-        if s > after and a != b:
-            return s
-    return None
-
-
-def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planned]:
-    """Where `--at auto` puts each kill (module docstring). Every kill after the first storage
-    cycle of the straight run (a kill before it would test only a fresh start), in step order,
-    each before the run's last step."""
-    cycled = next((int(e["step"]) for _, e in straight.all("prune")), None) if straight else None
-    first = cycled if cycled is not None else max(1, steps // (kills + 2))
-    marks: list[Planned] = []
-    if straight is not None:
-        turn = lr_turns(straight, first)
-        if turn is not None and turn + 1 < steps:
-            marks.append(Planned("step", turn + 1))  # just after the LR's course changed
-        boundary = epoch_starts(straight, first)
-        if boundary is not None and boundary + 1 < steps:
-            marks.append(Planned("sigterm", boundary + 1))  # just after the epoch boundary
-    if not any(m.how == "sigterm" for m in marks) and kills > len(marks):
-        marks.append(Planned("sigterm"))  # a graceful stop mid-run, placed below
-    while len(marks) < kills:
-        marks.append(Planned("step"))  # spread between, placed below
-    marks = marks[:kills]
-    fixed = sorted({m.step for m in marks if m.step is not None})
-    free = [m for m in marks if m.step is None]
-    # the steps left free go evenly into the gaps, each at least one step from the others
-    spots = [s for s in range(first + 2, steps) if all(abs(s - f) > 1 for f in fixed)]
-    chosen = [spots[(i + 1) * len(spots) // (len(free) + 1)] for i in range(len(free))] if spots else []
-    placed = [m for m in marks if m.step is not None] + [
-        Planned(m.how, step) for m, step in zip(free, chosen)]
-    return sorted(placed, key=lambda m: m.step or 0)
-
-
-def planned_kills(kills: int, moment: str, kills_at: list[int] | None, steps: int,
-                  straight: LegEvents | None, rng: random.Random) -> list[Planned]:
-    if kills_at:
-        return [Planned("step", s) for s in kills_at]
-    if moment == AUTO:
-        return auto_plan(kills, steps, straight)
-    return [Planned(rng.choice(RANDOM_MOMENTS) if moment == "random" else moment) for _ in range(kills)]
-
-
-def step_predicate(step: int) -> Callable[[str], bool]:
-    """True on rank 0's step event for `step` (or a later one)."""
-    def at(line: str) -> bool:
-        event = parse_line(line)
-        return event is not None and event["event"] == "step" and event.get("rank", 0) == 0 and \
-            int(event["step"]) >= step
-    return at
-
 
 @dataclass
 class Kill:
@@ -267,7 +156,7 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
             return [check_leg_exit(o) for o in outs] + [Check(
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
-                "steps or lower the checkpoint cadence")]
+                "steps or lower the checkpoint cadence", kind=Kind.KILL_MOMENT, leg=leg)]
     from launcher.rungs.resume import exact_checks, under_torchrun
 
     checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
@@ -279,7 +168,7 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
 def no_room(kills: int, room: int, steps: int) -> Check:
     return Check("the drill's kills fit its steps", False,
                  f"{kills} kills planned, room for {room} between the first storage cycle and step {steps}: "
-                 "raise rungs.drill.steps or lower the checkpoint cadence")
+                 "raise rungs.drill.steps or lower the checkpoint cadence", kind=Kind.KILLS_FIT)
 
 
 def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps: int,  # noqa: ANN001
@@ -302,7 +191,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
 
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
-                    ()) for k in kills if k.sigterm_at is None]
+                    (), kind=Kind.KILLED, leg=k.leg, facts={"moment": k.moment, "expected": k.expected}) for k in kills if k.sigterm_at is None]
     for k in kills:
         if k.sigterm_at is None:
             continue
@@ -319,7 +208,7 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
                             f"checkpoint in the store after it: step {k.expected}" +
                             ("" if stopped is None or k.expected == stopped else
                              " (no final push on SIGTERM: a spot notice loses every step since the last one)"),
-                            out.events.pointer(stop)))
+                            out.events.pointer(stop), kind=Kind.SIGTERM_FINAL, leg=k.leg))
     checks += [check_nothing_left(outs[k.leg]) for k in kills if k.sigterm_at is None]
     checks += [k.store_check for k in kills if k.store_check is not None]
     for kill, out in zip(kills, outs[1:]):
@@ -328,11 +217,11 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
     done = outs[-1].events.last("done")
     checks.append(Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
                         f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
-                        outs[-1].events.pointer(done)))
+                        outs[-1].events.pointer(done), kind=Kind.RUN_LENGTH))
     if straight is not None:
         ran = check_leg_exit(straight)
         checks.append(Check(f"straight-through run (leg {straight.events.leg}, no restart) finished", ran.ok,
-                            ran.detail, ran.evidence))
+                            ran.detail, ran.evidence, kind=Kind.STRAIGHT_FINISHED, leg=straight.events.leg))
     return checks
 
 
@@ -342,9 +231,11 @@ def check_nothing_left(out: LegOutcome) -> Check:
     r = out.result
     name = f"leg {out.events.leg}: no process outlived the kill"
     if r.survivors is None:
-        return Check(name, True, "this backend's kill ends the whole instance; nothing is counted")
+        return Check(name, True, "this backend's kill ends the whole instance; nothing is counted",
+                     kind=Kind.NOTHING_LEFT, leg=out.events.leg)
     found = "" if r.killed_processes is None else f"{r.killed_processes} processes of the leg killed; "
-    return Check(name, r.survivors == 0, f"{found}{r.survivors} left once the kill returned")
+    return Check(name, r.survivors == 0, f"{found}{r.survivors} left once the kill returned",
+                 kind=Kind.NOTHING_LEFT, leg=out.events.leg)
 
 
 def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:

@@ -141,7 +141,8 @@ def check_run_length(last: LegOutcome, steps: int) -> Check:
     """The last leg finished at the rung's step count: not short of it, not past it."""
     done = last.events.last("done")
     return Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
-                 f"last leg finished at step {done[1]['step'] if done else None} of {steps}", last.events.pointer(done))
+                 f"last leg finished at step {done[1]['step'] if done else None} of {steps}", last.events.pointer(done),
+                 kind=Kind.RUN_LENGTH)
 
 
 def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need_gpu: bool) -> list[Check]:
@@ -153,7 +154,7 @@ def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need
         s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
         ran = check_leg_exit(s_out)
         checks.append(Check(f"straight-through run (leg {len(outs)}, no restart) finished", ran.ok, ran.detail,
-                            ran.evidence))
+                            ran.evidence, kind=Kind.STRAIGHT_FINISHED, leg=len(outs)))
         straight = s_out.events
     return checks + exact_checks(ctx, [o.events for o in outs], straight, need_gpu, steps)
 

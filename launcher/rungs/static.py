@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from launcher.backends.local import resolve_command, trainer_python
-from launcher.evidence import Check, Pointer
+from launcher.evidence import Check, Kind, Pointer
 from launcher.legs import RunContext
 from launcher.manifest import HashComparison, stage_files
 
@@ -36,9 +36,9 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     checks = [Check("hashes match review", True,
                     f"{len(cmp.current)} files match review #{cmp.review.id} "
-                    f"(digest {cmp.review.digest[:16]})")]
+                    f"(digest {cmp.review.digest[:16]})", kind=Kind.HASHES)]
     command_line = leg_command_line(ctx)
-    checks.append(Check("command line", True, command_line))
+    checks.append(Check("command line", True, command_line, kind=Kind.COMMAND_LINE))
 
     # In the trainer's interpreter: a command that names its own python (a venv of the
     # trainer's) is checked with it, not with the launcher's.
@@ -67,7 +67,8 @@ def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         reported = json.loads(out.strip().splitlines()[-1])["checks"]
     except (IndexError, KeyError, json.JSONDecodeError):
         tail = (err.strip().splitlines() or ["no output"])[-1]
-        return checks + [Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}")]
+        return checks + [Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}",
+                               kind=Kind.IMPORT_PARSE)]
     pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
-    checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer) for c in reported]
+    checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
     return checks
