@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config import Config, GpuSpec, store_uri
-from launcher.ladder import Rung, first_leg_steps
+from launcher.ladder import Rung
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
@@ -21,28 +21,26 @@ if TYPE_CHECKING:
 PLACEHOLDER_RUN = "dry-run"
 
 
-def leg0_env(cfg: Config, rung: Rung, backend: str, gpus: GpuSpec | None, gpus_total: int,
+def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, steps: int,
              quota_left: float | None, reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
     """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
-    same facts: its step count (launcher.ladder.first_leg_steps), and its deadline capped by
+    same facts: its step count (the plan's, launcher.ladder.leg_steps), and its deadline capped by
     the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
     guard would leave it) over `gpus_total` GPUs (the plan's: every node counted)."""
     from launcher.legs import leg_deadline, leg_env
 
     if not rung.legs:
         return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
-    rung_cfg = cfg.rung(rung.name)
-    steps = first_leg_steps(rung.name, rung_cfg.steps, can_terminate(backend))
     left = None if quota_left is None else max(0.0, quota_left)
-    deadline = leg_deadline(cfg, rung_cfg.budget_minutes * 60.0, left, gpus_total, now)
+    deadline = leg_deadline(cfg, cfg.rung(rung.name).budget_minutes * 60.0, left, gpus_total, now)
     return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
 
 
-def can_terminate(backend: str) -> bool:
-    """Whether legs on this backend can be sent SIGTERM (it decides leg 0's step count)."""
-    from launcher.backends import backend_class
-
-    return backend_class(backend).can_terminate
+def steps_line(plan: Plan) -> str:
+    """Each leg's LAUNCHER_MAX_STEPS, as the rung's runner will give it (launcher.ladder.leg_steps)."""
+    shown = [f"{leg.index}{' (straight)' if leg.role == 'straight' else ''}: {leg.max_steps}" for leg in plan.legs]
+    more = ", and each later leg the same" if plan.request.rung.name == "run" else ""
+    return "LAUNCHER_MAX_STEPS by leg: " + ", ".join(shown) + more
 
 
 def legs_line(plan: Plan) -> str:
@@ -59,14 +57,13 @@ def legs_line(plan: Plan) -> str:
 
 def describe(plan: Plan) -> str:
     """The plan as text: the legs, leg 0's rendered launch, the price and the quota guard."""
-    from launcher.legs import redact
-
     cfg, request = plan.cfg, plan.request
     rung, backend, gpus = request.rung, request.backend, request.gpus
     out = [f"dry run: rung {rung.name} on {backend}, {legs_line(plan)}, nothing launched or recorded"]
     assert plan.projection is not None and plan.quota is not None
-    env = redact(leg0_env(cfg, rung, backend, gpus, request.gpus_total, plan.quota.remaining_gpu_hours,
-                          plan.reviewed), cfg.secrets)  # printed: redacted like the ledger
+    env = plan.env  # printed: redacted like the ledger
+    if rung.legs:
+        out.append(steps_line(plan))
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":

@@ -91,18 +91,30 @@ def probe_plan(steps: int) -> list[int]:
     return [first, steps]
 
 
-def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
-    """LAUNCHER_MAX_STEPS of a rung's leg 0. A resume rung's leg 0, on a backend that can
-    SIGTERM a leg, is given all but the last step of leg 1's share and stopped by SIGTERM
-    at the end of its own (launcher.rungs.resume.plan_endings); the run and the drill train
-    to the end (the drill kills its legs on the way)."""
-    if rung == "static":
-        return 0
+def leg_steps(rung: str, steps: int, can_terminate: bool, legs: int) -> list[int]:
+    """LAUNCHER_MAX_STEPS of each of a rung's `legs` legs, in order: the one rule the launch plan
+    shows and the rungs' runners launch by. A resume rung: leg 0 as `first_leg_steps` says, the
+    middle legs one short of the end (their deadline stops them), the last to the end; the probe
+    its two legs (`probe_plan`); the drill and the run train every leg to the end (the drill
+    kills its legs on the way, the run's legs are stopped by their deadlines). A straight-through
+    oracle leg, where there is one, trains to the end."""
+    if rung == "static" or legs <= 0:
+        return []
     if rung == "probe":
-        return probe_plan(steps)[0]
+        return probe_plan(steps)[:legs]
     if rung in ("rehearsal", "smoke"):
-        return resume_leg0_steps(steps, can_terminate)
-    return steps
+        if legs == 1:
+            return [steps]
+        return [resume_leg0_steps(steps, can_terminate, legs)] + [steps - 1] * (legs - 2) + [steps]
+    return [steps] * legs
+
+
+def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
+    """LAUNCHER_MAX_STEPS of a rung's leg 0 (`leg_steps`; 0 for a rung without legs). A resume
+    rung's leg 0, on a backend that can SIGTERM a leg, is given all but the last step of leg 1's
+    share and stopped by SIGTERM at the end of its own (launcher.rungs.resume.plan_endings)."""
+    planned = leg_steps(rung, steps, can_terminate, rung_named(rung).legs)
+    return planned[0] if planned else 0
 
 
 def resume_leg0_steps(steps: int, can_terminate: bool, legs: int = RESUME_LEGS) -> int:

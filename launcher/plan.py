@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from launcher.backends import HOST, Backend, make_backend
+from launcher.backends import HOST, Backend, backend_class, make_backend
 from launcher.config import Config, GpuSpec, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
-from launcher.ladder import Rung
+from launcher.ladder import Rung, leg_steps
 from launcher.ledger import Ledger
 from launcher.manifest import HashComparison, guard_hashes, hash_reviewed
 from launcher.spend import Projection, QuotaDecision, preview, project
@@ -30,6 +30,8 @@ GUARDS: dict[str, str] = {
     "docker": "the docker CLI is installed (a rung with legs on the docker backend; exit 2)",
     "review": "a review is recorded in the ledger (exit 3)",
     "hashes": "the files to be run are the reviewed ones (exit 3)",
+    "store": "a Hub store answers a listing with this token, before any leg (exit 2; a file:// store was "
+             "checked writable when the config loaded)",
     "image": "the image the legs run: docker, built from the reviewed files (exit 3); sky, pushed (exit 3), "
              "with a store a cloud can reach (exit 2)",
     "preflight": "the run launches only past a passing report, or with a recorded reason (exit 3)",
@@ -64,13 +66,17 @@ class PlannedLeg:
 
     index: int
     role: str
+    max_steps: int
+    """Its LAUNCHER_MAX_STEPS (launcher.ladder.leg_steps, which the rung's runner launches by)."""
 
 
-def planned_legs(rung: Rung) -> list[PlannedLeg]:
-    """Every leg the rung launches, in order (the run's are open-ended: its first is shown)."""
-    legs = [PlannedLeg(i, "leg") for i in range(rung.legs)]
+def planned_legs(rung: Rung, steps: int, can_terminate: bool) -> list[PlannedLeg]:
+    """Every leg the rung launches, in order, with its step count (the run's are open-ended:
+    its first is shown). `steps`: the rung's; `can_terminate`: whether the backend can SIGTERM
+    a leg (a resume rung's leg 0 is stopped so where it can)."""
+    legs = [PlannedLeg(i, "leg", n) for i, n in enumerate(leg_steps(rung.name, steps, can_terminate, rung.legs))]
     if rung.straight_leg:
-        legs.append(PlannedLeg(rung.legs, "straight"))
+        legs.append(PlannedLeg(rung.legs, "straight", steps))
     return legs
 
 
@@ -103,6 +109,11 @@ class Plan:
     """USD per GPU-hour the quota guard reserves at: the pick's, spread over its GPUs, else the config's."""
     projection: Projection | None = None
     quota: QuotaDecision | None = None
+    store: str | None = None
+    """The store the legs push to, as it answered the store guard (a Hub store's listing)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Leg 0's environment, redacted as the ledger records it (its run id a placeholder, its
+    deadline counted from now): built by the function real legs use (launcher.legs.leg_env)."""
 
     @property
     def at_least(self) -> float | None:
@@ -126,8 +137,8 @@ class Plan:
         """The plan's facts for `up --dry-run --json`."""
         r = self.request
         return {"rung": r.rung.name, "backend": r.backend, "gpus": str(r.gpus) if r.gpus else None, "nodes": r.nodes,
-                "gpus_total": r.gpus_total, "legs": [{"leg": leg.index, "role": leg.role} for leg in self.legs],
-                "image": self.image, "usd_per_gpu_hour": self.price,
+                "gpus_total": r.gpus_total, "legs": [{"leg": leg.index, "role": leg.role, "max_steps": leg.max_steps} for leg in self.legs],
+                "env": self.env, "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
                 "quota": self.quota.arithmetic if self.quota else None,
                 "guards": [{"guard": d.guard, "ok": d.refusal is None,
                             "refusal": d.refusal.message if d.refusal else None} for d in self.decisions]}
@@ -142,7 +153,8 @@ def make_plan(cfg: Config, request: Request, dry_run: bool) -> Plan:
     recorded yet); the dry run records each and goes on. The caller closes the plan's ledger."""
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")  # reading never creates one
     rung = request.rung
-    plan = Plan(cfg, request, ledger, {}, planned_legs(rung))
+    steps = cfg.rung(rung.name).steps if rung.legs else 0
+    plan = Plan(cfg, request, ledger, {}, planned_legs(rung, steps, backend_class(request.backend).can_terminate))
     try:
         _decide_all(plan, dry_run)
     except BaseException:
@@ -173,6 +185,8 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     decide("review", lambda: _reviewed(plan.ledger))
     plan.cmp = decide("hashes", lambda: guard_hashes(cfg, plan.ledger) if plan.ledger is not None else None)
     plan.reviewed = plan.cmp.current if plan.cmp is not None else hash_reviewed(cfg, strict=False)
+    if rung.legs:
+        plan.store = decide("store", lambda: store_answers(store_uri(cfg)))
     if rung.legs and plan.ledger is not None:
         plan.image = decide("image", lambda: _image_for(request.backend, cfg, plan.ledger, plan.reviewed))
     plan.backend = _backend(plan, dry_run)
@@ -183,11 +197,45 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.projection = project(cfg, plan.ledger, rung, request.gpus, request.nodes)
     plan.quota = preview(cfg, plan.ledger, plan.projection, plan.price, request.allow_overdraft, plan.at_least)
     decide("quota", lambda: _raise(plan.quota.refusal) if plan.quota is not None else None)
+    if dry_run:
+        from launcher.dryrun import leg0_env
+        from launcher.legs import redact
+
+        steps = plan.legs[0].max_steps if plan.legs else 0
+        plan.env = redact(leg0_env(cfg, rung, request.gpus, request.gpus_total, steps,
+                                   plan.quota.remaining_gpu_hours if plan.quota else None, plan.reviewed), cfg.secrets)
 
 
 def _raise(err: LauncherError | None) -> None:
     if err is not None:
         raise err
+
+
+STORE_TIMEOUT_S = 20.0
+"""How long the store guard waits for a Hub store's one listing."""
+
+
+def store_answers(uri: str) -> str:
+    """The store guard: a Hub store lists its checkpoints once, with the token the legs will get
+    (a repo that is not there yet is fine: the first push creates it); a refused token or no
+    answer is refused here rather than on a leg's first push, billed. The launcher reads the
+    store after every leg, so this host must reach it too. A file:// store: the config's check."""
+    if not uri.startswith("hf://"):
+        return uri
+    from runtime.store import StoreAuthError, StoreError
+    from runtime.store.hub import HubStore
+    from runtime.store.retry import RetryPolicy
+
+    store = HubStore(uri, "runs", timeout_s=STORE_TIMEOUT_S, retry=RetryPolicy(attempts=1), key=None)
+    try:
+        store.scan()
+    except StoreAuthError as err:
+        raise BadInput(f"store {uri} refuses this token: {err}", hint="set HF_TOKEN to a token that can write "
+                       "the repo (legs get it through `secrets:`)") from None
+    except (StoreError, OSError) as err:
+        raise BadInput(f"store {uri} does not answer: {err}", hint=f"check HF_ENDPOINT "
+                       f"({store.endpoint}) and the network, or use a file:// store") from None
+    return uri
 
 
 def _reviewed(ledger: Ledger | None) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ladder import DRILL, RUNGS, first_leg_steps, probe_plan, resume_plan, resume_rungs, rung_named
+from launcher.ladder import DRILL, RUNGS, first_leg_steps, leg_steps, probe_plan, resume_plan, resume_rungs, rung_named
 from launcher.rungs import runner_of
 
 pytestmark = pytest.mark.unit
@@ -32,6 +32,8 @@ def test_leg_0_steps_follow_the_rungs_plans() -> None:
     assert first_leg_steps("smoke", 20, can_terminate=False) == 6  # sky: no SIGTERM, its share
     assert first_leg_steps("probe", 200, can_terminate=True) == 180
     assert first_leg_steps("run", 500, can_terminate=True) == 500 and first_leg_steps("static", 9, True) == 0
+    assert leg_steps("rehearsal", 20, True, 3) == [12, 19, 20] and leg_steps("smoke", 20, False, 3) == [6, 19, 20]
+    assert leg_steps("probe", 200, True, 2) == [180, 200] and leg_steps("run", 500, True, 1) == [500]
 
 
 @pytest.mark.parametrize("rung_name, gpus, session_hours, quota", [
@@ -53,7 +55,6 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     spec = parse_gpus(gpus) if gpus else None
     reviewed = {"train.py": "ab" * 32}
     now = 1_700_000_000.0
-    shown = leg0_env(cfg, rung_named(rung_name), "local", spec, spec.count if spec else 0, quota, reviewed, now=now)
 
     from launcher.backends.base import StagedFile
     from launcher.legs import leg_deadline
@@ -64,6 +65,7 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     steps = cfg.rung(rung_name).steps
     first = {"rehearsal": resume_plan(steps)[1] - 1, "smoke": resume_plan(steps)[1] - 1,
              "probe": probe_plan(steps)[0]}[rung_name]  # what launcher.rungs gives leg 0 on local
+    shown = leg0_env(cfg, rung_named(rung_name), spec, spec.count if spec else 0, first, quota, reviewed, now=now)
     budget_s = cfg.rung(rung_name).budget_minutes * 60.0
     real = ctx.leg_env(0, first, leg_deadline(cfg, budget_s, ctx.quota_left_hours, ctx.gpu_count, now))
     assert shown == real

@@ -45,11 +45,18 @@ def _usd_budget(root: Path) -> dict[str, str]:
     return {}
 
 
+def _hub_away(root: Path) -> dict[str, str]:
+    edit_config(root, store="hf://tester/ckpts")
+    assert run_cli(["review"], cwd=root).code == 0
+    return {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_good"}  # the discard port: nothing answers
+
+
 CASES: dict[str, tuple[Callable[[Path], dict[str, str]], list[str], int, str]] = {
     # guard: (how to make it refuse, the `up` arguments, the exit code, what the one line names)
     "docker": (_no_docker, ["rehearsal", "--backend", "docker"], 2, "the docker CLI is not installed"),
     "review": (_no_review, ["rehearsal"], 3, "no review recorded"),
     "hashes": (_edited, ["rehearsal"], 3, "reviewed files differ from review #1"),
+    "store": (_hub_away, ["rehearsal"], 2, "store hf://tester/ckpts does not answer"),
     "image": (_nothing, ["rehearsal", "--backend", "docker"], 3, "no image has been built for this project"),
     "preflight": (_nothing, ["run", "--gpus", "T4:1"], 3, "no signed preflight report for exactly these files"),
     "quota": (_usd_budget, ["smoke", "--gpus", "T4:1"], 3, "> budget $0.01"),
@@ -139,8 +146,31 @@ def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project
     gpu = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
     assert gpu.code == 0 and "rung smoke on local, 3 legs," in gpu.out, gpu.out
     planned = run_cli(["up", "smoke", "--cpu", "--dry-run", "--json"], cwd=project).json()["plan"]
-    assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "image", "quota"]
+    assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "store", "image", "quota"]
     real = run_cli(["up", "smoke", "--cpu", "--json"], cwd=project, timeout=900)
     run = run_cli(["ledger", real.json()["run_id"], "--json"], cwd=project).json()[0]
-    launched = [{"leg": leg["leg"], "role": leg["role"] or "leg"} for leg in run["legs"]]
+    launched = [{"leg": leg["leg"], "role": leg["role"] or "leg", "max_steps": int(leg["env"]["LAUNCHER_MAX_STEPS"])}
+                for leg in run["legs"]]
     assert launched == planned["legs"] and len(launched) == 4
+    # leg 0's environment as the dry run showed it is the one the launch recorded, but for the
+    # run's id and the deadline (counted from the moment each was made)
+    varies = {"LAUNCHER_RUN_ID", "LAUNCHER_DEADLINE"}
+    shown, recorded = planned["env"], run["legs"][0]["env"]
+    assert shown.keys() == recorded.keys() and shown["LAUNCHER_RUN_ID"] == "dry-run"
+    assert {k: v for k, v in shown.items() if k not in varies} == {k: v for k, v in recorded.items() if k not in varies}
+    assert abs(int(shown["LAUNCHER_DEADLINE"]) - int(recorded["LAUNCHER_DEADLINE"])) < 120
+
+
+def test_the_store_guard_asks_the_hub_with_the_legs_token(project: Path, hub_server) -> None:  # noqa: ANN001
+    """A Hub store is asked once before any leg: a refused token is refused by the dry run and
+    the launch alike (exit 2, nothing recorded); the right one passes, a repo not there yet too."""
+    edit_config(project, store="hf://tester/ckpts")
+    assert run_cli(["review"], cwd=project).code == 0
+    bad = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_wrong"}
+    dry = run_cli(["up", "rehearsal", "--dry-run"], cwd=project, env=bad)
+    assert_one_line_error(dry, 2, "a real launch would be refused", "store hf://tester/ckpts refuses this token")
+    assert_one_line_error(run_cli(["up", "rehearsal"], cwd=project, env=bad), 2, "refuses this token")
+    assert run_rows(project) == 0
+    good = run_cli(["up", "rehearsal", "--dry-run", "--json"], cwd=project,
+                   env={"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good"})
+    assert good.code == 0 and good.json()["plan"]["store"] == "hf://tester/ckpts", good.out

@@ -106,10 +106,17 @@ def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_ser
 
 
 def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server) -> None:  # noqa: ANN001
-    edit_config(project, store="hf://tester/ckpts")
-    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_wrong", "HF_HOME": str(project / "hf-home")}
-    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
-    assert res.code == 1
+    """The store guard asks the store the launcher reads (tests/test_plan.py); a leg whose own
+    store refuses its token (here `leg_env` sends the legs to another Hub, which knows another
+    token) stops at its first push and says why."""
+    from hub_server import HubServer
+
+    with HubServer(token="hf_other") as elsewhere:
+        edit_config(project, store="hf://tester/ckpts", leg_env={"HF_ENDPOINT": elsewhere.url})
+        assert run_cli(["review"], cwd=project).code == 0
+        env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+        res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
+    assert res.code == 1, res.out + res.err
     leg0 = next(c for c in res.json()["checks"] if c["name"] == "leg 0 finished")
     assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from launcher.efficiency import check_efficiency, check_utilisation
 from launcher.evidence import Check, silent
-from launcher.ladder import probe_plan
+from launcher.ladder import leg_steps
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
 from launcher.resume_checks import check_pushed, check_resumed
@@ -27,7 +27,7 @@ def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
 
 def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     run_steps = ctx.cfg.rungs.run.steps
-    plan = probe_plan(steps)
+    plan = leg_steps(ctx.rung.name, steps, ctx.backend.can_terminate, ctx.rung.legs)  # what the plan shows
     first = run_leg(ctx, 0, plan[0])
     checks = [check_leg_exit(first)]
     if silent(first.events):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
-from launcher.ladder import resume_leg0_steps, resume_plan
+from launcher.ladder import leg_steps, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.resume_checks import check_resumed
 from launcher.rungs.checks import check_device, check_leg_exit
@@ -26,11 +26,11 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     is stopped by SIGTERM, leg 1 by its deadline, the last runs to the rung's end. A
     trainer that pushes no final checkpoint on SIGTERM or at its deadline fails here."""
     plan = resume_plan(steps, legs)
+    max_steps = leg_steps(ctx.rung.name, steps, ctx.backend.can_terminate, legs)[leg]  # what the plan shows
     if leg == legs - 1:
-        return steps, Ending()
+        return max_steps, Ending()
     if leg == 0:
-        first_steps = resume_leg0_steps(steps, ctx.backend.can_terminate, legs)  # what the dry run shows
-        return first_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
+        return max_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
     # The deadline: far enough for the leg to start and train, then the leg is held at a known
     # step until the deadline is within the trainer's margin (so the stop lands mid-run).
     # The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it lands
@@ -44,8 +44,8 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     ahead = (plan[leg] - plan[leg - 1]) * step_s
     fallback = max(15.0, 2 * startup + 6.0) + ahead
     if ctx.backend.can_freeze:  # held at the planned step until the deadline is within the margin
-        return steps - 1, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
-    return steps - 1, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
+        return max_steps, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
+    return max_steps, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
 
 
 def under_torchrun(ctx: RunContext) -> bool:
