@@ -8,32 +8,9 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from launcher.config import Config, GpuSpec, store_uri
-from launcher.ladder import Rung
-
-if TYPE_CHECKING:
-    from launcher.plan import Plan
-
-PLACEHOLDER_RUN = "dry-run"
-
-
-def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, steps: int,
-             quota_left: float | None, reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
-    """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
-    same facts: its step count (the plan's, launcher.ladder.leg_steps), and its deadline capped by
-    the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
-    guard would leave it) over `gpus_total` GPUs (the plan's: every node counted)."""
-    from launcher.legs import leg_deadline, leg_env
-
-    if not rung.legs:
-        return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
-    left = None if quota_left is None else max(0.0, quota_left)
-    deadline = leg_deadline(cfg, cfg.rung(rung.name).budget_minutes * 60.0, left, gpus_total, now)
-    return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
+from launcher.plan import PLACEHOLDER_RUN, Plan
 
 
 def steps_line(plan: Plan) -> str:
@@ -75,6 +52,8 @@ def describe(plan: Plan) -> str:
         spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, gpus=gpus)
         program = shutil.which("docker") or "docker"  # shown even where the docker guard refused
         out.append("$ " + shlex.join(run_argv(spec, plan.image or "<image>", "host", program)))
+    elif request.nodes > 1:
+        out += _local_nodes(plan, env)
     else:
         from launcher.backends.local import resolve_command
 
@@ -92,6 +71,26 @@ def describe(plan: Plan) -> str:
     out.append("guard: " + plan.quota.arithmetic)
     out += [f"{d.guard}: refused: {d.refusal.message}" for d in plan.decisions if d.refusal is not None]
     return "\n".join(out)
+
+
+def _local_nodes(plan: Plan, env: dict[str, str]) -> list[str]:
+    """A local leg of several nodes: each a fresh folder running the rung's `run:` script (the
+    bytes the sky backend renders) under bash, with SkyPilot's node variables."""
+    from launcher.backends.nodes import LOOPBACK, node_env
+    from launcher.backends.skytask import leg_script, task_envs
+
+    cfg, request = plan.cfg, plan.request
+    script = leg_script(cfg, request.rung.name)
+    ips = [LOOPBACK] * request.nodes
+    gpus = request.gpus.count if request.gpus else 0
+    out = [f"# leg 0: {request.nodes} nodes, each a fresh empty dir on this host running this run: script under "
+           f"bash (sha256 {plan.run_sha256}, the bytes `--backend sky` renders):", script.rstrip()]
+    shared = task_envs(cfg, request.rung.name, env)
+    out.append("# every node: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shared.items()))
+    for rank in range(request.nodes):
+        mine = node_env(rank, ips, gpus, f"preflight-{PLACEHOLDER_RUN}-leg0")
+        out.append(f"# node {rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in mine.items()))
+    return out
 
 
 def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
@@ -114,7 +113,8 @@ def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
         else:
             task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")  # type: ignore[union-attr]
     what = "managed job" if rung.name == "run" else "leg 0"
-    out = [f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]})", task.yaml_text]
+    out = [f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]}; its run: script, "
+           f"which every node executes, sha256 {task.run_sha256})", task.yaml_text]
     if pick is None:
         out.append(f"skypilot: no pick or price ({why}); the costs below use launcher.yaml prices")
     else:

@@ -98,6 +98,9 @@ class Kind(StrEnum):
     """A resumed leg read the batches the straight-through run read at its steps (`leg`)."""
     NO_REPEAT = "no_repeat"
     """No batch was read twice across the surviving timeline."""
+    RANK_DATA = "rank_data"
+    """On several ranks: every rank resumed its own data position and no batch was read by two
+    ranks or twice (facts: ranks, and the rank that failed)."""
     SAMPLE_INDEX = "sample_index"
     """The trainer's own sample index continues across the resumes."""
     LR = "lr"

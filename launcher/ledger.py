@@ -155,6 +155,8 @@ class Ledger:
 
     def begin_leg(self, leg: dict[str, Any]) -> None:
         row = dict(leg, command=json.dumps(leg["command"]), env=json.dumps(leg["env"], sort_keys=True))
+        if row.get("nodes") is not None:
+            row["nodes"] = json.dumps(row["nodes"])
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         with self.transaction() as db:
@@ -162,13 +164,15 @@ class Ledger:
 
     def end_leg(self, run_id: str, leg: int, *, ended_at: float, exit_code: int | None, killed: bool,
                 end_reason: str, billed_gpu_hours: float, cost_usd: float | None, cost_source: str | None = None,
-                placement: dict[str, str] | None = None) -> None:
+                placement: dict[str, str] | None = None, nodes: list[dict[str, Any]] | None = None) -> None:
         with self.transaction() as db:
             db.execute(
                 "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?,"
-                " cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement) WHERE run_id=? AND leg=?",
+                " cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement),"
+                " nodes=COALESCE(?, nodes) WHERE run_id=? AND leg=?",
                 (ended_at, exit_code, int(killed), end_reason, billed_gpu_hours, cost_usd, cost_source,
-                 json.dumps(placement, sort_keys=True) if placement else None, run_id, leg))
+                 json.dumps(placement, sort_keys=True) if placement else None,
+                 json.dumps(nodes) if nodes else None, run_id, leg))
 
     def add_checks(self, run_id: str, checks: list[dict[str, Any]]) -> None:
         with self.transaction() as db:
@@ -225,6 +229,7 @@ class Ledger:
         leg = clean(row, LEG_NUMBERS, {"command": list, "env": dict})
         leg["killed"] = bool(leg["killed"])
         leg["placement"] = json_or_none(leg.get("placement"))
+        leg["nodes"] = json_or_none(leg.get("nodes"))
         return leg
 
     def leg_records(self, run_id: str) -> list[LegRecord]:

@@ -57,6 +57,8 @@ class LegRecord(TypedDict):
     hourly_usd: float | None
     cost_source: str | None
     placement: str | None
+    run_sha256: str | None
+    nodes: str | None
 
 
 class LegRow(TypedDict):
@@ -83,6 +85,10 @@ class LegRow(TypedDict):
     hourly_usd: float | None
     cost_source: str | None
     placement: dict[str, str] | None
+    run_sha256: str | None
+    """The `run:` script every node executed (sky; local with --nodes N)."""
+    nodes: list[dict[str, Any]] | None
+    """A leg of several nodes: each node's record (node, instance, pid, exit_code, log)."""
     damaged: NotRequired[list[str]]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -19,6 +19,7 @@ MIGRATIONS = {
     8: ["ALTER TABLE runs ADD COLUMN preflight TEXT"],
     9: ["ALTER TABLE checks ADD COLUMN kind TEXT", "ALTER TABLE checks ADD COLUMN leg INTEGER",
         "ALTER TABLE checks ADD COLUMN facts TEXT"],
+    10: ["ALTER TABLE legs ADD COLUMN run_sha256 TEXT", "ALTER TABLE legs ADD COLUMN nodes TEXT"],
 }
 
 SCHEMA = """
@@ -107,6 +108,8 @@ CREATE TABLE IF NOT EXISTS legs (
     hourly_usd  REAL,                      -- one instance per hour, host VM included, where the backend priced it (sky)
     cost_source TEXT,                      -- skypilot optimizer | config prices | none
     placement   TEXT,                      -- JSON {cloud, region, zone, instance_type}: where the leg ran (sky)
+    run_sha256  TEXT,                      -- the `run:` script every node executed (sky, and local with --nodes N)
+    nodes       TEXT,                      -- JSON [{node, instance, pid, exit_code, log}]: a leg of several nodes
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS stops (

@@ -310,7 +310,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
         hours, cost, source = ctx.billed(result)
         ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
                            killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
-                           cost_usd=cost, cost_source=source, placement=result.placement)
+                           cost_usd=cost, cost_source=source, placement=result.placement, nodes=result.nodes)
     return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at)
 
 

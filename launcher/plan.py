@@ -14,6 +14,7 @@ ledger transaction that is rolled back, the launch applies it in one that commit
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -109,6 +110,8 @@ class Plan:
     """USD per GPU-hour the quota guard reserves at: the pick's, spread over its GPUs, else the config's."""
     projection: Projection | None = None
     quota: QuotaDecision | None = None
+    run_sha256: str | None = None
+    """The `run:` script each node executes, where the legs run one (sky; local with --nodes N)."""
     store: str | None = None
     """The store the legs push to, as it answered the store guard (a Hub store's listing)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -138,7 +141,7 @@ class Plan:
         r = self.request
         return {"rung": r.rung.name, "backend": r.backend, "gpus": str(r.gpus) if r.gpus else None, "nodes": r.nodes,
                 "gpus_total": r.gpus_total, "legs": [{"leg": leg.index, "role": leg.role, "max_steps": leg.max_steps} for leg in self.legs],
-                "env": self.env, "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
+                "env": self.env, "run_sha256": self.run_sha256, "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
                 "quota": self.quota.arithmetic if self.quota else None,
                 "guards": [{"guard": d.guard, "ok": d.refusal is None,
                             "refusal": d.refusal.message if d.refusal else None} for d in self.decisions]}
@@ -187,6 +190,11 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.reviewed = plan.cmp.current if plan.cmp is not None else hash_reviewed(cfg, strict=False)
     if rung.legs:
         plan.store = decide("store", lambda: store_answers(store_uri(cfg)))
+    if rung.legs and (request.backend == "sky" or request.nodes > 1) and not (request.backend == "sky" and
+                                                                              rung.name == "run"):
+        from launcher.backends.skytask import leg_script, script_sha256
+
+        plan.run_sha256 = script_sha256(leg_script(cfg, rung.name))  # the managed job's differs: skyjob
     if rung.legs and plan.ledger is not None:
         plan.image = decide("image", lambda: _image_for(request.backend, cfg, plan.ledger, plan.reviewed))
     plan.backend = _backend(plan, dry_run)
@@ -198,7 +206,6 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.quota = preview(cfg, plan.ledger, plan.projection, plan.price, request.allow_overdraft, plan.at_least)
     decide("quota", lambda: _raise(plan.quota.refusal) if plan.quota is not None else None)
     if dry_run:
-        from launcher.dryrun import leg0_env
         from launcher.legs import redact
 
         steps = plan.legs[0].max_steps if plan.legs else 0
@@ -236,6 +243,24 @@ def store_answers(uri: str) -> str:
         raise BadInput(f"store {uri} does not answer: {err}", hint=f"check HF_ENDPOINT "
                        f"({store.endpoint}) and the network, or use a file:// store") from None
     return uri
+
+
+PLACEHOLDER_RUN = "dry-run"
+
+
+def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, steps: int,
+             quota_left: float | None, reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
+    """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
+    same facts: its step count (the plan's, launcher.ladder.leg_steps), and its deadline capped by
+    the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
+    guard would leave it) over `gpus_total` GPUs (the plan's: every node counted)."""
+    from launcher.legs import leg_deadline, leg_env
+
+    if not rung.legs:
+        return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
+    left = None if quota_left is None else max(0.0, quota_left)
+    deadline = leg_deadline(cfg, cfg.rung(rung.name).budget_minutes * 60.0, left, gpus_total, now)
+    return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
 
 
 def _reviewed(ledger: Ledger | None) -> None:

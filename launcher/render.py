@@ -231,6 +231,9 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     alive = {True: ", process alive", False: ", process GONE"}.get(leg["process_alive"], "")
     out.print(f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
               f"step {leg['step']}{total} (run length {leg['total_steps']})")
+    for node in leg.get("nodes", []):
+        state = {True: "process alive", False: "process GONE"}.get(node["alive"], f"exit {node['exit_code']}")
+        out.print(f"    node {node['node']}: {state}, step {node['step']}, pid {node['pid']}, log {node['log']}")
     last = s.get("last_event")
     if last:
         out.print(f"  last event: {last['event']} (step {last['step']}, line {last['line']}) {last['age_s']} s ago")

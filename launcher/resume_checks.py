@@ -197,6 +197,46 @@ def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) ->
                  kind=Kind.NO_REPEAT)
 
 
+def as_rank(ev: LegEvents, rank: int) -> LegEvents:
+    """Rank `rank`'s events of a leg, read as rank 0's: the rank-0 data checks then judge it."""
+    return LegEvents(ev.leg, ev.log, [(n, {**e, "rank": 0}) for n, e in ev.items if e.get("rank", 0) == rank])
+
+
+def check_every_rank(legs: list[LegEvents], straight: LegEvents | None = None) -> Check | None:
+    """On several ranks (several nodes too), each rank's own data position: at every resume the
+    rank re-read what it read before at a re-run step and nothing it had consumed (its batch
+    hashes, as `check_batches` judges rank 0), and across every rank and step of the surviving
+    timeline no batch was read twice (one rank whose cursor was not restored reads its shard
+    again, or another rank's). None on one rank."""
+    ranks = sorted({int(e.get("rank", 0)) for ev in legs for _, e in ev.all("step", rank=None)})
+    if len(ranks) < 2:
+        return None
+    name = f"every rank's data position ({len(ranks)} ranks)"
+    views = {r: [as_rank(ev, r) for ev in legs] for r in ranks}
+    for r in ranks[1:]:  # rank 0's are the checks above
+        mine = as_rank(straight, r) if straight is not None else None
+        for c in [check_batches(views[r], i, mine) for i in resumed_legs(views[r])] + [check_no_repeat(views[r], mine)]:
+            if not c.ok:
+                return Check(name, False, f"rank {r}: {c.detail}", c.evidence, missing=c.missing,
+                             kind=Kind.RANK_DATA, facts={"rank": r, "ranks": len(ranks)})
+    seen: dict[tuple[Any, str], tuple[int, int, int]] = {}
+    for r in ranks:
+        for ev in surviving_timeline(views[r]):
+            for s, (n, e) in sorted(steps_of(ev).items()):
+                key = (e.get("epoch"), e.get("batch_hash"))
+                if key[1] is None:
+                    continue
+                if key in seen and seen[key][0] != r:
+                    other, leg, step = seen[key]
+                    return Check(name, False, f"rank {r} read batch {key[1][:12]} at step {s} (leg {ev.leg}), which "
+                                 f"rank {other} read at step {step} (leg {leg}): two ranks read one shard",
+                                 ev.pointer((n, e)), kind=Kind.RANK_DATA, facts={"rank": r, "ranks": len(ranks)})
+                seen.setdefault(key, (r, ev.leg, s))
+    return Check(name, True, f"ranks {ranks[0]}..{ranks[-1]}: each resumed where it stood, none re-read a batch; "
+                 f"{len(seen)} batch hashes across the ranks, none read by two", kind=Kind.RANK_DATA,
+                 facts={"ranks": len(ranks)})
+
+
 def check_sample_index(legs: list[LegEvents]) -> Check | None:
     """The trainer's own index, a second witness: consecutive steps on the surviving
     timeline advance it by one stride. None when the trainer prints none."""

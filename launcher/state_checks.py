@@ -32,7 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.evidence import Check, Kind, LegEvents, surviving_timeline
-from launcher.resume_checks import (VARYING_FIELDS, check_batches, check_loss, check_lr, check_no_repeat,
+from launcher.resume_checks import (VARYING_FIELDS, check_batches, check_every_rank, check_loss, check_lr,
+                                    check_no_repeat,
                                     check_sample_index, compare_straight, missing, resume_step, resumed_legs,
                                     same_loss, steps_of)
 
@@ -210,7 +211,8 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
         in_use = check_optimizer_in_use(legs, i)
         checks.append(None if in_use is None or in_use.missing else in_use)  # MISSING is the report's to say (proof 3)
         checks += [check_restored(legs, i, kinds) for kinds in PROOF_KINDS.values()]
-    checks += [check_no_repeat(legs, straight), check_sample_index(legs), check_fed_batch(legs)]
+    checks += [check_no_repeat(legs, straight), check_every_rank(legs, straight), check_sample_index(legs),
+               check_fed_batch(legs)]
     if straight is not None:
         checks.append(compare_straight(legs, straight, exact))
         if exact:

@@ -148,7 +148,16 @@ def _leg_state(row: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
             "step": int(last_step[1]["step"]) if last_step else None,
             "leg_max_steps": int(row["env"].get(contract.MAX_STEPS, 0)) or None,
             "total_steps": start[1].get("total_steps") if start else None,
-            "device": start[1].get("device") if start else None}
+            "device": start[1].get("device") if start else None,
+            "nodes": [{**node, "step": _node_step(ev, node["node"]),
+                       "alive": pid_alive(node["pid"]) if leg_running and node.get("pid") else None}
+                      for node in row.get("nodes") or []]}
+
+
+def _node_step(ev: LegEvents, node: int) -> int | None:
+    """The newest step a rank on `node` printed (a node that fell behind or went silent shows)."""
+    steps = [int(e["step"]) for _, e in ev.all("step", rank=None) if e.get("node") == node]
+    return max(steps) if steps else None
 
 
 def _measures(run: dict[str, Any], ev: LegEvents) -> dict[str, Any]:

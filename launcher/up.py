@@ -66,8 +66,8 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     check_nodes(nodes)
-    if nodes > 1 and backend_name != "sky":
-        raise BadInput(f"--nodes {nodes}: only the sky backend launches several nodes")
+    if nodes > 1 and backend_name not in ("sky", "local"):
+        raise BadInput(f"--nodes {nodes}: the {backend_name} backend launches one node (local and sky launch several)")
     if not rung.available:
         raise BadInput(f"rung {rung.name!r} is not available in this version "
                        "(available: static, rehearsal, smoke, probe)")

@@ -133,7 +133,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
 }
 # Fields that need not be there, but that consumers read as this type when they are.
 OPTIONAL_FIELDS: dict[str, str] = {
-    "t": NUM, "rank": INT, "tokens": INT, "tok_s": NUM, "step_s": NUM, "phases": DICT, "lr_expected": NUM,
+    "t": NUM, "rank": INT, "node": INT, "tokens": INT, "tok_s": NUM, "step_s": NUM, "phases": DICT, "lr_expected": NUM,
     "eta_s": OPT_NUM, "total_steps": INT, "max_steps": INT, "params": INT, "world_size": INT,
     "mem_max_bytes": OPT_NUM, "final_checkpoint_verified": BOOL, "failures": LIST, "checkpoint": STR,
     "sample_index": INT, "batch_hash": STR, "lr": NUM, "epoch": INT, "state_bytes": DICT, "tokens_consumed": INT,

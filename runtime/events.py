@@ -7,7 +7,7 @@ can be found inside mixed output (torchrun or SkyPilot prefixes included):
 
 Events (DESIGN.md): start, resume, step, push, verify, delete_local, prune,
 stop, done. Every rank prints its own lines (a rank-0-only logger turns a crash
-into silence); `rank` says whose line it is.
+into silence); `rank` says whose line it is, and `node` on which node, in a world of several.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _node() -> int | None:
+    """The node this rank runs on, in a world of several nodes (torchrun's GROUP_RANK, the node
+    rank it was started with); None on one node, where every event line stays as it was."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    return int(os.environ.get("GROUP_RANK", "0") or 0)
+
+
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf: say so explicitly rather than emit invalid JSON.
     if isinstance(value, float) and not math.isfinite(value):
@@ -42,6 +50,9 @@ def _clean(value: Any) -> Any:
 def emit(event: str, **fields: Any) -> dict[str, Any]:
     """Print one event line (flushed: a killed leg must not lose its last lines)."""
     record = {"event": event, "t": round(time.time(), 3), "rank": _rank()}
+    node = _node()
+    if node is not None:
+        record["node"] = node
     record.update({k: _clean(v) for k, v in fields.items()})
     line = json.dumps(record, separators=(", ", ": ")) + "\n"
     with _lock:

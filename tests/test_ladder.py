@@ -45,7 +45,7 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
 
     from launcher.backends.local import LocalBackend
     from launcher.config import load_config, parse_gpus, store_uri
-    from launcher.dryrun import PLACEHOLDER_RUN, leg0_env
+    from launcher.plan import PLACEHOLDER_RUN, leg0_env
     from launcher.init import init_project
     from launcher.legs import RunContext
 

@@ -27,7 +27,9 @@ def test_leg_over_budget_is_killed_and_recorded(tmp_path: Path, monkeypatch: pyt
     cfg = Config(project="t", trainer=TrainerConfig(command=["python", "sleeper.py"]), reviewed=["sleeper.py"],
                  rungs=RungsConfig(rehearsal=RungConfig(steps=2, budget_minutes=0.01)), root=tmp_path)
     ledger = Ledger(tmp_path / "ledger.db")
-    ctx = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(root=tmp_path / "legs"), ledger, "r1",
+    ctx = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(root=tmp_path / "legs"), ledger,
+                          "r1-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10],  # a token of its own
+                          # (tests/test_local_backend.py: run_id)
                           "file:///s", {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
                           None, lambda leg, line: None)
     ledger.begin_run(legs.ledger_run_row(ctx, None, "d", "c"), {})

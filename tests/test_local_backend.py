@@ -35,13 +35,21 @@ def staged(tmp_path: Path) -> dict[str, StagedFile]:
     return {"probe.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
 
 
+def run_id(tmp_path: Path) -> str:
+    """A run id of this test's own. Every process of a leg carries the token run id:leg, and a leg
+    that ends kills whatever still carries its token (launcher.backends.leash): two tests at once
+    on one fixed id ("r1", before) killed each other's legs (a sleeper dead of -9 before its kill,
+    a probe that never printed: seen once in a two-worker clean-clone run)."""
+    return "r1-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
+
+
 def spec(tmp_path: Path, leg: int, command: tuple[str, ...] = ("python", "probe.py"), **kw) -> LegSpec:  # noqa: ANN003
-    env = {"LAUNCHER_RUN_ID": "r1", "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
+    env = {"LAUNCHER_RUN_ID": run_id(tmp_path), "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
            "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": "10",
            "LAUNCHER_DEADLINE": str(int(time.time()) + 60)}
     env.update(kw.pop("extra_env", {}))
     files = kw.pop("files", None) or staged(tmp_path)
-    return LegSpec("r1", leg, "rehearsal", command, env, kw.pop("secrets", {}), files,
+    return LegSpec(run_id(tmp_path), leg, "rehearsal", command, env, kw.pop("secrets", {}), files,
                    tmp_path / "logs" / f"leg-{leg}.log", None)
 
 
@@ -70,7 +78,7 @@ def test_leg_environment_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyP
     backend = LocalBackend(root=tmp_path / "legs")
     backend.wait(backend.launch(s), timeout=60)
     env = probe_event(s.log_path)["env"]
-    assert env["LAUNCHER_LEG"] == "0" and env["LAUNCHER_RUN_ID"] == "r1"
+    assert env["LAUNCHER_LEG"] == "0" and env["LAUNCHER_RUN_ID"] == run_id(tmp_path)
     assert set(env) == {"LAUNCHER_RUN_ID", "LAUNCHER_LEG", "LAUNCHER_RUNG", "LAUNCHER_STORE",
                         "LAUNCHER_MAX_STEPS", "LAUNCHER_DEADLINE", "HF_TOKEN"}
     assert env["HF_TOKEN"] == "hf_secret_value"  # the leg gets it...

@@ -41,13 +41,14 @@ def backend_class(name: str) -> type[Backend]:
 
 def make_backend(name: str, cfg: Config | None = None, image: str | None = None, nodes: int = 1,
                  retry_until_up: bool = False) -> Backend:
-    """The backend called `name`, built with what it needs: docker, the `image` its legs run;
+    """The backend called `name`, built with what it needs: local, the config and the node count
+    (a leg of several nodes runs the rung's `run:` script on each); docker, the `image` its legs run;
     sky, the config, the pushed `image`, the node count and whether to wait for capacity;
     the host (rung 0), nothing. An unknown name is bad input."""
     if name == "local":
         from launcher.backends.local import LocalBackend
 
-        return LocalBackend()
+        return LocalBackend(cfg=cfg, nodes=nodes)
     if name == "docker":
         from launcher.backends.docker import DockerBackend
 

@@ -92,6 +92,8 @@ class LegResult:
     cost_source: str | None = None
     placement: dict[str, str] | None = None
     """Where the leg ran (sky: cloud, region, zone, instance type)."""
+    nodes: list[dict[str, Any]] | None = None
+    """A leg of several nodes: each node's record (node, instance, pid, exit_code, log)."""
 
     @property
     def wall_seconds(self) -> float:

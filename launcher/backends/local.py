@@ -29,6 +29,9 @@ from typing import IO, Any, Callable, Mapping
 import launcher.backends.leash as leash
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token
+from launcher.backends.nodes import Cluster, close, free_port, leg_exit, path_with, poll, start_nodes
+from launcher.backends.skytask import script_sha256
+from launcher.config import Config
 from launcher.errors import BadInput
 from launcher.manifest import stage_files
 
@@ -70,17 +73,25 @@ def leg_process_env(spec: LegSpec) -> dict[str, str]:
 class _LocalHandle(LegHandle):
     workdir: Path | None = None
     proc: subprocess.Popen[str] | None = None
+    """The leg's process; on a leg of several nodes, the head node's."""
     pump: threading.Thread | None = None
     log: IO[str] | None = None
     early_exit: int | None = None
     leash: subprocess.Popen[bytes] | None = None
+    cluster: Cluster | None = None
+    """The nodes of a leg of several (launcher.backends.nodes); None for one."""
+    stopping: bool = False
+    """SIGTERM was sent: every node is waited for, a failing one does not tear the others down."""
 
     @property
     def token(self) -> str:
         return leg_token(self.spec.run_id, self.spec.leg)
 
     def ledger_fields(self) -> dict[str, Any]:
-        return {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
+        fields = {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
+        if self.cluster is not None:
+            fields.update(run_sha256=script_sha256(self.cluster.script), nodes=self.cluster.records())
+        return fields
 
 
 class LocalBackend(Backend):
@@ -90,12 +101,17 @@ class LocalBackend(Backend):
     can_freeze = True
     can_terminate = True
 
-    def __init__(self, root: Path | None = None, keep_dirs: bool | None = None) -> None:
+    def __init__(self, root: Path | None = None, keep_dirs: bool | None = None, cfg: Config | None = None,
+                 nodes: int = 1) -> None:
         self.root = root or Path(tempfile.gettempdir()) / LEGS_ROOT
         self.keep_dirs = bool(os.environ.get("LAUNCHER_KEEP_LEG_DIRS")) if keep_dirs is None else keep_dirs
+        self.cfg, self.nodes = cfg, nodes
+        """A leg of several `nodes` runs the rung's `run:` script on each (needs the config's templates)."""
 
     def launch(self, spec: LegSpec, on_line: LineSink | None = None,
                on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+        if self.nodes > 1:
+            return self._launch_nodes(spec, on_line, on_instance)
         self.root.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
         try:
@@ -130,6 +146,59 @@ class LocalBackend(Backend):
             on_instance(handle)  # a local leg costs nothing before it starts: recorded once it has a pid
         return handle
 
+    def _launch_nodes(self, spec: LegSpec, on_line: LineSink | None,
+                      on_instance: Callable[[LegHandle], None] | None) -> LegHandle:
+        """Each of `nodes` fresh folders (under one leg folder: the leash's) runs the rung's
+        `run:` script, as SkyPilot's nodes would (launcher.backends.nodes)."""
+        from launcher.backends.skytask import HARD_CAP_GRACE_S, leg_script, task_envs
+
+        assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
+        self.root.mkdir(parents=True, exist_ok=True)
+        legdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
+        try:
+            dirs = [legdir / f"node-{rank}" for rank in range(self.nodes)]
+            for workdir in dirs:
+                workdir.mkdir()
+                stage_files({rel: f.source for rel, f in spec.files.items()},
+                            {rel: f.sha256 for rel, f in spec.files.items()}, workdir)
+            script = leg_script(self.cfg, spec.rung)
+            deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
+            envs = {**task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None),
+                    **spec.secrets, "PREFLIGHT_MASTER_PORT": str(free_port())}
+            base = {**leg_process_env(spec),
+                    "PATH": path_with(Path(trainer_python(self.cfg.trainer.command)).parent)}
+            cluster = start_nodes(spec, script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, on_line)
+        except BaseException:
+            shutil.rmtree(legdir, ignore_errors=True)
+            raise
+        handle = _LocalHandle(spec, str(legdir), time.time(), ("bash", "-c", script), workdir=legdir,
+                              proc=cluster.head.proc, cluster=cluster)
+        handle.leash = self._leash(handle)
+        if on_instance is not None:
+            on_instance(handle)
+        return handle
+
+    def _wait_nodes(self, handle: _LocalHandle, timeout: float | None) -> LegResult | None:
+        """Every node ended (the leg's code: the first failure's, else 0); or, while no stop was
+        asked, a node that failed ends the leg and the others are torn down."""
+        cluster = handle.cluster
+        assert cluster is not None and handle.proc is not None
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done, failed = poll(cluster)
+            if done or (failed is not None and not handle.stopping):
+                break
+            if end is not None and time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
+        if not done:
+            kill_leg(handle.token, handle.proc.pid)  # a node failed: the cluster's job ends
+        close(cluster, lambda node: node.proc.wait() if node.proc is not None else None)
+        rc, reason = leg_exit(cluster)
+        if not done:
+            reason += "; the other nodes were torn down"
+        return self._finish(handle, rc, False, reason)
+
     def _leash(self, handle: _LocalHandle) -> subprocess.Popen[bytes]:
         """The watcher that kills the leg if this launcher dies (see launcher.backends.leash)."""
         assert handle.proc is not None
@@ -146,10 +215,12 @@ class LocalBackend(Backend):
         if handle.workdir is not None and (killed or not self.keep_dirs):
             shutil.rmtree(handle.workdir, ignore_errors=True)
         return LegResult(rc, handle.started_at, time.time(), killed, reason, killed_processes=counted[0],
-                         survivors=counted[1])
+                         survivors=counted[1], nodes=handle.cluster.records() if handle.cluster else None)
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _LocalHandle)
+        if handle.cluster is not None:
+            return self._wait_nodes(handle, timeout)
         if handle.proc is None:
             return self._finish(handle, handle.early_exit, False, "failed to start")
         try:
@@ -177,6 +248,7 @@ class LocalBackend(Backend):
         measured on this machine), and a fast CPU leg ran six more steps, to its step limit,
         before its ranks heard of it."""
         assert isinstance(handle, _LocalHandle)
+        handle.stopping = True
         if handle.proc is not None:
             leash.signal_leg(handle.token, handle.proc.pid, signal.SIGTERM, group_first=True)
 
@@ -185,8 +257,10 @@ class LocalBackend(Backend):
         assert isinstance(handle, _LocalHandle)
         rc, counted = handle.early_exit, (0, 0)
         if handle.proc is not None:
-            n = kill_leg(handle.token, handle.proc.pid)
+            n = kill_leg(handle.token, handle.proc.pid)  # every node's processes carry the leg's token
             rc = handle.proc.wait()
+            if handle.cluster is not None:
+                close(handle.cluster, lambda node: node.proc.wait() if node.proc is not None else None)
             counted = (n, len(leg_pids(handle.token)))  # what a lost instance leaves: nothing
         return self._finish(handle, rc, True, reason, counted)
 

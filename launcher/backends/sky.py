@@ -69,6 +69,7 @@ class _SkyHandle(LegHandle):
 
     def ledger_fields(self) -> dict[str, Any]:
         return {**super().ledger_fields(), "task_sha256": self.task.sha256 if self.task is not None else None,
+                "run_sha256": self.task.run_sha256 if self.task is not None else None,
                 "hourly_usd": self.pick.instance_hourly_usd if self.pick is not None else None,
                 "cost_source": self.cost_source}
 

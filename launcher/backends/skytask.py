@@ -25,7 +25,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
@@ -55,6 +55,8 @@ class RenderedTask:
     path: Path
     sha256: str
     yaml_text: str
+    run_sha256: str = ""
+    """The sha256 of its `run:` script, which every node executes (`script_sha256`)."""
 
 
 def template_path(cfg: Config, rung: str) -> Path:
@@ -96,8 +98,40 @@ def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_re
     task["resources"]["autostop"] = {"idle_minutes": AUTOSTOP_IDLE_MINUTES, "down": True}
     if hard_stop is not None:
         task["envs"]["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
-        task["run"] = hard_capped(str(task.get("run") or ""))
+        task["run"] = leg_script(cfg, rung)
     return _write(task, cfg, out)
+
+
+def template(cfg: Config, rung: str) -> dict[str, Any]:
+    """The rung's task template, parsed (a project's own sky/ first)."""
+    import yaml
+
+    loaded = yaml.safe_load(template_path(cfg, rung).read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise BadInput(f"sky/{rung}.yaml is not a mapping")
+    return loaded
+
+
+def leg_script(cfg: Config, rung: str) -> str:
+    """The `run:` script of one leg of `rung`, byte for byte as the sky backend renders it (the
+    template's, under the hard cap): what SkyPilot runs on every node, and what the local and
+    docker backends run on each of theirs for a leg of several nodes (launcher.backends.nodes)."""
+    return hard_capped(str(template(cfg, rung).get("run") or ""))
+
+
+def script_sha256(script: str) -> str:
+    """The sha256 the ledger records of an executed `run:` script."""
+    return hashlib.sha256(script.encode()).hexdigest()
+
+
+def task_envs(cfg: Config, rung: str, leg_env: Mapping[str, str], hard_stop: float | None = None) -> dict[str, str]:
+    """The `envs:` of one leg's task: the template's, the leg environment, the trainer's
+    arguments (LAUNCHER_TRAIN_ARGS) and, under the hard cap, when it falls (PREFLIGHT_HARD_STOP)."""
+    envs = {**{str(k): str(v) for k, v in (template(cfg, rung).get("envs") or {}).items()}, **leg_env,
+            "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
+    if hard_stop is not None:
+        envs["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
+    return envs
 
 
 def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str, leg_env: dict[str, str],
@@ -142,10 +176,7 @@ def attempt_deadline(run: str) -> str:
 
 def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
             leg_env: dict[str, str], pin: dict[str, str] | None) -> dict[str, Any]:
-    import yaml
-
-    template = yaml.safe_load(template_path(cfg, rung).read_text()) or {}
-    task: dict[str, Any] = copy.deepcopy(template)
+    task: dict[str, Any] = copy.deepcopy(template(cfg, rung))
     resources = task.setdefault("resources", {})
     if gpus is not None:
         check_accelerator(gpus)
@@ -157,7 +188,7 @@ def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_r
     resources["image_id"] = f"docker:{image_ref}"
     resources.update({k: v for k, v in (pin or {}).items() if v})
     task["num_nodes"] = nodes
-    task["envs"] = {**(task.get("envs") or {}), **leg_env, "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
+    task["envs"] = task_envs(cfg, rung, leg_env)
     task["secrets"] = _template_secrets(task.get("secrets"), rung)
     if not task["secrets"]:
         del task["secrets"]
@@ -172,7 +203,7 @@ def _write(task: dict[str, Any], cfg: Config, out: Path) -> RenderedTask:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     validate(out)
-    return RenderedTask(out, hashlib.sha256(text.encode()).hexdigest(), text)
+    return RenderedTask(out, hashlib.sha256(text.encode()).hexdigest(), text, script_sha256(str(task.get("run") or "")))
 
 
 def _template_secrets(entries: Any, rung: str) -> dict[str, Any]:

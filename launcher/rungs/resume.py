@@ -54,7 +54,8 @@ def under_torchrun(ctx: RunContext) -> bool:
     plain Python trainer exits 0 after a graceful stop; its exit 1 is a failure (a rank-only
     assert after the final checkpoint verified passed as a graceful stop before)."""
     command = ctx.cfg.trainer.command
-    return bool(command) and Path(command[0]).name == "torchrun"
+    return ctx.nodes > 1 or (bool(command) and Path(command[0]).name == "torchrun")  # several nodes: the
+    # rung's `run:` script execs torchrun on each
 
 
 def _startup_s(out: LegOutcome) -> float:

@@ -1,0 +1,164 @@
+"""A leg of several nodes on one host: each node runs the `run:` script SkyPilot would run.
+
+SkyPilot runs a task's `run:` script once on every node of the cluster, with the
+node's own environment: `SKYPILOT_NODE_RANK`, `SKYPILOT_NODE_IPS` (every node's
+address, one a line, the head first), `SKYPILOT_NUM_NODES`,
+`SKYPILOT_NUM_GPUS_PER_NODE` and `SKYPILOT_TASK_ID`, beside the task's `envs:`.
+Here each node is a fresh empty folder on this host (the local backend; its
+address the loopback one), running the very script the sky backend renders for
+the rung (launcher.backends.skytask.leg_script: the same bytes, whose sha256 the
+ledger records) under `bash`, with that environment. The script starts torchrun
+across the nodes (a static rendezvous at the head's address); on a CPU leg the
+ranks talk gloo. The nodes share this host's ports, so the leg's rendezvous port
+is a free one (PREFLIGHT_MASTER_PORT, which the templates read) rather than 29500.
+
+The leg is the cluster: it ends when every node has ended, and a node that ends
+with a failure ends it (the others are torn down, as SkyPilot's job ends when a
+node's `run` fails). Each node's lines go to the leg's log prefixed `(node R) `,
+and to a log of the node's own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping
+
+from launcher.backends.base import LegSpec, LineSink
+
+LOOPBACK = "127.0.0.1"
+NODE_VARS = ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE",
+             "SKYPILOT_TASK_ID")
+"""What SkyPilot sets on every node beside the task's envs (its docs: environment variables)."""
+
+
+def node_env(rank: int, ips: list[str], gpus_per_node: int, task_id: str) -> dict[str, str]:
+    """SkyPilot's variables for node `rank` of a cluster whose nodes have addresses `ips` (head first)."""
+    return {"SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": "\n".join(ips),
+            "SKYPILOT_NUM_NODES": str(len(ips)), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus_per_node),
+            "SKYPILOT_TASK_ID": task_id}
+
+
+def task_id(spec: LegSpec) -> str:
+    return f"preflight-{spec.run_id}-leg{spec.leg}"
+
+
+def free_port() -> int:
+    """A TCP port nothing on this host listens on now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """One node of a leg: its rank, its disk, its process (the `bash` running the script), its log."""
+
+    rank: int
+    workdir: Path
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    pump: threading.Thread | None = None
+    log: IO[str] | None = None
+    exit_code: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The node as the ledger's leg row lists it."""
+        return {"node": self.rank, "instance": str(self.workdir), "pid": self.proc.pid if self.proc else None,
+                "exit_code": self.exit_code, "log": str(self.log_path)}
+
+
+@dataclass
+class Cluster:
+    """The nodes of one leg, and the lock their lines reach the leg's log under."""
+
+    nodes: list[Node]
+    script: str
+    log: IO[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [n.record() for n in self.nodes]
+
+
+def start_nodes(spec: LegSpec, script: str, envs: Mapping[str, str], base_env: Mapping[str, str],
+                workdirs: list[Path], gpus_per_node: int, on_line: LineSink | None) -> Cluster:
+    """Start the script on every node (head first), each in its own session and folder; its
+    lines to the leg's log and the node's. `envs`: the task's envs (leg environment included);
+    `base_env`: the process environment beneath them (PATH, the leg's token)."""
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster([], script, spec.log_path.open("w", encoding="utf-8"))
+    ips = [LOOPBACK] * len(workdirs)
+    for rank, workdir in enumerate(workdirs):
+        env = {**base_env, **envs, **node_env(rank, ips, gpus_per_node, task_id(spec)),
+               "LAUNCHER_APP_DIR": str(workdir)}
+        node = Node(rank, workdir, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
+        node.log = node.log_path.open("w", encoding="utf-8")
+        node.proc = subprocess.Popen(["bash", "-c", script], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                     errors="replace", start_new_session=True)
+        node.pump = threading.Thread(target=_pump, args=(cluster, node, on_line), daemon=True)
+        node.pump.start()
+        cluster.nodes.append(node)
+    return cluster
+
+
+def _pump(cluster: Cluster, node: Node, on_line: LineSink | None) -> None:
+    """Node `node`'s output, line by line, to its own log and to the leg's (prefixed, whole lines)."""
+    assert node.proc is not None and node.proc.stdout is not None and node.log is not None
+    prefix = f"(node {node.rank}) "
+    for line in node.proc.stdout:
+        node.log.write(line)
+        node.log.flush()
+        shown = prefix + line
+        with cluster.lock:
+            cluster.log.write(shown)
+            cluster.log.flush()
+        if on_line is not None:
+            on_line(shown)
+
+
+def poll(cluster: Cluster) -> tuple[bool, Node | None]:
+    """(every node ended, the first node that ended with a failure, if any)."""
+    failed = None
+    for node in cluster.nodes:
+        if node.proc is not None and node.exit_code is None:
+            node.exit_code = node.proc.poll()
+        if node.exit_code not in (None, 0) and failed is None:
+            failed = node
+    return all(n.exit_code is not None for n in cluster.nodes), failed
+
+
+def leg_exit(cluster: Cluster) -> tuple[int | None, str]:
+    """The leg's exit code and how it ended, from its nodes': the first failure's, else 0."""
+    failed = next((n for n in cluster.nodes if n.exit_code not in (None, 0)), None)
+    if failed is None:
+        return 0, "exited"
+    return failed.exit_code, f"node {failed.rank} exited {failed.exit_code}"
+
+
+def close(cluster: Cluster, reap: Callable[[Node], int | None]) -> None:
+    """Every node's process reaped (`reap` waits for one), its pump drained, the logs closed."""
+    for node in cluster.nodes:
+        if node.proc is not None and node.exit_code is None:
+            node.exit_code = reap(node)
+    for node in cluster.nodes:
+        if node.pump is not None:
+            node.pump.join(timeout=30)
+        if node.log is not None and not node.log.closed:
+            node.log.close()
+    if not cluster.log.closed:
+        cluster.log.close()
+
+
+def path_with(bin_dir: Path) -> str:
+    """PATH with the trainer's interpreter's folder first: the script's `torchrun` is the one beside it."""
+    return os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])

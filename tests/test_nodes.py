@@ -1,0 +1,80 @@
+"""Several nodes, for real, on one host: `--backend local --nodes N` runs the very `run:`
+script the sky backend renders on N fresh folders, each with SkyPilot's node variables,
+torchrun's static rendezvous across them and gloo between the ranks
+(launcher.backends.nodes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import edit_config, run_cli
+
+
+def two_by_two(project: Path) -> None:
+    """Two ranks on each of two nodes (a CPU node runs one unless told: PREFLIGHT_NPROC_PER_NODE)."""
+    edit_config(project, leg_env={"HF_HUB_DISABLE_XET": "1", "PREFLIGHT_NPROC_PER_NODE": "2"})
+    assert run_cli(["review"], cwd=project).code == 0
+
+
+def sky_rendered_run(project: Path, rung: str, tmp_path: Path) -> str:
+    """The `run:` script `up RUNG --backend sky --nodes 2 --dry-run` prints in its task YAML."""
+    res = run_cli(["up", rung, "--backend", "sky", "--nodes", "2", "--dry-run"], cwd=project)
+    text = res.out.split("task YAML", 1)[1].split("\n", 1)[1].split("\nskypilot:")[0]
+    task = yaml.safe_load(text)
+    assert task["num_nodes"] == 2, text
+    return task["run"]
+
+
+def test_a_two_node_two_rank_rehearsal_runs_the_sky_script_on_each_node(project: Path, tmp_path: Path) -> None:
+    two_by_two(project)
+    planned = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--dry-run", "--json"], cwd=project).json()
+    res = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--json"], cwd=project, timeout=900)
+    assert res.code == 0, res.out + res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
+    ranks = checks["every rank's data position (4 ranks)"]
+    assert ranks["kind"] == "rank_data" and "48 batch hashes across the ranks" in ranks["detail"]  # 4 x 12
+    assert "stride 32" in checks["sample index continues (the trainer's own witness)"]["detail"]  # 4 ranks x 8
+    run = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=project).json()[0]
+    script = sky_rendered_run(project, "rehearsal", tmp_path)
+    for leg in run["legs"]:  # every leg, the straight-through one too, ran the same shape
+        assert leg["run_sha256"] == hashlib.sha256(script.encode()).hexdigest() == planned["plan"]["run_sha256"]
+        assert [n["node"] for n in leg["nodes"]] == [0, 1] and leg["command"][:2] == ["bash", "-c"]
+        assert leg["command"][2] == script  # the bytes SkyPilot would run, executed
+        for node in leg["nodes"]:
+            events = [json.loads(line[line.find('{"event": '):]) for line in Path(node["log"]).read_text().splitlines()
+                      if '{"event": ' in line]
+            assert events and {e["node"] for e in events} == {node["node"]}, node
+            assert {e["rank"] for e in events} == {2 * node["node"], 2 * node["node"] + 1}
+    assert run["legs"][0]["end_reason"].startswith("node ")  # stopped by SIGTERM: torchrun exits 1 on each
+
+
+@pytest.mark.parametrize("rank", [3])
+def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: int) -> None:
+    """The planted bug: after the resume one rank starts its shard over. Rank 0's data checks
+    cannot see it (the straight-through comparison sees the loss move, naming no rank); the
+    per-rank check answers no and names the rank."""
+    two_by_two(project)
+    train = project / "train.py"
+    old = "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n"
+    assert old in train.read_text()
+    train.write_text(train.read_text().replace(old, old + f"    if world.rank == {rank}:\n"
+                                               "        data = Position(order, tokens, world.rank)  # planted\n", 1))
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--json"], cwd=project, timeout=900)
+    assert res.code == 1, res.out + res.err
+    bad = {c["name"]: c for c in res.json()["checks"] if not c["ok"]}
+    assert set(bad) == {"every rank's data position (4 ranks)", "resumed run = straight-through run"}, bad
+    check = bad["every rank's data position (4 ranks)"]
+    assert check["detail"].startswith(f"rank {rank}: ") and "re-read data" in check["detail"], check
+    assert check["facts"]["rank"] == rank
+
+
+def test_only_local_and_sky_launch_several_nodes(project: Path) -> None:
+    res = run_cli(["up", "rehearsal", "--nodes", "2", "--backend", "docker", "--dry-run"], cwd=project)
+    assert res.code == 2 and "the docker backend launches one node" in res.err, res.err
