@@ -139,8 +139,10 @@ def drill_cold_resume(
         gpus: Optional[str] = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2."),
         kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
         at: str = typer.Option("auto", "--at", help="auto (after an LR change, a SIGTERM after an epoch boundary) | "
-                               "after-push | mid-save | mid-push | mid-verify | mid-step | random"),
+                               "after-push | mid-save | mid-push | mid-verify | mid-step | random | node-lost"),
         kills_at: Optional[str] = typer.Option(None, "--kills-at", help="Kill when rank 0 prints these steps: 7,15."),
+        nodes: int = typer.Option(1, "--nodes", help="Nodes per leg (local, docker: each runs the rung's run: "
+                                  "script; --at node-lost loses the last one mid-push)."),
         seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
@@ -151,7 +153,7 @@ def drill_cold_resume(
 
     cfg = _load(config)
     with LegView(err_console if json_out else console, verbose) as view:
-        outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft, kills_at)
+        outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft, kills_at, nodes)
     if json_out:
         print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
                     "checks": [c.to_json() for c in outcome.checks]})

@@ -7,6 +7,7 @@ separately and are never recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets as pysecrets
@@ -30,6 +31,8 @@ SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY", re.
 REDACTED = "<redacted>"
 GRACE_FRACTION = 0.1
 MIN_GRACE_SECONDS = 60.0
+NODE_LOST_WAIT_S = 60.0
+"""After a drill lost one node, how long the rest of the cluster gets to end before it is killed."""
 
 
 def new_run_id(project: str, rung: str) -> str:
@@ -200,8 +203,10 @@ class _Watch:
     fires a drill's kill on the line it accepts, and ends the leg the way `ending` says."""
 
     def __init__(self, ctx: RunContext, spec: LegSpec, deadline: float, ending: Ending,
-                 kill_when: Callable[[str], bool] | None) -> None:
+                 kill_when: Callable[[str], bool] | None, lose_node: int | None = None) -> None:
         self.ctx, self.spec, self.deadline, self.ending, self.kill_when = ctx, spec, deadline, ending, kill_when
+        self.lose_node = lose_node
+        """On `kill_when`'s line, lose this node alone rather than kill the leg (a drill's node-lost)."""
         self.trigger = threading.Event()
         self.spoke = threading.Event()
         self.started: list[LegHandle] = []
@@ -238,6 +243,18 @@ class _Watch:
             time.sleep(max(0.0, self.deadline - 5.0 - time.time() + 0.5))
             ctx.backend.thaw(self.started[0])
 
+    def node_lost(self, handle: LegHandle, at_kill: Callable[[], str] | None) -> LegResult:
+        """A drill's `node-lost`: one node dies alone at the frozen line, the others go on until
+        the cluster ends them (launcher.backends.nodes), and the leg counts as killed."""
+        backend = self.ctx.backend
+        assert self.lose_node is not None
+        reason = at_kill() if at_kill else f"node {self.lose_node} lost"
+        backend.lose_node(handle, self.lose_node)
+        if backend.can_freeze:
+            backend.thaw(handle)
+        result = backend.wait(handle, timeout=NODE_LOST_WAIT_S) or backend.kill(handle, reason=reason)
+        return dataclasses.replace(result, killed=True, end_reason=f"{reason}; {result.end_reason}")
+
     def record(self, handle: LegHandle) -> None:
         """The instance exists: its ledger row, before anything can bill unrecorded."""
         ctx, spec = self.ctx, self.spec
@@ -260,6 +277,8 @@ class _Watch:
             if self.trigger.is_set():
                 if ctx.backend.can_freeze:
                     ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
+                if self.lose_node is not None:
+                    return self.node_lost(handle, at_kill)
                 return ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
             step = (0.1 if self.kill_when is not None else 1.0 if not self.spoke.is_set()
                     else max(0.0, give_up - time.time()))
@@ -271,7 +290,8 @@ class _Watch:
 
 
 def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str], bool] | None = None,
-            at_kill: Callable[[], str] | None = None, ending: Ending = Ending()) -> LegOutcome:
+            at_kill: Callable[[], str] | None = None, ending: Ending = Ending(),
+            lose_node: int | None = None) -> LegOutcome:
     """Launch one leg on a fresh instance, wait within its budget, record it.
 
     Drills pass `kill_when`: on the first output line it accepts, the leg is
@@ -287,7 +307,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
                    env, ctx.secrets(), ctx.files, log_path, ctx.gpus)
-    watch = _Watch(ctx, spec, deadline, ending, kill_when)
+    watch = _Watch(ctx, spec, deadline, ending, kill_when, lose_node)
     try:
         handle = ctx.backend.launch(spec, on_line=watch.on_line, on_instance=watch.record)
     except BaseException:

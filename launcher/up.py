@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.backends import BACKENDS
+from launcher.backends import BACKENDS, backend_class
 from launcher.backends.base import StagedFile
 from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
@@ -66,8 +66,6 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     check_nodes(nodes)
-    if nodes > 1 and backend_name not in ("sky", "local"):
-        raise BadInput(f"--nodes {nodes}: the {backend_name} backend launches one node (local and sky launch several)")
     if not rung.available:
         raise BadInput(f"rung {rung.name!r} is not available in this version "
                        "(available: static, rehearsal, smoke, probe)")
@@ -140,26 +138,30 @@ def check_skip_reason(rung: Rung, reason: str) -> None:
 
 def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
           show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False,
-          kills_at: str | None = None) -> Outcome:
+          kills_at: str | None = None, nodes: int = 1) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
     from launcher.rungs.drill import run_drill
-    from launcher.rungs.drill_moments import AUTO, MOMENTS
+    from launcher.rungs.drill_moments import AUTO, MOMENTS, NODE_LOST
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if not 1 <= kills <= MAX_KILLS:
         raise BadInput(f"--kills must be 1 to {MAX_KILLS}, got {kills}",
                        hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}")
-    if moment not in (AUTO, *MOMENTS, "random"):
-        raise BadInput(f"--at must be one of {', '.join((AUTO, *MOMENTS, 'random'))}, got {moment!r}")
+    if moment not in (AUTO, *MOMENTS, "random", NODE_LOST):
+        raise BadInput(f"--at must be one of {', '.join((AUTO, *MOMENTS, 'random', NODE_LOST))}, got {moment!r}")
+    check_nodes(nodes)
+    if moment == NODE_LOST and (nodes < 2 or not backend_class(backend_name).can_lose_node):
+        raise BadInput(f"--at {NODE_LOST} loses one node of several: it needs --nodes 2 or more on a backend "
+                       f"that can lose one (local, docker), not --nodes {nodes} on {backend_name}")
     steps = cfg.rungs.drill.steps
     at_steps = parse_kill_steps(kills_at, steps) if kills_at is not None else None
     if at_steps is not None:
         kills = len(at_steps)
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
-    return execute(cfg, config_path, Request(rung, backend_name, gpus, 1, allow_overdraft), show,
+    return execute(cfg, config_path, Request(rung, backend_name, gpus, nodes, allow_overdraft), show,
                    lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps))
 
 

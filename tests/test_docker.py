@@ -19,7 +19,7 @@ import pytest
 
 from launcher.backends.base import LegSpec
 from launcher.backends.docker import DockerBackend
-from tests.helpers import assert_one_line_error, run_cli
+from tests.helpers import assert_one_line_error, edit_config, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "preflight-base:bookworm"
@@ -278,3 +278,24 @@ def test_a_run_in_containers_carried_across_a_killed_container(built: Path, tmp_
                  "leg 1: LR follows the schedule", "leg 1: loss continuity", "the run ended at exactly its step count"):
         assert checks[name]["ok"], checks[name]
     assert containers(f"preflight-{run['id']}") == []
+
+
+def test_two_nodes_in_containers_survive_a_node_lost_mid_push(built: Path) -> None:
+    """`--backend docker --nodes 2`: a container per node on a network made for the leg, each
+    running the rung's `run:` script; the drill loses node 1's container alone mid-push, the
+    cluster ends the leg, and the next leg (two fresh containers) resumes from the store."""
+    edit_config(built, rungs__drill__steps=16)
+    assert run_cli(["review"], cwd=built).code == 0
+    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--nodes", "2", "--at", "node-lost", "--kills", "1",
+                   "--json"], cwd=built, timeout=900)
+    assert res.code == 0, res.out + res.err
+    checks = res.json()["checks"]
+    assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    run = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=built).json()[0]
+    lost = run["legs"][0] if not run["legs"][0]["role"] else run["legs"][1]
+    assert lost["killed"] and "node-lost" in lost["end_reason"] and "node 1 exited 137" in lost["end_reason"]
+    assert [n["instance"].rsplit("-", 1)[1] for n in lost["nodes"]] == ["node0", "node1"]
+    assert all(leg["run_sha256"] and len(leg["nodes"]) == 2 for leg in run["legs"])
+    assert containers(f"preflight-{res.json()['run_id']}") == []
+    networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
+    assert not [n for n in networks.stdout.split() if res.json()["run_id"] in n]

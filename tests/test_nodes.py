@@ -75,6 +75,43 @@ def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: in
     assert check["facts"]["rank"] == rank
 
 
-def test_only_local_and_sky_launch_several_nodes(project: Path) -> None:
-    res = run_cli(["up", "rehearsal", "--nodes", "2", "--backend", "docker", "--dry-run"], cwd=project)
-    assert res.code == 2 and "the docker backend launches one node" in res.err, res.err
+def test_a_node_lost_alone_ends_the_leg_and_the_cluster_with_it(project: Path, tmp_path: Path) -> None:
+    """`lose_node` kills one node's processes (found by the node's token), nothing else; the
+    cluster then ends the leg, tearing down the node left, and nothing of the leg outlives it."""
+    import dataclasses
+    import time
+
+    from launcher.backends.base import LegSpec, StagedFile
+    from launcher.backends.leash import leg_pids, leg_token
+    from launcher.backends.local import LocalBackend
+    from launcher.config import load_config
+
+    script = project / "sleeper.py"
+    script.write_text("import os, time\nprint('ready', os.environ['RANK'], flush=True)\ntime.sleep(600)\n")
+    cfg = load_config(project / "launcher.yaml")
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, command=["python", "sleeper.py"]))
+    run_id = "nodes-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
+    env = {"LAUNCHER_RUN_ID": run_id, "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "rehearsal",
+           "LAUNCHER_DEADLINE": str(int(time.time()) + 300)}
+    files = {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
+    spec = LegSpec(run_id, 0, "rehearsal", tuple(cfg.trainer.command), env, {}, files, tmp_path / "leg-0.log")
+    backend = LocalBackend(root=tmp_path / "legs", cfg=cfg, nodes=2)
+    lines: list[str] = []
+    handle = backend.launch(spec, on_line=lines.append)
+    deadline = time.time() + 60
+    while sum("ready" in line for line in lines) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    assert {line.split(" ready")[0] for line in lines if " ready " in line} == {"(node 0)", "(node 1)"}, lines
+    assert backend.wait(handle, timeout=0.5) is None  # both nodes run
+    backend.lose_node(handle, 1)
+    result = backend.wait(handle, timeout=60)
+    assert result is not None and result.end_reason.startswith("node 1 exited -9; the other nodes were torn down")
+    assert result.survivors == 0 and leg_pids(leg_token(run_id, 0)) == []
+    assert [n["exit_code"] for n in result.nodes] == [-9, -9] and not Path(handle.instance).exists()
+
+
+def test_node_lost_needs_several_nodes_on_a_backend_that_can(project: Path) -> None:
+    res = run_cli(["drill", "cold-resume", "--at", "node-lost"], cwd=project)
+    assert res.code == 2 and "--at node-lost loses one node of several" in res.err, res.err
+    res = run_cli(["drill", "cold-resume", "--at", "node-lost", "--nodes", "2", "--backend", "sky"], cwd=project)
+    assert res.code == 2 and "not --nodes 2 on sky" in res.err, res.err

@@ -52,7 +52,7 @@ def make_backend(name: str, cfg: Config | None = None, image: str | None = None,
     if name == "docker":
         from launcher.backends.docker import DockerBackend
 
-        return DockerBackend(image=image)  # type: ignore[arg-type] # _image_for gave one
+        return DockerBackend(image=image, cfg=cfg, nodes=nodes)  # type: ignore[arg-type] # _image_for gave one
     if name == "sky":
         from launcher.backends.sky import SkyBackend
 

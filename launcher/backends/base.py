@@ -8,7 +8,8 @@ looks like: the process and its disk are gone.
 What a backend can do beyond launch / wait / kill is declared here, once, and
 answered by each backend: `can_freeze` (freeze/thaw a leg at an instant: a drill
 lands its kill on a line, a resume rung holds a leg at a step), `can_terminate`
-(the trainer's graceful stop, SIGTERM), `quote` (a provider's price for a leg),
+(the trainer's graceful stop, SIGTERM), `can_lose_node` (one node of a leg of several dies
+alone), `quote` (a provider's price for a leg),
 and, for `launcher stop`, which ledger legs it can signal (`check_signal`) and
 how (`signal_leg`). Callers read the attributes; they never probe for methods.
 """
@@ -121,6 +122,8 @@ class Backend:
     """`freeze` / `thaw` work: every process of a leg stops at an instant, and goes on."""
     can_terminate: bool = False
     """`terminate` works: the leg gets the trainer's graceful stop (SIGTERM)."""
+    can_lose_node: bool = False
+    """`lose_node` works on a leg of several nodes: one node dies alone, as a lost machine does."""
 
     def launch(self, spec: LegSpec, on_line: LineSink | None = None,
                on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
@@ -149,6 +152,11 @@ class Backend:
     def terminate(self, handle: LegHandle) -> None:
         """The trainer's graceful stop: SIGTERM to the leg (only where `can_terminate`)."""
         raise CannotDo(f"the {self.name} backend cannot send a leg SIGTERM")
+
+    def lose_node(self, handle: LegHandle, node: int) -> None:
+        """Kill node `node` of a leg of several, and only it (only where `can_lose_node`): the
+        others go on until the cluster's job ends them, as when a machine of a cluster is lost."""
+        raise CannotDo(f"the {self.name} backend cannot lose one node of a leg")
 
     def quote(self, rung: str, gpus: GpuSpec) -> Quote | None:
         """The provider's price for one leg of `rung`; None: the config's prices stand."""

@@ -13,18 +13,23 @@ holds it. `kill` = `docker kill` + `docker rm`: a lost instance; a leash
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 from urllib.parse import unquote, urlparse
 
 import launcher.backends.leash as leash
-from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.nodes import Cluster, NodeLaunch, close, node_env, start_nodes, task_id, wait_cluster
+from launcher.backends.skytask import script_sha256
+from launcher.config import Config
+from launcher.errors import LauncherError
 from launcher.image import docker, docker_cli
 
 
@@ -63,9 +68,20 @@ class _DockerHandle(LegHandle):
     pump: threading.Thread | None = None
     log: IO[str] | None = None
     leash: subprocess.Popen[bytes] | None = None
+    cluster: Cluster | None = None
+    """A leg of several nodes: a container each, on the leg's own network (`instance`)."""
+    leashes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    stopping: bool = False
+
+    @property
+    def containers(self) -> list[str]:
+        return [n.instance for n in self.cluster.nodes] if self.cluster is not None else [self.instance]
 
     def ledger_fields(self) -> dict[str, Any]:
-        return {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
+        fields = {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
+        if self.cluster is not None:
+            fields.update(run_sha256=script_sha256(self.cluster.script), nodes=self.cluster.records())
+        return fields
 
 
 class DockerBackend(Backend):
@@ -74,13 +90,18 @@ class DockerBackend(Backend):
     name = "docker"
     can_freeze = True
     can_terminate = True
+    can_lose_node = True
 
-    def __init__(self, image: str, network: str = "host") -> None:
+    def __init__(self, image: str, network: str = "host", cfg: Config | None = None, nodes: int = 1) -> None:
         self.image = image
         self.network = network
+        self.cfg, self.nodes = cfg, nodes
+        """A leg of several `nodes`: a container each, running the rung's `run:` script."""
 
     def launch(self, spec: LegSpec, on_line: LineSink | None = None,
                on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+        if self.nodes > 1:
+            return self._launch_nodes(spec, on_line, on_instance)
         name = container_name(spec)
         docker("rm", "-f", name, check=False)  # a leftover of a crashed launcher must not be reused
         store = store_path(dict(spec.env))
@@ -102,22 +123,74 @@ class DockerBackend(Backend):
             on_instance(handle)
         return handle
 
-    def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str) -> LegResult:
-        leash.release(handle.leash)
-        handle.leash = None
+    def _launch_nodes(self, spec: LegSpec, on_line: LineSink | None,
+                      on_instance: Callable[[LegHandle], None] | None) -> LegHandle:
+        """A container per node, on a bridge network made for the leg (each at an address known
+        before any starts: SKYPILOT_NODE_IPS), each running the rung's `run:` script with
+        SkyPilot's node variables (launcher.backends.nodes)."""
+        from launcher.backends.skytask import HARD_CAP_GRACE_S, leg_script, task_envs
+
+        assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
+        names = [f"{container_name(spec)}-node{rank}"[:120] for rank in range(self.nodes)]
+        for name in names:
+            docker("rm", "-f", name, check=False)  # a leftover of a crashed launcher must not be reused
+        store = store_path(dict(spec.env))
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)
+        network, ips = make_network(container_name(spec), self.nodes)
+        script = leg_script(self.cfg, spec.rung)
+        deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
+        envs = task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None)
+        program = docker_cli()
+        launches = []
+        for rank, (name, ip) in enumerate(zip(names, ips)):
+            argv = [program, "run", "--name", name, "--network", network, "--ip", ip, "--init"]
+            argv += ["--gpus", "all"] if spec.gpus is not None else []
+            for key, value in {**envs, **node_env(rank, ips, spec.gpus.count if spec.gpus else 0,
+                                                  task_id(spec))}.items():
+                argv += ["-e", f"{key}={value}"]
+            for key in spec.secrets:
+                argv += ["-e", key]  # the value only in the docker CLI's environment
+            argv += store_mounts(dict(spec.env)) + [self.image, "bash", "-c", script]
+            launches.append(NodeLaunch(argv, {**os.environ, **spec.secrets}, None, name))
+        try:
+            cluster = start_nodes(spec, script, launches, on_line)
+        except BaseException:
+            remove_network(network, names)
+            raise
+        handle = _DockerHandle(spec, network, time.time(), tuple(launches[0].argv), proc=cluster.head.proc,
+                               cluster=cluster)
+        handle.leashes = [leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=program)
+                          for name in names]
+        if on_instance is not None:
+            on_instance(handle)
+        return handle
+
+    def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str,
+                count: bool = False) -> LegResult:
+        for held in [handle.leash, *handle.leashes]:
+            leash.release(held)
+        handle.leash, handle.leashes = None, []
         if handle.pump is not None:
             handle.pump.join(timeout=30)
         if handle.log is not None and not handle.log.closed:
             handle.log.close()
-        docker("rm", "-f", handle.instance, check=False)  # the instance and its disk are gone
+        docker("rm", "-f", *handle.containers, check=False)  # the instances and their disks are gone
+        if handle.cluster is not None:
+            remove_network(handle.instance, [])
         left = None
-        if killed:  # the container held every process of the leg: gone with it, or still listed
-            listed = docker("ps", "-aq", "--filter", f"name=^/{handle.instance}$", check=False)
-            left = len((listed.stdout or "").split())
-        return LegResult(rc, handle.started_at, time.time(), killed, reason, survivors=left)
+        if killed or count:  # the containers held every process of the leg: gone with them, or still listed
+            left = sum(len((docker("ps", "-aq", "--filter", f"name=^/{name}$", check=False).stdout or "").split())
+                       for name in handle.containers)
+        return LegResult(rc, handle.started_at, time.time(), killed, reason, survivors=left,
+                         nodes=handle.cluster.records() if handle.cluster is not None else None)
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _DockerHandle) and handle.proc is not None
+        if handle.cluster is not None:
+            ended = wait_cluster(handle.cluster, timeout, lambda: handle.stopping,
+                                 lambda: docker("kill", *handle.containers, check=False))
+            return None if ended is None else self._finish(handle, ended[0], False, ended[1], count=True)
         try:
             rc = handle.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -125,24 +198,39 @@ class DockerBackend(Backend):
         return self._finish(handle, rc, False, "exited")
 
     def freeze(self, handle: LegHandle) -> None:
-        """Pause every process of the container (cgroup freezer): it stops at this instant."""
-        docker("pause", handle.instance, check=False)
+        """Pause every process of the container(s) (cgroup freezer): it stops at this instant."""
+        assert isinstance(handle, _DockerHandle)
+        docker("pause", *handle.containers, check=False)
 
     def thaw(self, handle: LegHandle) -> None:
-        docker("unpause", handle.instance, check=False)
+        assert isinstance(handle, _DockerHandle)
+        docker("unpause", *handle.containers, check=False)
+
+    def lose_node(self, handle: LegHandle, node: int) -> None:
+        """`docker kill` of node `node`'s container alone: a machine of the cluster lost."""
+        assert isinstance(handle, _DockerHandle)
+        if handle.cluster is None:
+            raise CannotDo("a leg of one node has no node to lose alone")
+        docker("kill", handle.cluster.nodes[node].instance, check=False)
 
     def terminate(self, handle: LegHandle) -> None:
-        """SIGTERM to the container's main process: the trainer's graceful stop."""
-        docker("kill", "--signal", "TERM", handle.instance, check=False)
+        """SIGTERM to each container's main process: the trainer's graceful stop."""
+        assert isinstance(handle, _DockerHandle)
+        handle.stopping = True
+        docker("kill", "--signal", "TERM", *handle.containers, check=False)
 
     def kill(self, handle: LegHandle, reason: str = "killed") -> LegResult:
         assert isinstance(handle, _DockerHandle) and handle.proc is not None
-        docker("kill", handle.instance, check=False)
-        try:
-            handle.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            handle.proc.kill()
-            handle.proc.wait()
+        docker("kill", *handle.containers, check=False)
+        procs = [n.proc for n in handle.cluster.nodes if n.proc is not None] if handle.cluster else [handle.proc]
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if handle.cluster is not None:
+            close(handle.cluster, lambda node: node.proc.wait() if node.proc is not None else None)
         # `docker run` returns 137 for a SIGKILLed container; the ledger says -9 like a local kill.
         return self._finish(handle, -9, True, reason)
 
@@ -152,6 +240,32 @@ class DockerBackend(Backend):
 
     @classmethod
     def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:
-        """`docker kill --signal TERM|KILL` to the container the ledger row names."""
+        """`docker kill --signal TERM|KILL` to the container the ledger row names (each node's,
+        for a leg of several)."""
         name = "TERM" if sig == signal.SIGTERM else "KILL"
-        subprocess.run([docker_cli(), "kill", "--signal", name, leg["instance"]], capture_output=True, check=False)
+        containers = [n["instance"] for n in leg.get("nodes") or []] or [leg["instance"]]
+        subprocess.run([docker_cli(), "kill", "--signal", name, *containers], capture_output=True, check=False)
+
+
+NETWORK_TRIES = 8
+
+
+def make_network(name: str, nodes: int) -> tuple[str, list[str]]:
+    """A bridge network of the leg's own and an address for each node in it, head first: a
+    /24 picked at random in 10.200.0.0/13 (another one on a clash with a network that exists)."""
+    rng = random.Random()
+    last = ""
+    for _ in range(NETWORK_TRIES):
+        base = f"10.{rng.randrange(200, 208)}.{rng.randrange(0, 256)}"
+        docker("network", "rm", name, check=False)
+        made = docker("network", "create", "--driver", "bridge", "--subnet", f"{base}.0/24", name, check=False)
+        if made.returncode == 0:
+            return name, [f"{base}.{10 + rank}" for rank in range(nodes)]
+        last = (made.stderr or made.stdout or "").strip()
+    raise LauncherError(f"docker could not make a network for the leg's {nodes} nodes: {last}")
+
+
+def remove_network(network: str, containers: list[str]) -> None:
+    if containers:
+        docker("rm", "-f", *containers, check=False)
+    docker("network", "rm", network, check=False)

@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+NODE_TOKEN_ENV = "PREFLIGHT_NODE_TOKEN"
+"""Beside the leg's token, each node of a local leg of several carries its own (`<leg token>:node<R>`):
+losing one node kills the processes that carry it (launcher.backends.nodes)."""
 TOKEN_ENV = "PREFLIGHT_LEG_TOKEN"  # not LAUNCHER_*: that namespace is the leg contract, the same on every backend
 LEGS_ROOT = "preflight-legs"
 """The folder, under the temp dir, that holds the local backend's leg dirs."""
@@ -53,11 +56,11 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return None if fields is None else (fields[0].decode(), int(fields[2]), int(fields[3]))
 
 
-def _leg_procs(token: str, sid: int | None) -> list[tuple[int, int]]:
+def _leg_procs(token: str, sid: int | None, var: str = TOKEN_ENV) -> list[tuple[int, int]]:
     """(pid, process group) of each live (non-zombie) process carrying `token`, or in session `sid`."""
     if not os.path.isdir("/proc"):
         return []
-    needle = f"\0{TOKEN_ENV}={token}\0".encode()
+    needle = f"\0{var}={token}\0".encode()
     me, found = os.getpid(), []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
@@ -79,12 +82,12 @@ def _leg_procs(token: str, sid: int | None) -> list[tuple[int, int]]:
     return found
 
 
-def leg_pids(token: str, sid: int | None = None) -> list[int]:
+def leg_pids(token: str, sid: int | None = None, var: str = TOKEN_ENV) -> list[int]:
     """Live (non-zombie) processes carrying `token`, or in session `sid`."""
-    return [pid for pid, _ in _leg_procs(token, sid)]
+    return [pid for pid, _ in _leg_procs(token, sid, var)]
 
 
-def signal_leg(token: str, sid: int | None, sig: int, group_first: bool = False) -> list[int]:
+def signal_leg(token: str, sid: int | None, sig: int, group_first: bool = False, var: str = TOKEN_ENV) -> list[int]:
     """Send `sig` once to every process of the leg; returns the pids signalled.
 
     `group_first` (for a caller that holds the leg's unreaped leader, so `sid` is surely the
@@ -100,7 +103,7 @@ def signal_leg(token: str, sid: int | None, sig: int, group_first: bool = False)
             grouped = True
         except (ProcessLookupError, PermissionError):
             pass
-    procs = _leg_procs(token, sid)
+    procs = _leg_procs(token, sid, var)
     if not procs and sid is not None and not os.path.isdir("/proc"):
         procs = [(sid, sid)]  # no /proc (not Linux): the process group is all we can reach
     pids = []
@@ -115,13 +118,13 @@ def signal_leg(token: str, sid: int | None, sig: int, group_first: bool = False)
     return pids
 
 
-def kill_leg(token: str, sid: int | None, timeout_s: float = 10.0) -> int:
+def kill_leg(token: str, sid: int | None, timeout_s: float = 10.0, var: str = TOKEN_ENV) -> int:
     """Freeze, then kill, every process of the leg, until none is left; returns how many died."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = signal_leg(token, sid, signal.SIGSTOP)  # frozen: none forks another meanwhile
-        pids += [p for p in signal_leg(token, sid, signal.SIGSTOP) if p not in pids]
+        pids = signal_leg(token, sid, signal.SIGSTOP, var=var)  # frozen: none forks another meanwhile
+        pids += [p for p in signal_leg(token, sid, signal.SIGSTOP, var=var) if p not in pids]
         if not pids:
             break
         for pid in pids:

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 import launcher.backends.leash as leash
-from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, pump_lines
-from launcher.backends.leash import LEGS_ROOT, TOKEN_ENV, kill_leg, leg_pids, leg_token
-from launcher.backends.nodes import Cluster, close, free_port, leg_exit, path_with, poll, start_nodes
+from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.leash import LEGS_ROOT, NODE_TOKEN_ENV, TOKEN_ENV, kill_leg, leg_pids, leg_token
+from launcher.backends.nodes import (Cluster, close, free_port, local_launches, node_token, path_with, start_nodes,
+                                     wait_cluster)
 from launcher.backends.skytask import script_sha256
 from launcher.config import Config
 from launcher.errors import BadInput
@@ -100,6 +101,7 @@ class LocalBackend(Backend):
     name = "local"
     can_freeze = True
     can_terminate = True
+    can_lose_node = True
 
     def __init__(self, root: Path | None = None, keep_dirs: bool | None = None, cfg: Config | None = None,
                  nodes: int = 1) -> None:
@@ -167,7 +169,8 @@ class LocalBackend(Backend):
                     **spec.secrets, "PREFLIGHT_MASTER_PORT": str(free_port())}
             base = {**leg_process_env(spec),
                     "PATH": path_with(Path(trainer_python(self.cfg.trainer.command)).parent)}
-            cluster = start_nodes(spec, script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, on_line)
+            launches = local_launches(script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, spec)
+            cluster = start_nodes(spec, script, launches, on_line)
         except BaseException:
             shutil.rmtree(legdir, ignore_errors=True)
             raise
@@ -181,23 +184,12 @@ class LocalBackend(Backend):
     def _wait_nodes(self, handle: _LocalHandle, timeout: float | None) -> LegResult | None:
         """Every node ended (the leg's code: the first failure's, else 0); or, while no stop was
         asked, a node that failed ends the leg and the others are torn down."""
-        cluster = handle.cluster
-        assert cluster is not None and handle.proc is not None
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            done, failed = poll(cluster)
-            if done or (failed is not None and not handle.stopping):
-                break
-            if end is not None and time.monotonic() >= end:
-                return None
-            time.sleep(0.05)
-        if not done:
-            kill_leg(handle.token, handle.proc.pid)  # a node failed: the cluster's job ends
-        close(cluster, lambda node: node.proc.wait() if node.proc is not None else None)
-        rc, reason = leg_exit(cluster)
-        if not done:
-            reason += "; the other nodes were torn down"
-        return self._finish(handle, rc, False, reason)
+        assert handle.cluster is not None and handle.proc is not None
+        pid = handle.proc.pid
+        ended = wait_cluster(handle.cluster, timeout, lambda: handle.stopping, lambda: kill_leg(handle.token, pid))
+        if ended is None:
+            return None
+        return self._finish(handle, ended[0], False, ended[1], (None, len(leg_pids(handle.token))))
 
     def _leash(self, handle: _LocalHandle) -> subprocess.Popen[bytes]:
         """The watcher that kills the leg if this launcher dies (see launcher.backends.leash)."""
@@ -240,6 +232,14 @@ class LocalBackend(Backend):
         assert isinstance(handle, _LocalHandle)
         if handle.proc is not None:
             leash.signal_leg(handle.token, handle.proc.pid, signal.SIGCONT, group_first=True)
+
+    def lose_node(self, handle: LegHandle, node: int) -> None:
+        """Every process of node `node` dies (found by the node's token), its folder with them."""
+        assert isinstance(handle, _LocalHandle)
+        if handle.cluster is None:
+            raise CannotDo("a leg of one node has no node to lose alone")
+        kill_leg(node_token(handle.token, node), None, var=NODE_TOKEN_ENV)
+        shutil.rmtree(handle.cluster.nodes[node].instance, ignore_errors=True)
 
     def terminate(self, handle: LegHandle) -> None:
         """SIGTERM to every process of the leg at once, as a machine shutting down sends it: the

@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
@@ -54,12 +55,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class NodeLaunch:
+    """How one node is started: the argv (`bash -c SCRIPT` here; `docker run ... bash -c SCRIPT`
+    on the docker backend), its environment, its working folder, and what holds it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | None
+    instance: str
+
+
 @dataclass
 class Node:
-    """One node of a leg: its rank, its disk, its process (the `bash` running the script), its log."""
+    """One node of a leg: its rank, what holds it (a folder, a container), its process, its log."""
 
     rank: int
-    workdir: Path
+    instance: str
     log_path: Path
     proc: subprocess.Popen[str] | None = None
     pump: threading.Thread | None = None
@@ -68,7 +80,7 @@ class Node:
 
     def record(self) -> dict[str, Any]:
         """The node as the ledger's leg row lists it."""
-        return {"node": self.rank, "instance": str(self.workdir), "pid": self.proc.pid if self.proc else None,
+        return {"node": self.rank, "instance": self.instance, "pid": self.proc.pid if self.proc else None,
                 "exit_code": self.exit_code, "log": str(self.log_path)}
 
 
@@ -89,26 +101,42 @@ class Cluster:
         return [n.record() for n in self.nodes]
 
 
-def start_nodes(spec: LegSpec, script: str, envs: Mapping[str, str], base_env: Mapping[str, str],
-                workdirs: list[Path], gpus_per_node: int, on_line: LineSink | None) -> Cluster:
-    """Start the script on every node (head first), each in its own session and folder; its
-    lines to the leg's log and the node's. `envs`: the task's envs (leg environment included);
-    `base_env`: the process environment beneath them (PATH, the leg's token)."""
+def start_nodes(spec: LegSpec, script: str, launches: list[NodeLaunch], on_line: LineSink | None) -> Cluster:
+    """Start every node (head first), each in a session of its own; its lines to the leg's log
+    (prefixed) and to the node's own."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster([], script, spec.log_path.open("w", encoding="utf-8"))
-    ips = [LOOPBACK] * len(workdirs)
-    for rank, workdir in enumerate(workdirs):
-        env = {**base_env, **envs, **node_env(rank, ips, gpus_per_node, task_id(spec)),
-               "LAUNCHER_APP_DIR": str(workdir)}
-        node = Node(rank, workdir, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
+    for rank, launch in enumerate(launches):
+        node = Node(rank, launch.instance, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
         node.log = node.log_path.open("w", encoding="utf-8")
-        node.proc = subprocess.Popen(["bash", "-c", script], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+        node.proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                      errors="replace", start_new_session=True)
         node.pump = threading.Thread(target=_pump, args=(cluster, node, on_line), daemon=True)
         node.pump.start()
         cluster.nodes.append(node)
     return cluster
+
+
+def local_launches(script: str, envs: Mapping[str, str], base_env: Mapping[str, str], workdirs: list[Path],
+                   gpus_per_node: int, spec: LegSpec) -> list[NodeLaunch]:
+    """The local backend's nodes: `bash -c SCRIPT` in each fresh folder, on loopback. `envs`: the
+    task's envs (leg environment and secrets included); `base_env`: the process environment
+    beneath them (PATH, the leg's token)."""
+    from launcher.backends.leash import NODE_TOKEN_ENV, leg_token
+
+    ips = [LOOPBACK] * len(workdirs)
+    return [NodeLaunch(["bash", "-c", script],
+                       {**base_env, **envs, **node_env(rank, ips, gpus_per_node, task_id(spec)),
+                        "LAUNCHER_APP_DIR": str(workdir),
+                        NODE_TOKEN_ENV: node_token(leg_token(spec.run_id, spec.leg), rank)},
+                       workdir, str(workdir))
+            for rank, workdir in enumerate(workdirs)]
+
+
+def node_token(leg: str, rank: int) -> str:
+    """The token every process of node `rank` of a local leg carries, beside the leg's."""
+    return f"{leg}:node{rank}"
 
 
 def _pump(cluster: Cluster, node: Node, on_line: LineSink | None) -> None:
@@ -143,6 +171,27 @@ def leg_exit(cluster: Cluster) -> tuple[int | None, str]:
     if failed is None:
         return 0, "exited"
     return failed.exit_code, f"node {failed.rank} exited {failed.exit_code}"
+
+
+def wait_cluster(cluster: Cluster, timeout: float | None, stopping: Callable[[], bool],
+                 teardown: Callable[[], None]) -> tuple[int | None, str] | None:
+    """Wait until every node has ended, or (while no stop was asked) one has failed, then tear
+    the rest down; (the leg's exit code, how it ended), or None if `timeout` passed first."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        done, failed = poll(cluster)
+        if done or (failed is not None and not stopping()):
+            break
+        if end is not None and time.monotonic() >= end:
+            return None
+        time.sleep(0.05)
+    if not done:
+        assert failed is not None
+        teardown()  # a node failed: the cluster's job ends, as SkyPilot ends it
+        close(cluster, lambda node: node.proc.wait() if node.proc is not None else None)
+        return failed.exit_code, f"node {failed.rank} exited {failed.exit_code}; the other nodes were torn down"
+    close(cluster, lambda node: node.proc.wait() if node.proc is not None else None)
+    return leg_exit(cluster)
 
 
 def close(cluster: Cluster, reap: Callable[[Node], int | None]) -> None:

@@ -40,7 +40,7 @@ from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.rungs.checks import check_leg_exit
-from launcher.rungs.drill_moments import Planned, kill_predicate, planned_kills, step_predicate
+from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
 from launcher.state_checks import tracked_kinds
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
@@ -142,7 +142,8 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
             record.append(Kill(leg, chosen, seen[0] if seen else "", None))
             return f"drill kill {chosen} at {_brief(seen[0]) if seen else '?'}"
 
-        outs.append(run_leg(ctx, leg, steps, kill_when=kill_when, at_kill=at_kill))
+        outs.append(run_leg(ctx, leg, steps, kill_when=kill_when, at_kill=at_kill,
+                            lose_node=ctx.nodes - 1 if chosen == NODE_LOST else None))
         if record and record[-1].leg == leg:
             # Read after the kill: the instance is gone, so this is the store the next leg will find
             # (a backend that cannot freeze a leg may have let it verify once more before dying).

@@ -16,9 +16,15 @@ RANDOM_MOMENTS = ("after-push", "mid-push", "mid-verify", "mid-step")
 """What `random` picks from: the moments every trainer has (a synchronous save has no mid-save)."""
 
 
+NODE_LOST = "node-lost"
+"""On a leg of several nodes: the last node alone dies mid-push (the `mid-push` line); the rest
+of the cluster goes on until its job ends it."""
+
+
 def kill_predicate(moment: str) -> Callable[[str], bool]:
     """True on the output line at which to kill, for one leg (state kept per leg)."""
     seen = {"cycled": False, "steps_after": 0}
+    moment = "mid-push" if moment == NODE_LOST else moment
 
     def at(line: str) -> bool:
         event = parse_line(line)
