@@ -54,7 +54,6 @@ def cli_cases(tmp: Path) -> Iterator[list[str]]:
             yield ["up", rung, "--cpu", "--gpus", "T4:1", *extra]
             for n in BAD_NODES:
                 yield ["up", rung, "--gpus", "T4:1", "--backend", "sky", "--nodes", n, *extra]
-            yield ["up", rung, "--gpus", "T4:1", "--nodes", "2", *extra]  # several nodes off sky
         for s in BAD_STEPS:
             yield ["up", "rehearsal", "--steps", s, *extra]
             yield ["up", "probe", "--cpu", "--steps", s, *extra]

@@ -82,7 +82,7 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     (["up", "warmup"], "unknown rung"),
     (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
     (["up", "static", "--backend", "azure"], "unknown backend"),
-    (["up", "rehearsal", "--nodes", "2"], "only the sky backend"),
+    (["drill", "cold-resume", "--at", "node-lost"], "loses one node of several"),
     (["up", "rehearsal", "--nodes", "0"], "--nodes"),
     (["up", "run"], "--gpus"),
     (["up", "run", "--gpus", "T4:2", "--skip-preflight", ""], "--skip-preflight needs a reason"),

@@ -52,6 +52,16 @@ def test_a_two_node_two_rank_rehearsal_runs_the_sky_script_on_each_node(project:
             assert events and {e["node"] for e in events} == {node["node"]}, node
             assert {e["rank"] for e in events} == {2 * node["node"], 2 * node["node"] + 1}
     assert run["legs"][0]["end_reason"].startswith("node ")  # stopped by SIGTERM: torchrun exits 1 on each
+    # the memory MAX is over every rank of every node: each rank prints the same peak_max, the largest peak
+    windows = 0
+    for leg in run["legs"]:
+        log = Path(leg["log_path"]).read_text().splitlines()
+        memory = [json.loads(line[line.find('{"event": '):]) for line in log if '{"event": "memory"' in line]
+        for step in {e["step"] for e in memory}:
+            at = [e for e in memory if e["step"] == step]
+            assert {e["rank"] for e in at} == {0, 1, 2, 3} and {e["peak_max"] for e in at} == {max(e["peak"] for e in at)}
+            windows += 1
+    assert windows >= 1
 
 
 @pytest.mark.parametrize("rank", [3])
