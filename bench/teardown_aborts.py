@@ -8,12 +8,19 @@ SIGABRTs, from torchrun's own report of each rank's exit code):
 
 - one node, two ranks: `torchrun --standalone --nproc_per_node=2` (what tests/test_ddp.py runs);
 - two nodes of two ranks on loopback: two torchruns, `--nnodes 2 --node_rank 0|1`, a static
-  rendezvous at 127.0.0.1 on a free port (what `--backend local --nodes 2` starts).
+  rendezvous at 127.0.0.1 on a free port (what `--backend local --nodes 2` starts);
+- the control, `--held N`: plain torch, two ranks that all-reduce once, destroy the process
+  group and exit while a reference to the gloo group is still held (what `World.ctrl` did
+  before `World.close` let go of it): the loop must see aborts there, or it proves nothing;
+- `--no-close N`: two ranks on `runtime.dist` that never call `World.close` (a rank leaving on
+  an exception): only the exit hook `init_world` registers leaves the world.
 
-    .venv/bin/python bench/teardown_aborts.py [--single 60] [--multi 30] [--steps 3]
+    .venv/bin/python bench/teardown_aborts.py [--single 60] [--multi 30] [--held 60] [--no-close 60]
 
-Goal: 0 aborts in 60 single-node and 30 two-node legs. Prints one line per shape; with
---keep-failures the stderr of each failed leg is kept under a temp folder for reading.
+Goal: 0 aborts in 60 single-node and 30 two-node legs, and in the no-close shape; some in the
+control. Prints one line per shape; with --keep-failures the stderr of each failed leg is kept
+under a temp folder. With core dumps on (`ulimit -c unlimited`), `gdb -batch -ex "thread apply
+all bt" python core` on one names the aborting thread (tests/README.md).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -75,16 +83,51 @@ def multi(work: Path, steps: int, i: int) -> tuple[list[int], str]:
     return [p.returncode for p in procs], "\n".join(errs)
 
 
+HELD = """import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+held = dist.group.WORLD  # a reference kept past destroy_process_group, as World.ctrl was
+t = torch.ones(1)
+dist.all_reduce(t, group=held)
+dist.destroy_process_group()
+"""
+NO_CLOSE = """from runtime.dist import init_world
+world = init_world("cpu")
+assert world.max(float(world.rank)) == world.world_size - 1
+# no world.close(): a rank on its way out on an exception
+"""
+
+
+def script(name: str, text: str) -> Callable[[Path, int, int], tuple[list[int], str]]:
+    """A leg of one node of two ranks running `text` (written once into the work folder)."""
+    def run(work: Path, steps: int, i: int) -> tuple[list[int], str]:
+        path = work / f"{name}.py"
+        if not path.exists():
+            path.write_text(text)
+        cwd = work / f"{name}-{i}"
+        cwd.mkdir()
+        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(path)], cwd=cwd,
+                              env=env_for(cwd, steps, f"{name}{i}"), capture_output=True, text=True, timeout=300)
+        return [proc.returncode], proc.stderr
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--single", type=int, default=60)
     ap.add_argument("--multi", type=int, default=30)
+    ap.add_argument("--held", type=int, default=0)
+    ap.add_argument("--no-close", type=int, default=0)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--keep-failures", action="store_true")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="teardown-"))
     print(f"torch under {TORCHRUN}; legs of {a.steps} steps; work in {work}")
-    for shape, count, run in (("1 node x 2 ranks", a.single, single), ("2 nodes x 2 ranks", a.multi, multi)):
+    shapes = (("1 node x 2 ranks", a.single, single), ("2 nodes x 2 ranks", a.multi, multi),
+              ("control: group held past destroy", a.held, script("held", HELD)),
+              ("runtime.dist, no close()", a.no_close, script("noclose", NO_CLOSE)))
+    for shape, count, run in shapes:
+        if not count:
+            continue
         failed = aborted = 0
         began = time.monotonic()
         for i in range(count):
@@ -93,7 +136,7 @@ def main() -> int:
                 failed += 1
                 aborted += bool(ABORT.search(err))
                 if a.keep_failures:
-                    (work / f"{shape.replace(' ', '')}-{i}.stderr").write_text(err)
+                    (work / f"{re.sub(r'[^a-z0-9]+', '-', shape)}-{i}.stderr").write_text(err)
         print(f"{shape}: {count} legs in {time.monotonic() - began:.0f} s: {failed} failed, {aborted} by SIGABRT")
     return 0
 

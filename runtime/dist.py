@@ -10,6 +10,7 @@ barriers with timeouts work under NCCL too.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class World:
     local_rank: int = 0
     ctrl: Any = None
     """The gloo process group for control messages (None in a world of one)."""
+    closed: bool = False
 
     @property
     def distributed(self) -> bool:
@@ -85,11 +87,17 @@ class World:
         return float(t.item()) / self.world_size
 
     def close(self) -> None:
-        """Leave the world while the interpreter is whole. `destroy_process_group` only drops
-        torch's own references: this World's `ctrl` kept the gloo group alive until interpreter
-        teardown, where its C++ destructor ran against a half-finalised runtime and aborted the
-        rank (SIGABRT, "terminate called without an active exception": 8 of 36 two-rank runs of
-        a script that only all-reduces once and closes; 0 of 54 once the group dies here)."""
+        """Leave the world while the interpreter is whole (idempotent; `init_world` also runs it
+        at exit). `destroy_process_group` only drops torch's own references: this World's `ctrl`
+        kept the gloo group, and its worker threads, alive into interpreter teardown, where a
+        worker that released a finished collective's tensors took the GIL, was ended by
+        pthread_exit, and aborted the rank (SIGABRT, "terminate called without an active
+        exception"; the gdb backtrace is in tests/README.md): 8 of 36 two-rank runs of a script
+        that only all-reduces once and closes; 0 of 54 once the group dies here, and 0 in 60 + 30
+        legs of bench/teardown_aborts.py)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.distributed:
             if tdist.is_initialized():
                 tdist.destroy_process_group()
@@ -110,4 +118,12 @@ def init_world(device: str) -> World:
     backend = "nccl" if device == "cuda" else "gloo"
     tdist.init_process_group(backend=backend)
     ctrl = tdist.new_group(backend="gloo") if backend != "gloo" else tdist.group.WORLD
-    return World(tdist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")), ctrl)
+    world = World(tdist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")), ctrl)
+    # A rank that leaves without close() (an exception on its way out) must still leave the world
+    # while the interpreter is whole. Else a gloo worker thread (ProcessGroupGloo::runLoop) may
+    # destroy a finished work's tensors after Py_FinalizeEx began: their decref takes the GIL,
+    # a thread taking the GIL during finalization is ended by pthread_exit, its forced unwind
+    # meets a noexcept destructor, std::terminate, SIGABRT ("terminate called without an active
+    # exception": the gdb backtrace is in tests/README.md). atexit runs before that teardown.
+    atexit.register(world.close)
+    return world

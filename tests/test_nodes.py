@@ -52,6 +52,8 @@ def test_a_two_node_two_rank_rehearsal_runs_the_sky_script_on_each_node(project:
             assert events and {e["node"] for e in events} == {node["node"]}, node
             assert {e["rank"] for e in events} == {2 * node["node"], 2 * node["node"] + 1}
     assert run["legs"][0]["end_reason"].startswith("node ")  # stopped by SIGTERM: torchrun exits 1 on each
+    status = run_cli(["status", res.json()["run_id"], "--json"], cwd=project).json()
+    assert [(n["node"], n["step"], n["exit_code"]) for n in status["leg"]["nodes"]] == [(0, 12, 0), (1, 12, 0)]
     # the memory MAX is over every rank of every node: each rank prints the same peak_max, the largest peak
     windows = 0
     for leg in run["legs"]:
