@@ -68,6 +68,10 @@ def describe(plan: Plan) -> str:
     if plan.price is not None:
         source = "the provider's price" if plan.pick is not None else "launcher.yaml prices"
         out.append(f"price: ${plan.price:.4f} per GPU-hour ({source}): this rung ${plan.quota.usd:.2f} at most")
+        if plan.pick is not None and plan.pick.candidates:
+            tried = ", ".join(f"{label} ${usd:.2f}/h" for label, usd in plan.pick.candidates)
+            out.append(f"price: SkyPilot tries {tried}, in that order (the next when one has no capacity): the "
+                       f"quota guard reserves the dearest, ${plan.pick.hourly_usd:.2f}/h")
     out.append("guard: " + plan.quota.arithmetic)
     out += [f"{d.guard}: refused: {d.refusal.message}" for d in plan.decisions if d.refusal is not None]
     return "\n".join(out)

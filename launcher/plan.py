@@ -141,7 +141,9 @@ class Plan:
         r = self.request
         return {"rung": r.rung.name, "backend": r.backend, "gpus": str(r.gpus) if r.gpus else None, "nodes": r.nodes,
                 "gpus_total": r.gpus_total, "legs": [{"leg": leg.index, "role": leg.role, "max_steps": leg.max_steps} for leg in self.legs],
-                "env": self.env, "run_sha256": self.run_sha256, "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
+                "env": self.env, "run_sha256": self.run_sha256,
+                "price_candidates": [{"resources": label, "hourly_usd": usd} for label, usd in self.pick.candidates]
+                if self.pick is not None else [], "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
                 "quota": self.quota.arithmetic if self.quota else None,
                 "guards": [{"guard": d.guard, "ok": d.refusal is None,
                             "refusal": d.refusal.message if d.refusal else None} for d in self.decisions]}

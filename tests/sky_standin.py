@@ -302,7 +302,7 @@ class StrictSky:
     """The `sky` module as the sky backend uses it, against local "clusters"."""
 
     def __init__(self, state_dir: Path, app_dir: Path, *, no_cloud: bool = False, capacity: bool = False,
-                 cluster_env: dict[str, str] | None = None) -> None:
+                 credentials: bool = False, cluster_env: dict[str, str] | None = None) -> None:
         """`cluster_env`: what the cloud machine itself provides a job (e.g. HF_ENDPOINT
         of the hub a test stands up in place of huggingface.co). Never for secrets:
         those travel in the task, as the launcher must send them."""
@@ -316,6 +316,10 @@ class StrictSky:
         self.exceptions = real_sky.exceptions
         self.state_dir, self.app_dir = Path(state_dir), Path(app_dir)
         self.no_cloud, self.capacity = no_cloud, capacity
+        self.credentials = credentials
+        """The enabled cloud's credentials are refused at provisioning: SkyPilot 0.14.1 then raises
+        ResourcesUnavailableError with a CloudUserIdentityError in its failover_history, and under
+        retry_until_up it keeps retrying (seen against the real client, issue 29)."""
         self.cluster_env = dict(cluster_env or {})
         self._state = _State(self.state_dir)
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
@@ -515,7 +519,8 @@ class StrictSky:
                         "idle_minutes_to_autostop": a["idle_minutes_to_autostop"],
                         "backend": getattr(a["backend"], "NAME", None), "fast": a["fast"],
                         "optimize_target": str(a["optimize_target"]), "no_cloud": self.no_cloud,
-                        "capacity": self.capacity, "app_dir": str(self.app_dir.resolve())}
+                        "capacity": self.capacity, "credentials": self.credentials,
+                        "app_dir": str(self.app_dir.resolve())}
         return self._submit("launch", cluster, args_on_disk,
                             secret_payload={"dag_yaml": dag_yaml, "cluster_env": self.cluster_env})
 
@@ -910,6 +915,17 @@ class _Worker:
             return None, None
         if self.state.cluster(name) is not None:
             raise RuntimeError(f"stand-in: cluster {name!r} already exists: each leg must launch a fresh cluster")
+        while args.get("credentials"):
+            identity = exceptions.CloudUserIdentityError(
+                f"Failed to get {PLACEMENT['cloud']} user identification. Details: the credentials were refused "
+                "(stand-in)")
+            if not args["retry_until_up"]:
+                raise exceptions.ResourcesUnavailableError(
+                    f"Failed to provision all possible launchable resources. Relax the task's resource "
+                    f"requirements: {task.num_nodes}x {res}", failover_history=[identity])
+            self.say(f"credentials refused for {PLACEMENT['cloud']}; retrying in {CAPACITY_RETRY_S:.0f}s "
+                     "(retry_until_up)")
+            time.sleep(CAPACITY_RETRY_S)
         while args["capacity"]:
             tried = f"{task.num_nodes}x {res}"
             wanted = _accelerators_str(res.accelerators) or "CPU"

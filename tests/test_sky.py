@@ -223,3 +223,24 @@ def test_an_optimizer_stream_cut_before_its_table_is_told_apart_from_a_whole_one
         parse_optimizer_table(cut, 1)
     pick = parse_optimizer_table(whole, 1)
     assert pick.instance_type == "n1-highmem-8" and pick.hourly_usd == pytest.approx(1.17)
+
+
+def test_a_credentials_failure_is_told_apart_from_no_capacity() -> None:
+    """SkyPilot 0.14.1 reports refused credentials as ResourcesUnavailableError with the
+    CloudUserIdentityError in its failover_history: bad input naming the credentials, with no
+    retry hint (--retry-until-up would retry it forever); capacity anywhere in the history
+    keeps the capacity refusal and its hint. A history served back as dicts is read the same."""
+    from launcher.backends.skyapi import classify
+    from launcher.errors import Refused
+
+    e = sky.exceptions
+    cred = e.CloudUserIdentityError("Failed to get GCP user identification. Details: no credentials")
+    got = classify(sky, e.ResourcesUnavailableError("Failed to provision", failover_history=[cred]))
+    assert isinstance(got, BadInput) and got.message.startswith("no cloud credentials SkyPilot could use: "
+                                                                "CloudUserIdentityError: Failed to get GCP")
+    assert "retry" not in (got.hint or "")
+    served = e.ResourcesUnavailableError("x", failover_history=[{"type": "InvalidCloudCredentials", "message": "m"}])
+    assert isinstance(classify(sky, served), BadInput)
+    mixed = classify(sky, e.ResourcesUnavailableError("x", failover_history=[cred, e.ResourcesUnavailableError("full")]))
+    assert isinstance(mixed, Refused) and "--retry-until-up" in (mixed.hint or "")
+    assert isinstance(classify(sky, e.ResourcesUnavailableError("no capacity anywhere")), Refused)

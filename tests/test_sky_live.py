@@ -127,6 +127,7 @@ def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(sky_project, clo
 @pytest.mark.parametrize("flag, error, needle, code", [
     ("no_cloud", BadInput, "SkyPilot could not launch: NoCloudAccessError", 2),
     ("capacity", Refused, "SkyPilot found no capacity", 3),
+    ("credentials", BadInput, "no cloud credentials SkyPilot could use: .*CloudUserIdentityError", 2),
 ])
 def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
                                                         flag: str, error: type, needle: str, code: int) -> None:
@@ -135,6 +136,8 @@ def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monk
         run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
     if flag == "capacity":
         assert "--retry-until-up" in err.value.hint
+    if flag == "credentials":  # waiting for capacity cannot help: no retry hint
+        assert "retry" not in err.value.hint and "sky check" in err.value.hint
     assert standin.clusters_of("down") == []  # SkyPilot said no cluster exists: nothing to tear down
     assert standin.clusters_of("status")  # ... and it was asked, not assumed
     run = ledger_run(sky_project)

@@ -104,3 +104,19 @@ def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: P
     assert all(r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3} for r in resources)
     assert "LAUNCHER_DEADLINE" not in loaded.envs and loaded.envs["PREFLIGHT_LEG_BUDGET_S"] == str(9 * 3600)
     assert "autostop" not in task.yaml_text  # SkyPilot's jobs controller downs each recovery's cluster itself
+
+
+def test_the_runs_quote_reserves_the_dearest_of_its_ordered_candidates(project: Path) -> None:
+    """The run's template tries spot, then on-demand (`resources.ordered`); SkyPilot's optimizer
+    prices only the first. The quote prices each and the quota guard reserves the dearest: the
+    on-demand price of the same machines, what the probe (on-demand) is quoted."""
+    cfg = load_config(project / "launcher.yaml")
+    gpus = parse_gpus("H100:8")
+    pick = SkyBackend(cfg, REF, 2, sky=sky).quote("run", gpus)
+    assert pick is not None and [label for label, _ in pick.candidates] == ["spot", "on-demand"]
+    spot, on_demand = (usd for _, usd in pick.candidates)
+    assert spot < on_demand and pick.hourly_usd == on_demand and not pick.use_spot
+    probe = SkyBackend(cfg, REF, 2, sky=sky).quote("probe", gpus)
+    assert probe is not None and probe.candidates == () and probe.hourly_usd == pytest.approx(on_demand)
+    res = run_cli(["up", "run", "--gpus", "H100:8", "--nodes", "2", "--backend", "sky", "--dry-run"], cwd=project)
+    assert f"price: SkyPilot tries spot ${spot:.2f}/h, on-demand ${on_demand:.2f}/h" in res.out, res.out

@@ -106,6 +106,8 @@ class Quote(Protocol):
 
     hourly_usd: float
     """Every node of the leg, per hour, host VM included."""
+    candidates: tuple[tuple[str, float], ...]
+    """Where the provider tries resources one after another: each one's price (this quote is the dearest)."""
 
 
 class CannotDo(RuntimeError):

@@ -39,6 +39,10 @@ class Pick:
     nodes: int
     hourly_usd: float
     """The whole cluster, per hour: every node's VM, GPUs and host included."""
+    candidates: tuple[tuple[str, float], ...] = ()
+    """For a task whose `resources.ordered` SkyPilot tries one after another (spot, then
+    on-demand): each candidate's price, as SkyPilot's optimizer gives it, in that order; this
+    pick is the dearest of them (`SkyBackend.quote`)."""
 
     @property
     def instance_hourly_usd(self) -> float:
@@ -63,9 +67,35 @@ def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
     return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
 
 
+CREDENTIAL_ERRORS = ("CloudUserIdentityError", "InvalidCloudCredentials", "NoCloudAccessError",
+                     "PermissionDeniedError")
+"""SkyPilot's errors that say a cloud refused who we are: waiting for capacity cannot help."""
+
+
+def is_credentials(sky: Any, cause: Any) -> bool:
+    """Whether one failover_history entry is a credentials error: by its type, as every SkyPilot
+    error here; an entry served back serialized (a dict with `type`, or text) has only its
+    type's name, which is matched then."""
+    if isinstance(cause, BaseException):
+        kinds = tuple(getattr(sky.exceptions, n) for n in CREDENTIAL_ERRORS
+                      if isinstance(getattr(sky.exceptions, n, None), type))
+        return isinstance(cause, kinds)
+    name = cause.get("type") if isinstance(cause, dict) else str(cause).split(":", 1)[0].strip()
+    return name in CREDENTIAL_ERRORS
+
+
 def classify(sky: Any, err: BaseException) -> BadInput | Refused | None:
-    """The launcher error a SkyPilot exception means, by type; None: a failure of this leg."""
+    """The launcher error a SkyPilot exception means, by type; None: a failure of this leg.
+    A ResourcesUnavailableError is told apart by the causes in its failover_history: when every
+    attempt failed on the cloud's credentials it is no capacity problem, and no retry hint."""
     if isinstance(err, sky.exceptions.ResourcesUnavailableError):
+        history = list(getattr(err, "failover_history", None) or [])
+        if history and all(is_credentials(sky, e) for e in history):
+            last = history[-1]
+            said = one_line(last, 240) if isinstance(last, BaseException) else " ".join(str(last).split())[:240]
+            return BadInput(f"no cloud credentials SkyPilot could use: {said}",
+                            hint="`sky check` names the cloud and what it refused; fix its credentials, then "
+                                 "launch again")
         tried = [one_line(e, 120) for e in (getattr(err, "failover_history", None) or [])][-3:]
         return Refused(f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
                        + (f" (tried: {'; '.join(tried)})" if tried else ""),
