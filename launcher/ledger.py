@@ -162,6 +162,17 @@ class Ledger:
         with self.transaction() as db:
             db.execute(f"INSERT INTO legs ({cols}) VALUES ({marks})", tuple(row.values()))
 
+    NOTED = ("request_id", "instance", "hourly_usd", "cost_source")
+
+    def note_leg(self, run_id: str, leg: int, **fields: Any) -> None:
+        """What a leg learned after it began: its request's id, the managed job's id as its
+        instance, the price of the resources it landed on."""
+        if not fields or not set(fields) <= set(self.NOTED):
+            raise ValueError(f"note_leg: only {self.NOTED}, got {sorted(fields)}")
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self.transaction() as db:
+            db.execute(f"UPDATE legs SET {sets} WHERE run_id=? AND leg=?", (*fields.values(), run_id, leg))
+
     def end_leg(self, run_id: str, leg: int, *, ended_at: float, exit_code: int | None, killed: bool,
                 end_reason: str, billed_gpu_hours: float, cost_usd: float | None, cost_source: str | None = None,
                 placement: dict[str, str] | None = None, nodes: list[dict[str, Any]] | None = None) -> None:

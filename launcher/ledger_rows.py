@@ -59,6 +59,7 @@ class LegRecord(TypedDict):
     placement: str | None
     run_sha256: str | None
     nodes: str | None
+    request_id: str | None
 
 
 class LegRow(TypedDict):
@@ -89,6 +90,8 @@ class LegRow(TypedDict):
     """The `run:` script every node executed (sky; local with --nodes N)."""
     nodes: list[dict[str, Any]] | None
     """A leg of several nodes: each node's record (node, instance, pid, exit_code, log)."""
+    request_id: str | None
+    """sky: the id of the leg's launch (or managed job's submit) request on SkyPilot's API server."""
     damaged: NotRequired[list[str]]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -20,6 +20,7 @@ MIGRATIONS = {
     9: ["ALTER TABLE checks ADD COLUMN kind TEXT", "ALTER TABLE checks ADD COLUMN leg INTEGER",
         "ALTER TABLE checks ADD COLUMN facts TEXT"],
     10: ["ALTER TABLE legs ADD COLUMN run_sha256 TEXT", "ALTER TABLE legs ADD COLUMN nodes TEXT"],
+    11: ["ALTER TABLE legs ADD COLUMN request_id TEXT"],
 }
 
 SCHEMA = """
@@ -110,6 +111,7 @@ CREATE TABLE IF NOT EXISTS legs (
     placement   TEXT,                      -- JSON {cloud, region, zone, instance_type}: where the leg ran (sky)
     run_sha256  TEXT,                      -- the `run:` script every node executed (sky, and local with --nodes N)
     nodes       TEXT,                      -- JSON [{node, instance, pid, exit_code, log}]: a leg of several nodes
+    request_id  TEXT,                      -- sky: the launch / jobs.launch request on SkyPilot's API server
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS stops (

@@ -282,6 +282,9 @@ class _Watch:
                 return ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
             step = (0.1 if self.kill_when is not None else 1.0 if not self.spoke.is_set()
                     else max(0.0, give_up - time.time()))
+            notes = handle.new_notes()
+            if notes:
+                ctx.ledger.note_leg(ctx.run_id, self.spec.leg, **notes)
             result = ctx.backend.wait(handle, timeout=min(step, max(0.0, give_up - time.time())))
             if result is not None:
                 return result

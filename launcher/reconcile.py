@@ -127,41 +127,51 @@ def clean_up(dead: list[DeadRun], ledger: Ledger) -> None:
 
 
 def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: str,
-               granularity_s: float = 60.0) -> None:
+               granularity_s: float = 60.0, nothing_billed: bool = False) -> None:
     """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
-    record): billed from its start to then, at the price it was launched at; the run and
-    its reservation settled again with the sum of the run's legs."""
+    record): billed from its start to then, at the price it was launched at (nothing, where
+    SkyPilot confirms nothing was provisioned); the run and its reservation settled again with
+    the sum of the run's legs."""
     from launcher.backends.base import billed_seconds
 
     with ledger.transaction():
         row = ledger.leg_billing(run_id, leg)
         if row is None:
             return
-        seconds = billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
+        seconds = 0.0 if nothing_billed else \
+            billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
         hours = seconds / 3600.0 * row["gpu_count"]
         usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
-        billed, cost = ledger.rebill_leg(run_id, leg, ended_at, hours, usd, reason)
+        billed, cost = ledger.rebill_leg(run_id, leg, ended_at, hours, usd if not nothing_billed else 0.0, reason)
         ledger.settle_run_reservations(run_id, billed, cost or 0.0,
                                        "reconciled (launcher died; billed to the cluster's end)")
 
 
 def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
-    """Down the dead leg's cluster if SkyPilot still has it, and bill the leg to when it stopped."""
-    from launcher.backends.sky import reap, reap_job
-    from launcher.backends.skyapi import job_id_of
+    """End what the dead leg left on SkyPilot (its request, its cluster or managed job) and bill
+    the leg to when it stopped (launcher.backends.skyreap)."""
+    from launcher.backends.skyapi import PENDING_JOB_PREFIX, job_id_of
+    from launcher.backends.skyreap import reap, reap_job, reap_submit
 
+    instance = leg["instance"]
     try:
-        job = job_id_of(leg["instance"])
-        reaped = reap_job(job) if job is not None else reap(leg["instance"])
+        job = job_id_of(instance)
+        if instance.startswith(PENDING_JOB_PREFIX):
+            reaped = reap_submit(instance[len(PENDING_JOB_PREFIX):], leg.get("request_id"))
+        elif job is not None:
+            reaped = reap_job(job)
+        else:
+            reaped = reap(instance, leg.get("request_id"))
     except LauncherError as err:  # skypilot not installed here: say what to check
         reaped = None
-        sys.stderr.write(f"note: run {run_id} leg {leg['leg']} ran on cluster {leg['instance']}: {err.message}; "
-                         f"check `sky status` and `sky down {leg['instance']}`\n")
+        sys.stderr.write(f"note: run {run_id} leg {leg['leg']} ran on cluster {instance}: {err.message}; "
+                         f"check `sky api status`, `sky status` and `sky down {instance}`\n")
     if reaped is None:
         return
     sys.stderr.write(f"note: run {run_id} leg {leg['leg']} (launcher died): {reaped.detail}\n")
     if reaped.ended_at is not None:
-        settle_leg(ledger, run_id, leg["leg"], reaped.ended_at, f"launcher died; {reaped.detail}")
+        settle_leg(ledger, run_id, leg["leg"], reaped.ended_at, f"launcher died; {reaped.detail}",
+                   nothing_billed=reaped.nothing_billed)
 
 
 def _remove_leg_dir(path: Path, run_id: str) -> None:

@@ -157,6 +157,8 @@ from typing import Any, Iterator
 # SkyPilot's JobExitCode values (sky.exceptions.JobExitCode), what tail_logs returns.
 JOB_SUCCEEDED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_CANCELLED = 0, 100, 101, 102, 103
 JOB_ID = 1  # one job per cluster: the task's
+REQUEST_NAMES = {"jobs_launch": "jobs.launch", "jobs_queue": "jobs.queue_v2", "jobs_cancel": "jobs.cancel"}
+"""The stand-in's request kinds by SkyPilot's request names (`sky.<name>` in api_status); the others match."""
 # Where the stand-in says its clusters are (the launcher pins later legs to leg 0's placement).
 PLACEMENT = {"cloud": "GCP", "region": "us-central1", "zone": None, "instance_type": "standin-n1"}
 # What a fresh cloud machine's job inherits from "the machine": nothing else of the caller's.
@@ -167,7 +169,7 @@ POLL_S = 0.05
 _UNEMULATED_LAUNCH_ARGS = ("clone_disk_from", "resize", "_need_confirmation", "_is_launched_by_jobs_controller",
                            "_is_launched_by_sky_serve_controller", "_disable_controller_check",
                            "_file_mounts_blob_id", "_extra_launch_context", "_include_credentials")
-_SDK_CALLS = ("launch", "down", "status", "cancel", "tail_logs", "stream_and_get", "get", "api_cancel",
+_SDK_CALLS = ("launch", "down", "status", "cancel", "tail_logs", "stream_and_get", "get", "api_cancel", "api_status",
               "cost_report")
 
 
@@ -302,7 +304,8 @@ class StrictSky:
     """The `sky` module as the sky backend uses it, against local "clusters"."""
 
     def __init__(self, state_dir: Path, app_dir: Path, *, no_cloud: bool = False, capacity: bool = False,
-                 credentials: bool = False, cluster_env: dict[str, str] | None = None) -> None:
+                 credentials: bool = False, cluster_env: dict[str, str] | None = None, pending_s: float = 0.0,
+                 controller_up_s: float = 0.0) -> None:
         """`cluster_env`: what the cloud machine itself provides a job (e.g. HF_ENDPOINT
         of the hub a test stands up in place of huggingface.co). Never for secrets:
         those travel in the task, as the launcher must send them."""
@@ -321,6 +324,12 @@ class StrictSky:
         ResourcesUnavailableError with a CloudUserIdentityError in its failover_history, and under
         retry_until_up it keeps retrying (seen against the real client, issue 29)."""
         self.cluster_env = dict(cluster_env or {})
+        self.pending_s = pending_s
+        """Every `launch` request waits this long PENDING in the API server's queue before it starts
+        (a busy server, a long queue): no cluster record exists meanwhile."""
+        self.controller_up_s = controller_up_s
+        """How long bringing up the jobs controller takes (SkyPilot 0.14.1: minutes), on the first
+        `jobs.launch` and after the controller autostopped (`stop_controller`)."""
         self._state = _State(self.state_dir)
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
         self._real_requests: set[str] = set()
@@ -520,7 +529,7 @@ class StrictSky:
                         "backend": getattr(a["backend"], "NAME", None), "fast": a["fast"],
                         "optimize_target": str(a["optimize_target"]), "no_cloud": self.no_cloud,
                         "capacity": self.capacity, "credentials": self.credentials,
-                        "app_dir": str(self.app_dir.resolve())}
+                        "pending_s": self.pending_s, "app_dir": str(self.app_dir.resolve())}
         return self._submit("launch", cluster, args_on_disk,
                             secret_payload={"dag_yaml": dag_yaml, "cluster_env": self.cluster_env})
 
@@ -551,6 +560,49 @@ class StrictSky:
         ids = [ids] if isinstance(ids, str) else ids
         self._record("api_cancel", None)
         return self._submit("api_cancel", None, {"request_ids": ids})
+
+    def api_status(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """The API server's requests as SkyPilot's own RequestPayload (not a request itself, as for
+        real): by id prefix (any status), else only those still working unless all_status; of one
+        cluster (a managed job's requests are the jobs controller's); newest first."""
+        a = self._bind("api_status", args, kwargs)
+        from sky.server.requests import payloads
+
+        self._record("api_status", a["cluster_name"])
+        rows = []
+        for rdir in self._state.requests.iterdir():
+            req = _read_json(rdir / "request.json")
+            if req is None:
+                continue
+            status = self._request_status(rdir)
+            if a["request_ids"] is not None:
+                if not any(rdir.name.startswith(str(r)) for r in a["request_ids"]):
+                    continue
+            elif not a["all_status"] and status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                continue
+            if a["cluster_name"] is not None and req.get("cluster") != a["cluster_name"]:
+                continue
+            rows.append(payloads.RequestPayload(
+                request_id=rdir.name, name=f"sky.{REQUEST_NAMES.get(req['kind'], req['kind'])}",
+                entrypoint=f"sky.client.sdk.{req['kind']}", request_body=json.dumps(req.get("args") or {}),
+                status=status, created_at=req["submitted_at"], user_id="standin", return_value="null", error="null",
+                pid=(_read_json(rdir / "worker.json") or {}).get("pid"), schedule_type="long",
+                cluster_name=req.get("cluster"), finished_at=None))
+        rows.sort(key=lambda r: r.created_at, reverse=True)
+        return rows[:a["limit"]] if a["limit"] else rows
+
+    def _request_status(self, rdir: Path) -> str:
+        """PENDING (queued), RUNNING, SUCCEEDED, FAILED or CANCELLED, as the API server says."""
+        if (rdir / "cancelled").exists():
+            return "CANCELLED"
+        if (rdir / "result.pkl").exists():
+            return "SUCCEEDED" if pickle.loads((rdir / "result.pkl").read_bytes())[0] == "ok" else "FAILED"
+        worker = _read_json(rdir / "worker.json") or {}
+        if worker.get("pid") and _alive(worker["pid"], worker.get("start")):
+            return "PENDING" if (rdir / "pending").exists() else "RUNNING"
+        if (rdir / "result.pkl").exists() or (rdir / "cancelled").exists():
+            return self._request_status(rdir)
+        return "FAILED"  # its worker died without a result
 
     # -- tail_logs: streamed, as the real one is
 
@@ -667,8 +719,9 @@ class _StrictJobs:
         self._sky._record("jobs.launch", dag.name)
         dag_yaml = dag_utils.dump_dag_to_yaml_str(dag)
         args_on_disk = {"name": a["name"], "num_jobs": a["num_jobs"], "no_cloud": self._sky.no_cloud,
-                        "capacity": self._sky.capacity, "app_dir": str(self._sky.app_dir.resolve())}
-        return self._sky._submit("jobs_launch", None, args_on_disk,
+                        "capacity": self._sky.capacity, "app_dir": str(self._sky.app_dir.resolve()),
+                        "controller_up_s": self._sky.controller_up_s, "job_name": dag.name}
+        return self._sky._submit("jobs_launch", controller_name(), args_on_disk,
                                  secret_payload={"dag_yaml": dag_yaml, "cluster_env": self._sky.cluster_env})
 
     def queue_v2(self, *args: Any, **kwargs: Any) -> str:
@@ -684,7 +737,8 @@ class _StrictJobs:
                    statuses=a["statuses"], submitted_after=a["submitted_after"],
                    submitted_before=a["submitted_before"], name_match=a["name_match"])
         self._sky._record("jobs.queue_v2", None)
-        return self._sky._submit("jobs_queue", None, {
+        return self._sky._submit("jobs_queue", controller_name(), {
+            "refresh": a["refresh"], "controller_up_s": self._sky.controller_up_s,
             "version": 2, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": a["limit"],
             "fields": fields, "statuses": a["statuses"], "submitted_after": a["submitted_after"],
             "submitted_before": a["submitted_before"], "name_match": a["name_match"]})
@@ -705,8 +759,8 @@ class _StrictJobs:
         self._body("JobsQueueBody", refresh=a["refresh"], skip_finished=a["skip_finished"],
                    all_users=a["all_users"], job_ids=a["job_ids"])
         self._sky._record("jobs.queue", None)
-        return self._sky._submit("jobs_queue", None, {
-            "version": 1, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": None,
+        return self._sky._submit("jobs_queue", controller_name(), {
+            "refresh": a["refresh"], "controller_up_s": self._sky.controller_up_s, "version": 1, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": None,
             "fields": None, "statuses": None, "submitted_after": None, "submitted_before": None,
             "name_match": None})
 
@@ -875,6 +929,11 @@ class _Worker:
         self.log.write(f"stand-in: {line}\n")
 
     def serve(self, payload: Any) -> None:
+        wait_s = float((self.req.get("args") or {}).get("pending_s") or 0.0)
+        if wait_s > 0:  # queued on the API server: PENDING, nothing done yet
+            (self.rdir / "pending").touch()
+            time.sleep(wait_s)
+            (self.rdir / "pending").unlink()
         try:
             outcome: tuple[str, Any] = ("ok", getattr(self, f"_{self.req['kind']}")(payload))
         except BaseException as err:  # noqa: BLE001 - the request's error goes to its client, as for real
@@ -1041,13 +1100,15 @@ class _Worker:
                 continue
             up = meta["status"] == "UP"
             autostop = meta["autostop"] or {}
+            if name == controller_name() and wanted is None:
+                continue  # not emulated: the jobs controller in an unnamed status()
             handle = SimpleNamespace(
                 cluster_name=name, cluster_name_on_cloud=name, head_ip="127.0.0.1", launched_nodes=meta["num_nodes"],
                 launched_resources=SimpleNamespace(**_placement_of(meta), use_spot=meta["use_spot"],
                                                    accelerators=meta["accelerators"])) if up else None
             records.append(StatusResponse(
                 name=name, launched_at=meta["launched_at"], handle=handle,
-                status=status_lib.ClusterStatus.UP if up else status_lib.ClusterStatus.INIT,
+                status=status_lib.ClusterStatus[meta["status"]],
                 autostop=autostop.get("idle_minutes", -1) if autostop.get("enabled", True) else -1,
                 to_down=bool(autostop.get("down", False)), cluster_hash=meta["cluster_hash"], cluster_ever_up=up,
                 user_hash=common_utils.get_user_hash(), user_name=getpass.getuser(), workspace="default",
@@ -1123,6 +1184,7 @@ class _Worker:
         dag_utils.fill_default_config_in_dag_for_job_launch(dag)  # differing job_recovery: SkyPilot's ValueError
         if args["no_cloud"]:  # the jobs controller itself cannot be launched
             raise exceptions.NoCloudAccessError("Cloud access is not set up. Run: sky check")
+        self._controller_up(args["controller_up_s"])
         task.update_envs({"SKYPILOT_NUM_JOBS": str(args["num_jobs"] or 1)})
         recovery = list(task.resources)[0].job_recovery
         record = {
@@ -1153,6 +1215,34 @@ class _Worker:
         self.say(f"Launching managed job {dag.name!r}: job id {job_id}")
         return [job_id], None
 
+    def _controller_up(self, up_s: float) -> None:
+        """The jobs controller, as a cluster of this state dir: launched (INIT for `up_s`, then UP)
+        where it is not up; a request cancelled meanwhile leaves it INIT, as a cancelled launch
+        leaves a cluster."""
+        name = controller_name()
+        with self.state.cluster_lock(name):
+            cdir = self.state.clusters / name
+            meta = _read_json(cdir / "meta.json")
+            if meta is not None and meta["status"] == "UP":
+                return
+            self.say(f"Launching the jobs controller {name} ({'restarting it' if meta else 'new'}) ...")
+            cdir.mkdir(exist_ok=True)
+            meta = meta or {"name": name, "cluster_hash": uuid.uuid4().hex, "request_id": self.rdir.name,
+                            "launched_at": int(time.time()), "num_nodes": 1, "accelerators": None,
+                            "use_spot": False, "autostop": {"idle_minutes": 10, "down": False, "enabled": True},
+                            "launch_args": {}, "requested": {}, "task_yaml": "",
+                            "handle": {"launched_nodes": 1, **PLACEMENT, "instance_type": "standin-controller"}}
+            meta["status"] = "INIT"
+            _write_json(cdir / "meta.json", meta)
+            time.sleep(up_s)
+            meta["status"] = "UP"
+            _write_json(cdir / "meta.json", meta)
+            self.say(f"the jobs controller {name} is UP")
+
+    def _controller_is_up(self) -> bool:
+        meta = _read_json(self.state.clusters / controller_name() / "meta.json")
+        return meta is not None and meta["status"] == "UP"
+
     def _jobs_queue(self, _payload: Any) -> Any:
         from sky.jobs import constants as managed_job_constants
         from sky.jobs import state as managed_job_state
@@ -1161,6 +1251,12 @@ class _Worker:
         from sky.server.requests.serializers import decoders, encoders
 
         args = self.req["args"]
+        if not self._controller_is_up():  # SkyPilot's answer without a refresh; with one, it starts it
+            if not args.get("refresh"):
+                from sky import exceptions
+
+                raise exceptions.ClusterNotUpError("No in-progress managed jobs.")
+            self._controller_up(args.get("controller_up_s") or 0.0)
         fields = args["fields"]
         if args["version"] == 1:  # the server asks for the default fields (and their dependencies)
             fields = managed_job_utils._update_fields(  # noqa: SLF001 - SkyPilot's own field expansion
@@ -1207,6 +1303,10 @@ class _Worker:
         from sky.jobs.state import ManagedJobStatus
 
         args = self.req["args"]
+        if not self._controller_is_up():
+            from sky import exceptions
+
+            raise exceptions.ClusterNotUpError("All managed jobs should have finished.")
         job_ids = list(dict.fromkeys(args["job_ids"] or []))
         name, everything = args["name"], args["all"] or args["all_users"]
         if sum([bool(job_ids), name is not None, args["pool"] is not None, everything]) != 1:
@@ -1439,6 +1539,28 @@ def _queue_row(rec: dict[str, Any], now: float) -> dict[str, Any]:
     return row
 
 
+def controller_name() -> str:
+    """SkyPilot's own name for this user's jobs controller (sky-jobs-controller-<user hash>)."""
+    from sky.utils import common
+
+    return common.JOB_CONTROLLER_NAME
+
+
+def stop_controller(state_dir: Path) -> None:
+    """The jobs controller autostops (SkyPilot: 10 idle minutes after its last job): refused while a
+    job is in progress, as SkyPilot's autostop waits for them."""
+    root = Path(state_dir)
+    live = [d.name for d in _job_dirs(root) if not _terminal(_refresh_dead_controller(d))]
+    if live:
+        raise RuntimeError(f"stand-in: managed jobs {live} are in progress: the controller does not autostop")
+    path = root / "clusters" / controller_name() / "meta.json"
+    meta = _read_json(path)
+    if meta is None:
+        raise RuntimeError("stand-in: there is no jobs controller to stop")
+    meta["status"] = "STOPPED"
+    _write_json(path, meta)
+
+
 def job_record(state_dir: Path, job_id: int) -> dict[str, Any] | None:
     """A managed job's record on disk (None if there is no such job), for tests: status (the
     ManagedJobStatus value), recovery_count, failure_reason, placement, `attempts` (each: attempt,
@@ -1452,9 +1574,10 @@ def job_record(state_dir: Path, job_id: int) -> dict[str, Any] | None:
     return rec
 
 
-def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0) -> None:
+def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0, spot_gone: bool = False) -> None:
     """Preempt a managed job: its current attempt's instance is lost (every process of the attempt's
-    session is SIGKILLed, no signal first). Waits up to `timeout_s` for an attempt to be running;
+    session is SIGKILLed, no signal first). `spot_gone`: spot has no capacity from now on, so the
+    recovery lands on the task's next (on-demand) candidate. Waits up to `timeout_s` for an attempt to be running;
     RuntimeError if the job does not exist, has ended, or none runs by then. The job's controller
     notices and recovers it on a fresh cluster."""
     root = Path(state_dir)
@@ -1468,6 +1591,8 @@ def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0) -> None:
             raise RuntimeError(f"stand-in: managed job {job_id} has ended ({rec['status']}): nothing to preempt")
         attempt = _live_attempt(rec)
         if attempt is not None and attempt.get("pid") and _alive(attempt["pid"], attempt["start"]):
+            if spot_gone:
+                (jobdir / "no-spot").write_text(f"{time.time()}\n")
             (Path(attempt["cluster_dir"]) / "preempted").write_text(f"{time.time()}\n")  # the cluster is gone
             _kill_session(attempt["pid"], attempt["start"])
             return
@@ -1639,6 +1764,10 @@ class _Controller:
                         failover_history=[exceptions.ResourcesUnavailableError("stand-in: no capacity")])
                 if self.placement is None:
                     self.placement = self.optimize()
+                elif self.placement["use_spot"] and (self.dir / "no-spot").exists():
+                    # Spot has no capacity now: SkyPilot's recovery relaunches the task's resources
+                    # in their order, and the next candidate (on-demand) is what launches.
+                    self.placement = self.optimize(on_demand_only=True)
             except _Prechecks as err:
                 reason = "; ".join(common_utils.format_exception(r, use_bracket=True) for r in err.reasons)
                 self.say(f"Provision prechecks failed: {reason}")
@@ -1657,15 +1786,21 @@ class _Controller:
     def _candidates(self) -> list[Any]:
         return list(self.task.resources)
 
-    def optimize(self) -> dict[str, Any]:
+    def optimize(self, on_demand_only: bool = False) -> dict[str, Any]:
         """Where the attempts run: SkyPilot's optimizer's pick among the candidates (an `ordered`
-        list in order, `any_of` the cheapest), from the session's API server as plain launches."""
+        list in order, `any_of` the cheapest), from the session's API server as plain launches;
+        `on_demand_only`: among those that are not spot (spot has no capacity)."""
         from sky import exceptions
         from sky.utils import dag_utils
 
         [task] = dag_utils.load_dag_from_yaml_str(self.payload["dag_yaml"]).tasks  # a fresh copy
         # The controller strips job_recovery before launching (StrategyExecutor.make).
-        task.set_resources(type(task.resources)([r.copy(job_recovery=None) for r in task.resources]))
+        kept = [r.copy(job_recovery=None) for r in task.resources if not (on_demand_only and r.use_spot)]
+        if not kept:
+            raise exceptions.ResourcesUnavailableError(
+                "Failed to acquire resources: spot has no capacity and the task has no on-demand candidate.",
+                failover_history=[exceptions.ResourcesUnavailableError("stand-in: no spot capacity")])
+        task.set_resources(type(task.resources)(kept))
         try:
             pick = _optimizer_pick(task)
         except exceptions.ResourcesUnavailableError as err:
@@ -1675,7 +1810,7 @@ class _Controller:
         except (exceptions.InvalidClusterNameError, exceptions.NoCloudAccessError,
                 exceptions.ResourcesMismatchError) as err:
             raise _Prechecks([err]) from err
-        candidates = self._candidates()
+        candidates = [r for r in self._candidates() if not (on_demand_only and r.use_spot)]
         chosen = next((r for r in candidates if bool(r.use_spot) == pick.use_spot
                        and _accelerators_str(dict(r.accelerators) if r.accelerators else None) == pick.accelerators),
                       None) or next((r for r in candidates if bool(r.use_spot) == pick.use_spot), candidates[0])
@@ -1815,8 +1950,10 @@ def install_from_env() -> StrictSky | None:
     """With PREFLIGHT_TEST_SKY_STATE set, make the launcher's `sky_module()` return a StrictSky.
 
     PREFLIGHT_TEST_SKY_APP: the directory standing for the image's /app.
-    PREFLIGHT_TEST_SKY_NO_CLOUD=1 / PREFLIGHT_TEST_SKY_CAPACITY=1: launches fail as with no
-    cloud enabled / no capacity. PREFLIGHT_TEST_SKY_CLUSTER_ENV: a JSON object, the
+    PREFLIGHT_TEST_SKY_NO_CLOUD=1 / PREFLIGHT_TEST_SKY_CAPACITY=1 / PREFLIGHT_TEST_SKY_CREDENTIALS=1:
+    launches fail as with no cloud enabled / no capacity / refused credentials.
+    PREFLIGHT_TEST_SKY_PENDING_S / PREFLIGHT_TEST_SKY_CONTROLLER_UP_S: seconds a launch request
+    waits queued / the jobs controller takes to come up (StrictSky's pending_s, controller_up_s). PREFLIGHT_TEST_SKY_CLUSTER_ENV: a JSON object, the
     cloud machine's own environment (see StrictSky)."""
     state = os.environ.get("PREFLIGHT_TEST_SKY_STATE")
     if not state:
@@ -1824,6 +1961,9 @@ def install_from_env() -> StrictSky | None:
     fake = StrictSky(Path(state), Path(os.environ["PREFLIGHT_TEST_SKY_APP"]),
                      no_cloud=os.environ.get("PREFLIGHT_TEST_SKY_NO_CLOUD") == "1",
                      capacity=os.environ.get("PREFLIGHT_TEST_SKY_CAPACITY") == "1",
+                     credentials=os.environ.get("PREFLIGHT_TEST_SKY_CREDENTIALS") == "1",
+                     pending_s=float(os.environ.get("PREFLIGHT_TEST_SKY_PENDING_S") or 0),
+                     controller_up_s=float(os.environ.get("PREFLIGHT_TEST_SKY_CONTROLLER_UP_S") or 0),
                      cluster_env=json.loads(os.environ.get("PREFLIGHT_TEST_SKY_CLUSTER_ENV") or "{}"))
     import launcher.backends.sky as backend_module
     import launcher.backends.skytask as skytask_module

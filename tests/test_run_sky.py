@@ -6,6 +6,7 @@ from the store, checked like every other resume, and billed."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher import up as up_module
-from tests.helpers import edit_config, plant_crash_at_step_12
-from tests.sky_standin import preempt_job
+from tests.helpers import SKY_IMAGE_REF, edit_config, plant_crash_at_step_12
+from tests.sky_standin import job_record, preempt_job
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
 SKIP = "the sky run's own test"
@@ -26,10 +27,10 @@ SKIP = "the sky run's own test"
 pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
 
 
-def configure(cfg, **run: object) -> object:  # noqa: ANN001
+def configure(cfg, data_delay: float = 0.05, **run: object) -> object:  # noqa: ANN001
     from launcher.config import load_config
 
-    edit_config(cfg.root, trainer__command="python train.py --ckpt-every 5 --data-delay 0.05",
+    edit_config(cfg.root, trainer__command=f"python train.py --ckpt-every 5 --data-delay {data_delay}",
                 rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run})
     return load_config(cfg.root / "launcher.yaml")
 
@@ -73,16 +74,32 @@ def wait_for(what, timeout: float = 180.0):  # noqa: ANN001, ANN201
     raise AssertionError(f"timed out: {what}")
 
 
+def candidate_prices(cfg) -> tuple[float, float]:  # noqa: ANN001
+    """SkyPilot's optimizer's price for the run's spot and on-demand candidates (T4:1)."""
+    from launcher.backends.sky import SkyBackend
+    from launcher.config import parse_gpus
+
+    pick = SkyBackend(cfg, SKY_IMAGE_REF).quote("run", parse_gpus("T4:1"))
+    prices = dict(pick.candidates)
+    return prices["spot"], prices["on-demand"]
+
+
 def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_store(
         sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
-    cfg = configure(sky_project)
+    # 0.25 s a step: the preemption must land mid-run, after a whole storage cycle (step 10) and well
+    # before step 40. At 0.05 s a step a loaded machine (two workers) saw leg 0 finish all 40 steps first.
+    cfg = configure(sky_project, data_delay=0.25)
     standin = strict(cloud)
+    spot, on_demand = candidate_prices(cfg)
     thread, result = run_in_thread(cfg, monkeypatch, standin)
     runs = cfg.state_path / "runs"
     log0 = wait_for(lambda: next(iter(runs.glob("*/leg-0.log")), None))
     wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))  # a whole storage cycle first
-    job_id = wait_for(lambda: ledger_run(cfg)["legs"] and ledger_run(cfg)["legs"][0]["instance"])
-    preempt_job(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), int(job_id.rsplit("-", 1)[1]))  # the spot VM is gone
+    job_id = wait_for(lambda: ledger_run(cfg)["legs"] and re.fullmatch(r"sky-job-\d+", ledger_run(cfg)["legs"][0]["instance"])
+                      and ledger_run(cfg)["legs"][0]["instance"])
+    assert ledger_run(cfg)["legs"][0]["hourly_usd"] == pytest.approx(spot)  # priced as its attempt runs: spot
+    # The spot VM is gone, and spot has no capacity now: SkyPilot's recovery lands on on-demand.
+    preempt_job(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), int(job_id.rsplit("-", 1)[1]), spot_gone=True)
     thread.join(600)
     assert not thread.is_alive() and "error" not in result, result
     outcome = result["outcome"]
@@ -100,9 +117,17 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
                  "leg 1: exact data position (batch hashes)", "leg 1: loss continuity",
                  "the run ended at exactly its step count", f"managed job {job_id.rsplit('-', 1)[1]}: every "
                  "recovery became a leg"):
-        assert checks[name].ok, checks[name]
+        assert name in checks and checks[name].ok, (name, "\n".join(f"{c.name}: {c.detail}" for c in outcome.checks))
     assert "recovery_count 1" in checks[f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg"].detail
     assert all(leg["billed_gpu_hours"] > 0 and leg["cost_source"] == "skypilot optimizer" for leg in run["legs"])
+    # Each attempt billed at the price of what it ran on: spot first, then the on-demand fallback
+    # (SkyPilot's optimizer's own prices for each candidate of `ordered`).
+    assert spot < on_demand
+    assert [leg["hourly_usd"] for leg in run["legs"]] == [pytest.approx(spot), pytest.approx(on_demand)]
+    for leg in run["legs"]:
+        assert leg["cost_usd"] == pytest.approx(leg["billed_gpu_hours"] * leg["hourly_usd"])  # T4:1, one node
+    attempts = job_record(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), int(job_id.rsplit("-", 1)[1]))["attempts"]
+    assert [a["use_spot"] for a in attempts] == [True, False]
     assert run["billed_gpu_hours"] == pytest.approx(sum(leg["billed_gpu_hours"] for leg in run["legs"]))
     assert [c for c, _ in standin.calls if c.startswith("jobs.")][:1] == ["jobs.launch"]
 

@@ -11,7 +11,8 @@ import pytest
 import sky
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import SkyBackend, reap
+from launcher.backends.sky import SkyBackend
+from launcher.backends.skyreap import reap
 from launcher.backends.skyapi import down
 from launcher.config import load_config, parse_gpus
 from tests.helpers import SKY_IMAGE_REF as REF
@@ -94,10 +95,14 @@ def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: P
                   {"HF_TOKEN": "hf_not_a_real_token"}, gpus=parse_gpus(gpus))
     task, pick, why = dry_run(backend, leg, tmp_path / "job-0.sky.yaml", 2e9, 9 * 3600, 3)
     assert pick is not None, why
-    assert pick.instance_type == EXPECTED[gpus] and pick.use_spot is True  # spot first: the `ordered` list
+    # Spot first, then on-demand (the `ordered` list): the job is priced at the dearest, each
+    # candidate's price kept; an attempt is billed at the one it ran on (test_run_sky).
+    assert pick.instance_type == EXPECTED[gpus] and pick.use_spot is False
+    prices = dict(pick.candidates)
+    assert list(prices) == ["spot", "on-demand"] and prices["spot"] < prices["on-demand"] == pick.hourly_usd
     on_demand = SkyBackend(cfg, REF, nodes, sky=sky).dry_launch(
         LegSpec("r", 0, "probe", tuple(cfg.trainer.command), ENV, gpus=parse_gpus(gpus)), tmp_path / "od.yaml")[1]
-    assert pick.hourly_usd < on_demand.hourly_usd  # SkyPilot's spot price, below the on-demand one
+    assert pick.hourly_usd == pytest.approx(on_demand.hourly_usd)  # SkyPilot's on-demand price, as a probe's
     loaded = sky.Task.from_yaml(str(task.path))
     resources = list(loaded.resources)
     assert [r.use_spot for r in resources] == [True, False]  # ordered: spot, then on-demand

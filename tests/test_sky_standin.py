@@ -275,7 +275,9 @@ def test_jobs_calls_are_bound_to_the_real_signatures_and_refuse_what_is_not_emul
     with pytest.raises(ValueError, match="'BOGUS' is not a valid jobs recovery strategy"):  # the API server's check
         fake.jobs.launch(task(run="echo hi", resources={"job_recovery": "BOGUS"}))
     assert not any((fake.state_dir / "requests").iterdir()) and not (fake.state_dir / "jobs").exists()
-    assert fake.get(fake.jobs.queue_v2(refresh=False)) == ([], 0, {}, 0)
+    with pytest.raises(fake.exceptions.ClusterNotUpError, match="No in-progress managed jobs"):
+        fake.get(fake.jobs.queue_v2(refresh=False))  # no jobs controller yet: SkyPilot 0.14.1's answer
+    assert fake.get(fake.jobs.queue_v2(refresh=True)) == ([], 0, {}, 0)  # a refresh starts it
     out = io.StringIO()
     assert fake.jobs.tail_logs(job_id=7, output_stream=out) == JOB_NOT_FOUND and "Job 7 not found." in out.getvalue()
 
@@ -286,7 +288,7 @@ def test_differing_job_recovery_across_candidates_is_skypilots_value_error(fake:
         {"use_spot": False, "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 2}}]})
     with pytest.raises(ValueError, match="All resources in the task must havethe same job recovery strategy."):
         fake.get(fake.jobs.launch(t))
-    assert fake.get(fake.jobs.queue_v2(refresh=False))[0] == []
+    assert fake.get(fake.jobs.queue_v2(refresh=True))[0] == []
 
 
 def test_a_managed_job_succeeds_with_skypilots_records_and_a_fresh_environment(

@@ -68,6 +68,11 @@ class LegHandle:
         came from; None where the backend has no such thing."""
         return {"task_sha256": None, "pid": None, "hourly_usd": None, "cost_source": None}
 
+    def new_notes(self) -> dict[str, Any]:
+        """What the leg learned since the ledger last asked (sky: its launch request's id), for
+        `Ledger.note_leg`; each fact given once. Asked by the thread that owns the ledger."""
+        return {}
+
 
 @dataclass(frozen=True)
 class LegResult:

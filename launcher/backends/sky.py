@@ -66,6 +66,13 @@ class _SkyHandle(LegHandle):
     """The pending `sky.launch` request, cancelled if the leg is killed before it returned."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while the launch request is sent: a kill waits for its id, or stops it being sent."""
+    request_noted: bool = False
+
+    def new_notes(self) -> dict[str, Any]:
+        if self.request is None or self.request_noted:
+            return {}
+        self.request_noted = True
+        return {"request_id": str(self.request)}
 
     def ledger_fields(self) -> dict[str, Any]:
         return {**super().ledger_fields(), "task_sha256": self.task.sha256 if self.task is not None else None,
@@ -90,6 +97,17 @@ def ordered_candidates(task: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
                           for k, v in candidate.items()) or "as the resources say"
         out.append((label, one))
     return out
+
+
+def dearest(priced: list[tuple[str, Pick | None]]) -> Pick | None:
+    """The dearest candidate's pick, carrying every candidate's price; None where one could not
+    be priced (the config's prices then, as for any task SkyPilot cannot price)."""
+    import dataclasses
+
+    if any(pick is None for _, pick in priced):
+        return None
+    top = max((pick for _, pick in priced if pick is not None), key=lambda p: p.hourly_usd)
+    return dataclasses.replace(top, candidates=tuple((label, p.hourly_usd) for label, p in priced if p is not None))
 
 
 class SkyBackend(Backend):
@@ -123,32 +141,39 @@ class SkyBackend(Backend):
     def quote(self, rung: str, gpus: Any) -> Pick | None:
         """SkyPilot's price for one leg of this rung (what the quota guard reserves at);
         None where its optimizer cannot run. A task with `resources.ordered` (the run: spot,
-        then on-demand when spot has no capacity) is priced candidate by candidate and quoted
-        at the dearest, each candidate's price kept on the pick: SkyPilot's optimizer prices
-        the first only, and a fallback billed at the spot price was 3.17x under-reserved
-        (2 x H100:8: $27.13/h spot, $86.13/h on-demand)."""
-        import dataclasses
+        then on-demand when spot has no capacity) is quoted at the dearest candidate
+        (`price_ordered`): SkyPilot's optimizer prices the first only, and a fallback billed at
+        the spot price was 3.17x under-reserved (2 x H100:8: $27.13/h spot, $86.13/h on-demand)."""
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="preflight-quote-") as tmp:
+            spec = LegSpec("quote", 0, rung, tuple(self.cfg.trainer.command), {}, gpus=gpus)
+            rendered = self.render_leg(spec, Path(tmp) / "quote.sky.yaml")
+            priced = self.price_ordered(rendered)
+            if priced is None:
+                return self.price(self.sky.Task.from_yaml(str(rendered.path)))[0]
+            return dearest(priced)
+
+    def price_ordered(self, rendered: RenderedTask) -> list[tuple[str, Pick | None]] | None:
+        """Each candidate of a rendered task's `resources.ordered`, priced by SkyPilot's optimizer
+        as a task of its own, in SkyPilot's order, named ("spot", "on-demand"); None for a task
+        without the list; a candidate it cannot price is None."""
         import tempfile
         from pathlib import Path
 
         import yaml
 
-        with tempfile.TemporaryDirectory(prefix="preflight-quote-") as tmp:
-            spec = LegSpec("quote", 0, rung, tuple(self.cfg.trainer.command), {}, gpus=gpus)
-            rendered = self.render_leg(spec, Path(tmp) / "quote.sky.yaml")
-            candidates = ordered_candidates(yaml.safe_load(rendered.yaml_text))
-            if len(candidates) < 2:
-                return self.price(self.sky.Task.from_yaml(str(rendered.path)))[0]
-            priced = []
+        candidates = ordered_candidates(yaml.safe_load(rendered.yaml_text))
+        if len(candidates) < 2:
+            return None
+        priced: list[tuple[str, Pick | None]] = []
+        with tempfile.TemporaryDirectory(prefix="preflight-ordered-") as tmp:
             for i, (label, task) in enumerate(candidates):
-                path = Path(tmp) / f"quote-{i}.sky.yaml"
+                path = Path(tmp) / f"candidate-{i}.sky.yaml"
                 path.write_text(yaml.safe_dump(task, sort_keys=False))
-                pick = self.price(self.sky.Task.from_yaml(str(path)))[0]
-                if pick is None:
-                    return None  # one candidate SkyPilot cannot price: the config's prices, as for any task
-                priced.append((label, pick))
-            dearest = max((pick for _, pick in priced), key=lambda p: p.hourly_usd)
-            return dataclasses.replace(dearest, candidates=tuple((label, p.hourly_usd) for label, p in priced))
+                priced.append((label, self.price(self.sky.Task.from_yaml(str(path)))[0]))
+        return priced
 
     def dry_launch(self, spec: LegSpec, out: Any) -> tuple[RenderedTask, Pick | None, str]:
         """What `launch` would send, sent as SkyPilot's own dry run (`sky.launch(...,
@@ -299,57 +324,3 @@ class SkyBackend(Backend):
         why = cancel(sky_module(), job, graceful=sig == signal.SIGTERM) if job is not None else "not a managed job"
         if why is not None:
             raise BadInput(f"sky.jobs.cancel of {leg['instance']}: {why}")
-
-
-
-@dataclass(frozen=True)
-class Reaped:
-    cluster: str
-    was_up: bool
-    ended_at: float | None
-    """When it stopped billing: now for one taken down here, SkyPilot's record for one already gone."""
-    detail: str
-
-
-def reap(cluster: str) -> Reaped:
-    """A leg whose launcher died: is its cluster still there? If so cancel its job and
-    down it now. Either way, when did it stop billing (SkyPilot's cost report)."""
-    sky = sky_module()
-    try:
-        up = cluster_up(sky, cluster)
-    except Exception as err:  # noqa: BLE001 - unknown: say so, never assume it gone
-        return Reaped(cluster, False, None, f"could not ask SkyPilot about {cluster}: {one_line(err)}; "
-                      f"check `sky status` and `sky down {cluster}`")
-    if not up:
-        report = cost_row(sky, cluster)
-        ended = None if report is None else report[0] + report[1]
-        return Reaped(cluster, False, ended, f"cluster {cluster} is already gone")
-    try:
-        sky.stream_and_get(sky.cancel(cluster, all=True))
-    except Exception:  # noqa: BLE001 - down takes the job with it
-        pass
-    ok, note = down(sky, cluster, None)
-    if ok is False:
-        return Reaped(cluster, True, None, note)
-    return Reaped(cluster, True, time.time(), f"cluster {cluster} was still up: taken down")
-
-
-
-def reap_job(job_id: int) -> Reaped:
-    """A managed job whose launcher died: still running, it is cancelled now (its leg billed
-    to now); already ended, to when SkyPilot says it ended. Never assumed either way."""
-    sky = sky_module()
-    name = f"managed job {job_id}"
-    try:
-        rec = record(sky, job_id)
-    except Exception as err:  # noqa: BLE001 - unknown: say so
-        return Reaped(name, False, None, f"could not ask SkyPilot about {name}: {one_line(err)}; check "
-                      f"`sky jobs queue` and `sky jobs cancel {job_id}`")
-    if rec is None:
-        return Reaped(name, False, None, f"SkyPilot has no {name}; check `sky jobs queue`")
-    if rec["status"] in TERMINAL_JOB_STATUSES:
-        return Reaped(name, False, rec.get("end_at"), f"{name} had already ended ({rec['status']})")
-    why = cancel(sky, job_id, graceful=False)
-    if why is not None:
-        return Reaped(name, True, None, f"{name} is {rec['status']} and could not be cancelled: {why}")
-    return Reaped(name, True, time.time(), f"{name} was still {rec['status']}: cancelled")

@@ -273,9 +273,13 @@ def job_id_of(instance: str | None) -> int | None:
 
 
 def record(sky: Any, job_id: int) -> dict[str, Any] | None:
-    """SkyPilot's record of the job (`jobs.queue_v2` with the fields the launcher reads)."""
-    records, _total, _counts, _all = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=[job_id],
-                                                               fields=RECORD_FIELDS))
+    """SkyPilot's record of the job (`jobs.queue_v2` with the fields the launcher reads). A jobs
+    controller that autostopped (10 minutes after its last job) answers ClusterNotUpError unless
+    asked to refresh, which starts it again: a dead launcher's job is still billed from its record."""
+    try:
+        records = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=[job_id], fields=RECORD_FIELDS))[0]
+    except sky.exceptions.ClusterNotUpError:
+        records = sky.get(sky.jobs.queue_v2(refresh=True, job_ids=[job_id], fields=RECORD_FIELDS))[0]
     for rec in records:
         if int(rec["job_id"]) == job_id:
             status = rec["status"]
@@ -291,3 +295,87 @@ def cancel(sky: Any, job_id: int, graceful: bool) -> str | None:
     except Exception as err:  # noqa: BLE001 - said, never raised over the error that led here
         return one_line(err)
     return None
+
+
+# --- requests in flight -------------------------------------------------------------
+
+REQUEST_DONE = ("SUCCEEDED", "FAILED", "CANCELLED")
+"""SkyPilot's finished request statuses (RequestStatus.finished_status); PENDING, WAITING and
+RUNNING requests are still working for a client, whether or not it is alive."""
+PENDING_JOB_PREFIX = "sky-job-submitting:"
+"""A managed-job leg's instance while its `jobs.launch` request has not answered: the job's name."""
+CANCEL_CONFIRM_S = 60.0
+
+
+def request_state(sky: Any, request_id: str) -> tuple[str | None, Any]:
+    """(status, the request's payload) as SkyPilot's API server has it; (None, None): it has none."""
+    for payload in sky.api_status([request_id]) or []:
+        if str(payload.request_id).startswith(request_id):
+            status = payload.status
+            return str(getattr(status, "value", status)), payload
+    return None, None
+
+
+def live_requests(sky: Any, name: str, *, cluster: str | None = None, needle: str | None = None) -> list[Any]:
+    """The requests of this kind (`sky.launch`, `sky.jobs.launch`) still working: of one cluster,
+    or whose body names `needle` (a managed job's name)."""
+    found = []
+    for payload in sky.api_status(cluster_name=cluster) if cluster else sky.api_status():
+        status = str(getattr(payload.status, "value", payload.status))
+        if payload.name != name or status in REQUEST_DONE:
+            continue
+        if cluster is not None and payload.cluster_name != cluster:
+            continue
+        if needle is not None and needle not in (payload.request_body or ""):
+            continue
+        found.append(payload)
+    return found
+
+
+CANCEL_SETTLE_S = 3.0
+"""How long an ended request must stay ended before it counts as ended (see `end_requests`)."""
+
+
+def end_requests(sky: Any, request_ids: list[str], wait_s: float = CANCEL_CONFIRM_S) -> tuple[dict[str, str], str]:
+    """`api_cancel` the requests still working, then wait until SkyPilot says each has finished and
+    it stays so for CANCEL_SETTLE_S: ({id: its final status}, '') or (what is known, why not all
+    are confirmed).
+
+    Why the settle: in SkyPilot 0.14.1 a `--retry-until-up` launch between attempts has no process
+    (WAITING, pid cleared) and its executor's monitor thread sets WAITING after each failed attempt;
+    a cancel landing just before that write is overwritten and the request is rescheduled (seen: 1
+    in 6 kill -9 runs read WAITING after CANCELLED). A request cancelled while it runs is SIGTERMed
+    and its own handler may record FAILED over CANCELLED: it ended either way. A request that
+    comes back to life is cancelled again."""
+    ids = list(dict.fromkeys(request_ids))
+    if not ids:
+        return {}, ""
+    final: dict[str, str] = {}
+    errors: list[str] = []
+    deadline = time.time() + wait_s
+    stable_since: float | None = None
+    while True:
+        live = []
+        for rid in ids:
+            status, _ = request_state(sky, rid)
+            if status is None or status in REQUEST_DONE:
+                final[rid] = status or "UNKNOWN"
+            else:
+                final.pop(rid, None)
+                live.append(rid)
+        if live:
+            stable_since = None
+            try:
+                sky.get(sky.api_cancel(live, silent=True))
+            except Exception as err:  # noqa: BLE001 - said if it never ends; the status decides
+                errors.append(one_line(err))
+        elif stable_since is None:
+            stable_since = time.time()
+        elif time.time() - stable_since >= CANCEL_SETTLE_S:
+            return final, ""
+        if time.time() > deadline:
+            if not live:
+                return final, ""
+            return final, (f"request(s) {', '.join(live)} still working after api_cancel"
+                           f"{': ' + errors[-1] if errors else ''}; check `sky api status`")
+        time.sleep(0.5)

@@ -23,19 +23,23 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import SkyBackend
-from launcher.backends.skyapi import JOB_PREFIX, Capture, Pick, classify, one_line
+from launcher.backends.sky import SkyBackend, dearest
+from launcher.backends.skyapi import JOB_PREFIX, PENDING_JOB_PREFIX, Capture, Pick, classify, end_requests, one_line
 from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
 
 
 class LegSplitter:
     """`tail_logs`' output stream: each whole line goes to the current leg's log and the live
     view; a rank-0 `session` event, once the current leg already printed one, is the next
-    attempt: `on_new_leg(leg)` runs first (it closes the leg and opens the next)."""
+    attempt: `on_new_leg(leg)` runs first (it closes the leg and opens the next), then
+    `on_session(leg)`."""
 
     def __init__(self, leg: int, log_for: Callable[[int], Path], on_line: Callable[[int, str], None],
-                 on_new_leg: Callable[[int], None]) -> None:
+                 on_new_leg: Callable[[int], None], on_session: Callable[[int], None] | None = None) -> None:
         self.leg, self.log_for, self.on_line, self.on_new_leg = leg, log_for, on_line, on_new_leg
+        self.on_session = on_session
+        """Called with the leg once each attempt's first rank-0 `session` event is seen: the
+        attempt is running, and SkyPilot's record names the resources it runs on."""
         self._buf = ""
         self._seen_session = False
         self._log: IO[str] = self._open(leg)
@@ -63,6 +67,8 @@ class LegSplitter:
                 self.leg += 1
                 self._log = self._open(self.leg)
             self._seen_session = True
+            if self.on_session is not None:
+                self.on_session(self.leg)
         self._log.write(line)
         self._log.flush()
         self.on_line(self.leg, line)
@@ -92,10 +98,22 @@ class ManagedJob:
     job_id: int | None = None
     request: Any = None
     notes: list[str] = field(default_factory=list)
+    prices: tuple[tuple[str, Pick | None], ...] = ()
+    """Each candidate of the task's `resources.ordered`, SkyPilot's price for it ("spot", "on-demand"):
+    an attempt is billed at the candidate it ran on (`price_of`); `pick` is the dearest."""
 
     @property
     def instance(self) -> str:
-        return f"{JOB_PREFIX}{self.job_id}" if self.job_id is not None else f"{JOB_PREFIX}pending"
+        """The ledger's name for the job's legs: `sky-job-<id>`, or its name until SkyPilot gave an id."""
+        return f"{JOB_PREFIX}{self.job_id}" if self.job_id is not None else f"{PENDING_JOB_PREFIX}{self.name}"
+
+    def price_of(self, use_spot: bool) -> Pick | None:
+        """The price of the candidate an attempt ran on (spot or not); the job's pick where the task
+        has one candidate, or none of its candidates matches."""
+        for _label, pick in self.prices:
+            if pick is not None and pick.use_spot == use_spot:
+                return pick
+        return self.pick
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -103,7 +121,9 @@ class ManagedJob:
 
     @property
     def name(self) -> str:
-        return re.sub(r"[^a-z0-9-]", "-", self.spec.run_id.lower())[-40:].strip("-") or "preflight-run"
+        """Unique per job (a run's later jobs resume it): what the next command finds it by."""
+        tail = re.sub(r"[^a-z0-9-]", "-", self.spec.run_id.lower())[-36:].strip("-") or "preflight-run"
+        return f"{tail}-j{self.spec.leg}"
 
 
 def prepare(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
@@ -113,21 +133,41 @@ def prepare(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, 
                           leg_env=dict(spec.env), out=out, job_deadline=job_deadline, leg_budget_s=leg_budget_s,
                           max_restarts=max_restarts)
     task = task_for_launch(backend.sky, rendered.path, dict(spec.secrets))
-    pick, source = backend.price(task)
+    priced = backend.price_ordered(rendered)
+    top = dearest(priced) if priced else None
+    pick, source = (top, "skypilot optimizer") if top is not None else backend.price(task)
     return ManagedJob(backend, spec, rendered, pick, source if pick else "config prices",
-                      price_note="" if pick else source), task
+                      price_note="" if pick else source, prices=tuple(priced or ())), task
 
 
-def submit(job: ManagedJob, task: Any) -> int:
-    """`sky.jobs.launch`: 0.14.1 answers a list of job ids (and the controller's handle)."""
+def submit(job: ManagedJob, task: Any, on_request: Callable[[str], None]) -> int:
+    """`sky.jobs.launch`: 0.14.1 answers a list of job ids (and the controller's handle), after
+    bringing the jobs controller up where it is not (minutes). `on_request` gets the request's id
+    as soon as SkyPilot's API server gave it, before the wait (the ledger keeps it)."""
     sky = job.backend.sky
     job.submitted_at = time.time()
     job.request = sky.jobs.launch(task, name=job.name)
+    on_request(str(job.request))
     ids, _controller = sky.stream_and_get(job.request, output_stream=Capture())
     if not ids:
         raise RuntimeError("sky.jobs.launch returned no job id")
     job.job_id = int(ids[0])
     return job.job_id
+
+
+def abandon(job: ManagedJob) -> bool:
+    """An interrupted submit: its request cancelled (SkyPilot would otherwise bring up the controller
+    and submit the job without us), then any job of its name cancelled. Whether SkyPilot confirms
+    the request ended without a job: nothing was provisioned for it."""
+    if job.request is None:
+        return True  # interrupted before the request was sent
+    sky = job.backend.sky
+    final, why = end_requests(sky, [str(job.request)])
+    try:
+        sky.get(sky.jobs.cancel(name=job.name))
+    except Exception as err:  # noqa: BLE001 - a job created after all is then the next command's to reap
+        job.notes.append(f"sky.jobs.cancel(name={job.name}): {one_line(err)}")
+    return not why and bool(final) and all(s in ("CANCELLED", "FAILED") for s in final.values())
 
 
 def follow(job: ManagedJob, stream: LegSplitter) -> int | None:

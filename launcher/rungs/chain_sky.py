@@ -27,11 +27,13 @@ MAX_JOB_S = 7 * 24 * 3600.0
 
 
 class _Legs:
-    """The ledger rows and outcomes of the job's attempts, as the stream shows them."""
+    """The ledger rows and outcomes of the job's attempts, as the stream shows them; each attempt
+    priced at the resources SkyPilot's record says it runs on (spot, or the on-demand fallback)."""
 
     def __init__(self, ctx: RunContext, job: Any, outs: list[LegOutcome]) -> None:
         self.ctx, self.job, self.outs = ctx, job, outs
         self.open: dict[int, float] = {}
+        self.picks: dict[int, Any] = {}
 
     def log(self, leg: int) -> Any:
         return self.ctx.run_dir / f"leg-{leg}.log"
@@ -46,17 +48,37 @@ class _Legs:
                               "cost_source": job.cost_source})
         self.open[leg] = started_at
 
-    def end(self, leg: int, ended_at: float, reason: str, killed: bool) -> LegOutcome:
+    def priced(self, leg: int) -> None:
+        """The attempt is running: SkyPilot's record says on what (spot or not); its price is that
+        candidate's (until then, and where the record says nothing, the dearest candidate's)."""
+        job = self.job
+        if len(job.prices) < 2 or leg not in self.open:
+            return
+        rec = record(self.ctx.backend.sky, job.job_id) or {}
+        shown = str(rec.get("cluster_resources") or "")
+        if not shown or shown == "-":
+            return
+        pick = job.price_of("[Spot]" in shown)
+        if pick is not None:
+            self.picks[leg] = pick
+            self.ctx.ledger.note_leg(self.ctx.run_id, leg, hourly_usd=pick.instance_hourly_usd)
+            self.ctx.show(leg, f"launcher: attempt runs on {shown} ({rec.get('cloud')} {rec.get('region')}): "
+                               f"billed at ${pick.hourly_usd:.2f}/h\n")
+
+    def end(self, leg: int, ended_at: float, reason: str, killed: bool, nothing: bool = False) -> LegOutcome:
+        """Close the leg, billed from its start to `ended_at` (nothing: SkyPilot confirmed its submit
+        ended without a job)."""
         from launcher.evidence import exit_code_from_events
 
         started = self.open.pop(leg)
         events = LegEvents.read(leg, self.log(leg))
         code = exit_code_from_events(events)
-        seconds = billed_seconds(max(0.0, ended_at - started), self.ctx.backend.billing_granularity_s)
-        job = self.job
+        seconds = 0.0 if nothing else billed_seconds(max(0.0, ended_at - started),
+                                                     self.ctx.backend.billing_granularity_s)
+        pick = self.picks.get(leg, self.job.pick)
         result = LegResult(code, started, ended_at, killed, reason, billed_seconds=seconds * self.ctx.nodes,
-                           instance_hourly_usd=job.pick.instance_hourly_usd if job.pick else None,
-                           cost_source=job.cost_source)
+                           instance_hourly_usd=pick.instance_hourly_usd if pick else None,
+                           cost_source=self.job.cost_source)
         hours, cost, source = self.ctx.billed(result)
         self.ctx.ledger.end_leg(self.ctx.run_id, leg, ended_at=ended_at, exit_code=code, killed=killed,
                                 end_reason=reason, billed_gpu_hours=hours, cost_usd=cost, cost_source=source)
@@ -131,8 +153,9 @@ def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs,
     is cancelled, so it does not go on billing without the launcher, and its legs closed."""
     first = leg
     try:
-        skyjob.submit(job, task)
-        legs.begin(leg, job.submitted_at)
+        legs.begin(leg, time.time())  # named before the request is sent: the next command finds it by name
+        skyjob.submit(job, task, lambda rid: ctx.ledger.note_leg(ctx.run_id, leg, request_id=rid))
+        ctx.ledger.note_leg(ctx.run_id, leg, instance=job.instance)
         ctx.show(leg, f"launcher: managed job {job.job_id} submitted: {job.pick.describe() if job.pick else ''}\n")
 
         def on_new_leg(new: int) -> None:
@@ -145,17 +168,21 @@ def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs,
                 stopping.append(stop)
                 cancel(ctx.backend.sky, job.job_id, graceful=False)
 
-        splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg)
+        splitter = skyjob.LegSplitter(leg, legs.log, ctx.show, on_new_leg, legs.priced)
         try:
             code = skyjob.follow(job, splitter)
         finally:
             splitter.close()
         return splitter.leg, code
     except BaseException:
+        nothing = False
         if job.job_id is not None:  # interrupted or failed: the job must not go on billing without us
             cancel(ctx.backend.sky, job.job_id, graceful=False)
+        else:  # the submit itself: its request cancelled, and a job it made after all
+            nothing = skyjob.abandon(job)
         for open_leg in list(legs.open):
-            legs.end(open_leg, time.time(), "launcher interrupted: job cancelled", killed=True)
+            legs.end(open_leg, time.time(), "launcher interrupted: job cancelled" if job.job_id is not None
+                     else "launcher interrupted during the submit: request cancelled", killed=True, nothing=nothing)
         raise
 
 
