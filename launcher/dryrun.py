@@ -9,6 +9,7 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from launcher.plan import PLACEHOLDER_RUN, Plan
 
@@ -125,7 +126,19 @@ def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
         hours = rung.legs * cfg.rung(rung.name).budget_minutes / 60.0
         out.append(f"skypilot: picks {pick.describe()} (SkyPilot's optimizer, host VM included); "
                    f"{rung.legs} legs x {hours / rung.legs:g} h budget = ${pick.hourly_usd * hours:.2f} at most")
+    if rung.name == "run":
+        out.append(_controller_line(backend, pick))
     if not env["LAUNCHER_STORE"].startswith("hf://"):
         out.append(f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
                    "(set store: hf://owner/repo)")
     return out
+
+
+def _controller_line(backend: Any, pick: Any) -> str:
+    """The jobs controller: SkyPilot runs managed jobs from a VM of its own, billed to the user by
+    the cloud, which the quota does not count (it serves every managed job of the user's)."""
+    controller = backend.controller_quote(pick.cloud if pick is not None else None)
+    what = controller.describe() if controller is not None else "its price unknown here"
+    return (f"jobs controller: SkyPilot follows the managed job from a VM of its own (cpus 4+, memory 4x, disk 50 GB: "
+            f"{what}), up while any managed job of yours runs and 10 idle minutes after; your cloud bills it, "
+            "this quota does not count it (one controller serves all your managed jobs)")

@@ -79,9 +79,9 @@ arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1
 - `jobs.cancel` (exactly one of job_ids / name / all(_users), SkyPilot's ValueError otherwise;
   a terminal job is skipped, a PENDING one cancelled at once) writes a signal file that the
   controller polls every JOBS_CANCEL_POLL_S (0.5 s; real: 15 s): CANCELLING, then the attempt is
-  SIGKILLed with its cluster (no signal first), CANCELLED. graceful=True: SIGTERM to the job's
-  process group first, then up to graceful_timeout (None: GRACEFUL_CANCEL_TIMEOUT_S) for the
-  session to exit, then the kill.
+  SIGKILLed with its cluster (no signal first), CANCELLED. graceful=True: SIGTERM to every process of
+  the job's session at once (the run's tree, as SkyPilot signals it), then up to graceful_timeout
+  (None: GRACEFUL_CANCEL_TIMEOUT_S, 30 s as SkyPilot) for the session to exit, then the kill.
 - `jobs.queue_v2` yields `(records, total, status_counts, total_no_filter)`: SkyPilot's own
   ManagedJobRecord through its own encoder/JSON/decoder, status the real ManagedJobStatus,
   newest first. `fields` as the real server honours it: unrequested fields are None (job_id,
@@ -234,6 +234,20 @@ def _kill_session(sid: int, start: str | None) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(POLL_S)
+
+
+def _term_session(sid: int) -> int:
+    """SIGTERM every live process of session `sid` at once (the run's whole tree, as SkyPilot's
+    graceful cancel signals it, not the group leader alone); how many were signalled."""
+    members = []
+    for entry in os.listdir("/proc"):
+        stat = _proc_stat(int(entry)) if entry.isdigit() else None
+        if stat and stat[3] == str(sid) and stat[0] != "Z":
+            members.append(int(entry))
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    return len(members)
 
 
 @contextlib.contextmanager
@@ -651,9 +665,10 @@ class StrictSky:
 # How often a job's controller looks for a cancel signal. SkyPilot's controller polls every 15 s;
 # the stand-in polls faster so that tests stay short (the order of events is the same).
 JOBS_CANCEL_POLL_S = 0.5
-# graceful cancel with graceful_timeout=None: how long the SIGTERMed job may take to exit before it is
-# killed with its cluster. SkyPilot gives no fixed grace (it flushes MOUNT_CACHED uploads, then tears down).
-GRACEFUL_CANCEL_TIMEOUT_S = 10.0
+# graceful cancel with graceful_timeout=None: SkyPilot 0.14.1 SIGTERMs every process of the run's
+# tree, then SIGKILLs what is left 30 s later; so does the stand-in (it gave 10 s to the job's
+# process group alone before issue 29, so a final push saw neither the same signal nor the same time).
+GRACEFUL_CANCEL_TIMEOUT_S = 30.0
 
 
 class _StrictJobs:
@@ -1899,12 +1914,11 @@ class _Controller:
 
     def cancel(self, proc: subprocess.Popen[bytes], attempt: dict[str, Any], signal_: dict[str, Any]) -> None:
         """Non-graceful: the cluster is torn down with the job on it (no signal first). Graceful: SIGTERM
-        to the job's process group first, then up to graceful_timeout for it to exit."""
+        to every process of the job's session, then up to graceful_timeout (30 s) for it to exit."""
         self.update(status="CANCELLING")
         self.say(f"cancelling job {self.job_id} (graceful={signal_.get('graceful')})")
         if signal_.get("graceful") and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            _term_session(proc.pid)
             timeout = signal_.get("graceful_timeout")
             deadline = time.monotonic() + (GRACEFUL_CANCEL_TIMEOUT_S if timeout is None else float(timeout))
             while _session_alive(proc.pid) and time.monotonic() < deadline:

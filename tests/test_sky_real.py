@@ -125,3 +125,15 @@ def test_the_runs_quote_reserves_the_dearest_of_its_ordered_candidates(project: 
     assert probe is not None and probe.candidates == () and probe.hourly_usd == pytest.approx(on_demand)
     res = run_cli(["up", "run", "--gpus", "H100:8", "--nodes", "2", "--backend", "sky", "--dry-run"], cwd=project)
     assert f"price: SkyPilot tries spot ${spot:.2f}/h, on-demand ${on_demand:.2f}/h" in res.out, res.out
+
+
+def test_the_runs_dry_run_names_both_prices_and_the_jobs_controller(sky_project) -> None:  # noqa: ANN001
+    """The managed job's dry run: SkyPilot's price for each `ordered` candidate, the dearest
+    reserved; and the jobs controller VM the user pays for outside the quota, priced by SkyPilot."""
+    res = run_cli(["up", "run", "--gpus", "T4:2", "--backend", "sky", "--dry-run", "--skip-preflight", "test"],
+                  cwd=sky_project.root)
+    assert res.code == 0, res.out + res.err
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("price: SkyPilot tries"))
+    assert "spot $" in line and "on-demand $" in line and "reserves the dearest" in line, line
+    controller = next(ln for ln in res.out.splitlines() if ln.startswith("jobs controller:"))
+    assert "on GCP" in controller and "/h" in controller and "quota does not count it" in controller, controller

@@ -503,3 +503,19 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
         code, out = follow_job(fake, job_id)
         assert code == JOB_CANCELLED and "RAN" not in out
     assert follow_job(fake, orphan)[0] == JOB_FAILED
+
+
+def test_an_autostopped_jobs_controller_answers_only_a_refresh(fake: StrictSky) -> None:
+    """SkyPilot's jobs controller autostops 10 idle minutes after its last job; `jobs.queue_v2`
+    without a refresh then raises ClusterNotUpError. The launcher's `record` asks again with
+    refresh=True, so a dead launcher's ended job is still billed from SkyPilot's record."""
+    from launcher.backends.skyapi import record
+    from tests.sky_standin import stop_controller
+
+    job_id = launch_job(fake, task(run="echo done"), name="quick")
+    assert follow_job(fake, job_id)[0] == JOB_SUCCEEDED
+    stop_controller(fake.state_dir)
+    with pytest.raises(fake.exceptions.ClusterNotUpError):
+        fake.get(fake.jobs.queue_v2(refresh=False, job_ids=[job_id]))
+    rec = record(fake, job_id)
+    assert rec is not None and rec["status"] == "SUCCEEDED" and rec["end_at"]

@@ -155,6 +155,27 @@ class SkyBackend(Backend):
                 return self.price(self.sky.Task.from_yaml(str(rendered.path)))[0]
             return dearest(priced)
 
+    def controller_quote(self, cloud: str | None) -> Pick | None:
+        """SkyPilot's price for its jobs controller VM (the resources SkyPilot 0.14.1 gives it by
+        default: `sky.jobs.constants.CONTROLLER_RESOURCES`, cpus 4+, memory 4x, disk 50 GB) on the
+        run's cloud; None where its optimizer cannot price it."""
+        import importlib
+        import tempfile
+        from pathlib import Path
+
+        import yaml
+
+        try:
+            resources = dict(importlib.import_module("sky.jobs.constants").CONTROLLER_RESOURCES)
+        except (ImportError, AttributeError):
+            return None
+        if cloud:
+            resources["infra"] = cloud.lower()
+        with tempfile.TemporaryDirectory(prefix="preflight-controller-") as tmp:
+            path = Path(tmp) / "controller.sky.yaml"
+            path.write_text(yaml.safe_dump({"name": "jobs-controller", "resources": resources, "run": "true"}))
+            return self.price(self.sky.Task.from_yaml(str(path)))[0]
+
     def price_ordered(self, rendered: RenderedTask) -> list[tuple[str, Pick | None]] | None:
         """Each candidate of a rendered task's `resources.ordered`, priced by SkyPilot's optimizer
         as a task of its own, in SkyPilot's order, named ("spot", "on-demand"); None for a task
