@@ -111,8 +111,14 @@ arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1
   `cost_report()` (their attempts' times are in the job's record); `jobs.wait` and
   `download_logs` are absent.
 
+Several nodes (a plain `launch`): each node is a process group of its own (its own session, its own
+`nodes/<i>/` disk; the head is the cluster dir) started together with SkyPilot's node variables
+(SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS: every node is 127.0.0.1), all writing
+the one job log, a worker's lines prefixed `(worker<i>, rank=<i>, pid=…, ip=…)`; the job ends when
+every node has, FAILED if any failed; `down` / `cancel` kill every node's session.
+
 What it cannot emulate, and so refuses (NotImplementedError) rather than fake:
-more than one node, several candidate resources (for a plain `launch`), `workdir` / `file_mounts` /
+a managed job of more than one node, several candidate resources (for a plain `launch`), `workdir` / `file_mounts` /
 storage or volume mounts, `resize`, SkyPilot's internal `_...` launch arguments,
 streaming a server-side `log_path`, `tail_logs(preload_content=False)`.
 What it does not do (stricter than SkyPilot, or simply absent): it never reuses
@@ -294,22 +300,27 @@ class _State:
         return sorted(p.name for p in self.clusters.iterdir() if p.is_dir() and _safe_name(p.name))
 
 
+def _node_dir(cdir: Path, rank: int) -> Path:
+    """Where node `rank` of a cluster keeps its disk and its job's files (the head: the cluster dir)."""
+    return cdir if rank == 0 else cdir / "nodes" / str(rank)
+
+
 def _job_status(cdir: Path) -> tuple[bool, int]:
-    """(ended, JobExitCode) of a cluster's job, from its files and its processes."""
+    """(ended, JobExitCode) of a cluster's job, from every node's files and processes: running
+    while any node runs; FAILED if any node's setup or run failed or died without a word."""
     if (cdir / "job.cancelled").exists():
         return True, JOB_CANCELLED
-    done = _read_json(cdir / "job.exit")
-    if done is not None:
-        return True, JOB_FAILED if done["setup_failed"] or done["exit"] != 0 else JOB_SUCCEEDED
     job = _read_json(cdir / "job.json")
     if job is None:
         return False, JOB_NOT_FINISHED
-    if _alive(job["pgid"], job["start"]):
-        return False, JOB_NOT_FINISHED
-    done = _read_json(cdir / "job.exit")  # it may have just finished
-    if done is not None:
-        return True, JOB_FAILED if done["setup_failed"] or done["exit"] != 0 else JOB_SUCCEEDED
-    return True, JOB_FAILED  # killed without a word: SkyPilot's FAILED_DRIVER
+    failed = False
+    for rank, node in enumerate(job.get("nodes") or [job]):
+        done = _read_json(_node_dir(cdir, rank) / "job.exit")
+        if done is None and _alive(node["pgid"], node["start"]):
+            return False, JOB_NOT_FINISHED
+        done = done or _read_json(_node_dir(cdir, rank) / "job.exit")  # it may have just finished
+        failed = failed or done is None or done["setup_failed"] or done["exit"] != 0  # None: FAILED_DRIVER
+    return True, JOB_FAILED if failed else JOB_SUCCEEDED
 
 
 # ---------------------------------------------------------------- the client
@@ -908,20 +919,28 @@ def _job_script(cdir: Path, has_setup: bool) -> str:
 
 
 def _spawn_job(task: Any, cdir: Path, accelerators: dict[str, Any] | None, cluster_env: dict[str, str], *,
-               has_setup: bool, log_path: Path, append: bool = False,
-               extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a cluster's job (setup, then run) in `cdir`: bash in a session of its own, with the
-    environment a fresh cloud machine gives it (see the module docstring), output to `log_path`."""
+               has_setup: bool, log_path: Path, append: bool = False, extra_env: dict[str, str] | None = None,
+               node: tuple[int, int] = (0, 1)) -> subprocess.Popen[bytes]:
+    """Start a node's job (setup, then run) in `cdir`: bash in a session of its own, with the
+    environment a fresh cloud machine gives it (see the module docstring), output to `log_path`.
+    `node`: (rank, nodes); every node of a cluster is this host (127.0.0.1), and a worker's lines
+    carry SkyPilot's `(worker<i>, rank=<i>, pid=…, ip=…)` prefix, as `sky logs` shows them."""
+    rank, nodes = node
     if has_setup:
         (cdir / "setup.sh").write_text(str(task.setup))
     (cdir / "run.sh").write_text(str(task.run or ""))
-    (cdir / "job.sh").write_text(_job_script(cdir, has_setup))
+    script = _job_script(cdir, has_setup)
+    if rank:
+        script = (f"exec > >(exec sed -u \"s/^/(worker{rank}, rank={rank}, pid=$$, ip=127.0.0.1) /\") 2>&1\n"
+                  + script)
+    (cdir / "job.sh").write_text(script)
     env = {k: os.environ[k] for k in MACHINE_ENV if k in os.environ}
     env.update(cluster_env)
     env.update({k: str(v) for k, v in (task.envs or {}).items()})
     env.update({k: v.get_secret_value() for k, v in (task.secrets or {}).items()})
-    env.update({"HOME": str(cdir / "home"), "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
-                "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
+    env.update({"HOME": str(cdir / "home"), "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NODE_RANK": str(rank),
+                "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * nodes),
+                "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
                 "LAUNCHER_APP_DIR": str(cdir / "app")})
     env.update(extra_env or {})
     env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
@@ -976,8 +995,6 @@ class _Worker:
         [task] = dag.tasks
         execution._resolve_managed_secrets(dag)  # noqa: SLF001 - SkyPilot's own refusal of valueless secrets
         common_utils.check_cluster_name_is_valid(name)
-        if task.num_nodes > 1:
-            raise NotImplementedError(f"stand-in: num_nodes={task.num_nodes}: more than one node is not emulated")
         if len(task.resources) != 1:
             raise NotImplementedError("stand-in: choosing among several candidate resources is not emulated")
         [res] = list(task.resources)
@@ -1051,9 +1068,20 @@ class _Worker:
 
     def _start_job(self, task: Any, cdir: Path, accelerators: dict[str, Any] | None,
                    cluster_env: dict[str, str]) -> None:
+        """The job on every node at once: node 0 (the head) in the cluster dir, node i in nodes/<i>/
+        (a disk of its own), each with SkyPilot's node variables, all into the one job log."""
         has_setup = bool(task.setup) and not self.req["args"]["no_setup"]
-        proc = _spawn_job(task, cdir, accelerators, cluster_env, has_setup=has_setup, log_path=cdir / "job.log")
-        _write_json(cdir / "job.json", {"pgid": proc.pid, "start": _start_time(proc.pid), "started_at": time.time()})
+        started = []
+        for rank in range(task.num_nodes):
+            ndir = _node_dir(cdir, rank)
+            if rank:
+                ndir.mkdir(parents=True)
+                shutil.copytree(cdir / "app", ndir / "app", symlinks=True)
+                (ndir / "home").mkdir()
+            proc = _spawn_job(task, ndir, accelerators, cluster_env, has_setup=has_setup, log_path=cdir / "job.log",
+                              append=True, node=(rank, task.num_nodes))  # O_APPEND: no node writes over another
+            started.append({"pgid": proc.pid, "start": _start_time(proc.pid)})
+        _write_json(cdir / "job.json", {**started[0], "nodes": started, "started_at": time.time()})
 
     # -- the other requests
 
@@ -1070,7 +1098,8 @@ class _Worker:
             self.say(f"terminating {name} ...")
             job = _read_json(cdir / "job.json")
             if job is not None:
-                _kill_session(job["pgid"], job["start"])
+                for node in job.get("nodes") or [job]:
+                    _kill_session(node["pgid"], node["start"])
             meta = _read_json(cdir / "meta.json") or {"launched_at": int(cdir.stat().st_mtime), "num_nodes": 1,
                                                       "accelerators": None}
             _append_jsonl(self.state.history, {
@@ -1097,7 +1126,8 @@ class _Worker:
             self.say(f"job {JOB_ID} on {name} already ended")
             return
         job = _read_json(cdir / "job.json")
-        _kill_session(job["pgid"], job["start"])
+        for node in job.get("nodes") or [job]:
+            _kill_session(node["pgid"], node["start"])
         if not (cdir / "job.exit").exists():  # it had not finished before the kill
             _write_json(cdir / "job.cancelled", {"at": time.time()})
         self.say(f"cancelled job {JOB_ID} on {name}")

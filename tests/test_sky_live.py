@@ -249,3 +249,27 @@ def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, c
     # live worker, nothing can provision this cluster later.
     assert standin.wait_requests_ended("launch", handle.instance) in (0, 1)
     assert standin.get(standin.status(cluster_names=[handle.instance])) == []
+
+
+def test_a_leg_of_two_nodes_runs_the_run_script_on_each_node_and_bills_both(sky_project, cloud,  # noqa: ANN001
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """--nodes 2 on the stand-in: the rendered `run:` script on each node (SkyPilot's node
+    variables, torchrun's static rendezvous at the head's address), every rank's events in the
+    one job log (a worker's prefixed as SkyPilot prefixes them), each leg billed for both nodes."""
+    standin = strict(cloud)
+    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
+    outcome = up_module.up(sky_project, sky_project.root / "launcher.yaml", "smoke", "sky", "T4:1",
+                           lambda leg, line: None, nodes=2)
+    checks = {c.name: c for c in outcome.checks}
+    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
+        {n: c.detail for n, c in checks.items() if not c.ok}
+    run = ledger_run(sky_project)
+    assert run["nodes"] == 2
+    for leg in run["legs"]:
+        log = Path(leg["log_path"]).read_text(errors="replace")
+        sessions = [json.loads(line[line.index('{"event": '):]) for line in log.splitlines()
+                    if '{"event": "session"' in line]
+        assert sorted(e.get("node", 0) for e in sessions) == [0, 1], sessions  # one rank on each node
+        assert "(worker1, rank=1, pid=" in log
+        billed_s = math.ceil((leg["ended_at"] - leg["started_at"]) / 60) * 60
+        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600 * 2)  # two nodes x one GPU

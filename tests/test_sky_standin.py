@@ -199,8 +199,27 @@ def test_no_cloud_no_capacity_and_a_cancelled_request_provision_nothing(tmp_path
     with pytest.raises(sky.exceptions.RequestCancelled):
         fake.get(forever)
     assert not any((tmp_path / "state" / "clusters").iterdir())
-    with pytest.raises(NotImplementedError, match="num_nodes=2"):  # multi-node is not emulated: refused
-        fake.get(fake.launch(task(run="echo hi", num_nodes=2), cluster_name="c-d"))
+
+
+def test_a_cluster_of_two_nodes_runs_the_job_on_each_with_skypilots_node_variables(fake: StrictSky) -> None:
+    """Each node a disk and a session of its own, SkyPilot's node variables, one job log with the
+    worker's lines prefixed as `sky logs` shows them; the job fails if any node fails; down kills all."""
+    run = ('echo "node=$SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES ips=$(echo "$SKYPILOT_NODE_IPS" | wc -l) '
+           'home=$HOME"; touch "$HOME/mine"; ls "$HOME"; [ "$SKYPILOT_NODE_RANK" = 0 ] || exit 7')
+    job_id, _handle = fake.get(fake.launch(task(run=run, num_nodes=2), cluster_name="two-nodes"))
+    out = io.StringIO()
+    code = fake.tail_logs("two-nodes", job_id, follow=True, output_stream=out)
+    text = out.getvalue()
+    assert "node=0 of 2 ips=2" in text and "node=1 of 2 ips=2" in text, text
+    worker = next(line for line in text.splitlines() if "node=1" in line)
+    assert worker.startswith("(worker1, rank=1, pid=") and "ip=127.0.0.1) node=1" in worker
+    homes = {line.split("home=")[1] for line in text.splitlines() if "home=" in line}
+    assert len(homes) == 2  # a disk each
+    assert code == JOB_FAILED  # node 1 exited 7: the job failed
+    [status] = fake.get(fake.status(cluster_names=["two-nodes"]))
+    assert status.nodes == 2
+    fake.get(fake.down("two-nodes"))
+    assert fake.get(fake.status(cluster_names=["two-nodes"])) == []
 
 
 # ---------------------------------------------------------------- managed jobs (sky.jobs)
