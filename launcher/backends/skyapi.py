@@ -307,6 +307,12 @@ PENDING_JOB_PREFIX = "sky-job-submitting:"
 CANCEL_CONFIRM_S = 60.0
 
 
+def ended_unanswered(final: dict[str, str]) -> bool:
+    """Whether every request `end_requests` confirmed ended without an answer (CANCELLED or
+    FAILED): together with no record of what it would have made, nothing was provisioned."""
+    return bool(final) and all(status in ("CANCELLED", "FAILED") for status in final.values())
+
+
 def request_state(sky: Any, request_id: str) -> tuple[str | None, Any]:
     """(status, the request's payload) as SkyPilot's API server has it; (None, None): it has none."""
     for payload in sky.api_status([request_id]) or []:

@@ -24,7 +24,8 @@ from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend, dearest
-from launcher.backends.skyapi import JOB_PREFIX, PENDING_JOB_PREFIX, Capture, Pick, classify, end_requests, one_line
+from launcher.backends.skyapi import (JOB_PREFIX, PENDING_JOB_PREFIX, Capture, Pick, classify, end_requests,
+                                      ended_unanswered, one_line)
 from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
 
 
@@ -167,7 +168,7 @@ def abandon(job: ManagedJob) -> bool:
         sky.get(sky.jobs.cancel(name=job.name))
     except Exception as err:  # noqa: BLE001 - a job created after all is then the next command's to reap
         job.notes.append(f"sky.jobs.cancel(name={job.name}): {one_line(err)}")
-    return not why and bool(final) and all(s in ("CANCELLED", "FAILED") for s in final.values())
+    return not why and ended_unanswered(final)
 
 
 def follow(job: ManagedJob, stream: LegSplitter) -> int | None:

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.backends.skyapi import (RECORD_FIELDS, TERMINAL_JOB_STATUSES, cancel, cluster_up, cost_row, down,
-                                      end_requests, live_requests, one_line, record, request_state)
+                                      end_requests, ended_unanswered, live_requests, one_line, record,
+                                      request_state)
 from launcher.backends.skytask import sky_module
 
 JOB_END_WAIT_S = 90.0
 """How long a cancelled managed job may take to reach a terminal status (SkyPilot's controller
 polls its cancel signal every 15 s, then tears the job's cluster down)."""
-NOT_PROVISIONED = ("CANCELLED", "FAILED")
-"""A request that ended so, with no cluster or job record left by it, provisioned nothing."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ def reap(cluster: str, request_id: str | None = None) -> Reaped:
     ended_requests = f" (its launch request {_said(final)})" if final else ""
     if not up:
         report = cost_row(sky, cluster)
-        if report is None and final and all(s in NOT_PROVISIONED for s in final.values()):
+        if report is None and ended_unanswered(final):
             return Reaped(cluster, False, time.time(), f"cluster {cluster} was never provisioned: SkyPilot has "
                           f"no record of it{ended_requests}", nothing_billed=True)
         ended = None if report is None else report[0] + report[1]
@@ -149,7 +148,7 @@ def reap_submit(name: str, request_id: str | None) -> Reaped:
                       f"`sky api status` and `sky jobs queue`")
     said = f" (its submit request {_said(final)})" if final else ""
     if not jobs:
-        if final and all(s in NOT_PROVISIONED for s in final.values()):
+        if ended_unanswered(final):
             return Reaped(label, False, time.time(), f"{label} was never submitted{said}: nothing billed",
                           nothing_billed=True)
         return Reaped(label, False, None, f"SkyPilot has no {label}{said}; check `sky jobs queue`")
