@@ -167,11 +167,12 @@ class Ending:
     deadline_s: float | None = None
     """LAUNCHER_DEADLINE this many seconds after launch, instead of the rung's budget."""
     after_resume_s: float | None = None
-    """LAUNCHER_DEADLINE_AFTER_RESUME: the deadline also this many seconds after the leg's resume
-    (where the backend cannot hold the leg at a step)."""
+    """LAUNCHER_DEADLINE_AFTER_RESUME: the deadline also this many seconds after the leg's resume."""
     hold_at: int | None = None
-    """Freeze the leg when rank 0 printed this step and thaw it once the deadline is within the
-    trainer's 5 s margin: the deadline lands mid-run, at a known step, on any machine speed."""
+    """LAUNCHER_HOLD_AT_STEP: the leg waits at this step until its deadline is within its stop
+    margin (runtime.leg.hold), so the deadline lands mid-run, at a known step, on any machine
+    speed and any backend. The trainer holds itself: the launcher freezing the leg when it read
+    the step came too late under load (a docker leg ran on 6 steps to its limit)."""
     straight: bool = False
     """The uninterrupted reference run: its own store namespace (<run id>-straight-<leg>), never resumed from."""
 
@@ -222,26 +223,17 @@ class _Watch:
             if self.started and ctx.backend.can_freeze:
                 ctx.backend.freeze(self.started[0])  # stop it right at this line: the kill lands here
             self.trigger.set()
-        if ending.after_resume_s is not None and '"resume"' in line:
-            resumed = _rank0_event(line, "resume")
-            if resumed is not None and isinstance(resumed.get("t"), (int, float)):
-                # the deadline the runtime applies (runtime.contract.resumed_deadline): the hold waits for it
-                self.deadline = min(self.deadline, float(resumed["t"]) + ending.after_resume_s)
-        step = _step_of(line) if (ending.sigterm_at or ending.hold_at) and self.started else None
-        if step is None:
+        if ending.hold_at is not None and self.acted_at is None and '"hold"' in line and \
+                (held := _rank0_event(line, "hold")) is not None:
+            self.acted_at = float(held.get("t") or time.time())
+            ctx.show(leg, f"launcher: leg {leg} holds at step {held.get('step')} until its deadline is due\n")
+        if ending.sigterm_at is None or not self.started or "term" in self.sent:
             return
-        if ending.sigterm_at is not None and step >= ending.sigterm_at and "term" not in self.sent:
+        step = _step_of(line)
+        if step is not None and step >= ending.sigterm_at:
             self.sent.add("term")
             self.acted_at = time.time()
             ctx.backend.terminate(self.started[0])
-        if ending.hold_at is not None and step >= ending.hold_at and "hold" not in self.sent and \
-                ctx.backend.can_freeze:
-            self.sent.add("hold")
-            self.acted_at = time.time()
-            ctx.backend.freeze(self.started[0])
-            ctx.show(leg, f"launcher: leg {leg} held at step {step} until its deadline is due\n")
-            time.sleep(max(0.0, self.deadline - 5.0 - time.time() + 0.5))
-            ctx.backend.thaw(self.started[0])
 
     def node_lost(self, handle: LegHandle, at_kill: Callable[[], str] | None) -> LegResult:
         """A drill's `node-lost`: one node dies alone at the frozen line, the others go on until
@@ -306,6 +298,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     deadline = ctx.leg_deadline(budget_s if ending.deadline_s is None else min(budget_s, ending.deadline_s))
     log_path = ctx.run_dir / (f"leg-{leg}-straight.log" if ending.straight else f"leg-{leg}.log")
     env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s)
+    if ending.hold_at is not None:
+        env[contract.HOLD_AT] = str(ending.hold_at)
     if ending.straight:
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),

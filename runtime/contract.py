@@ -33,6 +33,12 @@ DEADLINE_AFTER_RESUME = "LAUNCHER_DEADLINE_AFTER_RESUME"
 How a resume rung lands a deadline a few steps into a leg on a backend that cannot hold a
 leg at a step (sky): a deadline fixed at launch would have to guess how long the node takes to
 start, and a leg of fast steps that started a second early would reach its step limit first."""
+HOLD_AT = "LAUNCHER_HOLD_AT_STEP"
+"""Step (optional; a resume rung's middle leg): on reaching it the leg waits, training nothing,
+until its deadline is within its stop margin, so the deadline lands at this step on any machine
+speed and any backend. The runtime holds itself (runtime.leg.local_stop), with a `hold` event: a
+hold from outside (the launcher freezing the leg when it read the step) came late wherever the
+step line or the freeze was slow -- under load a docker leg ran 6 steps past it to its step limit."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 DETERMINISTIC = "LAUNCHER_DETERMINISTIC"

@@ -14,6 +14,7 @@ The stop reasons and the exit codes they mean are runtime.contract's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -59,8 +60,31 @@ def stale_code_refused() -> bool:
     return bool(stale)
 
 
-def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool) -> int:
+def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool, step: int | None = None) -> int:
     """This rank's stop code (runtime.contract.STOP_CODES; 0: go on): the deadline, with room
-    for one more push cycle and a few steps (at least 5 s), comes before a pending SIGTERM."""
+    for one more push cycle and a few steps (at least 5 s), comes before a pending SIGTERM.
+    `step` (the steps done): where LAUNCHER_HOLD_AT_STEP asks, the leg first waits at that step
+    until the deadline is due (`hold`)."""
     margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
+    if step is not None:
+        hold(step, deadline, margin)
     return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
+
+
+_held: list[int] = []
+
+
+def hold(step: int, deadline: float, margin: float) -> None:
+    """Once, at LAUNCHER_HOLD_AT_STEP: sleep until the deadline is within `margin`, with a
+    `hold` event (its step and the seconds it waits). Nothing is trained meanwhile, so the
+    deadline stops the leg right after this step, whatever the machine's speed."""
+    try:
+        at = int(os.environ.get(contract.HOLD_AT, ""))
+    except ValueError:
+        return
+    if _held or step < at or not math.isfinite(deadline):
+        return
+    _held.append(step)
+    wait = max(0.0, deadline - margin - time.time()) + 0.05
+    events.emit("hold", step=step, seconds=round(wait, 3), deadline=deadline)
+    time.sleep(wait)

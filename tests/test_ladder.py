@@ -97,6 +97,36 @@ def test_a_deadline_after_the_resume_only_ever_brings_the_deadline_sooner() -> N
                                                 deadline=2000.0, files_sha256={}, on_gpu=True)
 
 
+def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """LAUNCHER_HOLD_AT_STEP: before the held step nothing waits; at it, one `hold` that sleeps
+    until the deadline is within the stop margin, so the stop decision that follows is the
+    deadline's; never twice, and never without a finite deadline or a number."""
+    import json
+    import time
+
+    from runtime import leg as runtime_leg
+    from runtime.contract import HOLD_AT
+
+    slept: list[float] = []
+    monkeypatch.setattr(runtime_leg.time, "sleep", slept.append)
+    monkeypatch.setattr(runtime_leg, "_held", [])
+    monkeypatch.setenv(HOLD_AT, "13")
+    deadline = time.time() + 60.0
+    assert runtime_leg.local_stop(deadline, 0.0, 0.1, False, step=12) == 0 and slept == []
+    runtime_leg.local_stop(deadline, 0.0, 0.1, False, step=13)
+    assert len(slept) == 1 and 54.0 < slept[0] < 55.2  # the deadline less the 5 s margin, then a little
+    held = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"hold"' in line]
+    assert [(e["step"], e["deadline"]) for e in held] == [(13, deadline)]
+    runtime_leg.local_stop(deadline, 0.0, 0.1, False, step=14)
+    assert len(slept) == 1  # once
+    monkeypatch.setattr(runtime_leg, "_held", [])
+    for value, dl in (("soon", deadline), ("13", float("inf"))):
+        monkeypatch.setenv(HOLD_AT, value)
+        runtime_leg.local_stop(dl, 0.0, 0.1, False, step=20)
+    assert len(slept) == 1
+
+
 def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_the_launcher() -> None:
     """`leg N stopped on sigterm` fails either way; its detail says, from the trainer's own step
     times, whether the trainer went on after the SIGTERM went out (its bug) or had printed its

@@ -31,21 +31,19 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
         return max_steps, Ending()
     if leg == 0:
         return max_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
-    # The deadline: far enough for the leg to start and train, then the leg is held at a known
-    # step until the deadline is within the trainer's margin (so the stop lands mid-run).
-    # The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it lands
-    # about the planned number of steps in, whatever the leg took to start; LAUNCHER_DEADLINE stays
-    # a generous fallback, from leg 0's start-up, for a trainer that reads only it. A deadline fixed
-    # at launch alone had to guess the start-up: on sky a leg of 30 ms steps that started 0.7 s
-    # sooner than leg 0 reached its step limit first (seen under load), and where the leg is held
-    # it sat frozen some 7 s of every rehearsal waiting for a deadline placed far enough out.
+    # The deadline: far enough for the leg to start and train, then the leg holds itself at a known
+    # step until the deadline is within its margin (LAUNCHER_HOLD_AT_STEP), so the stop lands
+    # mid-run. The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it
+    # lands after the planned steps, whatever the leg took to start; LAUNCHER_DEADLINE stays a
+    # generous fallback, from leg 0's start-up, for a trainer that reads only it. Without the hold
+    # a deadline had to guess the steps' speed: on sky a leg that stepped faster than leg 0 reached
+    # its step limit first (seen under load); a hold from outside (freezing the leg when the launcher
+    # read the step) came 6 steps late on a loaded docker engine.
     startup = _startup_s(first) if first else 10.0
     step_s = _step_s(first) if first else 1.0
     ahead = (plan[leg] - plan[leg - 1]) * step_s
     fallback = max(15.0, 2 * startup + 6.0) + ahead
-    if ctx.backend.can_freeze:  # held at the planned step until the deadline is within the margin
-        return max_steps, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
-    return max_steps, Ending(deadline_s=fallback, after_resume_s=5.0 + ahead)
+    return max_steps, Ending(deadline_s=fallback, hold_at=plan[leg], after_resume_s=5.0 + max(2.0, 3 * ahead))
 
 
 def under_torchrun(ctx: RunContext) -> bool:
@@ -87,6 +85,9 @@ def _outran(out: LegOutcome, action: str) -> str:
     trainer that ignored it, or one whose steps outran the launcher (then the stop was never
     exercised, and the rung needs more steps, not a fix in the trainer)."""
     if out.acted_at is None:
+        if action == "the hold":
+            return ("; the trainer never held at the planned step (rank 0 printed no `hold` event: a trainer "
+                    "off the runtime ignores LAUNCHER_HOLD_AT_STEP, and its deadline lands where its speed puts it)")
         return f"; the launcher never sent {action} (rank 0 never printed the step it waits for)"
     steps = [(int(e["step"]), float(e["t"])) for _, e in out.events.all("step")
              if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)]
