@@ -40,6 +40,8 @@ test:
 	@rm -f .stage-times
 	@# Both venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
 	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j2 $(STAMP) $(HF_STAMP)
+	@# How fast this machine starts a leg (torch + torch._dynamo): read the wall time against it.
+	@bash scripts/stage.sh calibrate $(PY) scripts/calibrate.py
 	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/stage.sh engine bash scripts/docker-engine.sh && bash scripts/stage.sh base-image bash scripts/make-base-image.sh; fi
 	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
