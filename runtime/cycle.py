@@ -89,6 +89,12 @@ def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 
                 seconds=round(push_s, 4), **extra)
 
     result = verify_checkpoint(store, manifest, local_dir, budget_bytes=verify_budget)
+    if result.ok and manifest.meta.get("format") == "dcp":  # every rank's shards, or it never counts
+        from runtime.sharded import coverage_failures
+
+        result.failures += coverage_failures(local_dir, {f.path for f in manifest.files},
+                                             manifest.meta.get("world_size"))
+        result.ok = not result.failures
     if result.ok:
         # Mark first, then say so: a `verify` ok line in a log means the store holds the
         # checkpoint as verified (a kill between the two once left a log claiming step

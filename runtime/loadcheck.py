@@ -55,7 +55,10 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
                 return {"ok": True, "name": name, "step": info.step, "verified": info.verified,
                         "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt,
                         "seconds": round(time.perf_counter() - began, 3)}, None
-            state, manifest = load_local(folder, seal=info.seal, fetched=True)
+            if fmt == "dcp":  # every rank's shards, whole, in this one process (runtime.sharded)
+                state, manifest = _load_sharded(folder, info), info.manifest
+            else:
+                state, manifest = load_local(folder, seal=info.seal, fetched=True)
         except Exception as err:  # noqa: BLE001 - the answer is "not loadable", with the reason
             return {"ok": False, "name": name, "verified": info.verified, "error": f"{type(err).__name__}: {err}"}, None
     # The session's own keys; everything else is whatever the trainer tracked (model, optimizer, ...).
@@ -69,6 +72,21 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
     if error:
         out["error"] = error
     return out, state
+
+
+def _load_sharded(folder: Path, info: Any) -> dict:
+    """A sharded checkpoint as one state: the DCP-saved objects whole and flattened (as the session
+    digests them), rank 0's own state, and every rank's RNG streams."""
+    from runtime.sharded import full_flat, load_whole
+    from runtime.store.seal import check_windows
+
+    if info.seal is not None:
+        check_windows(folder, info.seal)
+    whole = load_whole(folder, {f.path for f in info.manifest.files}, int(info.manifest.meta.get("world_size") or 0))
+    if not whole["ranks"]:
+        raise ValueError("the manifest names no world_size")
+    own = {k: v for k, v in whole["ranks"][0].items() if k != "rng"}
+    return {**{k: full_flat(v) for k, v in whole["dcp"].items()}, **own, "rng": [r.get("rng") for r in whole["ranks"]]}
 
 
 def serve(uri: str, prefix: str, requests: Any, answer: Any) -> None:

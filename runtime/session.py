@@ -13,15 +13,13 @@
 
 What it does for the trainer (DESIGN.md's leg contract):
 - refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.leg);
-- restores everything tracked (any object with `state_dict`/`load_state_dict`: model,
-  optimizer, scheduler, sampler, a stateful loader), every RNG stream (python, numpy,
-  torch, CUDA) per rank, the step and the tokens, from the newest verified checkpoint
-  that fetches, checks and loads; damaged ones are skipped with `resume_skip`;
-- `step()` prints the `step` event every step, with the hash of the inputs the tracked
-  model was fed (runtime.evidence: the data checks rest on it, not on what the trainer
-  says), snapshots the state on the cadence (a copy at the step boundary: the state
-  at one step) and writes it and runs the storage cycle in the background (write,
-  push, verify by reading back, delete the local copy, prune; runtime.checkpoint);
+- restores everything tracked (anything with `state_dict`/`load_state_dict`), every RNG
+  stream per rank, the step and the tokens, from the newest verified checkpoint that fetches,
+  checks and loads (damaged ones skipped with `resume_skip`); an FSDP2 model's state goes
+  through torch.distributed.checkpoint, every rank its part (runtime.sharded);
+- `step()` prints the `step` event with the hash of the inputs the tracked model was fed
+  (runtime.evidence), snapshots the state on the cadence and runs the storage cycle in the
+  background (write, push, verify by reading back, delete the local copy, prune);
 - counts the leg's first step's FLOPs and times each step's phases without a device
   sync (runtime.steptime): the `flops` event, `gpu_phases` on `step`, and per window
   `memory` and `rate` with MFU (runtime.window);
@@ -45,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from runtime import contract, events
+from runtime import contract, events, sharded_session
 from runtime.evidence import StepEvidence, state_digests
 from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
@@ -54,6 +52,7 @@ from runtime.dist import RankTimeout, World, init_world
 from runtime.health import Health
 from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
 from runtime.resume import load_tracked, restore_newest
+from runtime.sharded import is_sharded
 from runtime.state import rng_state, set_rng_state
 from runtime.steptime import FlopProbe, StepClock
 from runtime.store import StoreError, open_store
@@ -76,7 +75,7 @@ class Session:
                  metrics_every: int = 10, health_every: float = 30.0,
                  lr_schedule: Callable[[int], float] | None = None, world: World | None = None,
                  meta: dict[str, Any] | None = None, breakdown: bool = True, count_flops: bool = True,
-                 flops_formula: float | None = None, async_save: bool = True) -> None:
+                 flops_formula: float | None = None, async_save: bool = True, sharded: bool | None = None) -> None:
         env = os.environ
         self.run_id = env.get(contract.RUN_ID, "local")
         self.leg = int(env.get(contract.LEG, "0"))
@@ -96,13 +95,10 @@ class Session:
         self.device = device
         self.clock = StepClock(device, breakdown)
         self.flop_probe = FlopProbe(device, count_flops)
-        self.flops_formula = flops_formula
-        """The trainer's own FLOPs per token (e.g. runtime.flops.transformer_flops_per_token), shown
-        beside the count: the count, not this, is what MFU rests on."""
+        self.flops_formula = flops_formula  # the trainer's own FLOPs/token, shown beside the count MFU rests on
         self.async_save = async_save
-        self._snapshot_pool: SnapshotPool | None = None
-        """Snapshot on the critical path, serialise in the background (runtime.checkpoint);
-        False: torch.save on the critical path, as before."""
+        self.sharded = sharded  # through torch.distributed.checkpoint; None: if the model holds DTensors (FSDP2)
+        self._snapshot_pool: SnapshotPool | None = None  # async_save's reusable host buffers
         self.flops_per_token: float | None = None
         self.flops_dtype = "fp32"
         self.tracked: dict[str, Any] = {}
@@ -114,13 +110,10 @@ class Session:
         self.exit_code: int | None = None
         self._sigterm: list[bool] = []
         events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid())  # alive: before any slow build
-        self._stale_guard()
-
-    # --- setup ------------------------------------------------------------------
-
-    def _stale_guard(self) -> None:
         if stale_code_refused():
             self._exit(EXIT_REFUSED)
+
+    # --- setup ------------------------------------------------------------------
 
     def _exit(self, code: int) -> None:
         self.world.close()
@@ -161,10 +154,15 @@ class Session:
                     max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri,
                     tracked=self.evidence.kinds, deterministic=self.evidence.determinism.settings, **start_facts)
         world, restore = self.world, self.work / "restore"
+        if self.sharded is None:
+            self.sharded = any(is_sharded(o) for o in self.tracked.values())
+        if self.sharded:
+            sharded_session.refuse_several_nodes(world.world_size)
         choice, state = None, None
         if world.is_main:
             try:
-                restored = restore_newest(self.store, restore, map_location=self.device, keep_files=True)
+                restored = restore_newest(self.store, restore, map_location=self.device, keep_files=True,
+                                          check=sharded_session.check if self.sharded else None)
                 state = restored.state
                 choice = ("ok", restored.info.name if restored.info else None, restored.skipped)
             except StoreError as err:  # an auth error must not read as "nothing here"
@@ -192,19 +190,23 @@ class Session:
         if world.local_rank == 0 and not world.is_main:
             self.store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
         world.barrier(f"local rank 0 fetching {name} from the store")
-        if state is None:
-            state, _ = load_local(restore / name, map_location=self.device, fetched=True)
-        world.barrier(f"every rank loading {name}")
-        if world.local_rank == 0:
-            shutil.rmtree(restore)
         try:
-            facts = load_tracked(self.tracked, state, name, self.extra, digests=world.is_main)
+            if self.sharded:  # every rank loads its part (runtime.sharded_session)
+                loaded = sharded_session.load(self, name, restore)
+                state, facts = {**loaded["own"], "rng": {world.rank: loaded["own"]["rng"]}}, loaded["facts"]
+            elif state is None:
+                state, _ = load_local(restore / name, map_location=self.device, fetched=True)
+            world.barrier(f"every rank loading {name}")
+            if world.local_rank == 0:
+                shutil.rmtree(restore)
+            if not self.sharded:
+                facts = load_tracked(self.tracked, state, name, self.extra, digests=world.is_main)
         except ResumeRefused as err:
-            events.emit("stop", reason=err.reason, step=int(state.get("step", 0)), error=str(err))
+            events.emit("stop", reason=err.reason, step=int((state or {}).get("step", 0)), error=str(err))
             self._exit(EXIT_REFUSED)
         set_rng_state(state["rng"][world.rank])
         self.step_count, self.tokens = int(state["step"]), int(state.get("tokens", 0))
-        if world.is_main:  # the state the first training forward trains from, for the launcher's read
+        if world.is_main and not self.sharded:  # what the first training forward trains from (launcher's read)
             self.evidence.trains_from(self.tracked, self.step_count)
         if self.lr_schedule is not None:
             facts["lr_expected"] = float(self.lr_schedule(self.step_count))
@@ -301,19 +303,17 @@ class Session:
             self._ckpt_s = time.perf_counter() - began
 
     def checkpoint(self) -> None:
-        """Snapshot the state now (on the critical path, so it is the state at one step),
-        then hand the rest to the background pusher.
-
-        `async_save` (the default): the snapshot copies every tensor (runtime.checkpoint.snapshot_state: pinned host
-        buffers for CUDA tensors, no device sync) once the pusher's queue has a place
-        for it, and the pusher's worker serialises it (`serialized` event) before its
-        storage cycle. False: no copy, torch.save + manifest here, on the critical path.
-        `save`: `seconds` is the time on the critical path (gather, any wait for a queue
-        place, snapshot or serialisation), `bytes` the checkpoint's bytes (async: the
-        state's tensor bytes, each storage once; `serialized` has the file bytes)."""
+        """Snapshot the state now (on the critical path: the state at one step), then hand the
+        rest to the background pusher. `async_save`: the snapshot copies every tensor
+        (runtime.checkpoint.snapshot_state) once the pusher's queue has a place, and its worker
+        serialises it (`serialized`); False: torch.save + manifest here. Sharded state: every
+        rank writes its part here (runtime.sharded_session). `save`: `seconds` on the critical
+        path, `bytes` the state's tensor bytes (async) or the checkpoint's."""
         began = time.perf_counter()
         rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
         self.pushed_at = step = self.step_count
+        if self.sharded:
+            return sharded_session.checkpoint(self, began, rngs)
         if self.pusher is None:
             return
         meta = {"run_id": self.run_id, "params": self.params, **self.meta}

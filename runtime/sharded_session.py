@@ -1,0 +1,109 @@
+"""The session's sharded path (runtime.sharded): save at a step, check and load at a resume.
+
+Save, at the step boundary, on the critical path (every rank): the leg's disk gets a hidden
+`.step-<N>.partial` folder; every rank writes its shards through DCP and its own state; once
+every rank is done, rank 0 digests the state, writes the manifest over every rank's files, gives
+the folder its real name and hands it to the pusher (push -> verify -> delete -> prune, as for
+one file; the verify also holds the manifest to cover every shard `.metadata` names, and every
+rank's own file). One node only: on several nodes each node's shards sit on its own disk, and
+pushing them from each node is not built yet, so the session refuses (said in the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime import events, sharded
+from runtime.checkpoint import partial_name, write_manifest
+from runtime.leg import ResumeRefused
+from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
+
+
+def refuse_several_nodes(world_size: int) -> None:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    if local != world_size:
+        raise ValueError(f"sharded state on several nodes ({world_size} ranks, {local} on this node) is not "
+                         f"supported yet: each node's shards would stay on its own disk")
+
+
+def check(folder: Path, seal: dict[str, Any] | None) -> None:
+    """Rank 0's check of a fetched sharded checkpoint, before any rank loads it: every verified
+    window re-read, `.metadata` readable without running code and naming only listed files."""
+    from runtime.store.seal import check_windows
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if manifest.get("meta", {}).get("format") != sharded.FORMAT:
+        raise CheckpointDamaged(f"{folder.name} is not a sharded (DCP) checkpoint, and this session saves sharded state")
+    if seal is not None:
+        check_windows(folder, seal)
+    sharded.read_metadata(folder, {f["path"] for f in manifest["files"]})
+    return None
+
+
+def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
+    """Every rank: write this step's sharded checkpoint; rank 0 queues it for the storage cycle."""
+    world, step = sess.world, sess.step_count
+    root = sess.work / "ckpt"
+    partial = root / partial_name(step)
+    if world.local_rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step-*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir()
+    world.barrier(f"local rank 0 making {partial.name}")
+    _, _, _, rest = sharded.split_tracked(sess.tracked)
+    own = {name: obj.state_dict() for name, obj in rest.items()}
+    own.update(rng=rngs[world.rank], step=step, tokens=sess.tokens, extra=sess.extra)
+    sharded.save(partial, sess.tracked, own, world.rank)
+    digests = sharded.digests(sess.tracked)  # a collective: the full tensors
+    world.barrier(f"every rank writing its shards of step {step}")
+    if sess.pusher is None:
+        return
+    from runtime.evidence import state_digests
+
+    whole = {**own, "rng": rngs}
+    events.emit("state_digest", step=step, digests={**digests, **state_digests(whole, list(whole))})
+    meta = {"run_id": sess.run_id, "params": sess.params, **sess.meta, "format": sharded.FORMAT,
+            "world_size": world.world_size}
+    manifest = write_manifest(partial, step, meta)
+    folder = root / checkpoint_name(step)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.rename(partial, folder)
+    blocked = sess.pusher.submit(folder, manifest)
+    events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
+                blocked_s=round(blocked, 4), files=len(manifest.files), params=sess.params, async_save=False,
+                sharded=sharded.FORMAT)
+
+
+def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
+    """Every rank: the checkpoint `name` (fetched into `restore` on each node), loaded through
+    DCP; the resume event's facts. Refuses (`world_size_changed`) another number of ranks."""
+    from runtime.evidence import state_digest
+
+    world, folder = sess.world, restore / name
+    manifest = json.loads((folder / MANIFEST).read_text())
+    saved = manifest.get("meta", {}).get("world_size")
+    if saved != world.world_size:
+        raise ResumeRefused("world_size_changed", f"{name} was saved by {saved} ranks; this leg has "
+                                                  f"{world.world_size}: resharding is not supported")
+    own = sharded.load(folder, sess.tracked, {f["path"] for f in manifest["files"]}, world.rank)
+    _, _, _, rest = sharded.split_tracked(sess.tracked)
+    facts: dict[str, Any] = {"sharded": sharded.FORMAT, "world_size_saved": saved}
+    for key, obj in rest.items():
+        if key not in own:
+            raise ResumeRefused("state_mismatch", f"{name} holds no {key!r} for rank {world.rank}")
+        obj.load_state_dict(own[key])
+        facts.update(getattr(obj, "resume_facts", dict)())
+    sess.extra.update(own.get("extra", {}))
+    digests = sharded.digests(sess.tracked)  # a collective
+    if world.is_main:
+        digests.update({k: state_digest(o.state_dict()) for k, o in rest.items()})
+        digests["extra"] = state_digest({k: sess.extra[k] for k in own.get("extra", {})})
+        facts["digests"] = digests
+    return {"own": own, "facts": facts}
