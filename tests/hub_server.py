@@ -127,6 +127,8 @@ class HubServer:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._commit_counter = 0
+        self.commit_sizes: list[tuple[str, int]] = []
+        """(title, operations) of every commit made through the API, in order."""
         self._hub, self._lfs = Origin(self, "hub"), Origin(self, "lfs")
         self.url = f"http://127.0.0.1:{self._hub.server_address[1]}"
         self.lfs_url = f"http://127.0.0.1:{self._lfs.server_address[1]}"
@@ -482,6 +484,7 @@ class HubServer:
                 if any(p in commit.files for p in parents):
                     raise HubError(400, f"{path}: a parent folder is a file")
             repo.commits[commit.oid], repo.branches[revision] = commit, commit.oid
+            self.commit_sizes.append((commit.title, len(lines) - 1))
         return self._json({"commitOid": commit.oid, "commitUrl": f"{self.url}/{repo_id}/commit/{commit.oid}",
                            "pullRequestUrl": None, "success": True})
 

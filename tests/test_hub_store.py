@@ -151,3 +151,38 @@ def test_real_sized_checkpoint_cycles_reading_under_1_percent(hub_server, tmp_pa
     verify = next(e for e in _events(capsys) if e["event"] == "verify")
     assert verify["ok"] and verify["bytes_read"] <= 0.01 * manifest.total_bytes
     assert newest_verified(store).step == 100
+
+
+def test_a_checkpoint_of_more_files_than_a_commit_holds_is_pushed_in_several_manifest_last(
+        hub_server, tmp_path: Path) -> None:  # noqa: ANN001
+    """No commit holds more than `files_per_commit` files (the Hub's advice is 100; 3 here); the
+    manifest comes in the last, so the checkpoint is listed only once every file is there, and it
+    then verifies and fetches whole."""
+    import hashlib
+
+    from runtime.store.base import FileEntry, Manifest
+
+    store = hub_store(hub_server)
+    store.files_per_commit = 3
+    folder = tmp_path / "step-00000005"
+    folder.mkdir()
+    for rank in range(7):  # seven ranks' shards
+        (folder / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * (5000 + rank))
+    files = tuple(FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+                  for p in sorted(folder.iterdir()))
+    manifest = Manifest("step-00000005", 5, files)
+    seen_before: list[list[str]] = []
+    real_commit = store._commit
+
+    def commit(what, make_ops):  # noqa: ANN001, ANN202 - the listing between the commits
+        seen_before.append([c.name for c in store.list()])
+        real_commit(what, make_ops)
+    store._commit = commit
+    store.push(folder, manifest)
+    pushed = [(t, n) for t, n in hub_server.commit_sizes if t.startswith("checkpoint step-00000005")]
+    assert [n for _, n in pushed] == [3, 3, 2] and pushed[-1][0].endswith("(3/3)")
+    assert seen_before == [[], [], []]  # never listed until its manifest is there
+    result = run_cycle(store, folder, manifest)
+    assert result.verified
+    fetched = store.fetch("step-00000005", tmp_path / "fetched")
+    assert sorted(p.name for p in fetched.iterdir()) == sorted([f.path for f in files] + ["manifest.json"])

@@ -3,9 +3,12 @@
 Wire protocol only: commits, listings, ranged GETs. What to verify or prune is
 decided in `runtime.cycle`, never here.
 
-- A checkpoint is pushed as ONE commit holding its files and its manifest, so
-  it exists whole or not at all; `verified.json` is a second commit, made only
-  after a read-back matched; delete is one commit removing the folder.
+- A checkpoint is pushed as one commit holding its files and its manifest, so
+  it exists whole or not at all; a checkpoint of more files than a commit may hold
+  (`files_per_commit`, 100: the Hub's advice) goes in several, the manifest in the
+  last, so it still exists only once whole (a folder without its manifest is never
+  listed). `verified.json` is a commit of its own, made only after a read-back
+  matched; delete is one commit removing the folder.
 - Listing is one `list_repo_tree` call (a missing or empty repo: one
   round-trip, "nothing here"), plus one small GET per checkpoint manifest.
 - Sizes and LFS sha256 come from `get_paths_info`; regular (non-LFS) files
@@ -44,6 +47,9 @@ from runtime.store.seal import classify_folder
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0
 CHUNK = 1 << 20
+FILES_PER_COMMIT = 100
+"""The most files one commit holds: the Hub's advice (its docs: "Repositories: recommendations and
+limits"); a sharded checkpoint of many ranks has more, and is pushed in several commits."""
 
 _session_lock = threading.Lock()
 _session_timeout: float | None = None
@@ -116,8 +122,9 @@ class HubStore:
 
     def __init__(self, uri: str, namespace: str = "", *, token: str | None = None, endpoint: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, files_per_commit: int = FILES_PER_COMMIT) -> None:
         self.repo_id, self.revision = parse_hf_uri(uri)
+        self.files_per_commit = max(2, files_per_commit)
         self.key = key
         self.prefix = f"{namespace.strip('/')}/" if namespace.strip("/") else ""
         self.uri = f"hf://{self.repo_id}@{self.revision}/{self.prefix}".rstrip("/")
@@ -215,11 +222,15 @@ class HubStore:
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         body = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
 
-        def ops() -> list[Any]:
-            adds = [CommitOperationAdd(self._path(manifest.name, f.path), str(local_dir / f.path))
-                    for f in manifest.files]
-            return adds + [CommitOperationAdd(self._path(manifest.name, MANIFEST), body)]
-        self._commit(f"checkpoint {manifest.name}", ops)
+        paths = [f.path for f in manifest.files] + [MANIFEST]
+        per = self.files_per_commit
+        parts = [paths[i:i + per] for i in range(0, len(paths), per)]  # the manifest in the last
+        for index, part in enumerate(parts, 1):
+            def ops(part: list[str] = part) -> list[Any]:
+                return [CommitOperationAdd(self._path(manifest.name, path),
+                                           body if path == MANIFEST else str(local_dir / path)) for path in part]
+            suffix = f" ({index}/{len(parts)})" if len(parts) > 1 else ""
+            self._commit(f"checkpoint {manifest.name}{suffix}", ops)
 
     def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
         full = {self._path(name, p): p for p in paths}
