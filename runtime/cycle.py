@@ -197,6 +197,10 @@ class Pusher:
             job = None if isinstance(item, tuple) else item
             step, name = (item.step, item.name) if job is not None else (item[1].step, item[1].name)
             try:
+                if job is not None and hasattr(job, "run_cycle"):  # one node's part (runtime.node_cycle)
+                    done = job.run_cycle(self.store, self.keep, self.verify_budget, self.replace)
+                    self.results += [done] if done is not None else []
+                    continue
                 if job is not None:
                     local_dir, manifest = job.materialize()
                     events.emit("serialized", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,

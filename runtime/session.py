@@ -51,6 +51,7 @@ from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
 from runtime.health import Health
 from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
+from runtime.node_cycle import node_leaders
 from runtime.resume import load_tracked, restore_newest
 from runtime.sharded import is_sharded
 from runtime.state import rng_state, set_rng_state
@@ -156,8 +157,8 @@ class Session:
         world, restore = self.world, self.work / "restore"
         if self.sharded is None:
             self.sharded = any(is_sharded(o) for o in self.tracked.values())
-        if self.sharded:
-            sharded_session.refuse_several_nodes(world.world_size)
+        several = self.sharded and sharded_session.several_nodes(world.world_size)
+        self.leaders = node_leaders(world) if several else None  # each node pushes its shards (runtime.node_cycle)
         choice, state = None, None
         if world.is_main:
             try:
@@ -172,8 +173,8 @@ class Session:
             events.emit("stop", reason="store_error", step=0, error=name)
             self._exit(EXIT_REFUSED)
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
-        self.pusher = Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes,
-                             replace=frozenset(skipped)) if world.is_main else None
+        self.pusher = Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes, replace=frozenset(
+            skipped)) if world.is_main or (self.leaders is not None and world.local_rank == 0) else None
         self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
         if name is not None:
             self._load(name, state, restore)

@@ -5,8 +5,8 @@ Save, at the step boundary, on the critical path (every rank): the leg's disk ge
 every rank is done, rank 0 digests the state, writes the manifest over every rank's files, gives
 the folder its real name and hands it to the pusher (push -> verify -> delete -> prune, as for
 one file; the verify also holds the manifest to cover every shard `.metadata` names, and every
-rank's own file). One node only: on several nodes each node's shards sit on its own disk, and
-pushing them from each node is not built yet, so the session refuses (said in the README).
+rank's own file). On several nodes each node's shards sit on its own disk: every node's local
+rank 0 pushes them, and rank 0 seals the whole (runtime.node_cycle).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from runtime.leg import ResumeRefused
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 
-def refuse_several_nodes(world_size: int) -> None:
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    if local != world_size:
-        raise ValueError(f"sharded state on several nodes ({world_size} ranks, {local} on this node) is not "
-                         f"supported yet: each node's shards would stay on its own disk")
+def several_nodes(world_size: int) -> bool:
+    """Ranks on more than one node (torchrun's LOCAL_WORLD_SIZE short of the world's): each
+    node's shards are then pushed from that node (runtime.node_cycle)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))) != world_size
 
 
 def check(folder: Path, seal: dict[str, Any] | None) -> None:
@@ -62,23 +61,31 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
     sharded.save(partial, sess.tracked, own, world.rank)
     digests = sharded.digests(sess.tracked)  # a collective: the full tensors
     world.barrier(f"every rank writing its shards of step {step}")
-    if sess.pusher is None:
-        return
-    from runtime.evidence import state_digests
-
-    whole = {**own, "rng": rngs}
-    events.emit("state_digest", step=step, digests={**digests, **state_digests(whole, list(whole))})
     meta = {"run_id": sess.run_id, "params": sess.params, **sess.meta, "format": sharded.FORMAT,
             "world_size": world.world_size}
-    manifest = write_manifest(partial, step, meta)
+    if world.is_main:
+        from runtime.evidence import state_digests
+
+        whole = {**own, "rng": rngs}
+        events.emit("state_digest", step=step, digests={**digests, **state_digests(whole, list(whole))})
+    manifest = write_manifest(partial, step, meta) if sess.leaders is None and world.is_main else None
     folder = root / checkpoint_name(step)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(partial, folder)
-    blocked = sess.pusher.submit(folder, manifest)
-    events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
-                blocked_s=round(blocked, 4), files=len(manifest.files), params=sess.params, async_save=False,
-                sharded=sharded.FORMAT)
+    if world.local_rank == 0:
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(partial, folder)
+    if sess.pusher is None:
+        return
+    if manifest is None:  # several nodes: every node's leader pushes its part (runtime.node_cycle)
+        from runtime.node_cycle import NodeCheckpoint
+
+        blocked = sess.pusher.submit_job(step, lambda: NodeCheckpoint(folder, step, meta, sess.leaders))
+    else:
+        blocked = sess.pusher.submit(folder, manifest)
+    if world.is_main:
+        events.emit("save", step=step, bytes=sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
+                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4),
+                    params=sess.params, async_save=False, sharded=sharded.FORMAT)
 
 
 def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:

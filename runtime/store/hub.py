@@ -232,6 +232,23 @@ class HubStore:
             suffix = f" ({index}/{len(parts)})" if len(parts) > 1 else ""
             self._commit(f"checkpoint {manifest.name}{suffix}", ops)
 
+    def push_part(self, local_dir: Path, name: str, paths: list[str]) -> None:
+        """One node's files of checkpoint `name`, in commits of `files_per_commit`; no manifest,
+        so nothing lists the checkpoint until `commit`."""
+        per = self.files_per_commit
+        for start in range(0, len(paths), per):
+            part = paths[start:start + per]
+            self._commit(f"checkpoint {name} part", lambda part=part: [
+                CommitOperationAdd(self._path(name, path), str(local_dir / path)) for path in part])
+
+    def commit(self, manifest: Manifest) -> None:
+        """The manifest, in a commit of its own: the checkpoint exists from here."""
+        body = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
+        self._commit(f"checkpoint {manifest.name}", lambda: [CommitOperationAdd(self._path(manifest.name, MANIFEST), body)])
+
+    def drop_parts(self, name: str) -> None:
+        """Files an earlier attempt committed are overwritten by the next; nothing to do first."""
+
     def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
         full = {self._path(name, p): p for p in paths}
         infos = self._call(f"paths-info {name}", lambda: self.api.get_paths_info(

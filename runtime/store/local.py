@@ -110,6 +110,43 @@ class LocalDirStore:
             shutil.rmtree(incoming, ignore_errors=True)
             raise
 
+    def _parts(self, name: str) -> Path:
+        return self.dir / f".parts-{self._ckpt(name).name}"
+
+    def push_part(self, local_dir: Path, name: str, paths: list[str]) -> None:
+        """One node's files of checkpoint `name` (sharded state, several nodes), staged where
+        nothing lists them; `commit` makes the checkpoint exist once every node's are there."""
+        staging = self._parts(name)
+        staging.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            dst = staging / path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local_dir / path, dst)
+            with dst.open("rb+") as fh:
+                os.fsync(fh.fileno())
+
+    def commit(self, manifest: Manifest) -> None:
+        """The staged files plus the manifest become checkpoint `manifest.name`, at once; every
+        file the manifest lists must be staged at its size, and nothing else is kept."""
+        staging, final = self._parts(manifest.name), self._ckpt(manifest.name)
+        if final.exists():
+            raise StoreError(f"{manifest.name} already exists in {self.uri}")
+        listed = {f.path: f.size for f in manifest.files}
+        for path, size in listed.items():
+            got = (staging / path).stat().st_size if (staging / path).is_file() else None
+            if got != size:
+                raise StoreError(f"{manifest.name}/{path}: staged {got} bytes, the manifest says {size}")
+        for extra in [q for q in staging.rglob("*") if q.is_file() and q.relative_to(staging).as_posix() not in listed]:
+            extra.unlink()
+        _write_json_atomic(staging / MANIFEST, manifest.to_json())
+        _fsync_dir(staging)
+        os.rename(staging, final)
+        _fsync_dir(self.dir)
+
+    def drop_parts(self, name: str) -> None:
+        """Whatever an earlier attempt staged for `name`."""
+        shutil.rmtree(self._parts(name), ignore_errors=True)
+
     def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
         folder = self._ckpt(name)
         if not (folder / MANIFEST).is_file():
