@@ -107,3 +107,30 @@ def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_
     assert "band" in checks["resumed run = straight-through run"]["detail"]
     status = {p["number"]: p for p in run_cli(["report", "--json"], cwd=root, timeout=600).json()["proofs"]}
     assert status[4]["status"] == "FAIL" and "CPU determinism" in status[4]["summary"], status[4]
+
+
+def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: Path, leg_tmp: Path) -> None:
+    """examples/fsdp_dcp: an FSDP2 model and its optimizer sharded over 2 nodes x 2 ranks (the local
+    backend's nodes, each its own folder), saved through torch.distributed.checkpoint by every rank,
+    each node pushing its own shards: static -> rehearsal -> drill (two kills mid-push) -> report."""
+    import json
+
+    root = copy_example("fsdp_dcp", tmp_path)
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", "--nodes", "2", "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
+    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert checks["every rank's data position (4 ranks)"]["ok"]
+    drill = run_cli(["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root,
+                    timeout=900)
+    assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
+    manifests = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
+    stored = json.loads(manifests[-1].read_text())
+    assert stored["meta"]["format"] == "dcp" and stored["meta"]["world_size"] == 4
+    assert sorted(f["path"] for f in stored["files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)] + \
+        [f"rank-0000{r}.pt" for r in range(4)]
+    report = run_cli(["report", "--json"], cwd=root, timeout=600)
+    status = {p["number"]: p["status"] for p in report.json()["proofs"]}
+    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
+        {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
