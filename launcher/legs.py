@@ -225,8 +225,7 @@ class _Watch:
             self.trigger.set()
         if ending.hold_at is not None and self.acted_at is None and '"hold"' in line and \
                 (held := _rank0_event(line, "hold")) is not None:
-            self.acted_at = float(held.get("t") or time.time())
-            ctx.show(leg, f"launcher: leg {leg} holds at step {held.get('step')} until its deadline is due\n")
+            self.acted_at = float(held.get("t") or time.time())  # the `hold` event itself is shown as it comes
         if ending.sigterm_at is None or not self.started or "term" in self.sent:
             return
         step = _step_of(line)
