@@ -103,11 +103,6 @@ def read_metadata(folder: Path, listed: set[str]) -> Any:
     return meta
 
 
-def referenced_files(folder: Path, listed: set[str]) -> set[str]:
-    """The shard files `.metadata` says hold the state (every one must be in the checkpoint)."""
-    return {info.relative_path for info in read_metadata(folder, listed).storage_data.values()}
-
-
 def _reader(folder: Path, listed: set[str]) -> Any:
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -180,7 +175,6 @@ def save(folder: Path, tracked: dict[str, Any], own: dict[str, Any], rank: int) 
 def load(folder: Path, tracked: dict[str, Any], listed: set[str], rank: int) -> dict[str, Any]:
     """Every rank: the model and optimizers from DCP's files in `folder` (a collective), then this
     rank's own state (returned). CheckpointDamaged where anything is not what a checkpoint may be."""
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -190,6 +184,13 @@ def load(folder: Path, tracked: dict[str, Any], listed: set[str], rank: int) -> 
     set_model_state_dict(model, state[mname])
     for name, opt in opts.items():
         set_optimizer_state_dict(model, opt, state[name])
+    return load_own(folder, rank)
+
+
+def load_own(folder: Path, rank: int) -> dict[str, Any]:
+    """Rank `rank`'s own state file, `weights_only`: a dict of plain data, or CheckpointDamaged."""
+    import torch
+
     try:
         own = torch.load(folder / rank_file(rank), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as err:
@@ -203,19 +204,12 @@ def load_whole(folder: Path, listed: set[str], world_size: int) -> dict[str, Any
     """One process, no model: the whole state of a sharded checkpoint, every tensor in full,
     the DCP-saved objects under their names and every rank's own state (`ranks`). Reads
     nothing that could run code (the module docstring)."""
-    import torch
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # as torch's format_utils do:
     # the public `load` fills a copy of the dict it is given, and this planner builds the state in the dict
 
     state: dict[str, Any] = {}
     _load_state_dict(state, storage_reader=_reader(folder, listed), planner=_planner(whole=True), no_dist=True)
-    ranks = []
-    for rank in range(world_size):
-        try:
-            ranks.append(torch.load(folder / rank_file(rank), map_location="cpu", weights_only=True))
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as err:
-            raise CheckpointDamaged(f"{rank_file(rank)} is not a plain tensor state ({type(err).__name__})") from None
-    return {"dcp": state, "ranks": ranks}
+    return {"dcp": state, "ranks": [load_own(folder, rank) for rank in range(world_size)]}
 
 
 def full_flat(state: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 from runtime import events, sharded
 from runtime.checkpoint import partial_name, write_manifest
 from runtime.leg import ResumeRefused
+from runtime.resume import load_tracked
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 
@@ -91,8 +92,6 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
 def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
     """Every rank: the checkpoint `name` (fetched into `restore` on each node), loaded through
     DCP; the resume event's facts. Refuses (`world_size_changed`) another number of ranks."""
-    from runtime.evidence import state_digest
-
     world, folder = sess.world, restore / name
     manifest = json.loads((folder / MANIFEST).read_text())
     saved = manifest.get("meta", {}).get("world_size")
@@ -101,16 +100,8 @@ def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
                                                   f"{world.world_size}: resharding is not supported")
     own = sharded.load(folder, sess.tracked, {f["path"] for f in manifest["files"]}, world.rank)
     _, _, _, rest = sharded.split_tracked(sess.tracked)
-    facts: dict[str, Any] = {"sharded": sharded.FORMAT, "world_size_saved": saved}
-    for key, obj in rest.items():
-        if key not in own:
-            raise ResumeRefused("state_mismatch", f"{name} holds no {key!r} for rank {world.rank}")
-        obj.load_state_dict(own[key])
-        facts.update(getattr(obj, "resume_facts", dict)())
-    sess.extra.update(own.get("extra", {}))
-    digests = sharded.digests(sess.tracked)  # a collective
+    facts = load_tracked(rest, own, name, sess.extra, digests=world.is_main)  # what each rank keeps its own
+    digests = sharded.digests(sess.tracked)  # a collective: the model and optimizers, whole
     if world.is_main:
-        digests.update({k: state_digest(o.state_dict()) for k, o in rest.items()})
-        digests["extra"] = state_digest({k: sess.extra[k] for k in own.get("extra", {})})
-        facts["digests"] = digests
-    return {"own": own, "facts": facts}
+        facts["digests"] = {**digests, **facts["digests"]}
+    return {"own": own, "facts": {"sharded": sharded.FORMAT, "world_size_saved": saved, **facts}}
