@@ -8,6 +8,7 @@ STAMP   = $(VENV)/.installed
 # The Hugging Face example's trainer runs in a venv of its own (as on a cloud it runs in
 # its image): transformers 5.15 needs huggingface_hub>=1.31 (click>=8.4.2), which clashes
 # with skypilot 0.14.1 in the launcher's venv. Pinned: the versions the adapter is tested with.
+# datasets 5.2.0 (needs huggingface_hub>=1.31, so here too) + torchdata: the streaming-resume tests.
 HF_VENV ?= .venv-hf
 HF_STAMP = $(HF_VENV)/.installed
 # pytest-xdist workers for `make test` (tests/README.md: measured on 2 cores).
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 
 $(HF_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.15.1 accelerate==1.15.0
+	$(HF_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.15.1 accelerate==1.15.0 datasets==5.2.0 torchdata==0.11.0
 	$(HF_VENV)/bin/python -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $(HF_STAMP)
 

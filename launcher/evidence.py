@@ -208,6 +208,13 @@ class LegEvents:
         found = self.all(name, rank)
         return found[-1] if found else None
 
+    def unverified(self) -> str:
+        """Why this leg's newest refused read-back was refused (its `verify` event's first
+        failure), as a clause to add to a check's detail; empty when none was refused."""
+        failed = [e for _, e in self.all("verify") if not e.get("ok")]
+        why = failed[-1].get("failures") if failed else None
+        return f"; its verify of {failed[-1].get('name')} said: {why[0]}" if why else ""
+
     def damaged(self) -> list[dict[str, Any]]:
         """Lines that claimed to be events and were not usable ones: shown, never used as evidence."""
         return [{"leg": self.leg, "line": n, "reason": e["reason"], "kind": e.get("kind")}

@@ -61,11 +61,11 @@ def read_checkpoint(store: Any, step: int) -> tuple[bool, str, int]:
             how, nbytes = "fetched whole, every file's sha256 matches the manifest", total
         else:
             nbytes = 0
-            for w in info.seal.get("windows", []):
-                data = store.read_range(name, w["path"], int(w["offset"]), int(w["length"]))
+            for path, offset, length, sha256 in info.seal.get("windows", []):  # check_seal: [path, start, length, sha]
+                data = store.read_range(name, path, offset, length)
                 nbytes += len(data)
-                if hashlib.sha256(data).hexdigest() != w["sha256"]:
-                    return False, f"{name}/{w['path']} at {w['offset']}: the store's bytes differ from the mark", nbytes
+                if hashlib.sha256(data).hexdigest() != sha256:
+                    return False, f"{name}/{path} at {offset}: the store's bytes differ from the mark", nbytes
             how = f"{len(info.seal.get('windows', []))} recorded windows re-read, hashes match"
     except StoreError as err:
         return False, f"{name}: {type(err).__name__}: {err}", 0
@@ -84,8 +84,8 @@ def check_leg_store(store: Any, ev: LegEvents) -> Check:
                 ev.first("resume")[1]["from_step"]):
             return Check(name, True, f"leg {ev.leg} trained no step past its resume: nothing new to push",
                          kind=Kind.READBACK, leg=ev.leg)
-        return Check(name, False, f"leg {ev.leg} printed no `verify` event with ok=true", kind=Kind.READBACK,
-                     leg=ev.leg)
+        return Check(name, False, f"leg {ev.leg} printed no `verify` event with ok=true{ev.unverified()}",
+                     kind=Kind.READBACK, leg=ev.leg)
     step = int(item[1]["step"])
     ok, detail, _ = read_checkpoint(store, step)
     last = int(done[1]["step"]) if done else None

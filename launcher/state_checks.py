@@ -207,7 +207,7 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
     """The data, LR and loss checks of every resume of one run, plus the whole timeline's."""
     checks: list[Check | None] = []
     for i in resumed_legs(legs):
-        checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact)]
+        checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact, straight)]
         in_use = check_optimizer_in_use(legs, i)
         checks.append(None if in_use is None or in_use.missing else in_use)  # MISSING is the report's to say (proof 3)
         checks += [check_restored(legs, i, kinds) for kinds in PROOF_KINDS.values()]

@@ -80,8 +80,17 @@ def load_tracked(tracked: dict[str, Any], state: dict[str, Any], name: str, extr
         obj.load_state_dict(state[key])
         facts.update(getattr(obj, "resume_facts", dict)())
         if digests:
-            loaded[key] = state_digest(obj.state_dict())
+            loaded[key] = state_digest(as_loaded(obj))
     extra.update(state.get("extra", {}))
     if digests:
         facts["digests"] = {**loaded, "extra": state_digest({k: extra[k] for k in state.get("extra", {})})}
     return facts
+
+
+def as_loaded(obj: Any) -> Any:
+    """The state an object holds once loaded. torchdata's StatefulDataLoader keeps a loaded state
+    (`next_iter_state`) until its next iter(), and its state_dict() before that describes its
+    dataset as it is, fresh: an HF stream loaded at example 1000 said 0, and the restore check
+    read a loader that resumed exactly as "changed by the restore"."""
+    pending = getattr(obj, "next_iter_state", None)
+    return pending if isinstance(pending, dict) else obj.state_dict()

@@ -20,14 +20,13 @@ What it does for the trainer (DESIGN.md's leg contract):
 - `step()` prints the `step` event with the hash of the inputs the tracked model was fed
   (runtime.evidence), snapshots the state on the cadence and runs the storage cycle in the
   background (write, push, verify by reading back, delete the local copy, prune);
-- counts the leg's first step's FLOPs and times each step's phases without a device
-  sync (runtime.steptime): the `flops` event, `gpu_phases` on `step`, and per window
-  `memory` and `rate` with MFU (runtime.window);
+- counts the first step's FLOPs, times each step's phases without a device sync (runtime.steptime):
+  `flops`, `gpu_phases` on `step`, per window `memory` and `rate` with MFU (runtime.window);
 - stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
   (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
   every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
   verify and prints `done`.
-Its own cost per step: hashing the batch and printing one line (bench/session_overhead.py).
+Loader workers leave SIGTERM to the leg (runtime.loaders). Cost per step: bench/session_overhead.py.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
 from runtime.health import Health
 from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
+from runtime.loaders import quiet_sigchld, shield_workers
 from runtime.node_cycle import node_leaders
 from runtime.resume import load_tracked, restore_newest
 from runtime.sharded import is_sharded
@@ -121,8 +121,7 @@ class Session:
         sys.exit(code)
 
     def track(self, **objects: Any) -> "Session":
-        """Objects saved with every checkpoint and restored on resume, by name. An object
-        with an `on_step()` method is told of every step (a loader counts batches trained)."""
+        """Saved with every checkpoint, restored on resume, by name; `on_step()` is called every step."""
         for name, obj in objects.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict")
@@ -130,6 +129,7 @@ class Session:
                 raise ValueError(f"track({name}=...): {name!r} is the session's own key")
             self.tracked[name] = obj
             self.evidence.watch(name, obj)
+            shield_workers(obj)
         return self
 
     @property
@@ -172,7 +172,7 @@ class Session:
         if status == "error":
             events.emit("stop", reason="store_error", step=0, error=name)
             self._exit(EXIT_REFUSED)
-        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        signal.signal(signal.SIGTERM, lambda *_: (self._sigterm.append(True), quiet_sigchld()))
         self.pusher = Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes, replace=frozenset(
             skipped)) if world.is_main or (self.leaders is not None and world.local_rank == 0) else None
         self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None

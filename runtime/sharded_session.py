@@ -99,6 +99,9 @@ def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
         raise ResumeRefused("world_size_changed", f"{name} was saved by {saved} ranks; this leg has "
                                                   f"{world.world_size}: resharding is not supported")
     own = sharded.load(folder, sess.tracked, {f["path"] for f in manifest["files"]}, world.rank)
+    # DCP's set_state_dict makes an empty optimizer's state with one step (zero grads, lr 0): not
+    # a training step; counted, it hid an optimizer re-created after the resume (1 step in 7).
+    sess.evidence.opt_steps = 0
     _, _, _, rest = sharded.split_tracked(sess.tracked)
     facts = load_tracked(rest, own, name, sess.extra, digests=world.is_main)  # what each rank keeps its own
     digests = sharded.digests(sess.tracked)  # a collective: the model and optimizers, whole

@@ -134,3 +134,41 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
     assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
         {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
+
+
+def test_the_stateful_loader_example_climbs_the_ladder(tmp_path: Path, leg_tmp: Path) -> None:
+    """examples/stateful_loader: torchdata's StatefulDataLoader with 2 worker processes (not
+    persistent), tracked by the Session: two resumes inside one epoch (the rehearsal's SIGTERM
+    leg and its deadline leg), every batch the straight-through run's; then the drill and the
+    report. The SIGTERM leg is also the one whose workers once died of the leg's group SIGTERM
+    (runtime.loaders)."""
+    assert changed_lines(EXAMPLES / "stateful_loader" / "ladder.diff") <= 65
+    root = copy_example("stateful_loader", tmp_path)
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
+    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert "sigterm" in checks["leg 0 stopped on sigterm"]["detail"]
+    drill = run_cli(["drill", "cold-resume", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900)
+    assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
+    report = run_cli(["report", "--json"], cwd=root, timeout=600)
+    status = {p["number"]: p["status"] for p in report.json()["proofs"]}
+    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
+        {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
+
+
+def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path, leg_tmp: Path) -> None:
+    """The same script under torchrun on 2 ranks, a DistributedSampler each, persistent workers:
+    both resumes exact on every rank."""
+    root = copy_example("stateful_loader", tmp_path)
+    cfg = root / "launcher.yaml"
+    cfg.write_text(cfg.read_text().replace("command: python train.py", "command: torchrun --standalone "
+                                           "--nproc_per_node=2 train.py").replace("--workers 2", "--workers 2 "
+                                                                                  "--persistent-workers"))
+    assert run_cli(["review"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
+    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert checks["every rank's data position (2 ranks)"]["ok"]

@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "tests" / "assets" / "fsdp" / "train.py"
 
 
-def leg(tmp_path: Path, name: str, max_steps: int, ranks: int = 2, run_id: str = "fsdp") -> tuple[int, list[dict]]:
+def leg(tmp_path: Path, name: str, max_steps: int, ranks: int = 2, run_id: str = "fsdp",
+        **extra_env: str) -> tuple[int, list[dict]]:
     work = tmp_path / name
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LAUNCHER_RUN_ID": run_id,
-           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps)}
+           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps), **extra_env}
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run([str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", str(TRAINER)], cwd=work,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -166,3 +167,31 @@ def test_a_manifest_that_leaves_out_a_ranks_shard_never_verifies(tmp_path: Path)
     assert not result.verified
     assert not {c.name: c for c in store.list()}["step-00000004"].verified
     assert bad.is_dir()  # the only copy is kept
+
+
+def test_a_flipped_byte_in_one_ranks_shard_is_refused_and_the_next_leg_resumes_the_previous(
+        tmp_path: Path, hub_server, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """On the Hub store: the read-back of step 6 gets rank 1's shard with one byte flipped (the
+    loopback server's fault, every time it is read). Verify refuses it, the checkpoint is never
+    sealed, the leg says its final checkpoint did not verify, and the next leg, on a fresh disk,
+    resumes from step 3, the previous verified one."""
+    hub = {"LAUNCHER_STORE": "hf://tester/fsdp", "HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good",
+           "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf")}
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_good")
+    hub_server.inject("flip_byte", times=1000, path="runs/fsdp/step-00000006/__1_0.distcp")
+    code, first = leg(tmp_path, "leg0", 6, **hub)
+    verify = {e["step"]: e for e in of(first, "verify")}
+    assert verify[3]["ok"] and not verify[6]["ok"], verify
+    assert any(f.startswith("__1_0.distcp[") and "differ" in f for f in verify[6]["failures"]), verify[6]
+    assert of(first, "done")[0]["final_checkpoint_verified"] is False
+    hub_server.reset_faults()
+    code, second = leg(tmp_path, "leg1", 9, **hub)
+    assert code == 0, second[-3:]
+    resumed = of(second, "resume")[0]
+    assert resumed["from_step"] == 3, resumed
+    assert of(second, "done")[0]["final_checkpoint_verified"] is True
+    from runtime.store import open_store
+
+    store = open_store("hf://tester/fsdp", "runs/fsdp")  # the loopback server, through HF_ENDPOINT
+    assert [(c.step, c.verified) for c in store.list()] == [(6, True), (9, True)]  # step 6 pushed again, whole
