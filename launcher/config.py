@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.config_hub import HubConfig
 from launcher.config_parse import StrictLoader, build, read_text
 from launcher.errors import BadInput, ConfigError
 
@@ -241,6 +242,9 @@ class Config:
 
     quota: QuotaConfig = field(default_factory=QuotaConfig)
     """GPU-hour and USD limits."""
+
+    hub: HubConfig = field(default_factory=HubConfig)
+    """The Hugging Face Hub's limits an hf:// store keeps to: file size, files per commit, commits per hour."""
 
     prices: dict[str, float] = field(default_factory=dict)
     """USD per GPU-hour by accelerator name, used when no catalog price is known."""

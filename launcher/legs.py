@@ -66,10 +66,12 @@ def leg_env(cfg: Config, rung: str, run_id: str, leg: int, store_uri: str, max_s
             files_sha256: dict[str, str], gpus: GpuSpec | None,
             deadline_after_resume: float | None = None) -> dict[str, str]:
     """A leg's environment from the config (its `leg_env`) and the run's facts: what real legs
-    get and what `up --dry-run` prints. The runtime refuses to run bytes other than `files_sha256`."""
+    get and what `up --dry-run` prints. The runtime refuses to run bytes other than `files_sha256`;
+    an hf:// store's legs also get launcher.yaml's `hub:` limits."""
     return contract.leg_env(run_id=run_id, leg=leg, rung=rung, store=store_uri, max_steps=max_steps,
                             deadline=deadline, files_sha256=files_sha256, on_gpu=gpus is not None,
-                            extra=cfg.leg_env, deadline_after_resume=deadline_after_resume)
+                            extra=cfg.leg_env, deadline_after_resume=deadline_after_resume,
+                            hub=cfg.hub.env() if store_uri.startswith("hf://") else None)
 
 
 @dataclass

@@ -51,23 +51,31 @@ DETERMINISTIC_RUNGS = frozenset({"rehearsal", "smoke", "drill"})
 CUBLAS_WORKSPACE = ":4096:8"
 STORE_KEY = "LAUNCHER_STORE_KEY"
 """The project's store key (hex): a secret, never recorded."""
+HUB_MAX_FILE_BYTES = "LAUNCHER_HUB_MAX_FILE_BYTES"
+"""hf:// stores: a file above this many bytes is stored in parts (launcher.yaml hub.max_file_gb)."""
+HUB_FILES_PER_COMMIT = "LAUNCHER_HUB_FILES_PER_COMMIT"
+"""hf:// stores: the most files one commit holds (hub.files_per_commit)."""
+HUB_COMMITS_PER_HOUR = "LAUNCHER_HUB_COMMITS_PER_HOUR"
+"""hf:// stores: the most commits one leg makes to the repo in a rolling hour (hub.commits_per_hour)."""
 LEG_NAMES = (RUN_ID, LEG, RUNG, STORE, MAX_STEPS, DEADLINE, FILES_SHA256)
 
 
 def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, deadline: float,
             files_sha256: dict[str, str], on_gpu: bool, extra: dict[str, str] | None = None,
-            deadline_after_resume: float | None = None) -> dict[str, str]:
+            deadline_after_resume: float | None = None, hub: dict[str, str] | None = None) -> dict[str, str]:
     """One leg's environment, the same on every backend and in `up --dry-run`.
 
-    `extra` is launcher.yaml's `leg_env` (it may not set a LAUNCHER_* name). A leg
-    with no GPU still runs on the CPU on a machine that has GPUs
-    (CUDA_VISIBLE_DEVICES=""): it rehearses the CPU path and must not depend on a GPU."""
+    `extra` is launcher.yaml's `leg_env` (it may not set a LAUNCHER_* name); `hub` its `hub:`
+    limits as LAUNCHER_HUB_* (hf:// stores only). A leg with no GPU still runs on the CPU on
+    a machine that has GPUs (CUDA_VISIBLE_DEVICES=""): it rehearses the CPU path and must not
+    depend on a GPU."""
     cpu_only = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
     relative = {} if deadline_after_resume is None else {DEADLINE_AFTER_RESUME: f"{deadline_after_resume:.2f}"}
     exact = {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE, DETERMINISTIC: "1"} if rung in DETERMINISTIC_RUNGS else {}
     return {**cpu_only, **exact, **(extra or {}),
             RUN_ID: run_id, LEG: str(leg), RUNG: rung, STORE: store, MAX_STEPS: str(max_steps),
-            DEADLINE: str(int(deadline)), **relative, FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
+            DEADLINE: str(int(deadline)), **relative, **(hub or {}),
+            FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
 
 
 def resumed_deadline(deadline: float, env: dict[str, str], now: float) -> float:

@@ -36,6 +36,12 @@ Differences from the real Hub, on purpose: a new repo has an empty initial commi
 `.gitattributes`); a file is LFS when its size exceeds `lfs_threshold` (the Hub also sniffs binary
 content); LFS objects are stored once for the whole server; listing a path that is a file is a 404.
 
+Limits, the Hub's by default (its docs: "Repositories: recommendations and limits"): a file above
+`max_file_bytes` (50 GB) is refused at preupload and at commit with 413; a commit of more than
+`max_files_per_commit` operations (100) with 422; a commit past `max_commits_per_hour` (128) to one
+repo in the last hour (`clock`, monotonic) with 429 -- a commit refused counts for none. Each raises
+in the client as `HfHubHTTPError` with that status.
+
 Faults (`inject`) are taken first-in first-out; a request takes at most one status/hang fault (before it
 is handled, even before auth) and at most one body fault (after). A file request is a GET/HEAD on
 `/resolve/` or on an `lfs_url` object; `path` globs (fnmatch) its path in the repo. Body faults
@@ -54,9 +60,10 @@ import hashlib
 import json
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 from urllib.parse import SplitResult, parse_qs, quote, unquote, urlencode, urlsplit
 
 from hub_server_faults import BODY_MODES, REQUEST_MODES, Fault, HubError, Origin, Reply, corrupt, serve_bytes
@@ -114,12 +121,18 @@ def now() -> str:
 class HubServer:
     """The fake Hub. `token` is the one accepted token; `require_auth` refuses anonymous reads too;
     files larger than `lfs_threshold` bytes are LFS; tree listings are paginated by `page_size`;
-    `user` is the namespace of repos created without one and the whoami name."""
+    `user` is the namespace of repos created without one and the whoami name; the `max_*` limits
+    are the Hub's unless a test lowers them (module docstring)."""
 
     def __init__(self, token: str = "hf_good", *, require_auth: bool = False, lfs_threshold: int = 1024,
-                 page_size: int = 1000, user: str = "tester") -> None:
+                 page_size: int = 1000, user: str = "tester", max_file_bytes: int = 50 * 10**9,
+                 max_files_per_commit: int = 100, max_commits_per_hour: int = 128,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.token, self.require_auth, self.user = token, require_auth, user
         self.lfs_threshold, self.page_size = lfs_threshold, page_size
+        self.max_file_bytes, self.max_files_per_commit = max_file_bytes, max_files_per_commit
+        self.max_commits_per_hour, self.clock = max_commits_per_hour, clock
+        self._commit_times: dict[str, deque[float]] = {}
         self.requests: list[LoggedRequest] = []
         self.repos: dict[str, Repo] = {}
         self.objects: dict[str, bytes] = {}  # LFS objects by sha256
@@ -431,6 +444,7 @@ class HubServer:
         commit = self._revision(repo, revision)
         out = []
         for item in payload["files"]:
+            self._check_size(item["path"], item["size"])
             entry = commit.files.get(item["path"])
             info = {"path": item["path"], "uploadMode": "lfs" if item["size"] > self.lfs_threshold else "regular",
                     "shouldIgnore": False}
@@ -469,7 +483,11 @@ class HubServer:
         if not lines or lines[0].get("key") != "header":
             raise HubError(400, "the first ndjson line must be the header")
         header = lines[0]["value"]
+        if len(lines) - 1 > self.max_files_per_commit:
+            raise HubError(422, f"a commit holds at most {self.max_files_per_commit} files, this one "
+                           f"{len(lines) - 1}: split it in several commits")
         with self._lock:
+            self._check_rate(repo_id)
             if revision not in repo.branches:
                 raise HubError(404, f"Invalid rev id: {revision} (commits go to a branch)", "RevisionNotFound")
             head = repo.branches[revision]
@@ -485,8 +503,23 @@ class HubServer:
                     raise HubError(400, f"{path}: a parent folder is a file")
             repo.commits[commit.oid], repo.branches[revision] = commit, commit.oid
             self.commit_sizes.append((commit.title, len(lines) - 1))
+            self._commit_times.setdefault(repo_id, deque()).append(self.clock())
         return self._json({"commitOid": commit.oid, "commitUrl": f"{self.url}/{repo_id}/commit/{commit.oid}",
                            "pullRequestUrl": None, "success": True})
+
+    def _check_size(self, path: str, size: int) -> None:
+        if size > self.max_file_bytes:
+            raise HubError(413, f"{path}: {size} bytes, above the {self.max_file_bytes} bytes a file may have")
+
+    def _check_rate(self, repo_id: str) -> None:
+        """429 once `max_commits_per_hour` commits were made to the repo in the last hour."""
+        times, now = self._commit_times.setdefault(repo_id, deque()), self.clock()
+        while times and now - times[0] >= 3600:
+            times.popleft()
+        if len(times) >= self.max_commits_per_hour:
+            wait = str(int(3600 - (now - times[0])))
+            raise HubError(429, f"rate limit: {len(times)} commits to {repo_id} in the last hour (at most "
+                           f"{self.max_commits_per_hour})", headers={"Retry-After": wait})
 
     def _apply(self, commit: Commit, key: str, value: dict[str, Any]) -> None:
         path = value["path"].strip("/") if key == "deletedFolder" else value["path"]
@@ -495,12 +528,14 @@ class HubServer:
         files = commit.files
         if key == "file":
             data = base64.b64decode(value["content"])
+            self._check_size(path, len(data))
             files[path] = Entry(len(data), git_blob_oid(data), None, data, commit.oid)
         elif key == "lfsFile":
             oid = value["oid"]
             data = self.objects.get(oid)
             if data is None or value.get("size", len(data)) != len(data):
                 raise HubError(400, f"{path}: LFS object {oid} was never uploaded (or has another size)")
+            self._check_size(path, len(data))
             files[path] = Entry(len(data), git_blob_oid(lfs_pointer(oid, len(data))), oid, None, commit.oid)
         elif key == "deletedFile":
             if files.pop(path, None) is None:

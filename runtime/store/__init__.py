@@ -31,6 +31,9 @@ def open_store(uri: str, namespace: str = "", key: bytes | None = _FROM_ENV) -> 
         return LocalDirStore(Path(unquote(parsed.path)), namespace, key=key)
     if parsed.scheme == "hf":
         from runtime.store.hub import HubStore
+        from runtime.store.hub_limits import limits_from_env
 
-        return HubStore(uri, namespace, key=key)
+        limits = limits_from_env()  # launcher.yaml `hub:`, passed in LAUNCHER_HUB_*
+        return HubStore(uri, namespace, key=key, max_file_bytes=limits.max_file_bytes,
+                        files_per_commit=limits.files_per_commit, commits_per_hour=limits.commits_per_hour)
     raise StoreError(f"unsupported store URI {uri!r} (expected file:///abs/dir or hf://owner/repo[@revision])")

@@ -20,6 +20,10 @@ decided in `runtime.cycle`, never here.
 - Errors: 401/403 -> StoreAuthError (never "nothing here"); 429, 5xx, timeouts
   and connection errors -> TransientStoreError, retried with backoff within a
   bounded time; 404 -> FileNotFoundError. Every request has a timeout.
+- The Hub's limits (`runtime.store.hub_limits`, launcher.yaml `hub:`): a file above
+  `max_file_bytes` is stored in parts (`runtime.store.hub_parts`, the parts counted in
+  `files_per_commit`); every commit request counts against `commits_per_hour` in a
+  rolling hour, and a push that would go over is refused before its first commit.
 """
 
 from __future__ import annotations
@@ -28,18 +32,23 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import httpx
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_session, hf_hub_url
-from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers
 
 from runtime.store.base import (MANIFEST, MAX_SMALL_JSON, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged,
-                                Manifest, RemoteFile, StoreAuthError, StoreError, StoreScan, TransientStoreError,
+                                Manifest, RemoteFile, StoreError, StoreScan, TransientStoreError,
                                 canonical_json, step_of)
+from runtime.store.hub_errors import classify, classify_status
+from runtime.store.hub_limits import (CYCLE_EXTRA_COMMITS, DEFAULT_MAX_FILE_BYTES, HUB_COMMITS_PER_HOUR,
+                                      HUB_FILES_PER_COMMIT, CommitBudget)
+from runtime.store.hub_parts import (MAX_INDEX_BYTES, PARTS_INDEX, FileWindow, PartsIndex, batches, close_windows,
+                                     joined_size, parse_index, plan, upload_items)
 from runtime.store.retry import RetryPolicy, with_retry
 from runtime.store.safeio import create_inside
 from runtime.store.seal import classify_folder
@@ -47,7 +56,7 @@ from runtime.store.seal import classify_folder
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0
 CHUNK = 1 << 20
-FILES_PER_COMMIT = 100
+FILES_PER_COMMIT = HUB_FILES_PER_COMMIT
 """The most files one commit holds: the Hub's advice (its docs: "Repositories: recommendations and
 limits"); a sharded checkpoint of many ranks has more, and is pushed in several commits."""
 
@@ -72,41 +81,6 @@ def configure_session(timeout_s: float) -> None:
         _session_timeout = timeout_s
 
 
-def classify(err: BaseException, what: str) -> BaseException:
-    """Map a client/transport error to the store's error types."""
-    if isinstance(err, RepositoryNotFoundError):
-        status = err.response.status_code if err.response is not None else 404
-        if status in (401, 403):
-            return StoreAuthError(f"{what}: repo not found or not readable with this token (HTTP {status})")
-        return FileNotFoundError(f"{what}: repository not found")
-    if isinstance(err, (RevisionNotFoundError, EntryNotFoundError)):
-        return FileNotFoundError(f"{what}: {type(err).__name__}")
-    if isinstance(err, HfHubHTTPError) and err.response is not None:
-        status = err.response.status_code
-        if status in (401, 403):
-            return StoreAuthError(f"{what}: HTTP {status}, the token was refused (check HF_TOKEN)")
-        if status == 429 or status >= 500:
-            return TransientStoreError(f"{what}: HTTP {status}")
-        return StoreError(f"{what}: HTTP {status}")
-    if isinstance(err, httpx.HTTPStatusError):
-        return classify_status(err.response.status_code, what)
-    if isinstance(err, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)):
-        return TransientStoreError(f"{what}: {type(err).__name__}: {err}")
-    if isinstance(err, httpx.HTTPError):  # a local protocol or URL error: a retry will not fix it
-        return StoreError(f"{what}: {type(err).__name__}: {err}")
-    return err
-
-
-def classify_status(status: int, what: str) -> BaseException:
-    if status in (401, 403):
-        return StoreAuthError(f"{what}: HTTP {status}, the token was refused (check HF_TOKEN)")
-    if status == 404:
-        return FileNotFoundError(f"{what}: HTTP 404")
-    if status == 429 or status >= 500:
-        return TransientStoreError(f"{what}: HTTP {status}")
-    return StoreError(f"{what}: HTTP {status}")
-
-
 def parse_hf_uri(uri: str) -> tuple[str, str]:
     """hf://owner/repo[@revision] -> (repo_id, revision)."""
     rest = uri[len("hf://"):]
@@ -122,9 +96,15 @@ class HubStore:
 
     def __init__(self, uri: str, namespace: str = "", *, token: str | None = None, endpoint: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 key: bytes | None = None, files_per_commit: int = FILES_PER_COMMIT) -> None:
+                 key: bytes | None = None, files_per_commit: int = FILES_PER_COMMIT,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, commits_per_hour: int = HUB_COMMITS_PER_HOUR,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.repo_id, self.revision = parse_hf_uri(uri)
         self.files_per_commit = max(2, files_per_commit)
+        self.max_file_bytes = max(1, max_file_bytes)
+        self.budget = CommitBudget(max(1, commits_per_hour), clock)
+        self._indexes: dict[str, PartsIndex | None] = {}
+        """Each checkpoint's parts index (None: no file split), as pushed or read; a scan resets it."""
         self.key = key
         self.prefix = f"{namespace.strip('/')}/" if namespace.strip("/") else ""
         self.uri = f"hf://{self.repo_id}@{self.revision}/{self.prefix}".rstrip("/")
@@ -177,12 +157,42 @@ class HubStore:
         return self._call(f"GET {path_in_repo}", get)
 
     def _commit(self, what: str, make_ops: Callable[[], list[Any]]) -> None:
-        """One commit; the operations are rebuilt on every attempt (they cache upload state)."""
+        """One commit; the operations are rebuilt on every attempt (they cache upload state), and
+        every attempt counts against the commit budget (the Hub may have made one that timed out)."""
         if not self._repo_ready:
             self._call("create repo", lambda: self.api.create_repo(self.repo_id, private=True, exist_ok=True))
             self._repo_ready = True
-        self._call(what, lambda: self.api.create_commit(self.repo_id, make_ops(), commit_message=what,
-                                                        revision=self.revision))
+
+        def attempt() -> Any:
+            ops = make_ops()
+            try:
+                self.budget.check(1, what)
+                self.budget.spend()
+                return self.api.create_commit(self.repo_id, ops, commit_message=what, revision=self.revision)
+            finally:
+                close_windows(ops)
+        self._call(what, attempt)
+
+    def _add(self, name: str, local_dir: Path, item: Any, blobs: dict[str, bytes]) -> Any:
+        """The operation adding one push item: a small JSON (by name), a whole file or one part."""
+        if isinstance(item, str):
+            return CommitOperationAdd(self._path(name, item), blobs[item])
+        dest, src, start, length = item
+        whole = dest == src
+        return CommitOperationAdd(self._path(name, dest), str(local_dir / src) if whole else
+                                  FileWindow(local_dir / src, start, length))
+
+    def _parts(self, name: str) -> PartsIndex | None:
+        """The checkpoint's parts index (None: no file is split); untrusted, checked on read."""
+        if name not in self._indexes:
+            where = self._path(name, PARTS_INDEX)
+            try:
+                raw = self._get_small(where, MAX_INDEX_BYTES)
+            except FileNotFoundError:
+                self._indexes[name] = None
+            else:
+                self._indexes[name] = parse_index(raw, where)
+        return self._indexes[name]
 
     # --- the Store interface -------------------------------------------------
 
@@ -201,6 +211,7 @@ class HubStore:
                 folder, leaf = rel.split("/")
                 if step_of(folder) is not None:
                     present.setdefault(folder, set()).add(leaf)
+        self._indexes = {name: None for name, leaves in present.items() if PARTS_INDEX not in leaves}
         good, damaged = [], []
         for name, leaves in present.items():
             if MANIFEST not in leaves:
@@ -220,48 +231,79 @@ class HubStore:
         return self.scan().checkpoints
 
     def push(self, local_dir: Path, manifest: Manifest) -> None:
-        body = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
-
-        paths = [f.path for f in manifest.files] + [MANIFEST]
-        per = self.files_per_commit
-        parts = [paths[i:i + per] for i in range(0, len(paths), per)]  # the manifest in the last
-        for index, part in enumerate(parts, 1):
-            def ops(part: list[str] = part) -> list[Any]:
-                return [CommitOperationAdd(self._path(manifest.name, path),
-                                           body if path == MANIFEST else str(local_dir / path)) for path in part]
-            suffix = f" ({index}/{len(parts)})" if len(parts) > 1 else ""
-            self._commit(f"checkpoint {manifest.name}{suffix}", ops)
+        self._push(local_dir, manifest.name, {f.path: f.size for f in manifest.files}, manifest)
 
     def push_part(self, local_dir: Path, name: str, paths: list[str]) -> None:
         """One node's files of checkpoint `name`, in commits of `files_per_commit`; no manifest,
         so nothing lists the checkpoint until `commit`."""
-        per = self.files_per_commit
-        for start in range(0, len(paths), per):
-            part = paths[start:start + per]
-            self._commit(f"checkpoint {name} part", lambda part=part: [
-                CommitOperationAdd(self._path(name, path), str(local_dir / path)) for path in part])
+        self._push(local_dir, name, {p: (local_dir / p).stat().st_size for p in paths}, None)
 
     def commit(self, manifest: Manifest) -> None:
-        """The manifest, in a commit of its own: the checkpoint exists from here."""
-        body = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
-        self._commit(f"checkpoint {manifest.name}", lambda: [CommitOperationAdd(self._path(manifest.name, MANIFEST), body)])
+        """The manifest (with the parts index), in a commit of its own: the checkpoint exists from here."""
+        self._push(Path(), manifest.name, {}, manifest, plan({f.path: f.size for f in manifest.files},
+                                                             self.max_file_bytes))
+
+    def _push(self, local_dir: Path, name: str, sizes: dict[str, int], manifest: Manifest | None,
+              index: PartsIndex | None = None) -> None:
+        """Commit `sizes`' files (split where above `max_file_bytes`), then the manifest and the
+        parts index together in the last commit; refused up front if the commits, and for a
+        checkpoint its verified mark and a prune's delete, do not fit in the hour's budget."""
+        index = index or plan(sizes, self.max_file_bytes)
+        blobs = {PARTS_INDEX: index.to_json() if index else b""}
+        tail = [PARTS_INDEX] if index and manifest else []
+        if manifest is not None:
+            blobs[MANIFEST] = json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode()
+            tail.append(MANIFEST)
+        chunks = batches(upload_items(sizes, index), tail, self.files_per_commit)
+        extra = CYCLE_EXTRA_COMMITS if manifest else 0
+        self.budget.check(len(chunks) + extra, f"pushing {name} ({len(chunks)} commit(s)"
+                          + (", then its verified mark and a prune's delete)" if extra else ")"))
+        self._indexes.pop(name, None)
+        for n, chunk in enumerate(chunks, 1):
+            suffix = f" ({n}/{len(chunks)})" if len(chunks) > 1 else ""
+            title = f"checkpoint {name}{suffix}" if manifest else f"checkpoint {name} part"
+            self._commit(title, lambda chunk=chunk: [self._add(name, local_dir, item, blobs) for item in chunk])
+        if manifest is not None:
+            self._indexes[name] = index
 
     def drop_parts(self, name: str) -> None:
         """Files an earlier attempt committed are overwritten by the next; nothing to do first."""
 
     def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
-        full = {self._path(name, p): p for p in paths}
+        """A split file: its parts' summed size (or -1 when they cannot make one file), no hash."""
+        index = self._parts(name)
+        split = {p: index.parts(p) for p in paths if index and p in index.files}
+        if set(paths) & {part for parts in split.values() for part in parts}:
+            raise CheckpointDamaged(f"{name}/{PARTS_INDEX}: a part name is a file of the checkpoint")
+        full = {self._path(name, q): q for p in paths for q in split.get(p, [p])}
         infos = self._call(f"paths-info {name}", lambda: self.api.get_paths_info(
             self.repo_id, list(full), revision=self.revision))
+        found = {full[i.path]: i for i in infos if i.path in full and hasattr(i, "size")}
         out = {}
-        for info in infos:
-            if info.path in full and hasattr(info, "size"):
+        for path in paths:
+            if path in split:
+                assert index is not None
+                size = joined_size([found[q].size if q in found else None for q in split[path]], index.part_bytes)
+                out.update({path: RemoteFile(size)} if size is not None else {})
+            elif path in found:
+                info = found[path]
                 sha = info.lfs.sha256 if getattr(info, "lfs", None) else None
-                out[full[info.path]] = RemoteFile(info.size, sha, None if sha else info.blob_id)
+                out[path] = RemoteFile(info.size, sha, None if sha else info.blob_id)
         return out
 
     def read_range(self, name: str, path: str, start: int, length: int) -> bytes:
-        where = self._path(name, path)
+        index = self._parts(name)
+        if index is None or path not in index.files:
+            return self._range_get(self._path(name, path), start, length)
+        out = b""
+        for part, offset, take in index.spans(path, start, length):
+            data = self._range_get(self._path(name, part), offset, take)
+            out += data
+            if len(data) != take:  # the caller sees the wrong length
+                break
+        return out
+
+    def _range_get(self, where: str, start: int, length: int) -> bytes:
         end = start + length - 1
 
         def get() -> bytes:
@@ -292,35 +334,51 @@ class HubStore:
         info, bad = classify_folder(name, self._get_small(self._path(name, MANIFEST)), None, None)
         if info is None:
             raise CheckpointDamaged(f"{name}: {bad.reason if bad else 'damaged'}")
+        index = self._parts(name)
+        if index is not None:
+            index.check_against({f.path: f.size for f in info.manifest.files}, f"{name}/{PARTS_INDEX}")
         target = dest / name
         target.mkdir(parents=True)
         for entry in info.manifest.files:
-            self._download(self._path(name, entry.path), target, entry.path, entry.size, entry.sha256)
+            if index is not None and entry.path in index.files:
+                sources = list(zip((self._path(name, p) for p in index.parts(entry.path)),
+                                   index.part_sizes(entry.path, entry.size)))
+            else:
+                sources = [(self._path(name, entry.path), entry.size)]
+            self._download(sources, target, entry.path, entry.sha256, self._path(name, entry.path))
         (target / MANIFEST).write_bytes(canonical_json(info.manifest.to_json()))
         return target
 
-    def _download(self, path_in_repo: str, root: Path, rel: str, size: int, sha256: str) -> None:
-        """GET one file into root/rel: never more than `size` + 1 bytes, checked against `sha256`."""
+    def _download(self, sources: list[tuple[str, int]], root: Path, rel: str, sha256: str, label: str) -> None:
+        """GET one file into root/rel from its `sources` (the file, or its parts in order, each with
+        its size): never more bytes than a source's size + 1, the whole checked against `sha256`."""
         def get() -> None:
             (root / rel).unlink(missing_ok=True)  # a retry starts over
-            digest, got = hashlib.sha256(), 0
-            with get_session().stream("GET", self._url(path_in_repo), headers=self._headers(),
-                                      follow_redirects=True, timeout=self.timeout_s) as resp:
-                if resp.status_code != 200:
-                    raise classify_status(resp.status_code, f"GET {path_in_repo}")
-                with os.fdopen(create_inside(root, rel), "wb") as fh:
-                    for chunk in resp.iter_bytes(CHUNK):
-                        got += len(chunk)
-                        if got > size:
-                            raise CheckpointDamaged(f"GET {path_in_repo}: more than the {size} bytes the manifest says")
-                        digest.update(chunk)
-                        fh.write(chunk)
-            if got != size:
-                raise TransientStoreError(f"GET {path_in_repo}: {got} bytes, expected {size}")
+            digest, fh = hashlib.sha256(), None
+            try:
+                for where, size in sources:
+                    got = 0
+                    with get_session().stream("GET", self._url(where), headers=self._headers(),
+                                              follow_redirects=True, timeout=self.timeout_s) as resp:
+                        if resp.status_code != 200:
+                            raise classify_status(resp.status_code, f"GET {where}")
+                        fh = fh or os.fdopen(create_inside(root, rel), "wb")
+                        for chunk in resp.iter_bytes(CHUNK):
+                            got += len(chunk)
+                            if got > size:
+                                raise CheckpointDamaged(f"GET {where}: more than the {size} bytes the manifest says")
+                            digest.update(chunk)
+                            fh.write(chunk)
+                    if got != size:
+                        raise TransientStoreError(f"GET {where}: {got} bytes, expected {size}")
+            finally:
+                if fh is not None:
+                    fh.close()
             if digest.hexdigest() != sha256:
-                raise CheckpointDamaged(f"{path_in_repo} does not match its manifest's sha256")
-        self._call(f"download {path_in_repo}", get)
+                raise CheckpointDamaged(f"{label} does not match its manifest's sha256")
+        self._call(f"download {label}", get)
 
     def delete(self, name: str) -> None:
         folder = self._path(name)
+        self._indexes.pop(name, None)
         self._commit(f"delete {name}", lambda: [CommitOperationDelete(f"{folder}/", is_folder=True)])
