@@ -57,6 +57,7 @@ bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/session_overhead.py
 	$(PY) bench/breakdown_overhead.py
 	$(PY) bench/async_save.py
+	$(PY) bench/sharded_save.py
 	$(HF_VENV)/bin/python bench/hf_resume_skip.py
 	$(PY) bench/sky_node_setup.py
 
