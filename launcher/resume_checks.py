@@ -161,12 +161,12 @@ def check_batches(legs: list[LegEvents], i: int, straight: LegEvents | None = No
                      f"already consumed at step {s} (leg {ev.leg}): the resume re-read data",
                      after.pointer(post[first]), kind=Kind.DATA_POSITION, leg=after.leg)
     want = ref[first][1].get("batch_hash") if first in ref else None
-    if want is not None and want != h:  # neither re-read nor the batch due: the position moved
-        at = next((s for s, (_, e) in sorted(ref.items()) if e.get("batch_hash") == h), None)
-        moved = f"; it is the straight run's batch of step {at}: {at - first:+d} batches" if at is not None else ""
+    at = next((s for s, (_, e) in sorted(ref.items()) if e.get("batch_hash") == h), None) if want != h else None
+    if want is not None and at is not None:  # the straight run's batch of another step: the position moved
         return Check(name, False, f"the first batch after the resume at step {start} ({h[:12]}, step {first}) is "
-                     f"not the straight-through run's ({want[:12]}){moved}: the resume moved the data position",
-                     after.pointer(post[first]) + straight.pointer(ref[first]), kind=Kind.DATA_POSITION, leg=after.leg)
+                     f"not the straight-through run's ({want[:12]}) but its batch of step {at}: {at - first:+d} "
+                     f"batches: the resume moved the data position", after.pointer(post[first]) +
+                     straight.pointer(ref[first]), kind=Kind.DATA_POSITION, leg=after.leg)
     rerun = sorted(s for s in post if any(s in st for st in earlier))
     return Check(name, True, f"resumed at step {start}; step {first} read {h[:12]}, not among the {len(consumed)} "
                  f"batches consumed before" + (f"; steps {rerun[0]}-{rerun[-1]} re-run reading the same batches"

@@ -6,6 +6,9 @@ for the session.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +17,16 @@ from tests.helpers import SKY_IMAGE_REF, edit_config, run_cli
 
 
 @pytest.fixture
-def leg_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Legs' fresh dirs go under this test's tmp (TMPDIR is what mkdtemp uses)."""
-    path = tmp_path / "tmp"
-    path.mkdir()
+def leg_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Legs' fresh dirs go under a folder of this test's own (TMPDIR is what mkdtemp uses), a
+    short one under /tmp: a DataLoader worker hands each batch to its main process through an
+    AF_UNIX socket in TMPDIR (torch's file_descriptor strategy), and a socket path may not pass
+    107 bytes. Under pytest's basetemp it did: "AF_UNIX path too long" in the worker's feeder
+    thread, and the leg waited for its batch until the budget killed it (360 s)."""
+    path = Path(tempfile.mkdtemp(prefix="leg-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(path))
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
