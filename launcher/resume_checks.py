@@ -324,8 +324,8 @@ def check_loss(legs: list[LegEvents], i: int, exact: bool, straight: LegEvents |
                      kind=Kind.LOSS_CONTINUITY, leg=after.leg)
     detail = f"loss {before[-1]:.5f} -> {post[min(post)]:.5f} across the restart ({cont.delta:+.5f}); "
     ref = {s: it[1]["loss"] for s, it in steps_of(straight).items()} if straight is not None and exact else {}
-    pre_step = max(s for s in pre_all if s <= start)
-    if not cont.ok and all(s in ref for s in (pre_step, min(post))) and same_loss(ref[pre_step], before[-1]) and \
+    pre_step = max((s for s in pre_all if s <= start), default=None)
+    if not cont.ok and pre_step in ref and min(post) in ref and same_loss(ref[pre_step], before[-1]) and \
             same_loss(ref[min(post)], post[min(post)]):
         return Check(name, True, detail + f"beyond the band +-{cont.band:.5f}, and the straight-through run's own "
                      f"jump at steps {pre_step}-{min(post)}, exactly", after.pointer(after.first("step")),

@@ -250,3 +250,35 @@ def test_a_reader_that_cannot_run_says_why_on_each_read(tmp_path: Path) -> None:
             assert not reader.read("step-00000010", {})["ok"]  # broken stays broken, said again
         finally:
             reader.close()
+
+
+def test_a_jump_across_the_restart_that_is_the_straight_runs_own_passes() -> None:
+    """Exact CPU: a loss jump beyond the band passes only when the straight-through run made the
+    very same jump at those steps (a rank's local loss can), and says so; any other jump fails."""
+    from launcher.resume_checks import check_loss
+
+    losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5, 7: 4.0, 8: 3.9}
+    legs = [leg(0, *(step(s, loss=losses[s]) for s in range(1, 7))),
+            leg(1, {"event": "resume", "from_step": 6}, step(7, loss=4.0), step(8, loss=3.9))]
+    same = leg(9, *(step(s, loss=v) for s, v in losses.items()))
+    passed = check_loss(legs, 1, exact=True, straight=same)
+    assert passed.ok and "the straight-through run's own jump at steps 6-7, exactly" in passed.detail, passed.detail
+    other = leg(9, *(step(s, loss=4.45 if s == 7 else v) for s, v in losses.items()))
+    assert not check_loss(legs, 1, exact=True, straight=other).ok
+    assert not check_loss(legs, 1, exact=True).ok  # no straight run: the band alone
+    assert not check_loss(legs, 1, exact=False, straight=same).ok  # not exact: the band alone
+
+
+def test_a_first_batch_from_further_on_is_a_moved_position_and_an_unknown_one_is_not() -> None:
+    """The first batch after the resume is the straight run's batch of a later step: the
+    position moved (skipped twice), by how many batches. One found nowhere in the straight run
+    (a forward input that is not data, e.g. a recurrent state) is not called a data bug here."""
+    from launcher.resume_checks import check_batches
+
+    straight = leg(9, *(step(s, batch_hash=f"h{s}") for s in range(1, 9)))
+    first = leg(0, *(step(s, batch_hash=f"h{s}") for s in range(1, 4)))
+    skipped = leg(1, {"event": "resume", "from_step": 3}, step(4, batch_hash="h6"), step(5, batch_hash="h7"))
+    moved = check_batches([first, skipped], 1, straight)
+    assert not moved.ok and "but its batch of step 6: +2 batches" in moved.detail, moved.detail
+    other = leg(1, {"event": "resume", "from_step": 3}, step(4, batch_hash="zz"), step(5, batch_hash="h5"))
+    assert check_batches([first, other], 1, straight).ok
