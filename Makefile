@@ -11,6 +11,12 @@ STAMP   = $(VENV)/.installed
 # datasets 5.2.0 (needs huggingface_hub>=1.31, so here too) + torchdata: the streaming-resume tests.
 HF_VENV ?= .venv-hf
 HF_STAMP = $(HF_VENV)/.installed
+# The Lightning example's trainer: lightning 2.6.6 and pytorch-lightning 2.6.6 (lightning
+# depends on it, unpinned: pinned here to the same release), torchmetrics 1.9.0 and
+# lightning-utilities 0.15.3 (what 2.6.6 resolves to), torchdata for its StatefulDataLoader.
+# The Accelerate example runs in .venv-hf: transformers' Trainer needs accelerate, pinned there.
+PL_VENV ?= .venv-lightning
+PL_STAMP = $(PL_VENV)/.installed
 # pytest-xdist workers for `make test` (tests/README.md: measured on 2 cores).
 TEST_WORKERS ?= 2
 
@@ -30,6 +36,12 @@ $(HF_STAMP): pyproject.toml Makefile
 	$(HF_VENV)/bin/python -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $(HF_STAMP)
 
+$(PL_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(PL_VENV)
+	$(PL_VENV)/bin/python -m pip install -q torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3 torchdata==0.11.0
+	$(PL_VENV)/bin/python -m pip install -q --no-deps -e . --config-settings editable_mode=compat
+	touch $(PL_STAMP)
+
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
@@ -39,13 +51,13 @@ demo: $(STAMP)
 # The real-SkyPilot tier starts SkyPilot's own API server (offline); its host needs rsync.
 test:
 	@rm -f .stage-times
-	@# Both venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
-	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j2 $(STAMP) $(HF_STAMP)
+	@# The venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
+	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j3 $(STAMP) $(HF_STAMP) $(PL_STAMP)
 	@# How fast this machine starts a leg (torch + torch._dynamo): read the wall time against it.
 	@bash scripts/stage.sh calibrate $(PY) scripts/calibrate.py
 	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/stage.sh engine bash scripts/docker-engine.sh && bash scripts/stage.sh base-image bash scripts/make-base-image.sh; fi
-	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
+	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python PREFLIGHT_PL_PYTHON=$(CURDIR)/$(PL_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
 
 # The unit tier, for the inner loop (under 2 minutes): tests marked `unit` start no leg,
 # no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.
@@ -62,4 +74,4 @@ bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/sky_node_setup.py
 
 clean:
-	rm -rf $(VENV) $(HF_VENV) .demo
+	rm -rf $(VENV) $(HF_VENV) $(PL_VENV) .demo

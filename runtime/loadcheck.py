@@ -32,6 +32,34 @@ from runtime.store import open_store
 from runtime.store.base import Store
 
 
+def _lightning(folder: Path, step: int) -> dict:
+    """A Lightning checkpoint is one torch.save file: it must load with weights_only=True (as
+    `trainer.fit(ckpt_path=...)` loads it) and say the step the store's name says."""
+    import torch
+
+    files = sorted(folder.glob("*.ckpt"))
+    if len(files) != 1:
+        return {"ok": False, "error": f"expected one .ckpt file, found {len(files)}"}
+    ckpt = torch.load(files[0], map_location="cpu", weights_only=True)
+    got = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    if got != step:
+        return {"ok": False, "error": f"the checkpoint says global_step {got!r}, its name step {step}"}
+    return {"keys": sorted(ckpt)}
+
+
+def _accelerate(folder: Path, step: int) -> dict:
+    """`Accelerator.load_state` swallows a missing RNG file (it logs "Could not load random
+    states" and goes on): a checkpoint without one is not loadable as saved."""
+    if not any(folder.glob("random_states_*.pkl")):
+        return {"ok": False, "error": "no random_states_*.pkl: Accelerator.load_state would go on without the RNG"}
+    return {}
+
+
+# format -> what else is checked beyond every file's bytes (the framework loads the rest itself).
+FRAMEWORK_FORMATS = {"transformers": lambda folder, step: {}, "accelerate": _accelerate,
+                     "lightning": _lightning}
+
+
 def check(uri: str, prefix: str, name: str) -> dict:
     return read(open_store(uri, prefix), name)[0]
 
@@ -47,14 +75,15 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
     with tempfile.TemporaryDirectory(prefix="loadcheck-") as tmp:
         try:
             folder = store.fetch(name, Path(tmp))
-            if fmt == "transformers":  # the Trainer's own folder: every file checked, loaded by the Trainer itself
+            if fmt in FRAMEWORK_FORMATS:  # a framework's own files: every one checked, loaded by the framework
                 from runtime.store.seal import check_windows
 
                 if info.seal is not None:
                     check_windows(folder, info.seal)
-                return {"ok": True, "name": name, "step": info.step, "verified": info.verified,
-                        "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt,
-                        "seconds": round(time.perf_counter() - began, 3)}, None
+                out = {"ok": True, "name": name, "step": info.step, "verified": info.verified,
+                       "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt}
+                out.update(FRAMEWORK_FORMATS[fmt](folder, info.step))
+                return {**out, "seconds": round(time.perf_counter() - began, 3)}, None
             if fmt == "dcp":  # every rank's shards, whole, in this one process (runtime.sharded)
                 state, manifest = _load_sharded(folder, info), info.manifest
             else:

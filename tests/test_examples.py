@@ -26,6 +26,18 @@ def hf_python() -> str:
     return python
 
 
+def pl_python() -> str:
+    """The interpreter with lightning (`make test` builds .venv-lightning and exports its path)."""
+    python = os.environ.get("PREFLIGHT_PL_PYTHON") or str(REPO / ".venv-lightning" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.fail(f"no interpreter with lightning at {python}: run `make test` (it builds .venv-lightning)")
+    return python
+
+
+# The examples whose trainer runs in an interpreter of its own (as on a cloud, in its image).
+TRAINER_PYTHON = {"hf_trainer": hf_python, "accelerate": hf_python, "lightning": pl_python}
+
+
 def changed_lines(diff: Path) -> int:
     return sum(1 for line in diff.read_text().splitlines()
                if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip())
@@ -38,8 +50,8 @@ def copy_example(name: str, dest: Path, original: bool = False) -> Path:
     if original:
         shutil.copyfile(root / "train_original.py", root / "train.py")
         cfg.write_text(cfg.read_text().replace(" --ckpt_every 5", "").replace(" --ckpt-every 5", ""))
-    if name == "hf_trainer":
-        cfg.write_text(cfg.read_text().replace("command: python ", f"command: {hf_python()} "))
+    if name in TRAINER_PYTHON:
+        cfg.write_text(cfg.read_text().replace("command: python ", f"command: {TRAINER_PYTHON[name]()} "))
     assert run_cli(["review"], cwd=root).code == 0
     return root
 

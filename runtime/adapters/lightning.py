@@ -1,0 +1,299 @@
+"""A Lightning script on the ladder, in three changed lines:
+
+    from runtime.adapters.lightning import Preflight                     # 1
+    trainer = L.Trainer(..., callbacks=[..., pf := Preflight()])         # 2
+    trainer.fit(model, loader, ckpt_path=pf.resume())                    # 3 (was "last")
+
+Lightning keeps doing what it does (the model, optimizers, schedulers and loop counters
+in its checkpoint; a StatefulDataLoader's position, Lightning >= 2.2); the callback does
+the leg contract around it:
+- `resume()` fetches the newest *verified* checkpoint from the store onto this leg's empty
+  disk (damaged ones skipped with `resume_skip`; a file that does not load with
+  weights_only=True, or names another step, is damaged) and hands `fit` its path, or None
+  to start fresh. Never `ckpt_path="last"`: Lightning picks that by modification time on the
+  local disk, and on a fresh machine finds nothing and trains from scratch with a warning.
+- At `setup` it puts itself in as the trainer's CheckpointIO, so every checkpoint Lightning
+  writes (ModelCheckpoint's cadence, its last.ckpt, an exception save) is written by us: to
+  a temp file, fsynced, renamed (2.6.6's own save swallows some PermissionErrors, #21800),
+  then pushed, verified by reading back, deleted locally and pruned in the background. A
+  second save at a step already saved (save_last after the cadence's) is the same state:
+  skipped. ModelCheckpoint's own deletes are no-ops: the store keeps the newest `keep`.
+- Lightning saves no RNG: the callback's own state holds the torch, numpy and python
+  streams, re-applied at the first batch after a resume, so dropout continues exactly.
+- every step prints a `step` event with the hash of the batch handed to `training_step`, the
+  loss it returned, the first optimizer's LR and its step count; every checkpoint a
+  `state_digest` event (model, optimizers, schedulers, loader position, RNG) and a resume
+  the digests of each object as Lightning restored it (a module hook that drops the
+  scheduler's state shows here).
+- it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on
+  SIGTERM: a final checkpoint from `on_train_batch_end` (the stage Lightning resumes
+  mid-epoch from), then Lightning's own stop; `done` says whether it verified, and a
+  final checkpoint that did not verify exits 1. Lightning turns SIGTERM into an exit 0 of
+  its own (`SIGTERMException`): the `done` event, not the exit code, says how it ended.
+Supported: the `lightning` package (lightning.pytorch), one device or DDP; the checkpoint is
+written by global rank 0. Not supported: `pytorch_lightning` imports (another Callback
+class), AsyncCheckpointIO (unwrapped: its save returns before the file exists), and
+ModelCheckpoint(save_last="link") (a symlink made outside the CheckpointIO).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.pytorch import Callback
+from lightning.pytorch.plugins.io import CheckpointIO
+
+from runtime import contract, events
+from runtime.batches import batch_digest
+from runtime.checkpoint import write_manifest
+from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
+from runtime.cycle import Pusher
+from runtime.evidence import state_digests
+from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
+from runtime.resume import as_loaded, restore_newest
+from runtime.store import StoreError, open_store
+from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
+
+CKPT_FILE = "lightning.ckpt"
+TRACKED = {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler", "data": "data"}
+
+
+def _check(folder: Path, seal: dict[str, Any] | None) -> None:
+    """A fetched checkpoint Lightning could load: its bytes as sealed, one file that loads with
+    weights_only=True and says the step its name says."""
+    from runtime.store.seal import check_windows
+
+    if seal is not None:
+        check_windows(folder, seal)
+    try:
+        ckpt = torch.load(folder / CKPT_FILE, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any load failure is damage: the next older one is tried
+        raise CheckpointDamaged(f"{CKPT_FILE} does not load with weights_only=True: {type(err).__name__}: {err}")
+    step = int(folder.name.rsplit("_", 1)[-1]) if folder.name.rsplit("_", 1)[-1].isdigit() else None
+    if not isinstance(ckpt, dict) or (step is not None and ckpt.get("global_step") != step):
+        raise CheckpointDamaged(f"{CKPT_FILE} says global_step {ckpt.get('global_step') if isinstance(ckpt, dict) else None}")
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG streams, in types torch.load(weights_only=True) reads back."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": [version, list(words), gauss],
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def digests_of(model: Any, optimizers: Any, schedulers: Any, loader: Any, rng: Any) -> dict[str, str]:
+    return state_digests({"model": model, "optimizer": optimizers, "scheduler": schedulers, "data": loader,
+                          "rng": [rng]}, list(TRACKED))
+
+
+def _epoch_before_iter(loop: Any) -> None:
+    """Lightning 2.6.6 creates a restarted epoch's iterator (`setup_data`, right after it loads the
+    loader's saved state) before it sets the samplers' epoch (`on_advance_start`): a resume in the
+    middle of epoch >= 1 replays epoch 0's order from the saved position. The epoch goes first
+    here: set where Lightning itself would set it, just before that iterator."""
+    load = getattr(loop, "_load_combined_loader_states", None)
+    if load is None or getattr(load, "_preflight", False):
+        return
+
+    def load_then_set_epoch() -> None:
+        load()
+        for loader in loop._combined_loader.flattened:
+            _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
+
+    load_then_set_epoch._preflight = True  # type: ignore[attr-defined]
+    loop._load_combined_loader_states = load_then_set_epoch
+
+
+class _StoreIO(CheckpointIO):
+    """Lightning's CheckpointIO, with our save (the storage cycle) in place of its own."""
+
+    def __init__(self, pf: "Preflight", inner: CheckpointIO) -> None:
+        self.pf, self.inner = pf, inner
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.pf.save(checkpoint)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Always weights_only: the bytes came from a store (the resume checked they load so)."""
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=True)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """ModelCheckpoint's top-k prune: the store keeps the newest `keep` verified instead."""
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+class Preflight(Callback):
+    """The leg contract for a Lightning Trainer. See the module docstring."""
+
+    def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
+        env = os.environ
+        self.run_id = env.get(contract.RUN_ID, "local")
+        self.leg = int(env.get(contract.LEG, "0"))
+        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
+        self.deadline = float(env.get(contract.DEADLINE, "inf"))
+        self.work = Path(workdir).resolve()
+        self.rank = int(env.get("RANK", "0"))
+        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.resumed_at = self.pushed_at = 0
+        self.resumed_from: str | None = None
+        self.reason = "max_steps"
+        self.finished = False
+        self._sigterm: list[bool] = []
+        self._rng: dict[str, Any] | None = None  # loaded: re-applied at the first batch
+        self._batch: str | None = None
+        self._opt_steps = 0
+        self._last = time.perf_counter()
+        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="lightning")
+        if stale_code_refused():
+            sys.exit(EXIT_REFUSED)
+        # A flag from now on: Lightning installs its own handler only once `fit` has restored the
+        # checkpoint, and chains this one.
+        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
+
+    # --- before training ---------------------------------------------------------
+
+    def resume(self) -> str | None:
+        """The local path of the newest verified checkpoint in the store (None: start fresh)."""
+        restore = self.work / "restore"
+        try:
+            restored = restore_newest(self.store, restore, keep_files=True, check=_check)
+        except StoreError as err:
+            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
+            sys.exit(EXIT_REFUSED)
+        if restored.info is None:
+            return None
+        self.resumed_at = self.pushed_at = restored.info.step
+        self.resumed_from = restored.info.name
+        (restore / restored.info.name / MANIFEST).unlink(missing_ok=True)
+        return str(restore / restored.info.name / CKPT_FILE)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        inner = trainer.strategy.checkpoint_io
+        inner = getattr(inner, "checkpoint_io", None) or inner if type(inner).__name__ == "AsyncCheckpointIO" else inner
+        trainer.strategy.checkpoint_io = _StoreIO(self, inner)
+        _epoch_before_iter(trainer.fit_loop)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._rng = state_dict.get("rng")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())  # the checkpoint is loaded
+        for opt in trainer.optimizers:
+            opt.register_step_post_hook(lambda *_: setattr(self, "_opt_steps", self._opt_steps + 1))
+        if self.resumed_from is not None:
+            events.emit("resume", from_step=self.resumed_at, checkpoint=self.resumed_from,
+                        digests=digests_of(*self._live_state(trainer, pl_module), self._rng or rng_state()))
+        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get(contract.RUNG, "none"),
+                    device=str(pl_module.device), params=sum(p.numel() for p in pl_module.parameters()),
+                    max_steps=self.max_steps, total_steps=int(trainer.max_steps), world_size=trainer.world_size,
+                    store=self.store.uri, adapter="lightning", tracked=TRACKED)
+        self._last = time.perf_counter()
+
+    @staticmethod
+    def _live_state(trainer: Any, pl_module: Any) -> tuple[Any, Any, Any, Any]:
+        """Each object as Lightning holds it now, in the shapes its checkpoint stores them."""
+        loader = trainer.train_dataloader
+        loader_state = [as_loaded(loader)] if hasattr(loader, "state_dict") else []
+        return (pl_module.state_dict(), [o.state_dict() for o in trainer.optimizers],
+                [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs], loader_state)
+
+    # --- every step --------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._rng is not None:  # the first batch after a resume: the streams as they were saved
+            set_rng_state(self._rng)
+            self._rng = None
+        self._batch = batch_digest(batch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step, now = int(trainer.global_step), time.perf_counter()
+        step_s, self._last = now - self._last, now
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if self.rank == 0 and loss is not None:
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
+            fields = {"batch_hash": self._batch} if self._batch else {}
+            events.emit("step", step=step, loss=float(loss), lr=float(lr), step_s=round(step_s, 4),
+                        epoch=int(trainer.current_epoch), opt_steps=self._opt_steps, **fields)
+        limit = min(self.max_steps, trainer.max_steps) if trainer.max_steps > 0 else self.max_steps
+        stop = "max_steps" if step >= limit else STOP_CODES.get(
+            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, bool(self._sigterm), step))
+        if stop:
+            self.reason = stop
+            if step > self.pushed_at:
+                trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")  # through _StoreIO
+            trainer.should_stop = True
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        """One checkpoint Lightning asked for: written here (temp, fsync, rename), then the cycle."""
+        step = int(checkpoint["global_step"])
+        if step <= self.pushed_at or self.pusher is None:
+            return  # this step's state is saved already (or this rank pushes nothing)
+        self.pushed_at = step
+        began = time.perf_counter()
+        dest = self.work / "ckpt" / checkpoint_name(step)
+        dest.mkdir(parents=True, exist_ok=True)
+        tmp = dest / (CKPT_FILE + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest / CKPT_FILE)
+        manifest = write_manifest(dest, step, {"run_id": self.run_id, "format": "lightning"})
+        blocked = self.pusher.submit(dest, manifest)
+        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
+                    blocked_s=round(blocked, 4))
+        loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        rng = (checkpoint.get("callbacks", {}).get(self.state_key) or {}).get("rng")
+        events.emit("state_digest", step=step, digests=digests_of(
+            checkpoint["state_dict"], checkpoint.get("optimizer_states", []), checkpoint.get("lr_schedulers", []),
+            loops.get("combined_loader", []), rng))
+
+    # --- the end -------------------------------------------------------------------
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if int(trainer.global_step) > self.pushed_at:  # stopped by max_epochs: the run is over, save it
+            trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")
+        self.finish(int(trainer.global_step))
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Lightning's SIGTERM stop raises SIGTERMException after `on_train_batch_end` saved."""
+        if type(exception).__name__ == "SIGTERMException":
+            self.reason = "sigterm"
+            self.finish(int(trainer.global_step))
+
+    def finish(self, step: int) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        events.emit("stop", reason=self.reason, step=step)
+        ok = True
+        if self.pusher is not None:
+            self.pusher.drain()
+            ok = step == self.resumed_at or self.pusher.verified(step)
+        events.emit("done", step=step, final_checkpoint_verified=ok)
+        if not ok:
+            sys.exit(EXIT_FAILED)
