@@ -81,7 +81,46 @@ def check_fed_batch(legs: list[LegEvents]) -> Check | None:
                  kind=Kind.FED_BATCH)
 
 
+def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check | None:
+    """Every step of a resumed leg (not only its first) read the straight-through run's batch of
+    that step. A batch the straight run read at *another* step is the data position moved (a
+    loader skipped twice shows at the next epoch's start, well after the resume); one found
+    nowhere in it is no data finding (a recurrent state among the forward inputs): the straight
+    comparison (proof 4) has it. None: no hashes to compare."""
+    ref = {s: e["batch_hash"] for s, (_, e) in steps_of(straight).items() if "batch_hash" in e}
+    where: dict[str, int] = {}
+    for s in sorted(ref):
+        where.setdefault(ref[s], s)
+    timeline = surviving_timeline(legs)
+    got = [(timeline[i], s, item) for i in resumed_legs(legs)  # each leg up to where the next resumed
+           for s, item in sorted(steps_of(timeline[i]).items()) if s in ref and "batch_hash" in item[1]]
+    if not got:
+        return None
+    name = "every resumed step's batch = straight-through run's"
+    moved = [(ev, s, item) for ev, s, item in got if item[1]["batch_hash"] != ref[s] and item[1]["batch_hash"] in where]
+    if moved:
+        ev, s, item = moved[0]
+        at = where[item[1]["batch_hash"]]
+        return Check(name, False, f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) read the straight-"
+                     f"through run's batch of step {at} ({at - s:+d} batches): the data position moved; {len(moved)} "
+                     f"of {len(got)} resumed steps read another step's batch", ev.pointer(item) +
+                     straight.pointer(steps_of(straight)[s]), kind=Kind.DATA_POSITION, leg=ev.leg)
+    nowhere = sum(1 for _, s, item in got if item[1]["batch_hash"] != ref[s])
+    return Check(name, True, f"{len(got)} resumed steps: each read the straight-through run's batch of that step"
+                 + (f", but {nowhere} read inputs found nowhere in it (left to the straight comparison)" if nowhere else ""),
+                 kind=Kind.DATA_POSITION)
+
+
 # --- the optimizer in use ---------------------------------------------------------------
+
+# adapter (the `start` event's) -> (how its user makes the optimizer tracked, what an untracked one is)
+TRACK_HOW: dict[str | None, tuple[str, str]] = {
+    None: ("re-created after the resume? `sess.track(optimizer=...)` the one that steps", "the session does not track"),
+    "accelerate": ("pass it to `accelerator.prepare`: `save_state` saves only what was prepared",
+                   "that `accelerator.prepare` was not given"),
+    "lightning": ("return it from `configure_optimizers`", "Lightning does not hold"),
+}
+
 
 def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
     """Resumed leg i: the tracked optimizer stepped. None: an older trainer printed nothing."""
@@ -90,22 +129,24 @@ def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
     tracked = tracked_kinds([ev])
     if tracked is None:
         return None
+    start = next((ev.first("start") for ev in legs if ev.first("start") is not None), None)
+    adapter = start[1].get("adapter") if start else None
+    fix, tracker = TRACK_HOW.get(adapter, TRACK_HOW[None])
     if "optimizer" not in tracked.values():
         return missing(name, f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
-                       "optimizer state was restored cannot be checked; `sess.track(optimizer=...)`",
-                       Kind.OPTIMIZER_IN_USE, ev.leg)
+                       f"optimizer state was restored cannot be checked; {fix}", Kind.OPTIMIZER_IN_USE, ev.leg)
     steps = [e for _, e in ev.all("step")]
-    start = resume_step(ev) or 0
+    begun = resume_step(ev) or 0
     if not steps or "opt_steps" not in steps[-1]:
         return missing(name, f"leg {ev.leg}'s step events carry no opt_steps", Kind.OPTIMIZER_IN_USE, ev.leg)
-    trained, stepped = int(steps[-1]["step"]) - start, int(steps[-1]["opt_steps"])
+    trained, stepped = int(steps[-1]["step"]) - begun, int(steps[-1]["opt_steps"])
     if trained > 0 and stepped == 0:
-        return Check(name, False, f"the loop steps an optimizer the session does not track: {trained} steps since "
-                     f"the resume at step {start}, 0 steps of the tracked optimizer (re-created after the resume?)",
+        return Check(name, False, f"the loop steps an optimizer {tracker}: {trained} steps since the resume at step "
+                     f"{begun}, 0 steps of the tracked optimizer ({fix})",
                      ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
     note = "" if stepped == trained else " (some steps skipped: a GradScaler's overflow?)"
     return Check(name, True, f"{stepped} steps of the tracked optimizer in {trained} steps since the resume at "
-                 f"step {start}{note}", ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
+                 f"step {begun}{note}", ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
 
 
 # --- state digests ----------------------------------------------------------------------
@@ -214,7 +255,7 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
     checks += [check_no_repeat(legs, straight), check_every_rank(legs, straight), check_sample_index(legs),
                check_fed_batch(legs)]
     if straight is not None:
-        checks.append(compare_straight(legs, straight, exact))
+        checks += [compare_straight(legs, straight, exact), check_batches_straight(legs, straight)]
         if exact:
             checks.append(check_fields_straight(legs, straight))
             checks += [check_state_straight(legs, straight, kinds) for kinds in PROOF_KINDS.values()]

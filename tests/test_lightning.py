@@ -4,10 +4,11 @@ interpreter (.venv-lightning), and the Lightning resume bugs it must catch."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from tests.helpers import run_cli
-from tests.test_examples import EXAMPLES, copy_example, drill_and_report
+from tests.test_examples import EXAMPLES, REPO, copy_example, drill_and_report, pl_python
 from tests.test_planted_bugs import failed, plant, rehearse, report_fails
 
 
@@ -48,3 +49,67 @@ def test_a_module_that_drops_the_scheduler_on_load_restarts_its_warm_up(tmp_path
     assert code == 1 and "the straight-through run's LR there is" in bad["leg 1: LR follows the schedule"], bad
     assert "scheduler as loaded at step" in bad["leg 1: optimizer, scheduler loaded as saved (state digests)"], bad
     assert "LR follows the schedule" in report_fails(root, 3)[3]
+
+
+CHECKS = r'''
+import os, pickle, random, sys
+from pathlib import Path
+import numpy as np, torch
+from runtime.adapters.lightning import CKPT_FILE, _check, rng_state, set_rng_state
+from runtime.store.base import CheckpointDamaged
+
+root = Path(sys.argv[1])
+def folder(name, payload):
+    f = root / name
+    f.mkdir()
+    torch.save(payload, f / CKPT_FILE) if not isinstance(payload, bytes) else (f / CKPT_FILE).write_bytes(payload)
+    return f
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch " + str(root / "pwned"),))
+
+_check(folder("step-00000005", {"global_step": 5, "state_dict": {}}), None)  # loads, says its step
+for name, payload, why in [
+    ("step-00000006", pickle.dumps({"global_step": 6, "x": Boom()}), "weights_only"),
+    ("step-00000007", {"global_step": 9}, "global_step 9"),
+    ("step-00000008", b"not a checkpoint", "weights_only"),
+]:
+    try:
+        _check(folder(name, payload), None)
+    except CheckpointDamaged as err:
+        assert why in str(err), (name, str(err))
+    else:
+        raise AssertionError(name + " was not refused")
+assert not (root / "pwned").exists(), "a forged checkpoint ran code"
+
+torch.manual_seed(3); random.seed(3); np.random.seed(3)
+torch.save(rng_state(), root / "rng.pt")
+want = (torch.rand(3), random.random(), np.random.rand())
+set_rng_state(torch.load(root / "rng.pt", weights_only=True))  # weights_only reads it back
+got = (torch.rand(3), random.random(), np.random.rand())
+assert torch.equal(want[0], got[0]) and want[1:] == got[1:], (want, got)
+print("ok")
+'''
+
+
+def test_a_forged_or_mislabelled_lightning_checkpoint_is_damaged_and_the_rng_round_trips(tmp_path: Path) -> None:
+    """The resume's own check, in Lightning's interpreter: a pickle that would run code, a file
+    that names another step, bytes that are no checkpoint: each refused as damaged (the next older
+    verified one is tried), nothing run; the RNG streams the callback saves load with
+    weights_only=True and continue exactly."""
+    proc = subprocess.run([pl_python(), "-c", CHECKS, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_the_original_lightning_script_passes_rung_0_and_the_rehearsal_says_why_not(tmp_path: Path,
+                                                                                    leg_tmp: Path) -> None:
+    root = copy_example("lightning", tmp_path, original=True)
+    cfg = root / "launcher.yaml"
+    cfg.write_text(cfg.read_text().replace("trainer:\n", "trainer:\n  events_grace_s: 8\n"))  # it never speaks
+    assert run_cli(["review"], cwd=root).code == 0
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal"], cwd=root, timeout=600)
+    fails = [line for line in rehearsal.out.splitlines() if line.strip().startswith("FAIL")]
+    assert rehearsal.code == 1 and len(fails) == 1 and "printed no preflight events" in fails[0], rehearsal.out[-1500:]

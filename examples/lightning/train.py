@@ -22,6 +22,7 @@ parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--seq", type=int, default=16)
 parser.add_argument("--warmup", type=int, default=20)
 parser.add_argument("--ckpt-every", type=int, default=10)
+parser.add_argument("--workers", type=int, default=2)
 args = parser.parse_args()
 
 
@@ -64,7 +65,8 @@ L.seed_everything(0)
 # shuffle=True draws each epoch's order from the loader's generator, which a resume mid-epoch
 # leaves elsewhere: the next epoch's order differs from the uninterrupted run's.)
 data = Windows(args.seq)
-loader = StatefulDataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data, num_replicas=1, rank=0, seed=0))
+loader = StatefulDataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data, num_replicas=1, rank=0, seed=0),
+                            num_workers=args.workers)
 trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
                     enable_progress_bar=False, enable_model_summary=False,
                     callbacks=[ModelCheckpoint(dirpath="ckpt", every_n_train_steps=args.ckpt_every, save_last=True), pf := Preflight()])

@@ -82,8 +82,8 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
     from launcher.resume_checks import (check_batches, check_loss, check_lr, check_sample_index,
                                         compare_straight, resumed_legs)
 
-    from launcher.state_checks import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
-                                       check_restored, check_state_straight)
+    from launcher.state_checks import (PROOF_KINDS, check_batches_straight, check_fed_batch, check_fields_straight,
+                                       check_optimizer_in_use, check_restored, check_state_straight)
 
     legs, straight = run.legs, (run.straight[0] if run.straight else None)
     found: list[tuple[int, Check]] = []
@@ -93,6 +93,8 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
         measured.append((legs[-1].leg, check_state_straight(legs, straight, kinds)))
     if number == 2:
         found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
+        if straight is not None and found:
+            found.append((legs[-1].leg, check_batches_straight(legs, straight)))
         witness = check_sample_index(legs)
         if witness is not None and found:
             found.append((legs[-1].leg, witness))

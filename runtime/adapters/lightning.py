@@ -27,19 +27,24 @@ the leg contract around it:
   scheduler's state shows here).
 - it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on
   SIGTERM: a final checkpoint from `on_train_batch_end` (the stage Lightning resumes
-  mid-epoch from), then Lightning's own stop; `done` says whether it verified, and a
-  final checkpoint that did not verify exits 1. Lightning turns SIGTERM into an exit 0 of
-  its own (`SIGTERMException`): the `done` event, not the exit code, says how it ended.
-Supported: the `lightning` package (lightning.pytorch), one device or DDP; the checkpoint is
-written by global rank 0. Not supported: `pytorch_lightning` imports (another Callback
-class), AsyncCheckpointIO (unwrapped: its save returns before the file exists), and
-ModelCheckpoint(save_last="link") (a symlink made outside the CheckpointIO).
+  mid-epoch from), then `trainer.should_stop`; `done` says whether it verified, and a
+  final checkpoint that did not verify exits 1. Lightning's own SIGTERM stop (raise after
+  the batch, exit 0, no save) is set aside: the callback's stop is the one.
+- a loader's worker processes leave SIGTERM to the main process (runtime.loaders), and the
+  sampler's epoch is set before a restarted epoch's iterator exists (Lightning #21938).
+Supported, and executed here: the `lightning` package (lightning.pytorch), one CPU device,
+a StatefulDataLoader with workers. Not supported: several devices or nodes (DDP is not
+executed here); `pytorch_lightning` imports (another Callback class); AsyncCheckpointIO
+(unwrapped: its save returns before the file exists); ModelCheckpoint(save_last="link")
+(a symlink made outside the CheckpointIO); gradient accumulation (a step event per batch
+would repeat the optimizer step).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -58,6 +63,7 @@ from runtime.checkpoint import write_manifest
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.evidence import state_digests
+from runtime.loaders import quiet_sigchld, shield_workers
 from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
 from runtime.resume import as_loaded, restore_newest
 from runtime.store import StoreError, open_store
@@ -78,8 +84,9 @@ def _check(folder: Path, seal: dict[str, Any] | None) -> None:
         ckpt = torch.load(folder / CKPT_FILE, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any load failure is damage: the next older one is tried
         raise CheckpointDamaged(f"{CKPT_FILE} does not load with weights_only=True: {type(err).__name__}: {err}")
-    step = int(folder.name.rsplit("_", 1)[-1]) if folder.name.rsplit("_", 1)[-1].isdigit() else None
-    if not isinstance(ckpt, dict) or (step is not None and ckpt.get("global_step") != step):
+    named = re.search(r"(\d+)$", folder.name)  # checkpoint_name(step): the step, last
+    step = int(named.group(1)) if named else None
+    if not isinstance(ckpt, dict) or ckpt.get("global_step") != step:
         raise CheckpointDamaged(f"{CKPT_FILE} says global_step {ckpt.get('global_step') if isinstance(ckpt, dict) else None}")
 
 
@@ -107,8 +114,10 @@ def digests_of(model: Any, optimizers: Any, schedulers: Any, loader: Any, rng: A
 def _epoch_before_iter(loop: Any) -> None:
     """Lightning 2.6.6 creates a restarted epoch's iterator (`setup_data`, right after it loads the
     loader's saved state) before it sets the samplers' epoch (`on_advance_start`): a resume in the
-    middle of epoch >= 1 replays epoch 0's order from the saved position. The epoch goes first
-    here: set where Lightning itself would set it, just before that iterator."""
+    middle of epoch >= 1 replays epoch 0's order from the saved position (Lightning issue #21938,
+    open; seen here with a StatefulDataLoader, whose iterator seeks at creation). The epoch goes
+    first here: the value Lightning itself would set, just before that iterator. (A private
+    method of the pinned 2.6.6; where it is gone, nothing is changed.)"""
     load = getattr(loop, "_load_combined_loader_states", None)
     if load is None or getattr(load, "_preflight", False):
         return
@@ -117,6 +126,7 @@ def _epoch_before_iter(loop: Any) -> None:
         load()
         for loader in loop._combined_loader.flattened:
             _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
+            shield_workers(loader)  # its workers leave SIGTERM to the main process (runtime.loaders)
 
     load_then_set_epoch._preflight = True  # type: ignore[attr-defined]
     loop._load_combined_loader_states = load_then_set_epoch
@@ -162,14 +172,26 @@ class Preflight(Callback):
         self._rng: dict[str, Any] | None = None  # loaded: re-applied at the first batch
         self._batch: str | None = None
         self._opt_steps = 0
+        self._trainer: Any = None
         self._last = time.perf_counter()
         events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="lightning")
         if stale_code_refused():
             sys.exit(EXIT_REFUSED)
         # A flag from now on: Lightning installs its own handler only once `fit` has restored the
         # checkpoint, and chains this one.
-        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
+
+    def _on_sigterm(self, *_: Any) -> None:
+        """Lightning's own handler runs first and sets `received_sigterm`, on which its loop raises
+        after `on_train_batch_end`: a signal landing after this callback's hook would end the leg
+        with no final checkpoint (seen: `done` unverified at step 6). The stop is ours: at the next
+        `on_train_batch_end`, a checkpoint, then `should_stop`."""
+        self._sigterm.append(True)
+        connector = getattr(self._trainer, "_signal_connector", None)
+        if connector is not None:
+            connector.received_sigterm = False
+        quiet_sigchld()  # a loader worker that dies with the group is no error from now on
 
     # --- before training ---------------------------------------------------------
 
@@ -192,6 +214,7 @@ class Preflight(Callback):
         inner = trainer.strategy.checkpoint_io
         inner = getattr(inner, "checkpoint_io", None) or inner if type(inner).__name__ == "AsyncCheckpointIO" else inner
         trainer.strategy.checkpoint_io = _StoreIO(self, inner)
+        self._trainer = trainer
         _epoch_before_iter(trainer.fit_loop)
 
     def state_dict(self) -> dict[str, Any]:
@@ -280,7 +303,7 @@ class Preflight(Callback):
         self.finish(int(trainer.global_step))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """Lightning's SIGTERM stop raises SIGTERMException after `on_train_batch_end` saved."""
+        """Lightning's own SIGTERM stop, should it still raise (a rank told by broadcast): the end."""
         if type(exception).__name__ == "SIGTERMException":
             self.reason = "sigterm"
             self.finish(int(trainer.global_step))
