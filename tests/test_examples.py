@@ -83,7 +83,7 @@ def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path)
     drill_and_report(root)
 
 
-@pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer"])
+@pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer", "lightning", "accelerate"])
 def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(name: str, tmp_path: Path,
                                                                            leg_tmp: Path) -> None:
     root = copy_example(name, tmp_path, original=True)

@@ -53,21 +53,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
+from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import FedInputs
 from runtime.evidence import state_digest
 from runtime.checkpoint import write_manifest
-from runtime.contract import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, STOP_CODES
+from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
-from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
-from runtime.resume import restore_newest
-from runtime.store import StoreError, open_store
+from runtime.leg import local_stop
 from runtime.store.base import MANIFEST, checkpoint_name
-
-
-def _check_windows(folder: Path, seal: dict[str, Any]) -> None:
-    from runtime.store.seal import check_windows
-
-    check_windows(folder, seal)
 
 
 def _rng_states() -> tuple[Any, Any, Any]:
@@ -80,20 +73,16 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
     random.setstate(states[2])
 
 
-class Preflight:
+class Preflight(LegAdapter):
     """The leg contract around a prepared `accelerate.Accelerator`. See the module docstring."""
 
     def __init__(self, accelerator: Any, workdir: str | Path = ".", keep: int = 2,
                  verify_bytes: int = 2 << 20) -> None:
         env = os.environ
         self.acc = accelerator
-        self.run_id = env.get(contract.RUN_ID, "local")
-        self.leg = int(env.get(contract.LEG, "0"))
-        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
-        self._env_deadline = float(env.get(contract.DEADLINE, "inf"))
+        self.read_leg(workdir, "accelerate")
+        self._env_deadline = self.deadline
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(env), time.time())
-        self.work = Path(workdir).resolve()
-        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
         self.global_step = self.resumed_at = self.pushed_at = 0
         self.restored: Path | None = None
         self._resume_event: dict[str, Any] | None = None
@@ -101,9 +90,6 @@ class Preflight:
         self._sigterm: list[bool] = []
         self._opt_steps = 0
         self._step_s, self._last = 0.0, time.perf_counter()
-        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="accelerate")
-        if stale_code_refused():
-            sys.exit(EXIT_REFUSED)
         self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if accelerator.is_main_process \
             else None
         self._wrap(accelerator)
@@ -148,11 +134,7 @@ class Preflight:
         """The local folder (`.../step_N`, as save_state wrote it) of the newest verified checkpoint
         in the store; None: start fresh."""
         restore = self.work / "restore"
-        try:
-            restored = restore_newest(self.store, restore, keep_files=True, check=lambda f, seal: _check_windows(f, seal))
-        except StoreError as err:
-            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
-            sys.exit(EXIT_REFUSED)
+        restored = self.restore(check_windows)
         if restored.info is None:
             return None
         step = restored.info.step

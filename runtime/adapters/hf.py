@@ -33,40 +33,25 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from transformers import TrainerCallback
 
 from runtime import events
+from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import batch_digest
 from runtime.checkpoint import write_manifest
 from runtime import contract
-from runtime.contract import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, STOP_CODES
+from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
-from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
-from runtime.resume import restore_newest
-from runtime.store import StoreError, open_store
+from runtime.leg import local_stop
 from runtime.store.base import MANIFEST, checkpoint_name
 
 
-def _check_windows(folder: Path, seal: dict[str, Any]) -> None:
-    from runtime.store.seal import check_windows
-
-    check_windows(folder, seal)
-
-
-class Preflight(TrainerCallback):
+class Preflight(TrainerCallback, LegAdapter):
     """The leg contract for a `transformers.Trainer`. See the module docstring."""
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
-        env = os.environ
-        self.run_id = env.get(contract.RUN_ID, "local")
-        self.leg = int(env.get(contract.LEG, "0"))
-        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
-        self.deadline = float(env.get(contract.DEADLINE, "inf"))
-        self.work = Path(workdir).resolve()
-        self.rank = int(env.get("RANK", "0"))
-        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.read_leg(workdir, "transformers")
         self.keep, self.verify_bytes = keep, verify_bytes
         self.resumed_at = self.pushed_at = 0
         self.reason = "max_steps"
@@ -75,9 +60,6 @@ class Preflight(TrainerCallback):
         self._digests: list[str] = []
         self._last = time.perf_counter()
         self._step_s = 0.0
-        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="transformers")
-        if stale_code_refused():
-            sys.exit(EXIT_REFUSED)
         self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
 
     # --- before training ---------------------------------------------------------
@@ -85,11 +67,7 @@ class Preflight(TrainerCallback):
     def resume(self) -> str | None:
         """The local folder of the newest verified checkpoint in the store (None: start fresh)."""
         restore = self.work / "restore"
-        try:
-            restored = restore_newest(self.store, restore, keep_files=True, check=lambda f, seal: _check_windows(f, seal))
-        except StoreError as err:
-            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
-            sys.exit(EXIT_REFUSED)
+        restored = self.restore(check_windows)
         if restored.info is None:
             return None
         self.resumed_at = self.pushed_at = restored.info.step

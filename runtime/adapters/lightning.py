@@ -58,15 +58,15 @@ from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from runtime import contract, events
+from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import batch_digest
 from runtime.checkpoint import write_manifest
-from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
+from runtime.contract import EXIT_FAILED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.evidence import state_digests
 from runtime.loaders import quiet_sigchld, shield_workers
-from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
-from runtime.resume import as_loaded, restore_newest
-from runtime.store import StoreError, open_store
+from runtime.leg import local_stop
+from runtime.resume import as_loaded
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 CKPT_FILE = "lightning.ckpt"
@@ -76,10 +76,7 @@ TRACKED = {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler",
 def _check(folder: Path, seal: dict[str, Any] | None) -> None:
     """A fetched checkpoint Lightning could load: its bytes as sealed, one file that loads with
     weights_only=True and says the step its name says."""
-    from runtime.store.seal import check_windows
-
-    if seal is not None:
-        check_windows(folder, seal)
+    check_windows(folder, seal)
     try:
         ckpt = torch.load(folder / CKPT_FILE, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any load failure is damage: the next older one is tried
@@ -152,18 +149,11 @@ class _StoreIO(CheckpointIO):
         self.inner.teardown()
 
 
-class Preflight(Callback):
+class Preflight(Callback, LegAdapter):
     """The leg contract for a Lightning Trainer. See the module docstring."""
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
-        env = os.environ
-        self.run_id = env.get(contract.RUN_ID, "local")
-        self.leg = int(env.get(contract.LEG, "0"))
-        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
-        self.deadline = float(env.get(contract.DEADLINE, "inf"))
-        self.work = Path(workdir).resolve()
-        self.rank = int(env.get("RANK", "0"))
-        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.read_leg(workdir, "lightning")
         self.resumed_at = self.pushed_at = 0
         self.resumed_from: str | None = None
         self.reason = "max_steps"
@@ -174,9 +164,6 @@ class Preflight(Callback):
         self._opt_steps = 0
         self._trainer: Any = None
         self._last = time.perf_counter()
-        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter="lightning")
-        if stale_code_refused():
-            sys.exit(EXIT_REFUSED)
         # A flag from now on: Lightning installs its own handler only once `fit` has restored the
         # checkpoint, and chains this one.
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -198,11 +185,7 @@ class Preflight(Callback):
     def resume(self) -> str | None:
         """The local path of the newest verified checkpoint in the store (None: start fresh)."""
         restore = self.work / "restore"
-        try:
-            restored = restore_newest(self.store, restore, keep_files=True, check=_check)
-        except StoreError as err:
-            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
-            sys.exit(EXIT_REFUSED)
+        restored = self.restore(_check)
         if restored.info is None:
             return None
         self.resumed_at = self.pushed_at = restored.info.step

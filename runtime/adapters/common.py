@@ -1,0 +1,52 @@
+"""What every framework adapter (hf.py, lightning.py, accelerate.py) does the same way: read
+the leg's environment, refuse stale code, and fetch the store's newest verified checkpoint
+(refusing, exit 3, when the store itself refuses us)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from runtime import contract, events
+from runtime.contract import EXIT_REFUSED
+from runtime.leg import DEFAULT_MAX_STEPS, stale_code_refused
+from runtime.resume import Restored, restore_newest
+from runtime.store import StoreError, open_store
+
+
+class LegAdapter:
+    """The leg's facts as attributes (run_id, leg, max_steps, deadline, work, rank, store)."""
+
+    def read_leg(self, workdir: str | Path, adapter: str) -> None:
+        """The leg environment (defaults when run by hand), then the `session` event and the
+        stale-code guard, before anything slow."""
+        env = os.environ
+        self.run_id = env.get(contract.RUN_ID, "local")
+        self.leg = int(env.get(contract.LEG, "0"))
+        self.max_steps = int(env.get(contract.MAX_STEPS, str(DEFAULT_MAX_STEPS)))
+        self.deadline = float(env.get(contract.DEADLINE, "inf"))
+        self.work = Path(workdir).resolve()
+        self.rank = int(env.get("RANK", "0"))
+        self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter=adapter)
+        if stale_code_refused():
+            sys.exit(EXIT_REFUSED)
+
+    def restore(self, check: Callable[[Path, Any], Any]) -> Restored:
+        """The newest verified checkpoint, fetched into work/restore and kept as files (checked by
+        `check(folder, seal)`, damage skipped); a store that refuses us stops the leg (exit 3)."""
+        try:
+            return restore_newest(self.store, self.work / "restore", keep_files=True, check=check)
+        except StoreError as err:
+            events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
+            sys.exit(EXIT_REFUSED)
+
+
+def check_windows(folder: Path, seal: dict[str, Any] | None) -> None:
+    """The fetched files against the seal's windows (a framework's own folder: it loads the rest)."""
+    from runtime.store.seal import check_windows as check
+
+    if seal is not None:
+        check(folder, seal)
