@@ -68,11 +68,15 @@ def drill_and_report(root: Path) -> None:
     assert report.code == 0
 
 
-@pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer"])
+# The frameworks' adapters promise a few added lines: the Trainer's and Lightning's 3, Accelerate's 5.
+ADDED_AT_MOST = {"hf_trainer": 3, "lightning": 3, "accelerate": 5}
+
+
+@pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer", "lightning", "accelerate"])
 def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path) -> None:
     diff = (EXAMPLES / name / "ladder.diff").read_text().splitlines()
     added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++") and line[1:].strip())
-    assert changed_lines(EXAMPLES / name / "ladder.diff") <= 20 and (name != "hf_trainer" or added <= 3)
+    assert changed_lines(EXAMPLES / name / "ladder.diff") <= 20 and added <= ADDED_AT_MOST.get(name, 20), added
     root = copy_example(name, tmp_path)
     static = run_cli(["up", "static", "--json"], cwd=root)
     assert static.code == 0, static.out

@@ -1,28 +1,16 @@
 """examples/lightning: a Lightning script (ModelCheckpoint, a StatefulDataLoader, a warm-up
 stepped every batch, dropout) on the ladder through runtime.adapters.lightning, in its own
-interpreter (.venv-lightning), and the Lightning resume bugs it must catch."""
+interpreter (.venv-lightning): the Lightning resume bugs it must catch, and the resume's own check
+of what the store hands it. The example's climb (static -> rehearsal -> drill -> report) is in
+tests/test_examples.py with the others."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from tests.helpers import run_cli
-from tests.test_examples import EXAMPLES, REPO, copy_example, drill_and_report, pl_python
+from tests.test_examples import REPO, copy_example, pl_python
 from tests.test_planted_bugs import failed, plant, rehearse, report_fails
-
-
-def test_the_lightning_example_climbs_the_ladder(tmp_path: Path, leg_tmp: Path) -> None:
-    diff = (EXAMPLES / "lightning" / "ladder.diff").read_text().splitlines()
-    added = [line for line in diff if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
-    assert len(added) <= 3, added
-    root = copy_example("lightning", tmp_path)
-    static = run_cli(["up", "static", "--json"], cwd=root)
-    assert static.code == 0, static.out
-    code, checks = rehearse(root)
-    assert code == 0, failed(checks)
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    drill_and_report(root)
 
 
 def test_fit_from_last_on_a_fresh_disk_trains_from_scratch(tmp_path: Path, leg_tmp: Path) -> None:
