@@ -164,6 +164,30 @@ def drill_cold_resume(
     raise typer.Exit(outcome.exit_code)
 
 
+@drill_app.command("preempt")
+def drill_preempt(
+        notice: str = typer.Option(..., "--notice", help="Seconds from SIGTERM to the kill, or aws | gcp | azure | k8s "
+                                   "(110, 25, 25, 0: launcher/cadence.py says why)."),
+        at_step: Optional[int] = typer.Option(None, "--at-step", help="The step the notice comes at (default: half way)."),
+        backend: str = typer.Option("local", "--backend", help="local | docker"),
+        allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
+        verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
+    """A spot preemption: SIGTERM at a step, the kill N seconds later; then a fresh leg resumes."""
+    from launcher.live import LegView
+    from launcher.render import console, err_console, print_checks, print_json
+    from launcher.up import preempt
+
+    cfg = _load(config)
+    with LegView(err_console if json_out else console, verbose) as view:
+        outcome = preempt(cfg, config, backend, notice, at_step, view, allow_overdraft)
+    if json_out:
+        print_json({"run_id": outcome.run_id, "ok": outcome.ok, "seconds": round(outcome.seconds, 3),
+                    "checks": [c.to_json() for c in outcome.checks]})
+    else:
+        print_checks(console, f"drill preempt: run {outcome.run_id}", outcome.checks, verbose)
+    raise typer.Exit(outcome.exit_code)
+
+
 @app.command()
 def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for the next-rung arithmetic."),
           nodes: int = typer.Option(1, "--nodes"), config: Path = CONFIG, json_out: bool = JSON) -> None:

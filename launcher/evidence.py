@@ -55,6 +55,11 @@ class Kind(StrEnum):
     """A leg stopped by SIGTERM left its final checkpoint as the store's newest verified (`leg`)."""
     NOTHING_LEFT = "nothing_left"
     """No process of a killed leg outlived the kill (`leg`)."""
+    # launcher/rungs/preempt.py
+    PREEMPT_NOTICE = "preempt_notice"
+    """A preempted leg's final checkpoint verified inside its notice (`leg`; facts: the timeline)."""
+    WORK_LOST = "work_lost"
+    """The steps and seconds a preemption lost (`leg`; facts: steps, seconds, resumed_at)."""
     # launcher/rungs/resume.py, launcher/rungs/chain.py, launcher/rungs/checks.py, launcher/up.py
     STOPPED_AS_ASKED = "stopped_as_asked"
     """A leg the launcher ended by SIGTERM or its deadline stopped on it (`leg`; facts: want, got)."""

@@ -177,6 +177,9 @@ class Ending:
     the step came too late under load (a docker leg ran on 6 steps to its limit)."""
     straight: bool = False
     """The uninterrupted reference run: its own store namespace (<run id>-straight-<leg>), never resumed from."""
+    notice_s: float | None = None
+    """With `sigterm_at`: a preemption. The instance is killed this many seconds after the SIGTERM
+    unless the leg has ended; 0 kills it at that step with no SIGTERM at all."""
 
 
 def _rank0_event(line: str, name: str) -> dict | None:
@@ -215,6 +218,7 @@ class _Watch:
         self.started: list[LegHandle] = []
         self.sent: set[str] = set()
         self.acted_at: float | None = None
+        self.kill_reason: str | None = None
 
     def on_line(self, line: str) -> None:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg
@@ -234,7 +238,18 @@ class _Watch:
         if step is not None and step >= ending.sigterm_at:
             self.sent.add("term")
             self.acted_at = time.time()
+            if ending.notice_s == 0:  # preempted with no notice: the kill lands at this line
+                if ctx.backend.can_freeze:
+                    ctx.backend.freeze(self.started[0])
+                self.kill_reason = f"preempted at step {step} with no notice"
+                self.trigger.set()
+                return
             ctx.backend.terminate(self.started[0])
+
+    def notice_ends(self) -> float | None:
+        """A preemption's kill time, once its SIGTERM went (None: no preemption under way)."""
+        notice = self.ending.notice_s
+        return None if not notice or "term" not in self.sent or self.acted_at is None else self.acted_at + notice
 
     def node_lost(self, handle: LegHandle, at_kill: Callable[[], str] | None) -> LegResult:
         """A drill's `node-lost`: one node dies alone at the frozen line, the others go on until
@@ -272,8 +287,12 @@ class _Watch:
                     ctx.backend.freeze(handle)  # idempotent; covers a line seen before launch returned
                 if self.lose_node is not None:
                     return self.node_lost(handle, at_kill)
-                return ctx.backend.kill(handle, reason=at_kill() if at_kill else "killed by drill")
-            step = (0.1 if self.kill_when is not None else 1.0 if not self.spoke.is_set()
+                return ctx.backend.kill(handle, reason=at_kill() if at_kill else self.kill_reason or "killed by drill")
+            notice_ends = self.notice_ends()
+            if notice_ends is not None and time.time() >= notice_ends:
+                return ctx.backend.kill(handle, reason=f"preempted: the {self.ending.notice_s:g} s notice ran out")
+            watching = self.kill_when is not None or self.ending.notice_s is not None  # a kill may come any moment
+            step = (0.1 if watching else 1.0 if not self.spoke.is_set()
                     else max(0.0, give_up - time.time()))
             notes = handle.new_notes()
             if notes:

@@ -165,6 +165,32 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
                    lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps))
 
 
+def preempt(cfg: Config, config_path: Path, backend_name: str, notice: str, at_step: int | None,
+            show: Callable[[int, str], None], allow_overdraft: bool = False) -> Outcome:
+    """`launcher drill preempt`: recorded like the drill, run by launcher.rungs.preempt."""
+    from launcher.cadence import NOTICE_S
+    from launcher.ladder import DRILL
+    from launcher.rungs.preempt import run_preempt
+
+    if backend_name not in BACKENDS:
+        raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
+    if not backend_class(backend_name).can_terminate:
+        raise BadInput(f"the {backend_name} backend cannot send a leg SIGTERM: `drill preempt` runs on local and docker")
+    try:
+        notice_s = NOTICE_S[notice] if notice in NOTICE_S else float(notice)
+    except ValueError:
+        raise BadInput(f"--notice takes seconds or one of {', '.join(NOTICE_S)}, got {notice!r}") from None
+    if not 0 <= notice_s <= 600:
+        raise BadInput(f"--notice must be 0 to 600 seconds, got {notice_s:g}")
+    steps = cfg.rungs.drill.steps
+    at = at_step if at_step is not None else steps // 2
+    if not 1 <= at < steps:
+        raise BadInput(f"--at-step must lie in 1..{steps - 1} (the drill runs {steps} steps), got {at}")
+    rung = dataclasses.replace(DRILL, legs=2, oracle=False)  # its question is the notice, not the timeline
+    return execute(cfg, config_path, Request(rung, backend_name, None, 1, allow_overdraft), show,
+                   lambda ctx, cmp: run_preempt(ctx, steps, notice_s, at))
+
+
 def parse_kill_steps(text: str, steps: int) -> list[int]:
     """`--kills-at 7,15`: steps in increasing order, each inside the drill's run (1 .. steps-1)."""
     try:
