@@ -56,7 +56,6 @@ from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import FedInputs
 from runtime.evidence import state_digest
-from runtime.checkpoint import write_manifest
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.leg import local_stop
@@ -242,10 +241,7 @@ class Preflight(LegAdapter):
         self._save_state(str(dest), **kwargs)
         self.pushed_at = step
         if self.pusher is not None:
-            manifest = write_manifest(dest, step, {"run_id": self.run_id, "format": "accelerate"})
-            blocked = self.pusher.submit(dest, manifest)
-            events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
-                        blocked_s=round(blocked, 4))
+            self.push(dest, step, "accelerate", began)
         return str(dest)
 
     # --- the end -----------------------------------------------------------------------------
@@ -254,10 +250,4 @@ class Preflight(LegAdapter):
         step = self.global_step
         if step > self.pushed_at:
             self.save_state()
-        events.emit("stop", reason=reason, step=step)
-        ok = True
-        if self.pusher is not None:
-            self.pusher.drain()
-            ok = step == self.resumed_at or self.pusher.verified(step)
-        events.emit("done", step=step, final_checkpoint_verified=ok)
-        sys.exit(EXIT_OK if ok else EXIT_FAILED)
+        sys.exit(EXIT_OK if self.end(reason, step) else EXIT_FAILED)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from runtime import contract, events
+from runtime.checkpoint import write_manifest
 from runtime.contract import EXIT_REFUSED
 from runtime.leg import DEFAULT_MAX_STEPS, stale_code_refused
 from runtime.resume import Restored, restore_newest
@@ -17,7 +19,11 @@ from runtime.store import StoreError, open_store
 
 
 class LegAdapter:
-    """The leg's facts as attributes (run_id, leg, max_steps, deadline, work, rank, store)."""
+    """The leg's facts as attributes (run_id, leg, max_steps, deadline, work, rank, store); the
+    adapter sets `pusher` (None on ranks that push nothing) and `resumed_at`."""
+
+    pusher: Any
+    resumed_at: int
 
     def read_leg(self, workdir: str | Path, adapter: str) -> None:
         """The leg environment (defaults when run by hand), then the `session` event and the
@@ -42,6 +48,26 @@ class LegAdapter:
         except StoreError as err:
             events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
             sys.exit(EXIT_REFUSED)
+
+
+    def push(self, folder: Path, step: int, fmt: str, began: float) -> None:
+        """A framework's checkpoint folder of `step` into the storage cycle: its manifest, the
+        background push, the `save` event (seconds since `began`)."""
+        manifest = write_manifest(folder, step, {"run_id": self.run_id, "format": fmt})
+        blocked = self.pusher.submit(folder, manifest)
+        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
+                    blocked_s=round(blocked, 4))
+
+    def end(self, reason: str, step: int) -> bool:
+        """`stop`, the storage cycle drained, `done`: whether the final checkpoint verified (a leg
+        that stops where it resumed had nothing new to push)."""
+        events.emit("stop", reason=reason, step=step)
+        ok = True
+        if self.pusher is not None:
+            self.pusher.drain()
+            ok = step == self.resumed_at or self.pusher.verified(step)
+        events.emit("done", step=step, final_checkpoint_verified=ok)
+        return ok
 
 
 def check_windows(folder: Path, seal: dict[str, Any] | None) -> None:

@@ -39,7 +39,6 @@ from transformers import TrainerCallback
 from runtime import events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import batch_digest
-from runtime.checkpoint import write_manifest
 from runtime import contract
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
@@ -133,22 +132,13 @@ class Preflight(TrainerCallback, LegAdapter):
         dest = self.work / "ckpt" / checkpoint_name(step)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest, copy_function=os.link)  # hard links: no second copy of the bytes
-        manifest = write_manifest(dest, step, {"run_id": self.run_id, "format": "transformers"})
-        blocked = self.pusher.submit(dest, manifest)
-        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
-                    blocked_s=round(blocked, 4))
+        self.push(dest, step, "transformers", began)
         return control
 
     # --- the end -------------------------------------------------------------------
 
     def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
-        step = state.global_step
-        events.emit("stop", reason=self.reason, step=step)
-        ok = True
-        if self.pusher is not None:
-            self.pusher.drain()
-            ok = step == self.resumed_at or self.pusher.verified(step)
-        events.emit("done", step=step, final_checkpoint_verified=ok)
+        ok = self.end(self.reason, state.global_step)
         self.exit_code = EXIT_OK if ok else EXIT_FAILED
         if not ok:
             sys.exit(EXIT_FAILED)

@@ -60,7 +60,6 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import batch_digest
-from runtime.checkpoint import write_manifest
 from runtime.contract import EXIT_FAILED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.evidence import state_digests
@@ -268,10 +267,7 @@ class Preflight(Callback, LegAdapter):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest / CKPT_FILE)
-        manifest = write_manifest(dest, step, {"run_id": self.run_id, "format": "lightning"})
-        blocked = self.pusher.submit(dest, manifest)
-        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
-                    blocked_s=round(blocked, 4))
+        self.push(dest, step, "lightning", began)
         loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         rng = (checkpoint.get("callbacks", {}).get(self.state_key) or {}).get("rng")
         events.emit("state_digest", step=step, digests=digests_of(
@@ -295,11 +291,5 @@ class Preflight(Callback, LegAdapter):
         if self.finished:
             return
         self.finished = True
-        events.emit("stop", reason=self.reason, step=step)
-        ok = True
-        if self.pusher is not None:
-            self.pusher.drain()
-            ok = step == self.resumed_at or self.pusher.verified(step)
-        events.emit("done", step=step, final_checkpoint_verified=ok)
-        if not ok:
+        if not self.end(self.reason, step):
             sys.exit(EXIT_FAILED)
