@@ -172,9 +172,10 @@ class Ending:
     """LAUNCHER_DEADLINE_AFTER_RESUME: the deadline also this many seconds after the leg's resume."""
     hold_at: int | None = None
     """LAUNCHER_HOLD_AT_STEP: the leg waits at this step until its deadline is within its stop
-    margin (runtime.leg.hold), so the deadline lands mid-run, at a known step, on any machine
-    speed and any backend. The trainer holds itself: the launcher freezing the leg when it read
-    the step came too late under load (a docker leg ran on 6 steps to its limit)."""
+    margin (runtime.leg.hold), or with `sigterm_at` until the SIGTERM comes (LAUNCHER_HOLD_UNTIL),
+    so the stop lands mid-run, at a known step, on any machine speed and any backend. The trainer
+    holds itself: the launcher freezing the leg when it read the step came too late under load (a
+    docker leg ran on 6 steps to its limit)."""
     straight: bool = False
     """The uninterrupted reference run: its own store namespace (<run id>-straight-<leg>), never resumed from."""
     notice_s: float | None = None
@@ -320,6 +321,8 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s)
     if ending.hold_at is not None:
         env[contract.HOLD_AT] = str(ending.hold_at)
+        if ending.sigterm_at is not None:  # held there until the SIGTERM comes: it lands at that step
+            env[contract.HOLD_UNTIL] = "sigterm"
     if ending.straight:
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),

@@ -39,6 +39,11 @@ until its deadline is within its stop margin, so the deadline lands at this step
 speed and any backend. The runtime holds itself (runtime.leg.local_stop), with a `hold` event: a
 hold from outside (the launcher freezing the leg when it read the step) came late wherever the
 step line or the freeze was slow -- under load a docker leg ran 6 steps past it to its step limit."""
+HOLD_UNTIL = "LAUNCHER_HOLD_UNTIL"
+"""`sigterm` (optional, with HOLD_AT; a resume rung's leg 0): the hold ends when the SIGTERM comes
+(the deadline's margin still bounds it), so the launcher's SIGTERM, sent when it reads the step,
+lands at that step however late it reads it. Under load a fast trainer had run two steps on, to an
+epoch boundary, and a planted loader bug then showed another face (tests/test_accelerate.py)."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 DETERMINISTIC = "LAUNCHER_DETERMINISTIC"
@@ -101,6 +106,9 @@ STOP_REASONS: dict[str, int] = {
 }
 """Each stop reason a leg prints and the exit code it means (a graceful stop's 0 holds only
 if its `done` then says the final checkpoint verified)."""
+EXIT_PREEMPTED = 75
+"""A sky leg's `run:` script after its trainer stopped on a spot notice (runtime/notice.py): the
+managed job's `recover_on_exit_codes` names it, so SkyPilot recovers without counting a failure."""
 REFUSED_REASONS = frozenset(r for r, code in STOP_REASONS.items() if code == EXIT_REFUSED)
 STOP_CODES = {1: "sigterm", 2: "deadline"}
 """The graceful stops, by the code the ranks agree on with all-reduce(MAX) (0: go on)."""
@@ -141,6 +149,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "health": {},
     "flops": {"step": INT, "flops_per_token": OPT_NUM},
     "stop": {"reason": STR},
+    "notice": {"cloud": STR, "detail": STR},
     "done": {"step": INT},
     "state_digest": {"step": INT, "digests": DICT},
     "trains_from": {"step": INT, "digests": DICT},

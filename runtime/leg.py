@@ -60,24 +60,27 @@ def stale_code_refused() -> bool:
     return bool(stale)
 
 
-def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool, step: int | None = None) -> int:
+def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool | list[bool],
+               step: int | None = None) -> int:
     """This rank's stop code (runtime.contract.STOP_CODES; 0: go on): the deadline, with room
     for one more push cycle and a few steps (at least 5 s), comes before a pending SIGTERM.
+    `sigterm`: the leg's SIGTERM flag (a list its handler appends to: read again after a hold).
     `step` (the steps done): where LAUNCHER_HOLD_AT_STEP asks, the leg first waits at that step
-    until the deadline is due (`hold`)."""
+    until the deadline is due, or until the SIGTERM comes where LAUNCHER_HOLD_UNTIL says so (`hold`)."""
     margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
     if step is not None:
-        hold(step, deadline, margin)
+        hold(step, deadline, margin, sigterm)
     return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
 
 
 _held: list[int] = []
 
 
-def hold(step: int, deadline: float, margin: float) -> None:
-    """Once, at LAUNCHER_HOLD_AT_STEP: sleep until the deadline is within `margin`, with a
-    `hold` event (its step and the seconds it waits). Nothing is trained meanwhile, so the
-    deadline stops the leg right after this step, whatever the machine's speed."""
+def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] = False) -> None:
+    """Once, at LAUNCHER_HOLD_AT_STEP: sleep until the deadline is within `margin` (or, with
+    LAUNCHER_HOLD_UNTIL=sigterm, until the SIGTERM flag is up, if sooner), with a `hold` event
+    (its step, the most seconds it waits, what it waits for). Nothing is trained meanwhile, so
+    the stop lands right after this step, whatever the machine's speed."""
     try:
         at = int(os.environ.get(contract.HOLD_AT, ""))
     except ValueError:
@@ -85,6 +88,12 @@ def hold(step: int, deadline: float, margin: float) -> None:
     if _held or step < at or not math.isfinite(deadline):
         return
     _held.append(step)
+    until = "sigterm" if os.environ.get(contract.HOLD_UNTIL) == "sigterm" else "deadline"
     wait = max(0.0, deadline - margin - time.time()) + 0.05
-    events.emit("hold", step=step, seconds=round(wait, 3), deadline=deadline)
-    time.sleep(wait)
+    events.emit("hold", step=step, seconds=round(wait, 3), deadline=deadline, until=until)
+    if until == "deadline":
+        time.sleep(wait)
+        return
+    end = time.time() + wait
+    while not sigterm and time.time() < end:
+        time.sleep(0.01)

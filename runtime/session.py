@@ -229,7 +229,7 @@ class Session:
             self.reason = "max_steps"
             return False
         local = local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._last_step_s,
-                           bool(self._sigterm), self.step_count)
+                           self._sigterm, self.step_count)
         code = int(self.world.max(local))
         if code:
             self.reason = STOP_CODES[code]

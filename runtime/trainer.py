@@ -14,6 +14,7 @@ It speaks the leg contract of DESIGN.md:
                      than this long after the resume (the Session applies it)
   LAUNCHER_HOLD_AT_STEP  (optional) step: wait there until the deadline is due
                      (the Session applies it: a rehearsal lands its deadline at a known step)
+  LAUNCHER_HOLD_UNTIL    (optional) sigterm: end that wait when the SIGTERM comes instead
   LAUNCHER_FILES_SHA256  the reviewed files' sha256: refuse to run stale code
 and prints one JSON event per line (runtime.events): the evidence. All of that
 is the leg API's job (runtime.session.Session); this file is what a trainer of

@@ -29,8 +29,10 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     max_steps = leg_steps(ctx.rung.name, steps, ctx.backend.can_terminate, legs)[leg]  # what the plan shows
     if leg == legs - 1:
         return max_steps, Ending()
-    if leg == 0:
-        return max_steps, Ending(sigterm_at=plan[0] if ctx.backend.can_terminate else None)
+    if leg == 0:  # held at its step until the SIGTERM comes: a SIGTERM read late still lands there
+        if not ctx.backend.can_terminate:
+            return max_steps, Ending()
+        return max_steps, Ending(sigterm_at=plan[0], hold_at=plan[0])
     # The deadline: far enough for the leg to start and train, then the leg holds itself at a known
     # step until the deadline is within its margin (LAUNCHER_HOLD_AT_STEP), so the stop lands
     # mid-run. The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it

@@ -203,7 +203,7 @@ class Preflight(LegAdapter):
             events.emit("step", step=self.global_step, loss=value, lr=self._lr(), step_s=round(self._step_s, 4),
                         **fields, **self._epoch())
         code = 0 if self.global_step >= self.max_steps else local_stop(
-            self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s, bool(self._sigterm),
+            self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s, self._sigterm,
             self.global_step)
         if self.acc.num_processes > 1:  # every rank stops at the same step, for the same reason
             code = int(self.acc.reduce(torch.tensor([code], device=self.acc.device), reduction="max").item())

@@ -103,7 +103,7 @@ class Preflight(TrainerCallback, LegAdapter):
         self._step_s, self._last = now - self._last, now
         stop = "max_steps" if state.global_step >= min(self.max_steps, state.max_steps) else STOP_CODES.get(
             local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s,
-                       bool(self._sigterm), state.global_step))
+                       self._sigterm, state.global_step))
         if stop:
             self.reason = stop
             control.should_training_stop = True

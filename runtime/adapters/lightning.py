@@ -245,7 +245,7 @@ class Preflight(Callback, LegAdapter):
                         epoch=int(trainer.current_epoch), opt_steps=self._opt_steps, **fields)
         limit = min(self.max_steps, trainer.max_steps) if trainer.max_steps > 0 else self.max_steps
         stop = "max_steps" if step >= limit else STOP_CODES.get(
-            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, bool(self._sigterm), step))
+            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, self._sigterm, step))
         if stop:
             self.reason = stop
             if step > self.pushed_at:
