@@ -146,7 +146,12 @@ def _damaged(e: dict[str, Any]) -> str:
     return f"a damaged event line ({e.get('kind') or 'unknown kind'}): {e['reason']}"
 
 
+def _notice(e: dict[str, Any]) -> str:
+    return f"spot notice from the {e['cloud']} metadata service ({e['detail']}): SIGTERM to the leg"
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "notice": _notice,
     "step": _step,
     "resume": _resume,
     "resume_skip": _resume_skip,
@@ -204,6 +209,9 @@ class LegView:
             self.progress.stop()
 
     def __call__(self, leg: int, line: str) -> None:
+        if leg < 0:  # the launch's own line (a plan warning), no leg's
+            self._say(f"[yellow]{escape(line)}[/yellow]")
+            return
         event = parse_line(line)
         if event is None:
             if line.strip():

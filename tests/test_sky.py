@@ -57,7 +57,8 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     task = render(cfg, "rehearsal", gpus=None, nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml",
                   hard_stop=time.time() + 60)
     parsed = yaml.safe_load(task.yaml_text)
-    assert "exec timeout --foreground --signal=TERM --kill-after=120" in parsed["run"]
+    assert "timeout --foreground --signal=TERM --kill-after=120" in parsed["run"]
+    assert 'python -m runtime.notice --mark "$mark" --parent $$ &' in parsed["run"]  # the spot notice watcher
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
@@ -179,7 +180,8 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
     task = render_job(cfg, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "job.yaml",
                       job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
     parsed = yaml.safe_load(task.yaml_text)
-    assert parsed["resources"]["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 2}
+    assert parsed["resources"]["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 2,
+                                                   "recover_on_exit_codes": [75]}  # a stop on a spot notice
     assert "LAUNCHER_DEADLINE" not in parsed["envs"] and "autostop" not in parsed["resources"]
     bindir = tmp_path / "bin"
     bindir.mkdir()

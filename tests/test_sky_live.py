@@ -181,7 +181,7 @@ def test_a_killed_launchers_cluster_is_found_downed_and_billed_by_the_next_comma
     assert status.status == sky.ClusterStatus.UP  # the launcher is gone, its cluster is not
     task = yaml.safe_load(Path(leg["log_path"]).with_suffix(".sky.yaml").read_text())
     assert task["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
-    assert "exec timeout --foreground --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
+    assert "timeout --foreground --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
     before = time.time()
     env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", "tests.sky_standin", "launcher", "spend"], cwd=sky_project.root,

@@ -106,7 +106,8 @@ def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: P
     loaded = sky.Task.from_yaml(str(task.path))
     resources = list(loaded.resources)
     assert [r.use_spot for r in resources] == [True, False]  # ordered: spot, then on-demand
-    assert all(r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3} for r in resources)
+    assert all(r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3, "recover_on_exit_codes": [75]}
+               for r in resources)  # SkyPilot's own parser keeps the code a stop on a spot notice exits with
     assert "LAUNCHER_DEADLINE" not in loaded.envs and loaded.envs["PREFLIGHT_LEG_BUDGET_S"] == str(9 * 3600)
     assert "autostop" not in task.yaml_text  # SkyPilot's jobs controller downs each recovery's cluster itself
 

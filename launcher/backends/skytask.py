@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from launcher.config import Config, GpuSpec
 from launcher.errors import BadInput
+from runtime.contract import EXIT_PREEMPTED
 
 SOURCE_SKY = Path(__file__).resolve().parents[2] / "sky"
 # Accelerator names SkyPilot's catalogs use (case-insensitive). SkyPilot itself
@@ -43,9 +44,9 @@ IMAGE_REF = re.compile(r"^docker:[\w./:-]+(@sha256:[0-9a-f]{64})?$")
 AUTOSTOP_IDLE_MINUTES = 10
 """The cluster downs itself this long after its job ended, if nobody did it sooner."""
 HARD_CAP_KILL_AFTER_S = 120
+"""After the hard cap's SIGTERM, SIGKILL this much later (the trainer pushes its final checkpoint first)."""
 HARD_CAP_GRACE_S = 600
 """The hard cap: the leg's deadline plus this (the trainer stops itself at the deadline)."""
-"""After the hard cap's SIGTERM, SIGKILL this much later (the trainer pushes its final checkpoint first)."""
 DOCKER_LOGIN_VARS = ("SKYPILOT_DOCKER_USERNAME", "SKYPILOT_DOCKER_PASSWORD", "SKYPILOT_DOCKER_SERVER")
 """A private registry's credentials: passed like the other secrets, all three or none."""
 
@@ -154,6 +155,9 @@ def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
         raise BadInput("sky/run.yaml: job_recovery.strategy none drops max_restarts_on_errors: the run needs "
                        "recovery (FAILOVER or EAGER_NEXT_REGION)")
     recovery["max_restarts_on_errors"] = max_restarts
+    codes = recovery.get("recover_on_exit_codes")
+    codes = [codes] if isinstance(codes, int) else list(codes or [])
+    recovery["recover_on_exit_codes"] = codes + [EXIT_PREEMPTED] * (EXIT_PREEMPTED not in codes)
     resources["job_recovery"] = recovery
     task["envs"].pop("LAUNCHER_DEADLINE", None)
     task["envs"]["PREFLIGHT_JOB_DEADLINE"] = str(int(job_deadline))
@@ -171,7 +175,7 @@ def attempt_deadline(run: str) -> str:
             "[ \"$LAUNCHER_DEADLINE\" -le \"$PREFLIGHT_JOB_DEADLINE\" ] || LAUNCHER_DEADLINE=$PREFLIGHT_JOB_DEADLINE\n"
             "export LAUNCHER_DEADLINE\n"
             f"left=$(( LAUNCHER_DEADLINE + {HARD_CAP_GRACE_S} - now )); [ \"$left\" -gt 0 ] || left=1\n"
-            f"exec timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+            + watched(run))
 
 
 def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
@@ -230,7 +234,29 @@ def hard_capped(run: str) -> str:
     and --kill-after still kills."""
     return ("# preflight: the hard cap (the leg's deadline + grace); autostop downs the cluster after it\n"
             "left=$(( PREFLIGHT_HARD_STOP - $(date +%s) )); [ \"$left\" -gt 0 ] || left=1\n"
-            f"exec timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n")
+            + watched(run))
+
+
+def watched(run: str) -> str:
+    """`run` under the hard cap ($left seconds), the spot notice watcher beside it.
+
+    SkyPilot 0.14.1 passes a job no spot notice (docs/notes-preemption.md), so every leg runs
+    runtime/notice.py: it polls the cloud's metadata service and on a notice SIGTERMs the job's
+    process group, as SkyPilot's graceful cancel does. The shell stays (no `exec`) to turn a stop
+    on a notice into exit EXIT_PREEMPTED, which the managed job's `recover_on_exit_codes` names
+    (a trainer's SIGTERM stop exits 0, and a job that exits 0 is done). Its `trap` makes it wait
+    for the trainer's own stop on a SIGTERM to the group; its children get the default action.
+    The watcher (it ignores SIGTERM) is killed once the trainer has ended: it holds the leg's
+    output open, and it wrote its mark before it signalled, so before the trainer stopped."""
+    return ("# preflight: the spot notice watcher (SkyPilot passes none; runtime/notice.py)\n"
+            "trap : TERM\n"
+            "mark=$(mktemp -u \"${TMPDIR:-/tmp}/preflight-notice.XXXXXX\")\n"
+            "python -m runtime.notice --mark \"$mark\" --parent $$ & watcher=$!\n"
+            f"timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n"
+            "rc=$?\n"
+            "kill -KILL \"$watcher\" 2>/dev/null; wait \"$watcher\" 2>/dev/null\n"
+            f"[ -e \"$mark\" ] && exit {EXIT_PREEMPTED}\n"
+            "exit $rc\n")
 
 
 def task_for_launch(sky: Any, path: Path, secrets: dict[str, str]) -> Any:
