@@ -70,6 +70,7 @@ bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/breakdown_overhead.py
 	$(PY) bench/async_save.py
 	$(PY) bench/sharded_save.py
+	$(PY) bench/final_push.py
 	$(HF_VENV)/bin/python bench/hf_resume_skip.py
 	$(PY) bench/sky_node_setup.py
 

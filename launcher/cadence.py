@@ -22,11 +22,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher.errors import ConfigError
+
 NOTICE_S: dict[str, float] = {"aws": 110.0, "gcp": 25.0, "azure": 25.0, "k8s": 0.0}
 """`--notice` presets: the seconds a trainer has between the notice and the kill. Our estimates,
 not SkyPilot's figures: the provider's notice (AWS 120 s, GCP 30 s, Azure 30 s at least) minus a
 5 s metadata poll and a 5 s margin; Kubernetes 0, since SkyPilot 0.14.1 delivers the pod's
 SIGTERM to its own agent, not to the trainer (docs/notes-preemption.md, sections 1-2)."""
+
+
+@dataclass(frozen=True)
+class SpotConfig:
+    """launcher.yaml `spot:`: what the report's cadence arithmetic assumes about interruptions."""
+
+    mtbf_hours: float | None = None
+    """Mean hours between interruptions of one instance (the report divides by the instances a
+    leg holds). Null: the provider's published figure (launcher.report.notice.MTBF_HOURS: AWS
+    3650, GCP 160, Azure 160 as a placeholder), which is optimistic for GPU spot capacity."""
+
+    def __post_init__(self) -> None:
+        m = self.mtbf_hours
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.01 <= m <= 1e7):
+            raise ConfigError("spot.mtbf_hours", f"must be 0.01 to 10000000 hours, got {m!r}")
 
 
 def _positive(**values: float) -> None:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.cadence import SpotConfig
 from launcher.config_hub import HubConfig
 from launcher.config_parse import StrictLoader, build, read_text
 from launcher.errors import BadInput, ConfigError
@@ -245,6 +246,9 @@ class Config:
 
     hub: HubConfig = field(default_factory=HubConfig)
     """The Hugging Face Hub's limits an hf:// store keeps to: file size, files per commit, commits per hour."""
+
+    spot: SpotConfig = field(default_factory=SpotConfig)
+    """What the report's checkpoint-cadence arithmetic assumes about interruptions."""
 
     prices: dict[str, float] = field(default_factory=dict)
     """USD per GPU-hour by accelerator name, used when no catalog price is known."""

@@ -65,6 +65,7 @@ def describe(plan: Plan) -> str:
         out.append("preflight: skipped, reason recorded: " + str(gate["reason"]) if gate["gate"] == "skipped"
                    else f"preflight: report {Path(gate['report']).name} passes (proofs "
                    f"{', '.join(map(str, gate['proofs']))} PASS)")
+    out += plan.warnings()
     out.append("quota: " + plan.projection.describe())
     if plan.price is not None:
         source = "the provider's price" if plan.pick is not None else "launcher.yaml prices"

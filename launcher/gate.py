@@ -47,7 +47,8 @@ class Passed:
         return {"gate": "passed", "report": str(self.folder), "digest": self.digest,
                 "generated_at": self.generated_at, "proofs": list(self.proofs),
                 "plan": {k: self.plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd", "gpus",
-                                                       "run_steps", "rate_source")}}
+                                                       "run_steps", "rate_source")},
+                "notice": {k: v for k, v in (self.plan.get("notice") or {}).items() if k != "evidence"} or None}
 
 
 def skipped(reason: str) -> dict[str, Any]:

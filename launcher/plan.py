@@ -126,6 +126,10 @@ class Plan:
         r = self.request
         return first_leg_gpu_hours(r.gpus_total) if r.rung.name == "run" and r.gpus else None
 
+    def warnings(self) -> list[str]:
+        """What the launch goes ahead despite, shown by the dry run and at the launch alike."""
+        return notice_warning(self.request, self.preflight, self.pick)
+
     def refusal(self, dry_run: bool = False) -> LauncherError | None:
         """The first refusal (None: it launches); the dry run's names every reason."""
         stops = [d.refusal for d in self.decisions if d.refusal is not None]
@@ -329,3 +333,21 @@ def _gpu_hour_price(plan: Plan) -> float | None:
     if plan.pick is not None:
         return float(plan.pick.hourly_usd) / plan.request.gpus_total
     return plan.cfg.prices.get(gpus.name)
+
+
+def notice_warning(request: Request, preflight: dict[str, Any] | None, pick: Any) -> list[str]:
+    """The run on sky is spot first: warn when the passing report's final checkpoint does not fit
+    a preemption notice (of the pick's cloud, where SkyPilot named one; else of any provider)."""
+    notice = (preflight or {}).get("notice")
+    if request.rung.name != "run" or request.backend != "sky" or not notice:
+        return []
+    cloud = str(pick.cloud).lower() if pick is not None else None
+    short = [f for f in notice["per_provider"] if f["notice_s"] > 0 and not f["fits"]
+             and (cloud is None or f["provider"] == cloud)]
+    if not short:
+        return []
+    names = " or ".join(f"{f['label']}'s ({f['notice_s']:g} s)" for f in short)
+    lost = (f"; a preemption there loses up to {notice['lost_steps_max']:,} steps at the current cadence"
+            if notice.get("lost_steps_max") else "")
+    return [f"warning: on spot, the final checkpoint needs {notice['needed_s']:.1f} s ({notice['run']} leg "
+            f"{notice['leg']}): it does not fit {names} notice{lost}"]

@@ -216,6 +216,8 @@ def execute(cfg: Config, config_path: Path, request: Request, show: Callable[[in
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in reviewed_paths(cfg, strict=False).items()}
         ctx = RunContext(cfg, rung, plan.backend, ledger, new_run_id(cfg.project, rung.name), store_uri(cfg), files,
                          request.gpus, show, request.nodes)
+        for warning in plan.warnings():
+            show(-1, warning)  # the same lines the dry run shows
         reservation = _reserve(ctx, plan)  # the quota guard again, in the transaction that reserves (exit 3)
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = sha256_file(config_path)

@@ -72,3 +72,86 @@ def test_bad_seconds_are_refused(bad: float) -> None:
         young(bad, M)
     with pytest.raises(ValueError, match="positive number of seconds"):
         goodput(600.0, C, R, bad)
+
+
+def _events(tmp_path, events: list[dict]):  # noqa: ANN001, ANN202
+    import json
+
+    from launcher.evidence import LegEvents
+
+    log = tmp_path / "leg-0.log"
+    log.write_text("".join(json.dumps(dict(e, rank=0)) + "\n" for e in events))
+    return LegEvents.read(0, log)
+
+
+def _leg(final_verify_t: float) -> list[dict]:
+    """Ten steps of 0.5 s from t = 100, checkpoints at 5 (verified 1.5 s after its step) and at 10."""
+    ev = [{"event": "step", "t": 100.0 + 0.5 * s, "step": s, "step_s": 0.5, "loss": 1.0, "lr": 0.1}
+          for s in range(1, 11)]
+    for step, verified in ((5, 104.0), (10, final_verify_t)):
+        t = 100.0 + 0.5 * step
+        ev += [{"event": "save", "t": t + 0.2, "step": step, "seconds": 0.2, "bytes": 1000},
+               {"event": "serialized", "t": t + 0.5, "step": step, "seconds": 0.3, "bytes": 1100, "name": "c"},
+               {"event": "push", "t": verified - 0.1, "step": step, "seconds": 0.4, "bytes": 1100, "name": "c"},
+               {"event": "verify", "t": verified, "step": step, "ok": True, "seconds": 0.1, "bytes_read": 1100,
+                "name": "c", "windows": 1}]
+    return sorted(ev, key=lambda e: e["t"])
+
+
+def test_the_final_path_is_step_to_verified_plus_one_step(tmp_path) -> None:  # noqa: ANN001
+    from launcher.report.notice import _lost_max, final_path, lag_to_verified
+
+    ev = _events(tmp_path, _leg(final_verify_t=135.0))  # step 10 ended at t = 105: 30 s to verified
+    f = final_path(ev)
+    assert (f["step"], f["bytes"], f["seconds"], f["step_s"], f["needed_s"]) == (10, 1100, 30.0, 0.5, 30.5)
+    assert f["parts"] == {"save": 0.2, "write": 0.3, "push": 0.4, "verify": 0.1}
+    assert [p.line for p in f["evidence"]] == [14, 15, 18]  # step 10, its save, its verify (lines, by t)
+    assert not fits_notice(f["needed_s"], NOTICE_S["gcp"])[0] and fits_notice(f["needed_s"], NOTICE_S["aws"])[0]
+    # L: step 5 verified 1.5 s after its step, step 10 30 s after: 15.75 s; lost at most 5 + 32 steps
+    assert lag_to_verified(ev) == pytest.approx(15.75)
+    assert _lost_max(5, 15.75, 0.5) == 5 + 32 and _lost_max(None, 15.75, 0.5) is None
+
+
+def test_no_final_path_without_a_verified_final_checkpoint(tmp_path) -> None:  # noqa: ANN001
+    from launcher.report.notice import final_path
+
+    events = [e for e in _leg(135.0) if not (e["event"] == "verify" and e["step"] == 10)]
+    assert final_path(_events(tmp_path, events)) is None
+
+
+def test_m_is_the_configured_figure_else_the_clouds_published_one() -> None:
+    from launcher.cadence import SpotConfig
+    from launcher.config import Config
+    from launcher.errors import ConfigError
+    from launcher.report.notice import mtbf
+    from launcher.report.runs import RunData
+
+    on = RunData({"legs": [{"placement": {"cloud": "AWS"}}, {"placement": {"cloud": "aws"}}]}, [])
+    nowhere = RunData({"legs": [{"placement": None}]}, [])
+    assert mtbf(Config(project="p"), on)[::2] == (3650.0, "aws")
+    m, source, cloud = mtbf(Config(project="p"), nowhere)
+    assert (m, cloud) == (160.0, None) and "no cloud recorded" in source
+    assert mtbf(Config(project="p", spot=SpotConfig(mtbf_hours=12.5)), on)[:2] == (12.5, "spot.mtbf_hours in launcher.yaml")
+    for bad in (0, -1.0, float("nan"), True, 1e9):
+        with pytest.raises(ConfigError, match="spot.mtbf_hours"):
+            SpotConfig(mtbf_hours=bad)
+
+
+def test_up_run_on_spot_warns_when_the_final_checkpoint_does_not_fit() -> None:
+    """launcher.plan.notice_warning: the dry run and the launch show the same line (Plan.warnings)."""
+    from types import SimpleNamespace
+
+    from launcher.plan import notice_warning
+
+    per = [{"provider": p, "label": lab, "notice_s": NOTICE_S[p], "fits": ok}
+           for p, lab, ok in (("gcp", "GCP", False), ("azure", "Azure", False), ("aws", "AWS", True), ("k8s", "Kubernetes", False))]
+    gate = {"gate": "passed", "notice": {"per_provider": per, "needed_s": 30.5, "lost_steps_max": 37, "run": "r-probe",
+                                         "leg": 0}}
+    run_sky = SimpleNamespace(rung=SimpleNamespace(name="run"), backend="sky")
+    [line] = notice_warning(run_sky, gate, None)
+    assert line == ("warning: on spot, the final checkpoint needs 30.5 s (r-probe leg 0): it does not fit GCP's (25 s) "
+                    "or Azure's (25 s) notice; a preemption there loses up to 37 steps at the current cadence")
+    assert "it does not fit GCP's (25 s) notice;" in notice_warning(run_sky, gate, SimpleNamespace(cloud="GCP"))[0]
+    assert notice_warning(run_sky, gate, SimpleNamespace(cloud="AWS")) == []  # it fits the pick's cloud
+    assert notice_warning(SimpleNamespace(rung=run_sky.rung, backend="local"), gate, None) == []  # no spot
+    assert notice_warning(run_sky, {"gate": "skipped", "reason": "x"}, None) == []

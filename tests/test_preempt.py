@@ -42,7 +42,8 @@ def test_with_no_notice_the_next_leg_resumes_from_the_previous_verified_checkpoi
     assert run["legs"][0]["killed"] and "preempted at step 18 with no notice" in run["legs"][0]["end_reason"]
 
 
-def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_checkpoint(project: Path) -> None:
+def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_checkpoint(project: Path,
+                                                                                        tmp_path: Path) -> None:
     """SIGTERM ignored: the leg trains on (a slow loader: 0.25 s a batch) until the notice runs
     out and the kill lands; the next leg resumes from the newest checkpoint the cadence verified;
     the drill says no, and how many steps were lost."""
@@ -63,6 +64,13 @@ def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_c
     assert f"{steps} steps (" in lost["detail"] and f"trained to step {at + steps}, leg 1 resumed at step {at}" in \
         lost["detail"], lost
     assert [c["name"] for c in checks.values() if not c["ok"]] == ["leg 0: the final checkpoint within the 2 s notice"]
+    # the report says it too, with the steps
+    rep = run_cli(["report", "--out", str(tmp_path / "rep"), "--json"], cwd=project)
+    assert rep.code == 0, rep.err
+    [drill] = rep.json()["plan"]["drills"]
+    assert (drill["run"], drill["notice_ok"], drill["lost_steps"], drill["resumed_at"]) == (run["id"], False, steps, at)
+    text = (tmp_path / "rep" / "preflight.md").read_text()
+    assert f"- **Preemption drill** ({run['id']}): {notice['detail']}; work lost: {lost['detail']}." in text
 
 
 def test_a_notice_or_step_that_makes_no_sense_is_one_line_and_exit_2(project: Path) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from launcher.evidence import LegEvents
+from launcher.ladder import probe_plan
 from launcher.measure import check_cadence, check_memory, check_sustained
-from tests.helpers import assert_one_line_error, run_cli, run_rows
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -> None:
@@ -25,8 +27,14 @@ def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -
     assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out
 
 
-def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
-    res = run_cli(["up", "probe", "--cpu", "--steps", "80", "--json"], cwd=project)
+def test_cpu_probe_measures_and_resumes_cold(project: Path, hub_server, tmp_path: Path) -> None:  # noqa: ANN001
+    """Also (issue 33): a store slowed on the final checkpoint (its first read held 27 s) makes the
+    report say the final push does not fit GCP's 25 s notice, and fits AWS's 110 s, with seconds."""
+    edit_config(project, store="hf://tester/ckpts")
+    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+    final = probe_plan(80)[0]
+    hub_server.inject("hang", 1, f"runs/*/step-{final:08d}/*", seconds=27.0)
+    res = run_cli(["up", "probe", "--cpu", "--steps", "80", "--json"], cwd=project, env=env)
     assert res.code in (0, 1), res.err
     checks = {c["name"]: c for c in res.json()["checks"]}
     for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
@@ -47,6 +55,24 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path) -> None:
     assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "probe" and run["gpu_count"] == 0 and run["billed_gpu_hours"] == 0
+    assert not hub_server.faults  # the hang was taken
+    report = run_cli(["report", "--out", str(tmp_path / "rep"), "--json"], cwd=project, env=env)
+    assert report.code == 0, report.err
+    notice = report.json()["plan"]["notice"]
+    assert notice["step"] == final and 27.0 <= notice["seconds"] < 80 and notice["needed_s"] > notice["seconds"]
+    fits = {f["provider"]: f for f in notice["per_provider"]}
+    assert not fits["gcp"]["fits"] and fits["gcp"]["margin_s"] == pytest.approx(25 - notice["needed_s"], abs=1e-3)
+    assert fits["aws"]["fits"] and fits["aws"]["margin_s"] == pytest.approx(110 - notice["needed_s"], abs=1e-3)
+    assert not fits["k8s"]["fits"]
+    text = (tmp_path / "rep" / "preflight.md").read_text()
+    assert f"**does not fit GCP's notice** (25 s) by {notice['needed_s'] - 25:.1f} s" in text
+    assert f"fits AWS's notice (110 s) with a margin of {110 - notice['needed_s']:.1f} s" in text
+    # the cadence section: Young's interval from the measured C and the default M, R from leg 1
+    c = report.json()["plan"]["cadence"]
+    assert c["r_from"].startswith(run["id"] + " leg 1") and c["m_hours_instance"] == 160.0
+    assert c["tau_young_s"] == pytest.approx(math.sqrt(2 * c["c_s"] * c["m_s"]))
+    assert f"sqrt(2 x {c['c_s']:.3f} x {c['m_s']:,.0f}) = **{c['tau_young_s']:,.1f} s**" in text
+    assert "evidence (C)" in text and "evidence (R)" in text
 
 
 def _leg(tmp_path: Path, events: list[dict]) -> LegEvents:

@@ -58,7 +58,9 @@ def render(r: dict[str, Any]) -> str:
 
 
 def _plan(p: dict[str, Any]) -> list[str]:
-    lines = _rate(p) + _quota(p) + [_actual(a) for a in p.get("actuals", [])] + _measured(p)
+    from launcher.report.notice_md import notice_lines
+
+    lines = _rate(p) + _quota(p) + [_actual(a) for a in p.get("actuals", [])] + _measured(p) + notice_lines(p)
     lines += _efficiency(p.get("efficiency"))
     for key in ("memory", "checkpoint", "breakdown", "efficiency"):
         for e in (p.get(key) or {}).get("evidence", []):
@@ -109,7 +111,9 @@ def _actual(a: dict[str, Any]) -> str:
             f"{_vs(a['tok_s'], plan['tok_s'], 'tok/s', ',.0f')}; "
             f"wall {_vs(a['wall_hours'], plan['eta_hours'], 'h', ',.2f')}; "
             f"{_vs(a['billed_gpu_hours'], plan['gpu_hours'], 'GPU-h', ',.3f')}; "
-            f"{_vs(a['usd'], plan['usd'], 'USD', ',.2f')}.")
+            f"{_vs(a['usd'], plan['usd'], 'USD', ',.2f')}; goodput: {a['steps_kept']:,} steps kept of "
+            f"{a['steps_computed']:,} computed, {a['training_s']:,.0f} s training of {a['billed_s']:,.0f} s billed; "
+            f"steps lost per recovery: {', '.join(map(str, a['lost_per_recovery'])) or 'none (one leg)'}.")
 
 
 def _measured(p: dict[str, Any]) -> list[str]:

@@ -15,6 +15,7 @@ from launcher.evidence import LegEvents
 from launcher.ledger import Ledger
 from launcher.measure import (check_cadence, check_memory, cycle_cost, describe_breakdown, memory_trend,
                               step_breakdown, sustained)
+from launcher.report.notice import notice_plan, preempt_drills
 from launcher.report.runs import Evidence, Proof, RunData, rate_leg
 
 
@@ -44,6 +45,10 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
     if leg:
         run, ev, _ = leg
         out.update(_leg_costs(cfg, run, ev, p5 if measured else None, cite))
+        out.update(notice_plan(cfg, runs, run, ev, out.get("eta_hours"), cite))
+    drills = preempt_drills(runs)
+    if drills:
+        out["drills"] = drills
     return out
 
 
@@ -127,4 +132,22 @@ def run_actuals(run: RunData) -> dict[str, Any]:
            "tok_s": rate["tok_s"] if rate else None,
            "preflight": {"gate": gate.get("gate"), "reason": gate.get("reason"), "report": gate.get("report")},
            "plan": {k: plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd")}}
-    return out
+    return out | goodput_actual(run)
+
+
+def goodput_actual(run: RunData) -> dict[str, Any]:
+    """What the run kept of what it computed: steps kept / steps computed, seconds training /
+    seconds billed (the legs' own step times against their ledger spans), per recovery the
+    steps lost (the leg's last step past where the next one resumed)."""
+    computed = sum(len({int(e["step"]) for _, e in ev.all("step")}) for ev in run.legs)
+    kept = max((int(e["step"]) for ev in run.legs for _, e in ev.all("step")), default=0)
+    training = sum(float(e.get("step_s") or 0.0) for ev in run.legs for _, e in ev.all("step"))
+    billed = sum(float(leg["ended_at"]) - float(leg["started_at"]) for leg in run.row["legs"]
+                 if leg.get("role") is None and leg.get("ended_at") is not None)
+    lost = []
+    for before, after in zip(run.legs, run.legs[1:]):
+        resume = after.first("resume")
+        last = max((int(e["step"]) for _, e in before.all("step")), default=0)
+        lost.append(max(0, last - (int(resume[1]["from_step"]) if resume else 0)))
+    return {"steps_computed": computed, "steps_kept": kept, "training_s": round(training, 3),
+            "billed_s": round(billed, 3), "lost_per_recovery": lost}

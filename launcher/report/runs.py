@@ -100,11 +100,14 @@ def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
     if not every:
         raise BadInput("nothing to report: the ledger has no runs yet (start with `launcher up static`)")
     digest = every[0]["files_digest"]
-    newest: dict[tuple[str, bool], dict[str, Any]] = {}
-    for row in every:  # newest first; a GPU run is kept beside a newer CPU dress rehearsal of its rung
+    newest: dict[tuple[str, bool, bool], dict[str, Any]] = {}
+    for row in every:  # newest first; a GPU run is kept beside a newer CPU dress rehearsal of its rung,
+        # and a `drill preempt` beside the kill drill (its question is the notice, not the kills)
         if row["files_digest"] == digest and row["ended_at"] is not None:
-            newest.setdefault((row["rung"], bool(row["gpu_count"])), row)
-    return [newest[(r, g)] for r in RUNG_ORDER for g in (True, False) if (r, g) in newest]
+            preempt = bool(find(row.get("checks", []), Kind.PREEMPT_NOTICE))
+            newest.setdefault((row["rung"], bool(row["gpu_count"]), preempt), row)
+    return [newest[(r, g, p)] for r in RUNG_ORDER for g in (True, False) for p in (False, True)
+            if (r, g, p) in newest]
 
 
 def load_run(row: dict[str, Any]) -> RunData:
