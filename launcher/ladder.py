@@ -124,6 +124,15 @@ def resume_leg0_steps(steps: int, can_terminate: bool, legs: int = RESUME_LEGS) 
     return plan[1] - 1 if can_terminate else plan[0]
 
 
+def resume_leg0_hold(rung: str, steps: int, can_terminate: bool, legs: int = RESUME_LEGS) -> int | None:
+    """Where a resume rung's leg 0 holds for its SIGTERM (LAUNCHER_HOLD_AT_STEP with
+    LAUNCHER_HOLD_UNTIL=sigterm): the end of its share, where the launcher sends it; None for
+    other rungs and for a backend that cannot SIGTERM a leg. The dry run shows it, the launch uses it."""
+    if rung not in ("rehearsal", "smoke") or not can_terminate:
+        return None
+    return resume_plan(steps, legs)[0]
+
+
 def rung_order() -> tuple[str, ...]:
     """Every rung by name, ladder order, then the drill."""
     return tuple(r.name for r in (*RUNGS, DRILL))

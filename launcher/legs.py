@@ -183,6 +183,15 @@ class Ending:
     unless the leg has ended; 0 kills it at that step with no SIGTERM at all."""
 
 
+def ending_env(ending: Ending) -> dict[str, str]:
+    """What an ending adds to the leg's environment: a hold at a step, until its deadline or,
+    with a SIGTERM planned there, until the SIGTERM comes (the dry run shows leg 0's too)."""
+    if ending.hold_at is None:
+        return {}
+    held = {contract.HOLD_AT: str(ending.hold_at)}
+    return held | ({contract.HOLD_UNTIL: "sigterm"} if ending.sigterm_at is not None else {})
+
+
 def _rank0_event(line: str, name: str) -> dict | None:
     from runtime.events import parse_line
 
@@ -236,6 +245,9 @@ class _Watch:
         if ending.sigterm_at is None or not self.started or "term" in self.sent:
             return
         step = _step_of(line)
+        if step is None and ending.hold_at is not None:  # a leg holding for its SIGTERM may print no step
+            held = _rank0_event(line, "hold")  # line first (an adapter's step event can come after)
+            step = None if held is None else int(held["step"])
         if step is not None and step >= ending.sigterm_at:
             self.sent.add("term")
             self.acted_at = time.time()
@@ -318,11 +330,7 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     budget_s = ctx.cfg.rung(ctx.rung.name).budget_minutes * 60.0
     deadline = ctx.leg_deadline(budget_s if ending.deadline_s is None else min(budget_s, ending.deadline_s))
     log_path = ctx.run_dir / (f"leg-{leg}-straight.log" if ending.straight else f"leg-{leg}.log")
-    env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s)
-    if ending.hold_at is not None:
-        env[contract.HOLD_AT] = str(ending.hold_at)
-        if ending.sigterm_at is not None:  # held there until the SIGTERM comes: it lands at that step
-            env[contract.HOLD_UNTIL] = "sigterm"
+    env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s) | ending_env(ending)
     if ending.straight:
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
     spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),

@@ -146,12 +146,19 @@ def _damaged(e: dict[str, Any]) -> str:
     return f"a damaged event line ({e.get('kind') or 'unknown kind'}): {e['reason']}"
 
 
+def _hold(e: dict[str, Any]) -> str:
+    if e.get("until") == "sigterm":
+        return f"holds at step {e['step']} for the launcher's SIGTERM"
+    return f"holds at step {e['step']} for {e['seconds']:.1f} s, until its deadline is due"
+
+
 def _notice(e: dict[str, Any]) -> str:
     return f"spot notice from the {e['cloud']} metadata service ({e['detail']}): SIGTERM to the leg"
 
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     "notice": _notice,
+    "hold": _hold,
     "step": _step,
     "resume": _resume,
     "resume_skip": _resume_skip,
@@ -233,6 +240,8 @@ class LegView:
             return e["seconds"] >= PUSH_WAIT_SHOWN_S
         if kind == "stop":
             return e["reason"] != "max_steps"  # `done` says where a routine leg ended
+        if kind == "hold":  # a hold for the SIGTERM lasts as long as the launcher takes to read a line
+            return e.get("until") != "sigterm"
         return kind not in QUIET
 
     def _say(self, text: str) -> None:

@@ -214,9 +214,13 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     if dry_run:
         from launcher.legs import redact
 
+        from launcher.ladder import resume_leg0_hold
+
         steps = plan.legs[0].max_steps if plan.legs else 0
+        hold0 = resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
         plan.env = redact(leg0_env(cfg, rung, request.gpus, request.gpus_total, steps,
-                                   plan.quota.remaining_gpu_hours if plan.quota else None, plan.reviewed), cfg.secrets)
+                                   plan.quota.remaining_gpu_hours if plan.quota else None, plan.reviewed,
+                                   hold0=hold0), cfg.secrets)
 
 
 def _raise(err: LauncherError | None) -> None:
@@ -255,18 +259,21 @@ PLACEHOLDER_RUN = "dry-run"
 
 
 def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, steps: int,
-             quota_left: float | None, reviewed: dict[str, str], now: float | None = None) -> dict[str, str]:
+             quota_left: float | None, reviewed: dict[str, str], now: float | None = None,
+             hold0: int | None = None) -> dict[str, str]:
     """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
     same facts: its step count (the plan's, launcher.ladder.leg_steps), and its deadline capped by
     the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
-    guard would leave it) over `gpus_total` GPUs (the plan's: every node counted)."""
-    from launcher.legs import leg_deadline, leg_env
+    guard would leave it) over `gpus_total` GPUs (the plan's: every node counted), and where it
+    holds for its SIGTERM (`hold0`, launcher.ladder.resume_leg0_hold: a resume rung's)."""
+    from launcher.legs import Ending, ending_env, leg_deadline, leg_env
 
     if not rung.legs:
         return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)
     left = None if quota_left is None else max(0.0, quota_left)
     deadline = leg_deadline(cfg, cfg.rung(rung.name).budget_minutes * 60.0, left, gpus_total, now)
-    return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
+    env = leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), steps, deadline, reviewed, gpus)
+    return env | ending_env(Ending(sigterm_at=hold0, hold_at=hold0))
 
 
 def _reviewed(ledger: Ledger | None) -> None:

@@ -244,16 +244,20 @@ def watched(run: str) -> str:
     runtime/notice.py: it polls the cloud's metadata service and on a notice SIGTERMs the job's
     process group, as SkyPilot's graceful cancel does. The shell stays (no `exec`) to turn a stop
     on a notice into exit EXIT_PREEMPTED, which the managed job's `recover_on_exit_codes` names
-    (a trainer's SIGTERM stop exits 0, and a job that exits 0 is done). Its `trap` makes it wait
-    for the trainer's own stop on a SIGTERM to the group; its children get the default action.
+    (a trainer's SIGTERM stop exits 0, and a job that exits 0 is done). A SIGTERM to the shell
+    alone (`docker kill --signal TERM` reaches a container's main process only) is handed to
+    `timeout`, which hands it to the trainer, as when `timeout` was the main process; the shell
+    then waits on (a `wait` a trapped signal cut short is waited again while the child lives)
+    and exits with the trainer's status.
     The watcher (it ignores SIGTERM) is killed once the trainer has ended: it holds the leg's
     output open, and it wrote its mark before it signalled, so before the trainer stopped."""
     return ("# preflight: the spot notice watcher (SkyPilot passes none; runtime/notice.py)\n"
-            "trap : TERM\n"
             "mark=$(mktemp -u \"${TMPDIR:-/tmp}/preflight-notice.XXXXXX\")\n"
             "python -m runtime.notice --mark \"$mark\" --parent $$ & watcher=$!\n"
-            f"timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)}\n"
-            "rc=$?\n"
+            "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
+            f"timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)} &\n"
+            "child=$!\n"
+            "while :; do wait \"$child\"; rc=$?; [ \"$rc\" -gt 128 ] && kill -0 \"$child\" 2>/dev/null && continue; break; done\n"
             "kill -KILL \"$watcher\" 2>/dev/null; wait \"$watcher\" 2>/dev/null\n"
             f"[ -e \"$mark\" ] && exit {EXIT_PREEMPTED}\n"
             "exit $rc\n")

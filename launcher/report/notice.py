@@ -75,7 +75,8 @@ def lag_to_verified(ev: LegEvents) -> float | None:
 def relaunch(runs: list[RunData], prefer: RunData) -> dict[str, Any] | None:
     """R: the ledger's start of a cold-resumed leg to its first step (the measured run's first)."""
     for run in [prefer] + [r for r in runs if r is not prefer]:
-        starts = {int(leg["leg"]): float(leg["started_at"]) for leg in run.row["legs"]}
+        starts = {int(leg["leg"]): float(leg["started_at"]) for leg in run.row["legs"]
+                  if isinstance(leg.get("started_at"), (int, float))}
         for ev in run.legs:
             first = ev.first("step")
             if ev.first("resume") and first and ev.leg in starts:

@@ -143,7 +143,8 @@ def goodput_actual(run: RunData) -> dict[str, Any]:
     kept = max((int(e["step"]) for ev in run.legs for _, e in ev.all("step")), default=0)
     training = sum(float(e.get("step_s") or 0.0) for ev in run.legs for _, e in ev.all("step"))
     billed = sum(float(leg["ended_at"]) - float(leg["started_at"]) for leg in run.row["legs"]
-                 if leg.get("role") is None and leg.get("ended_at") is not None)
+                 if leg.get("role") is None and all(isinstance(leg.get(k), (int, float))
+                                                     for k in ("started_at", "ended_at")))
     lost = []
     for before, after in zip(run.legs, run.legs[1:]):
         resume = after.first("resume")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.evidence import Check, Kind, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
-from launcher.ladder import leg_steps, resume_plan
+from launcher.ladder import leg_steps, resume_leg0_hold, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.resume_checks import check_resumed
 from launcher.rungs.checks import check_device, check_leg_exit
@@ -30,9 +30,8 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
     if leg == legs - 1:
         return max_steps, Ending()
     if leg == 0:  # held at its step until the SIGTERM comes: a SIGTERM read late still lands there
-        if not ctx.backend.can_terminate:
-            return max_steps, Ending()
-        return max_steps, Ending(sigterm_at=plan[0], hold_at=plan[0])
+        hold = resume_leg0_hold(ctx.rung.name, steps, ctx.backend.can_terminate, legs)
+        return max_steps, Ending(sigterm_at=hold, hold_at=hold)
     # The deadline: far enough for the leg to start and train, then the leg holds itself at a known
     # step until the deadline is within its margin (LAUNCHER_HOLD_AT_STEP), so the stop lands
     # mid-run. The deadline is counted from the leg's resume (LAUNCHER_DEADLINE_AFTER_RESUME), so it
