@@ -66,9 +66,14 @@ def _lost_max(interval: int | None, lag: float | None, step_s: float) -> int | N
 
 
 def lag_to_verified(ev: LegEvents) -> float | None:
-    """Mean seconds from a checkpoint's step to its verified mark, over the leg's checkpoints."""
+    """Mean seconds from a checkpoint's step to its verified mark, over the leg's checkpoints on
+    the cadence (the leg's final one left out, as cycle_cost leaves out its save: it is the
+    final path, stated on its own, and what a preemption loses is measured from the one before)."""
     at = {int(e["step"]): float(e["t"]) for _, e in ev.all("step")}
-    lags = [float(e["t"]) - at[int(e["step"])] for _, e in ev.all("verify") if e.get("ok") and int(e["step"]) in at]
+    found = [(int(e["step"]), float(e["t"]) - at[int(e["step"])]) for _, e in ev.all("verify")
+             if e.get("ok") and int(e["step"]) in at]
+    last = max((int(e["step"]) for _, e in ev.all("save")), default=None)
+    lags = [lag for step, lag in found if step != last or len(found) == 1]
     return statistics.mean(lags) if lags else None
 
 
