@@ -108,6 +108,7 @@ def notice_plan(cfg: Config, runs: list[RunData], run: RunData, ev: LegEvents, e
     c = cycle_cost(ev)
     f = final_path(ev)
     interval = c["interval_steps"] if c else None
+    lag = lag_to_verified(ev)
     if f:
         fits = []
         for key, label in PROVIDERS.items():
@@ -116,18 +117,18 @@ def notice_plan(cfg: Config, runs: list[RunData], run: RunData, ev: LegEvents, e
                          "margin_s": round(margin, 3)})
         out["notice"] = {k: v for k, v in f.items() if k != "evidence"} | {
             "run": run.id, "leg": ev.leg, "on": run.gpus, "per_provider": fits, "interval_steps": interval,
-            "lost_steps_max": _lost_max(interval, lag_to_verified(ev), f["step_s"]),
+            "lost_steps_max": _lost_max(interval, lag, f["step_s"]),
             "evidence": cite.cite(run, f["evidence"])}
     r = relaunch(runs, run)
     if c and interval and r:
-        out["cadence"] = cadence_plan(cfg, run, ev, c, r, eta_hours, cite)
+        out["cadence"] = cadence_plan(cfg, run, c, r, lag or 0.0, eta_hours, cite)
     elif c or f:
         why = ("no cold resume was measured (R)" if not r else "one checkpoint in the leg: no current cadence")
         out["cadence"] = {"missing": why}
     return out
 
 
-def cadence_plan(cfg: Config, run: RunData, ev: LegEvents, c: dict[str, Any], r: dict[str, Any],
+def cadence_plan(cfg: Config, run: RunData, c: dict[str, Any], r: dict[str, Any], lag: float,
                  eta_hours: float | None, cite: Evidence) -> dict[str, Any]:
     """Young's and Daly's intervals, goodput at the current cadence and at Young's, and what the
     difference bills over the run (rungs.run.steps)."""
@@ -136,7 +137,6 @@ def cadence_plan(cfg: Config, run: RunData, ev: LegEvents, c: dict[str, Any], r:
     m_s = m_hours * 3600.0 / nodes
     gpus = (int(run.row["gpu_count"] or 0) * nodes) if run.on_gpu else 0
     kept = eta_hours if eta_hours else cfg.rungs.run.steps * c["step_s"] / 3600.0
-    lag = lag_to_verified(ev) or 0.0
     tau_now = c["interval_steps"] * c["step_s"]
     price = cfg.prices.get(run.row["gpu_name"]) if gpus else None
     cmp = compare(c["save_s"], r["seconds"], m_s, tau_now, kept, max(gpus, 1), price, lag)
