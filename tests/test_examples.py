@@ -137,16 +137,23 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     each node pushing its own shards: static -> rehearsal -> drill (two kills mid-push) -> report."""
     import json
 
+    from tests.test_nodes import each_node_ran_the_sky_script
+
     root = copy_example("fsdp_dcp", tmp_path)
     assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    planned = run_cli(["up", "rehearsal", "--nodes", "2", "--dry-run", "--json"], cwd=root).json()
     rehearsal = run_cli(["up", "rehearsal", "--nodes", "2", "--json"], cwd=root, timeout=900)
     assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
     checks = {c["name"]: c for c in rehearsal.json()["checks"]}
     assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    assert checks["every rank's data position (4 ranks)"]["ok"]
+    ranks = checks["every rank's data position (4 ranks)"]
+    assert ranks["ok"] and ranks["kind"] == "rank_data" and "80 batch hashes across the ranks" in ranks["detail"]
+    each_node_ran_the_sky_script(root, rehearsal.json()["run_id"], planned, steps=20)
     drill = run_cli(["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root,
                     timeout=900)
     assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
+    drill_legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
+    each_node_pushed_its_own_shards(drill_legs[-2])  # the last drill leg, after the two kills
     manifests = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
     stored = json.loads(manifests[-1].read_text())
     assert stored["meta"]["format"] == "dcp" and stored["meta"]["world_size"] == 4
@@ -156,6 +163,22 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
     assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
         {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
+
+
+def each_node_pushed_its_own_shards(leg: dict) -> None:
+    """One leg of 2 nodes x 2 ranks resumed on every rank from one step, pushed each node's own
+    shards from that node's disk (each node's first rank deleted its local copy once verified),
+    rank 0 sealed each checkpoint as verified over both nodes, and every rank ended verified."""
+    import json
+
+    events = [json.loads(line[line.find('{"event": '):]) for line in Path(leg["log_path"]).read_text().splitlines()
+              if '{"event": ' in line]
+    resumed = [e for e in events if e["event"] == "resume"]
+    assert sorted(e["rank"] for e in resumed) == [0, 1, 2, 3] and len({e["from_step"] for e in resumed}) == 1
+    verify = [e for e in events if e["event"] == "verify"]
+    assert verify and all(e["ok"] and e["nodes"] == 2 for e in verify), verify
+    assert {e["rank"] for e in events if e["event"] == "delete_local"} == {0, 2}
+    assert [e["final_checkpoint_verified"] for e in events if e["event"] == "done"] == [True] * 4
 
 
 def test_the_stateful_loader_example_climbs_the_ladder(tmp_path: Path, leg_tmp: Path) -> None:

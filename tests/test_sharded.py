@@ -80,51 +80,6 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
         and "has 1" in stop["error"], stop
 
 
-def two_nodes(tmp_path: Path, name: str, max_steps: int) -> tuple[list[int], list[dict]]:
-    """A leg of 2 nodes x 2 ranks on this host: two torchruns, a static rendezvous, each node in a
-    folder of its own (its own disk), as `--backend local --nodes 2` runs them."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LAUNCHER_RUN_ID": "fsdp2n",
-           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps)}
-    env.pop("WORLD_SIZE", None)
-    procs = []
-    for node in (0, 1):
-        work = tmp_path / name / f"node-{node}"
-        work.mkdir(parents=True)
-        procs.append(subprocess.Popen([str(TORCHRUN), "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=2",
-                                       "--master_addr=127.0.0.1", f"--master_port={port}", str(TRAINER)], cwd=work,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=300) for p in procs]
-    events = [json.loads(line[line.find('{"event": '):]) for out, _ in outs for line in out.splitlines()
-              if '{"event": ' in line]
-    return [p.returncode for p in procs], events
-
-
-def test_two_nodes_push_each_their_own_shards_and_rank_0_seals_the_whole(tmp_path: Path) -> None:
-    codes, first = two_nodes(tmp_path, "leg0", 6)
-    assert codes == [0, 0], [e for e in first if e["event"] in ("stop", "push_failed")]
-    verify = [e for e in first if e["event"] == "verify"]
-    assert [(e["step"], e["ok"], e["nodes"]) for e in verify] == [(3, True, 2), (6, True, 2)]
-    stored = json.loads((tmp_path / "store" / "runs" / "fsdp2n" / "step-00000006" / "manifest.json").read_text())
-    assert sorted(f["path"] for f in stored["files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)] + \
-        [f"rank-0000{r}.pt" for r in range(4)]
-    # each node's local copy went once verified: node 1's shards were pushed from node 1's disk
-    assert {e["rank"] for e in first if e["event"] == "delete_local"} == {0, 2}
-    assert not list((tmp_path / "leg0" / "node-1" / "ckpt").glob("step-*"))
-    codes, second = two_nodes(tmp_path, "leg1", 9)
-    assert codes == [0, 0], [e for e in second if e["event"] in ("stop", "push_failed")]
-    resumed = [e for e in second if e["event"] == "resume"]
-    assert sorted(e["rank"] for e in resumed) == [0, 1, 2, 3] and {e["from_step"] for e in resumed} == {6}
-    saved6 = next(e["digests"] for e in first if e["event"] == "state_digest" and e["step"] == 6)
-    main = next(e for e in resumed if e["rank"] == 0)
-    assert {k: main["digests"][k] for k in ("model", "optimizer")} == {k: saved6[k] for k in ("model", "optimizer")}
-    assert [e["final_checkpoint_verified"] for e in second if e["event"] == "done"] == [True] * 4
-
-
 class _Boom:
     def __reduce__(self):  # noqa: ANN204 - what a forged index would hold
         return (os.system, ("touch /tmp/preflight-sharded-forged",))
