@@ -132,8 +132,17 @@ claimed its cluster leaves it behind (INIT, or UP with its job running if the
 job had started), as a real cancelled launch can — `down` removes it.
 Process bookkeeping reads /proc: Linux only.
 
+Workers and controllers are forked from an executor (one per state dir, started by the first
+client, gone after EXECUTOR_IDLE_S without a call): a process that has imported SkyPilot once, as
+the API server's executor processes have, so a request does not pay SkyPilot's import (about 2 s of
+CPU here) again. Each child starts a session of its own and takes its caller's environment,
+working directory and output file, as a fresh interpreter would; a request submitted before the
+executor is ready runs in a fresh interpreter instead (the payload on its stdin), so no call ever
+waits for the executor.
+
 Run as a script: `python tests/sky_standin.py serve-request <dir>` is the worker,
-`job-controller <job dir>` a managed job's controller, `preempt <state_dir> <job_id>` preempts a
+`job-controller <job dir>` a managed job's controller, `executor <state_dir>` the executor,
+`preempt <state_dir> <job_id>` preempts a
 managed job; `python -m tests.sky_standin launcher <args...>` runs the real launcher CLI with
 this stand-in installed from the environment (see `install_from_env`).
 """
@@ -356,6 +365,7 @@ class StrictSky:
         """How long bringing up the jobs controller takes (SkyPilot 0.14.1: minutes), on the first
         `jobs.launch` and after the controller autostopped (`stop_controller`)."""
         self._state = _State(self.state_dir)
+        _ensure_executor(self._state.root)
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
         self._real_requests: set[str] = set()
         self.jobs = _StrictJobs(self)
@@ -409,16 +419,11 @@ class StrictSky:
         _write_json(rdir / "request.json", {"id": rid, "kind": kind, "cluster": cluster, "args": args,
                                              "submitted_at": time.time(), "client_pid": os.getpid()})
         (rdir / "request.log").touch()
-        with (rdir / "worker.out").open("wb") as out:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve-request", str(rdir)],
-                                    stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=self._state.root, start_new_session=True)
-        _write_json(rdir / "worker.json", {"pid": proc.pid, "start": _start_time(proc.pid)})
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # a worker that died at once says so in get()
-            proc.stdin.write(pickle.dumps(secret_payload))
-            proc.stdin.close()
-        self._workers[rid] = proc
+        pid, proc = _spawn(self._state.root, "serve-request", rdir, self._state.root, rdir / "worker.out",
+                           pickle.dumps(secret_payload))
+        _write_json(rdir / "worker.json", {"pid": pid, "start": _start_time(pid)})
+        if proc is not None:
+            self._workers[rid] = proc
         return rid
 
     def _resolve(self, request_id: str | None) -> Path:
@@ -1246,17 +1251,11 @@ class _Worker:
         _update_job(jobdir, cluster_name=managed_job_utils.generate_managed_job_cluster_name(task.name, job_id))
         # The image the job was submitted with: every attempt's /app is a copy of this, never of a later app_dir.
         shutil.copytree(args["app_dir"], jobdir / "image", symlinks=True)
-        with (jobdir / "controller.out").open("ab") as out:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "job-controller", str(jobdir)],
-                                    stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=jobdir,
-                                    start_new_session=True)
-        _update_job(jobdir, controller={"pid": proc.pid, "start": _start_time(proc.pid)})
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # a controller that died at once is FAILED_CONTROLLER
-            proc.stdin.write(pickle.dumps({"dag_yaml": dag_utils.dump_dag_to_yaml_str(dag),
-                                           "cluster_env": payload["cluster_env"],
-                                           "app_dir": str(jobdir / "image"), "capacity": args["capacity"]}))
-            proc.stdin.close()
+        pid, _ = _spawn(self.state.root, "job-controller", jobdir, jobdir, jobdir / "controller.out",
+                        pickle.dumps({"dag_yaml": dag_utils.dump_dag_to_yaml_str(dag),
+                                      "cluster_env": payload["cluster_env"],
+                                      "app_dir": str(jobdir / "image"), "capacity": args["capacity"]}))
+        _update_job(jobdir, controller={"pid": pid, "start": _start_time(pid)})
         self.say(f"Launching managed job {dag.name!r}: job id {job_id}")
         return [job_id], None
 
@@ -1435,9 +1434,9 @@ def _placement_of(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: handle.get(k, PLACEMENT[k]) for k in PLACEMENT}
 
 
-def serve_request(rdir: Path) -> None:
-    """The worker's entry point: the request's secret payload arrives on stdin."""
-    payload = pickle.loads(sys.stdin.buffer.read())
+def serve_request(rdir: Path, data: bytes | None = None) -> None:
+    """The worker's entry point: the request's secret payload arrives on stdin (or from the executor)."""
+    payload = pickle.loads(sys.stdin.buffer.read() if data is None else data)
     _Worker(rdir).serve(payload)
 
 
@@ -1967,9 +1966,9 @@ def _session_alive(sid: int) -> bool:
     return False
 
 
-def run_controller(jobdir: Path) -> None:
-    """The job controller's entry point: the job's DAG (secrets and all) arrives on stdin."""
-    payload = pickle.loads(sys.stdin.buffer.read())
+def run_controller(jobdir: Path, data: bytes | None = None) -> None:
+    """The job controller's entry point: the job's DAG (secrets and all) arrives on stdin (or from the executor)."""
+    payload = pickle.loads(sys.stdin.buffer.read() if data is None else data)
     controller = _Controller(jobdir)
     try:
         controller.run(payload)
@@ -1986,6 +1985,181 @@ def run_controller(jobdir: Path) -> None:
                                                    f"{jobdir / 'controller.log'}). For more details, run: "
                                                    f"sky jobs logs --controller {jobdir.name}")
         raise
+
+
+# ---------------------------------------------------------------- the executor: workers forked from a warm process
+
+EXECUTOR_IDLE_S = 60.0
+"""An executor with no request for this long (or whose state dir is gone) exits."""
+_EXECUTOR_IMPORTS = ("sky", "sky.jobs", "sky.execution", "sky.exceptions", "sky.task", "sky.sky_logging",
+                     "sky.jobs.state", "sky.jobs.utils", "sky.jobs.client.sdk", "sky.client.sdk",
+                     "sky.server.requests.payloads", "sky.schemas.api.responses", "sky.skylet.constants",
+                     "sky.utils.dag_utils", "sky.utils.common_utils", "sky.utils.status_lib",
+                     "sky.utils.cluster_utils", "sky.utils.yaml_utils")
+"""What a worker or a controller imports: loaded once by the executor, before it forks any."""
+
+
+def _executor_address(root: Path) -> str:
+    """An abstract unix socket (no path-length limit, gone with its process), one per state dir."""
+    import hashlib
+
+    return "\0preflight-standin-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+
+
+def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | None:
+    """Ask the state dir's executor to fork `header["role"]`; the child's pid, or None if no
+    executor answers (not started yet, still importing, or gone)."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(30)
+        sock.connect(_executor_address(root))
+        blob = json.dumps(header).encode()
+        sock.sendall(len(blob).to_bytes(8, "big") + blob + len(data).to_bytes(8, "big") + data)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = sock.recv(64)
+            if not chunk:
+                return None
+            answer += chunk
+        return int(answer)
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+
+
+def _ensure_executor(root: Path) -> None:
+    """Start the state dir's executor if none answers, without waiting for it: a request
+    submitted before it is ready runs in a fresh interpreter instead."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(_executor_address(root))
+            return
+        except OSError:
+            pass
+    with _locked(root / "locks" / "executor.lock"):
+        marker = root / "executor.json"
+        mark = _read_json(marker) or {}
+        if mark.get("pid") and _alive(mark["pid"], mark.get("start")):
+            return  # starting: it binds once SkyPilot is imported
+        with (root / "executor.out").open("ab") as out:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "executor", str(root)],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=root,
+                                    start_new_session=True)
+        _write_json(marker, {"pid": proc.pid, "start": _start_time(proc.pid)})
+
+
+def _spawn(root: Path, role: str, path: Path, cwd: Path, out: Path,
+           data: bytes) -> tuple[int, subprocess.Popen[bytes] | None]:
+    """Start `sky_standin.py ROLE PATH` detached (a session of its own), stdout and stderr
+    appended to `out`, `data` its payload: forked from the state dir's executor, which has
+    SkyPilot imported already (as the API server's executor processes have), else a fresh
+    interpreter with the payload on its stdin. Its pid, and the Popen when we are its parent."""
+    header = {"role": role, "path": str(path), "cwd": str(cwd), "out": str(out), "env": dict(os.environ)}
+    pid = _executor_call(root, header, data)
+    if pid is not None:
+        return pid, None
+    with out.open("ab") as sink:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, str(path)],
+                                stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd,
+                                start_new_session=True)
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # a child that died at once says so where it is read
+        proc.stdin.write(data)
+        proc.stdin.close()
+    return proc.pid, proc
+
+
+def _read_exact(conn: Any, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(min(1 << 20, n - len(buf)))
+        if not chunk:
+            raise EOFError("the client hung up")
+        buf += chunk
+    return buf
+
+
+def run_executor(root: Path) -> None:
+    """Import what workers and controllers need, then fork one per call: the child starts a
+    session of its own, takes the caller's environment, working directory and output file, and
+    runs the role exactly as `sky_standin.py ROLE PATH` would, with the payload handed over."""
+    import importlib
+    import socket
+
+    for name in _EXECUTOR_IMPORTS:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children: no zombies
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(_executor_address(root))
+    listener.listen(16)
+    listener.settimeout(1.0)
+    idle_since = time.monotonic()
+    while root.is_dir() and time.monotonic() - idle_since < EXECUTOR_IDLE_S:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        with conn:
+            conn.settimeout(30)
+            try:
+                header = json.loads(_read_exact(conn, int.from_bytes(_read_exact(conn, 8), "big")))
+                data = _read_exact(conn, int.from_bytes(_read_exact(conn, 8), "big"))
+            except (OSError, EOFError, ValueError):
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                conn.close()
+                _executor_child(header, data)
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{pid}\n".encode())
+        idle_since = time.monotonic()
+
+
+def _executor_child(header: dict[str, Any], data: bytes) -> None:
+    """In the forked child: never returns."""
+    code = 1
+    try:
+        os.setsid()
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has them
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        out = os.open(header["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        os.close(null)
+        os.chdir(header["cwd"])
+        os.environ.clear()
+        os.environ.update(header["env"])
+        path = Path(header["path"])
+        sys.argv = [str(Path(__file__).resolve()), header["role"], str(path)]
+        if header["role"] == "serve-request":
+            serve_request(path, data)
+        else:
+            run_controller(path, data)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a fresh interpreter
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 # ---------------------------------------------------------------- running the real launcher against it
@@ -2024,6 +2198,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["job-controller"] and len(argv) == 2:
         run_controller(Path(argv[1]))
         return 0
+    if argv[:1] == ["executor"] and len(argv) == 2:
+        run_executor(Path(argv[1]))
+        return 0
     if argv[:1] == ["preempt"] and len(argv) == 3:
         preempt_job(Path(argv[1]), int(argv[2]))
         return 0
@@ -2032,7 +2209,7 @@ def main(argv: list[str]) -> int:
         from launcher.entry import main as launcher_main
 
         return launcher_main(argv[1:])
-    print("usage: sky_standin.py serve-request <request dir> | job-controller <job dir> | "
+    print("usage: sky_standin.py serve-request <request dir> | job-controller <job dir> | executor <state dir> | "
           "preempt <state dir> <job id> | launcher <args...>", file=sys.stderr)
     return 2
 

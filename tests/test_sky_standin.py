@@ -506,6 +506,11 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
         wait_until(lambda j=job_id: job_record(fake.state_dir, j)["schedule_state"] == "ALIVE_BACKOFF")
     orphan_rec = job_record(fake.state_dir, orphan)
     os.kill(orphan_rec["controller"]["pid"], signal.SIGKILL)
+    # SIGKILL lands after os.kill returns: ask once the controller is gone (a worker forked from the
+    # warm executor answers within milliseconds, sooner than the kernel ends the process)
+    from tests.sky_standin import _alive
+
+    wait_until(lambda: not _alive(orphan_rec["controller"]["pid"], orphan_rec["controller"]["start"]))
     rows = fake.get(fake.jobs.queue_v2(refresh=False, fields=["details", "failure_reason"]))[0]
     rec = {r.job_id: r for r in rows}
     assert rec[stuck].status is ManagedJobStatus.STARTING and rec[stuck].details == "In backoff, waiting for resources"
