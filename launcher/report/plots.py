@@ -1,4 +1,6 @@
-"""The report's PNG plots (matplotlib, Agg; imported only by `launcher report`).
+"""The report's PNG plots (matplotlib's object API on its Agg canvas, no pyplot: pyplot's
+import and backend set-up were a third of a `launcher report`'s CPU; imported only by
+`launcher report`).
 
 Each plot must read on its own, without the markdown beside it: a title that
 says what ran where, axes with units, a legend naming every line.
@@ -16,10 +18,6 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 
 def draw_all(runs: list[RunData], report: dict[str, Any], folder: Path) -> list[str]:
     """Draw every plot the runs allow into `folder`; returns the file names written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-
     written = []
     leg = rate_leg(runs, gpu=True) or rate_leg(runs, gpu=False)
     if leg is not None:
@@ -41,10 +39,8 @@ def _where(run: RunData) -> str:
 
 
 def _throughput(run: RunData, ev: Any, s: dict[str, Any], folder: Path) -> str:
-    import matplotlib.pyplot as plt
-
     steps = [(e["step"], e["tok_s"]) for _, e in ev.all("step") if e.get("tok_s")]
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    fig, ax = _figure((10, 5.5))
     ax.plot([a for a, _ in steps], [b for _, b in steps], lw=0.8, color=COLORS[0], label="per-step rate")
     ax.axvspan(s["window_first"], s["window_last"], color=COLORS[2], alpha=0.12,
                label=f"sustained window: steps {s['window_first']}..{s['window_last']} (warm-up excluded)")
@@ -65,8 +61,6 @@ def _throughput(run: RunData, ev: Any, s: dict[str, Any], folder: Path) -> str:
 
 
 def _memory(run: RunData, ev: Any, folder: Path) -> str | None:
-    import matplotlib.pyplot as plt
-
     from launcher.measure import memory_trend
 
     m = memory_trend(ev)
@@ -74,7 +68,7 @@ def _memory(run: RunData, ev: Any, folder: Path) -> str | None:
         return None
     kind = {"cuda": "GPU memory: peak allocated per window", "host_rss": "host RSS per window"}.get(
         m["kind"], "memory per window")
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    fig, ax = _figure((10, 5.5))
     xs, ys = zip(*m["series"])
     ax.plot(xs, [y / 2**20 for y in ys], marker="o", ms=3, lw=1, color=COLORS[0], label=f"{kind}, max across ranks")
     ax.plot([m["early_step"], m["late_step"]], [m["early_bytes"] / 2**20, m["late_bytes"] / 2**20], ls="--",
@@ -90,10 +84,8 @@ def _memory(run: RunData, ev: Any, folder: Path) -> str | None:
 
 
 def _loss_lr(run: RunData, folder: Path) -> str:
-    import matplotlib.pyplot as plt
-
     legs = {leg["leg"]: leg for leg in run.row["legs"]}
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7.5), dpi=110, sharex=True)
+    fig, (top, bottom) = _figure((10, 7.5), rows=2)
     for ev in run.legs:
         steps = [e for _, e in ev.all("step")]
         if not steps:
@@ -128,10 +120,17 @@ def _loss_lr(run: RunData, folder: Path) -> str:
     return _save(fig, folder, f"loss_lr-{run.rung}.png")
 
 
-def _save(fig: Any, folder: Path, name: str) -> str:
-    import matplotlib.pyplot as plt
+def _figure(size: tuple[float, float], rows: int = 1) -> tuple[Any, Any]:
+    """A figure on its own Agg canvas (nothing global, nothing to close) and its axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=size, dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, (fig.subplots(rows, 1, sharex=True) if rows > 1 else fig.subplots())
+
+
+def _save(fig: Any, folder: Path, name: str) -> str:
     fig.tight_layout()
     fig.savefig(folder / name)
-    plt.close(fig)
     return name
