@@ -173,17 +173,29 @@ def exact_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | N
     return ([mode] if mode is not None else []) + oracle_checks(ctx, legs, straight, exact, steps)
 
 
+PREFIX_STEPS = 3
+"""Leg 0's fewest steps that, agreeing with the straight-through run's, stand for a second
+straight-through run (oracle_checks)."""
+
+
 def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool,
                   steps: int) -> list[Check]:
     """The timeline's checks; if an exact comparison fails, first ask whether the trainer
-    reproduces itself: a second straight-through run settles it. One that does not is a
-    finding (FAIL, naming the first step and field the two runs differ in), never a silent
-    fall-back: its resumes are then compared within the band, and the checks say so."""
-    from launcher.resume_checks import check_deterministic
+    reproduces itself. Leg 0 and the straight-through run are two fresh starts already: where
+    leg 0's steps (at least PREFIX_STEPS) agree with the straight run's in every field, the
+    trainer reproduced itself and the differences are the resumes'. Otherwise (they differ,
+    which may also be a trainer that reads its leg's step limit, or leg 0 is too short) a
+    second straight-through run settles it. One that does not reproduce itself is a finding
+    (FAIL, naming the first step and field the two runs differ in), never a silent fall-back:
+    its resumes are then compared within the band, and the checks say so."""
+    from launcher.resume_checks import check_deterministic, resume_step, steps_of
     from launcher.state_checks import timeline_checks
 
     found = timeline_checks(legs, straight, exact)
     if exact and straight is not None and not all(c.ok for c in found):
+        if legs and resume_step(legs[0]) is None and len(steps_of(legs[0])) >= PREFIX_STEPS \
+                and check_deterministic(straight, legs[0]).ok:
+            return found
         repeat = run_leg(ctx, straight.leg + 1, steps, ending=Ending(straight=True))
         same = check_deterministic(straight, repeat.events)
         if not same.ok:
