@@ -177,7 +177,10 @@ REQUEST_NAMES = {"jobs_launch": "jobs.launch", "jobs_queue": "jobs.queue_v2", "j
 # Where the stand-in says its clusters are (the launcher pins later legs to leg 0's placement).
 PLACEMENT = {"cloud": "GCP", "region": "us-central1", "zone": None, "instance_type": "standin-n1"}
 # What a fresh cloud machine's job inherits from "the machine": nothing else of the caller's.
-MACHINE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
+# OMP_NUM_THREADS: the image's thread setting, here the test session's one thread per process
+# (tests/conftest.py), as every local leg has it; with OpenMP's default two threads a leg on a
+# loaded 2-core host spin-waits: a rehearsal beside two CPU hogs took 30 s of CPU, not 8.5.
+MACHINE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR", "OMP_NUM_THREADS")
 CAPACITY_RETRY_S = 5.0
 POLL_S = 0.05
 # Launch arguments the real client forwards but this stand-in cannot honour.

@@ -51,6 +51,11 @@ def built(tmp_path_factory: pytest.TempPathFactory, engine: None) -> Path:
     """A project with its image built from the local base."""
     root = tmp_path_factory.mktemp("docker") / "proj"
     assert run_cli(["init", str(root)], cwd=root.parent).code == 0
+    # One thread per process in the containers too, as conftest sets it for every local leg: with
+    # OpenMP's default two, a leg on this loaded 2-core host spin-waits (3.5x the CPU beside two hogs).
+    cfg = root / "launcher.yaml"  # edited as text: later tests edit its lines by pattern
+    assert "\nleg_env:\n" in cfg.read_text()
+    cfg.write_text(cfg.read_text().replace("\nleg_env:\n", '\nleg_env:\n  OMP_NUM_THREADS: "1"\n', 1))
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["image", "build", "--base", BASE, "--json"], cwd=root, timeout=1800)
     assert res.code == 0, res.err[-3000:]
