@@ -79,6 +79,11 @@ def test_a_fresh_optimizer_state_breaks_bit_identity(tmp_path: Path, leg_tmp: Pa
     bad = failed(checks)
     detail = bad["resumed run = straight-through run"]
     assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
+    # leg 0 (a fresh start) agreed with the straight-through run over its steps: no second
+    # straight-through leg was spent to ask whether the trainer reproduces itself
+    assert "CPU determinism" not in bad
+    legs = run_cli(["ledger", "--json"], cwd=root).json()[0]["legs"]
+    assert [leg["role"] for leg in legs][-1] == "straight" and len(legs) == 4, [leg["role"] for leg in legs]
     status = report_status(root)
     assert status[4][0] == "FAIL", status
     assert status[3][0] == "MISSING" and "no optimizer is tracked" in status[3][1], status
