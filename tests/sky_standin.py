@@ -2011,24 +2011,31 @@ def _executor_address(root: Path) -> str:
 
 def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | None:
     """Ask the state dir's executor to fork `header["role"]`; the child's pid, or None if no
-    executor answers (not started yet, still importing, or gone)."""
+    executor took the call (not started yet, still importing, or gone: it closes without a
+    word and forks nothing). A call it took but did not answer in time is an error, never a
+    None: the child may be running, and a fresh interpreter would run the request twice."""
     import socket
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)
-        sock.connect(_executor_address(root))
-        blob = json.dumps(header).encode()
-        sock.sendall(len(blob).to_bytes(8, "big") + blob + len(data).to_bytes(8, "big") + data)
+        try:
+            sock.connect(_executor_address(root))
+            blob = json.dumps(header).encode()
+            sock.sendall(len(blob).to_bytes(8, "big") + blob + len(data).to_bytes(8, "big") + data)
+        except OSError:
+            return None
         answer = b""
         while not answer.endswith(b"\n"):
-            chunk = sock.recv(64)
+            try:
+                chunk = sock.recv(64)
+            except socket.timeout as exc:
+                raise RuntimeError(f"stand-in: the executor of {root} took a {header['role']} call and did not "
+                                   "answer in 30 s") from exc
             if not chunk:
                 return None
             answer += chunk
         return int(answer)
-    except (OSError, ValueError):
-        return None
     finally:
         sock.close()
 
