@@ -132,16 +132,18 @@ claimed its cluster leaves it behind (INIT, or UP with its job running if the
 job had started), as a real cancelled launch can — `down` removes it.
 Process bookkeeping reads /proc: Linux only.
 
-Workers and controllers are forked from an executor (one per state dir, started by the first
-client, gone after EXECUTOR_IDLE_S without a call): a process that has imported SkyPilot once, as
-the API server's executor processes have, so a request does not pay SkyPilot's import (about 2 s of
-CPU here) again. Each child starts a session of its own and takes its caller's environment,
-working directory and output file, as a fresh interpreter would; a request submitted before the
-executor is ready runs in a fresh interpreter instead (the payload on its stdin), so no call ever
-waits for the executor.
+Workers and controllers are forked from an executor: a process that has imported SkyPilot once,
+as the API server's executor processes have, so a request does not pay SkyPilot's import (about
+2 s of CPU here) again. There is one per SkyPilot home (SKY_RUNTIME_DIR: one per test worker; the
+state dir where that is unset), started by the first client, gone with that directory or after
+EXECUTOR_IDLE_S without a call. It claims its socket before it imports anything, so a request
+made while it imports waits for it rather than importing SkyPilot a second time in a fresh
+interpreter; a fresh interpreter (the payload on its stdin) is left for an executor that cannot
+be started or dies before it answers. Each child starts a session of its own and takes its
+caller's environment, working directory and output file, as a fresh interpreter would.
 
 Run as a script: `python tests/sky_standin.py serve-request <dir>` is the worker,
-`job-controller <job dir>` a managed job's controller, `executor <state_dir>` the executor,
+`job-controller <job dir>` a managed job's controller, `executor <dir>` the executor,
 `preempt <state_dir> <job_id>` preempts a
 managed job; `python -m tests.sky_standin launcher <args...>` runs the real launcher CLI with
 this stand-in installed from the environment (see `install_from_env`).
@@ -1992,8 +1994,13 @@ def run_controller(jobdir: Path, data: bytes | None = None) -> None:
 
 # ---------------------------------------------------------------- the executor: workers forked from a warm process
 
-EXECUTOR_IDLE_S = 60.0
-"""An executor with no request for this long (or whose state dir is gone) exits."""
+EXECUTOR_IDLE_S = 120.0
+"""An executor with no request for this long (or whose directory is gone) exits."""
+EXECUTOR_START_S = 15.0
+"""How long a client waits for a new executor to claim its socket before it runs a fresh interpreter."""
+EXECUTOR_ANSWER_S = 120.0
+"""How long a client waits for the pid of its child: an executor still importing SkyPilot answers
+once it has (seconds under load)."""
 _EXECUTOR_IMPORTS = ("sky", "sky.jobs", "sky.execution", "sky.exceptions", "sky.task", "sky.sky_logging",
                      "sky.jobs.state", "sky.jobs.utils", "sky.jobs.client.sdk", "sky.client.sdk",
                      "sky.server.requests.payloads", "sky.schemas.api.responses", "sky.skylet.constants",
@@ -2002,25 +2009,34 @@ _EXECUTOR_IMPORTS = ("sky", "sky.jobs", "sky.execution", "sky.exceptions", "sky.
 """What a worker or a controller imports: loaded once by the executor, before it forks any."""
 
 
-def _executor_address(root: Path) -> str:
-    """An abstract unix socket (no path-length limit, gone with its process), one per state dir."""
+def _executor_home(root: Path) -> Path:
+    """The directory an executor serves and lives with: the SkyPilot home of this test worker
+    (every state dir under it shares one SkyPilot import), else the state dir itself."""
+    home = os.environ.get("SKY_RUNTIME_DIR")
+    return Path(home) if home and Path(home).is_dir() else root
+
+
+def _executor_address(home: Path) -> str:
+    """An abstract unix socket (no path-length limit, gone with its process), one per directory."""
     import hashlib
 
-    return "\0preflight-standin-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    return "\0preflight-standin-" + hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:24]
 
 
 def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | None:
-    """Ask the state dir's executor to fork `header["role"]`; the child's pid, or None if no
-    executor took the call (not started yet, still importing, or gone: it closes without a
-    word and forks nothing). A call it took but did not answer in time is an error, never a
-    None: the child may be running, and a fresh interpreter would run the request twice."""
+    """Ask the executor to fork `header["role"]`; the child's pid, or None if no executor took
+    the call (none could be started, or it died first: it closes without a word and forks
+    nothing). A call it took but did not answer in time is an error, never a None: the child
+    may be running, and a fresh interpreter would run the request twice."""
     import socket
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    home = _executor_home(root)
+    sock = _executor_connect(home)
+    if sock is None:
+        return None
     try:
-        sock.settimeout(30)
+        sock.settimeout(EXECUTOR_ANSWER_S)
         try:
-            sock.connect(_executor_address(root))
             blob = json.dumps(header).encode()
             sock.sendall(len(blob).to_bytes(8, "big") + blob + len(data).to_bytes(8, "big") + data)
         except OSError:
@@ -2030,8 +2046,8 @@ def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | Non
             try:
                 chunk = sock.recv(64)
             except socket.timeout as exc:
-                raise RuntimeError(f"stand-in: the executor of {root} took a {header['role']} call and did not "
-                                   "answer in 30 s") from exc
+                raise RuntimeError(f"stand-in: the executor of {home} took a {header['role']} call and did not "
+                                   f"answer in {EXECUTOR_ANSWER_S:.0f} s") from exc
             if not chunk:
                 return None
             answer += chunk
@@ -2040,27 +2056,49 @@ def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | Non
         sock.close()
 
 
-def _ensure_executor(root: Path) -> None:
-    """Start the state dir's executor if none answers, without waiting for it: a request
-    submitted before it is ready runs in a fresh interpreter instead."""
+def _executor_connect(home: Path) -> Any:
+    """A socket connected to the executor of `home`, starting one if none listens; None if
+    none has claimed its socket within EXECUTOR_START_S."""
     import socket
 
+    deadline = time.monotonic() + EXECUTOR_START_S
+    started = False
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(_executor_address(home))
+            return sock
+        except OSError:
+            sock.close()
+        if time.monotonic() > deadline:
+            return None
+        if not started:
+            _start_executor(home)
+            started = True
+        time.sleep(0.05)
+
+
+def _ensure_executor(root: Path) -> None:
+    """Start the executor now (if none listens), so that it imports while the caller goes on."""
+    import socket
+
+    home = _executor_home(root)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
-            sock.connect(_executor_address(root))
+            sock.connect(_executor_address(home))
             return
         except OSError:
             pass
-    with _locked(root / "locks" / "executor.lock"):
-        marker = root / "executor.json"
-        mark = _read_json(marker) or {}
-        if mark.get("pid") and _alive(mark["pid"], mark.get("start")):
-            return  # starting: it binds once SkyPilot is imported
-        with (root / "executor.out").open("ab") as out:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "executor", str(root)],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=root,
-                                    start_new_session=True)
-        _write_json(marker, {"pid": proc.pid, "start": _start_time(proc.pid)})
+    _start_executor(home)
+
+
+def _start_executor(home: Path) -> None:
+    """Start an executor for `home`, detached. Two started at once are harmless: the socket's
+    name is claimed once, and the one that cannot bind it exits."""
+    with (home / "standin-executor.out").open("ab") as out:
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "executor", str(home)],
+                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=home,
+                         start_new_session=True)
 
 
 def _spawn(root: Path, role: str, path: Path, cwd: Path, out: Path,
@@ -2101,12 +2139,15 @@ def run_executor(root: Path) -> None:
     import importlib
     import socket
 
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(_executor_address(root))  # claimed first: a second executor started beside it exits here
+    except OSError:
+        return
+    listener.listen(64)  # callers connect now and wait while SkyPilot is imported
     for name in _EXECUTOR_IMPORTS:
         importlib.import_module(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children: no zombies
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(_executor_address(root))
-    listener.listen(16)
     listener.settimeout(1.0)
     idle_since = time.monotonic()
     while root.is_dir() and time.monotonic() - idle_since < EXECUTOR_IDLE_S:
