@@ -17,43 +17,24 @@ def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
     return res.code, {c["name"]: c for c in out["checks"]}, run
 
 
-def test_two_kills_after_push_pass_and_are_recorded(project: Path) -> None:
-    code, checks, run = drill(project, "--kills", "2", "--at", "after-push")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    assert run["rung"] == "drill" and run["verdict"] == "pass" and len(run["legs"]) == 4
-    assert [leg["role"] for leg in run["legs"]] == [None, None, None, "straight"]
-    killed = [leg for leg in run["legs"] if leg["killed"]]
-    assert [leg["leg"] for leg in killed] == [0, 1] and all("drill kill after-push" in leg["end_reason"] for leg in killed)
-    assert {c["name"] for c in run["checks"]} >= {"leg 1 resumed from the newest verified checkpoint",
-                                                  "leg 2 resumed from the newest verified checkpoint"}
-
-
-def fell_back(project: Path, kills: str, moment: str, at_event: str) -> dict[str, dict]:
-    """A drill killed at `moment` (the line of `at_event` for step S): an older step V was the
-    newest verified in the store, and the next leg resumed there, exactly."""
-    code, checks, _ = drill(project, "--kills", kills, "--at", moment)
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
+def fell_back(checks: dict[str, dict], leg: int, moment: str, at_event: str) -> None:
+    """Leg `leg` of a passing drill was killed at `moment` (the line of `at_event` for step S): an
+    older step V was the newest verified in the store, and the next leg resumed there, exactly."""
     found = re.search(rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
-                      r"kill: step (\d+)", checks[f"leg 0 killed {moment}"]["detail"])
+                      r"kill: step (\d+)", checks[f"leg {leg} killed {moment}"]["detail"])
     saving, verified = int(found.group(1)), int(found.group(3))
     assert verified < saving
-    assert f"resumed at step {verified};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
-    assert checks["leg 0: the store after the kill holds the newest verified checkpoint"]["ok"]
+    assert f"resumed at step {verified};" in checks[f"leg {leg + 1} resumed from the newest verified checkpoint"]["detail"]
+    assert checks[f"leg {leg}: the store after the kill holds the newest verified checkpoint"]["ok"]
     assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    return checks
-
-
-def test_a_kill_mid_push_falls_back_to_the_previous_verified_checkpoint(project: Path) -> None:
-    checks = fell_back(project, "2", "mid-push", "serialized")  # written, its upload in flight
-    replay = checks["leg 1: loss continuity"]
-    assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
-    assert "re-run reading the same batches" in checks["leg 1: exact data position (batch hashes)"]["detail"]
 
 
 def test_a_kill_during_the_background_write_never_leaves_a_verified_checkpoint(project: Path) -> None:
     """Killed while the snapshot of step S was being written off the critical path: S never
     reaches the store; the next leg resumes from the newest verified V < S."""
-    fell_back(project, "1", "mid-save", "save")
+    code, checks, _ = drill(project, "--kills", "1", "--at", "mid-save")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    fell_back(checks, 0, "mid-save", "save")
 
 
 def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None:
@@ -72,16 +53,30 @@ def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None
 def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
     """8 kills at random moments, each of step/push/verify/prune twice (seed 3); every resume
     exact, each checked against the launcher's read of the store's state. (It was 20 kills over
-    130 steps, 92 s of a 20-minute suite; all 20 resumed exactly in every run on record.)"""
+    130 steps, 92 s of a 20-minute suite; all 20 resumed exactly in every run on record.) The
+    same drill is the record of its kills (a leg each, the straight run last, in the ledger) and
+    the kill mid-push that falls back to the previous verified checkpoint: two drills of their
+    own until session 14."""
     edit_config(project, rungs__drill={"steps": 60, "budget_minutes": 10})
     code, checks, run = drill(project, "--kills", "8", "--at", "random", "--seed", "3")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
-    moments = [c["name"].split("killed ")[1] for c in checks.values() if " killed " in c["name"]]
-    assert sorted(moments) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each hit twice
+    moments = {int(name.split()[1]): name.split("killed ")[1] for name in checks if " killed " in name}
+    assert sorted(moments.values()) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each twice
     resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
     assert len(resumed) == 8 and all(c["ok"] and "the launcher's read of that checkpoint" in c["detail"]
                                      for c in resumed), resumed
-    assert sum(leg["killed"] for leg in run["legs"]) == 8
+    # the record: a leg per kill, each ended by its kill, then the last leg and the straight run
+    assert run["rung"] == "drill" and run["verdict"] == "pass"
+    assert [leg["role"] for leg in run["legs"]] == [None] * 9 + ["straight"]
+    assert [leg["leg"] for leg in run["legs"] if leg["killed"]] == sorted(moments) == list(range(8))
+    assert all(leg["end_reason"].startswith(f"drill kill {moments[leg['leg']]} at ") for leg in run["legs"][:8])
+    assert {c["name"] for c in run["checks"]} >= {f"leg {i} resumed from the newest verified checkpoint" for i in range(1, 9)}
+    # a kill mid-push (written, its upload in flight) falls back to the previous verified checkpoint
+    leg = min(i for i, m in moments.items() if m == "mid-push")
+    fell_back(checks, leg, "mid-push", "serialized")
+    replay = checks[f"leg {leg + 1}: loss continuity"]
+    assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
+    assert "re-run reading the same batches" in checks[f"leg {leg + 1}: exact data position (batch hashes)"]["detail"]
 
 
 def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
