@@ -58,9 +58,10 @@ def strict(cloud: dict[str, str], **flags: bool) -> StrictSky:
                      cluster_env=json.loads(cloud["PREFLIGHT_TEST_SKY_CLUSTER_ENV"]), **flags)
 
 
-def run_sky(cfg, monkeypatch: pytest.MonkeyPatch, standin: StrictSky, rung: str, gpus: str | None):  # noqa: ANN001, ANN201
+def run_sky(cfg, monkeypatch: pytest.MonkeyPatch, standin: StrictSky, rung: str, gpus: str | None,  # noqa: ANN001, ANN201
+            nodes: int = 1):
     monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
-    return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None)
+    return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None, nodes=nodes)
 
 
 def ledger_run(cfg) -> dict:  # noqa: ANN001
@@ -73,11 +74,14 @@ def ledger_run(cfg) -> dict:  # noqa: ANN001
 
 def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_project, cloud,  # noqa: ANN001
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """T4:2 smoke, three legs: each on a new cluster, each downed; each priced by SkyPilot's
-    optimizer on the vendored catalog (host VM included), billed per started minute; legs 1
-    and 2 pinned to where leg 0 landed."""
+    """T4:1 smoke on 2 nodes, three legs: each on a new cluster, each downed; each priced by
+    SkyPilot's optimizer on the vendored catalog (host VM included), billed per started minute
+    for both nodes; legs 1 and 2 pinned to where leg 0 landed. Each leg ran the rendered `run:`
+    script on each node (SkyPilot's node variables, torchrun's static rendezvous at the head's
+    address), every rank's events in the one job log, a worker's prefixed as SkyPilot prefixes
+    them. (Until session 14 the two nodes had a 3-leg smoke of their own.)"""
     standin = strict(cloud)
-    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:2")
+    outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1", nodes=2)
     checks = {c.name: c for c in outcome.checks}
     # The stand-in's "GPUs" are this CPU: smoke's device checks say no; everything else holds.
     assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
@@ -87,22 +91,29 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
     assert standin.clusters_of("down") == launched  # down for every leg, in order
     run = ledger_run(sky_project)
     assert run["image"] == REF and run["backend"] == "sky" and run["cost_source"] == "skypilot optimizer"
+    assert run["nodes"] == 2
     rendered = sky_project.state_path / "runs" / run["id"] / "leg-0.sky.yaml"
     pick = optimizer_pick(sky, task_for_launch(sky, rendered, {}))  # SkyPilot's own pick, asked directly
-    assert pick.instance_type == "n1-highmem-8" and pick.cloud == "GCP"
-    assert pick.hourly_usd > 2 * sky_project.prices["T4"]  # the host VM is billed too: GPU prices alone undercount
+    assert pick.cloud == "GCP"  # T4:2's pick, n1-highmem-8 at $1.17/h, is test_sky.py's and test_sky_real.py's
+    per_node = pick.hourly_usd / 2  # the pick is priced for the task: both nodes
+    assert per_node > sky_project.prices["T4"]  # the host VM is billed too: GPU prices alone undercount
     for leg in run["legs"]:
         # The exit code is the trainer's own (from its events), not tail_logs' JobExitCode.
         assert leg["exit_code"] == 0 and leg["task_sha256"] and leg["command"][:2] == ["sky", "launch"]
         billed_s = math.ceil((leg["ended_at"] - leg["started_at"]) / 60) * 60
-        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600 * 2)
-        assert leg["hourly_usd"] == pytest.approx(pick.hourly_usd)
+        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600 * 2)  # two nodes x one GPU
+        assert leg["hourly_usd"] == pytest.approx(per_node)
         assert leg["cost_usd"] == pytest.approx(billed_s / 3600 * pick.hourly_usd)
         assert leg["cost_source"] == "skypilot optimizer"
-        assert leg["placement"]["instance_type"] == "n1-highmem-8" and leg["placement"]["use_spot"] == "false"
+        assert leg["placement"]["instance_type"] == pick.instance_type and leg["placement"]["use_spot"] == "false"
+        log = Path(leg["log_path"]).read_text(errors="replace")
+        sessions = [json.loads(line[line.index('{"event": '):]) for line in log.splitlines()
+                    if '{"event": "session"' in line]
+        assert sorted(e.get("node", 0) for e in sessions) == [0, 1], sessions  # one rank on each node
+        assert "(worker1, rank=1, pid=" in log
     leg1 = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())
     pinned = leg1["resources"]
-    assert pinned["instance_type"] == "n1-highmem-8" and pinned["cloud"] == "gcp" and pinned["use_spot"] is False
+    assert pinned["instance_type"] == pick.instance_type and pinned["cloud"] == "gcp" and pinned["use_spot"] is False
     # leg 1's deadline is counted from its resume, not guessed from leg 0's start-up, and the leg
     # holds itself at its planned step until the deadline is due (a faster leg 1 once ran past it)
     assert float(leg1["envs"]["LAUNCHER_DEADLINE_AFTER_RESUME"]) > 5.0 and leg1["envs"]["LAUNCHER_HOLD_AT_STEP"] == "20"
@@ -250,27 +261,3 @@ def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, c
     # live worker, nothing can provision this cluster later.
     assert standin.wait_requests_ended("launch", handle.instance) in (0, 1)
     assert standin.get(standin.status(cluster_names=[handle.instance])) == []
-
-
-def test_a_leg_of_two_nodes_runs_the_run_script_on_each_node_and_bills_both(sky_project, cloud,  # noqa: ANN001
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """--nodes 2 on the stand-in: the rendered `run:` script on each node (SkyPilot's node
-    variables, torchrun's static rendezvous at the head's address), every rank's events in the
-    one job log (a worker's prefixed as SkyPilot prefixes them), each leg billed for both nodes."""
-    standin = strict(cloud)
-    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
-    outcome = up_module.up(sky_project, sky_project.root / "launcher.yaml", "smoke", "sky", "T4:1",
-                           lambda leg, line: None, nodes=2)
-    checks = {c.name: c for c in outcome.checks}
-    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
-        {n: c.detail for n, c in checks.items() if not c.ok}
-    run = ledger_run(sky_project)
-    assert run["nodes"] == 2
-    for leg in run["legs"]:
-        log = Path(leg["log_path"]).read_text(errors="replace")
-        sessions = [json.loads(line[line.index('{"event": '):]) for line in log.splitlines()
-                    if '{"event": "session"' in line]
-        assert sorted(e.get("node", 0) for e in sessions) == [0, 1], sessions  # one rank on each node
-        assert "(worker1, rank=1, pid=" in log
-        billed_s = math.ceil((leg["ended_at"] - leg["started_at"]) / 60) * 60
-        assert leg["billed_gpu_hours"] == pytest.approx(billed_s / 3600 * 2)  # two nodes x one GPU
