@@ -11,6 +11,7 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -73,9 +74,13 @@ def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, 
     assert got[6]["numbers"]["kills"][0]["fresh_instance"] is True
     assert {r["rung"] for r in data["runs"]} == {"static", "rehearsal", "probe", "drill"}
     folder = tmp_path / "rep"
-    for name in ("preflight.md", "preflight.json", "signature.json", "throughput.png", "memory.png"):
+    for name in ("preflight.md", "preflight.json", "signature.json", "throughput.svg", "memory.svg"):
         assert (folder / name).is_file(), name
-    assert (folder / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = ElementTree.parse(folder / "throughput.svg").getroot()  # well-formed SVG, its title and its window
+    texts = " ".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text"))
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and "Training throughput per step" in texts
+    assert "sustained window: steps " in texts and "<polyline" in (folder / "throughput.svg").read_text()
+    assert "![throughput.svg](throughput.svg)" in (folder / "preflight.md").read_text()
     # every PASS rests on numbers and on event lines that really are at the cited line of the copied log
     for p in got.values():
         if p["status"] == "PASS":
@@ -360,3 +365,24 @@ def test_an_edited_or_hollow_report_lets_nothing_launch(ladder: tuple[Path, dict
     assert run_cli(["review"], cwd=proj, env=env).code == 0
     res = run_cli(["up", "run", "--cpu"], cwd=proj, env=env)
     assert_one_line_error(res, 3, "no signed preflight report for exactly these files")
+
+
+def test_the_svg_charts_ticks_and_text_are_what_a_reader_needs() -> None:
+    """Ticks 1, 2 or 5 times a power of ten apart, covering the range; a chart's text escaped
+    (a run id or a label with `<` or `&` cannot break the file); every line labelled in the legend."""
+    from launcher.report.svg import Chart, Line, Panel, nice_ticks
+
+    assert nice_ticks(0, 1) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert nice_ticks(7, 13) == [7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0]
+    assert nice_ticks(0, 72_000) == [0.0, 20_000.0, 40_000.0, 60_000.0]
+    assert nice_ticks(3e-4, 3e-3) == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3])
+    assert nice_ticks(5, 5) == [5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # a flat series still gets an axis
+    panel = Panel(ylabel="loss <nats>", y_from_zero=True)
+    panel.lines.append(Line([1, 2, 3], [3.0, 2.5, float("nan")], "#1f77b4", "leg 0 & <1>"))
+    panel.vlines.append(Line([2], [], "#d62728", "resume", style=":"))
+    text = Chart("run a&b <c>", "optimizer step", [panel]).render()
+    root = ElementTree.fromstring(text)
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "run a&b <c>" in texts and "leg 0 & <1>" in texts and "resume" in texts and "loss <nats>" in texts
+    [line] = root.iter("{http://www.w3.org/2000/svg}polyline")
+    assert len(line.get("points").split()) == 2  # the NaN is left out, not drawn at a made-up place

@@ -12,7 +12,7 @@ digest over them all. `launcher report --check DIR` re-verifies a folder.
     plan.py          rate, ETA, GPU-hours, quota, memory, checkpoint cost, efficiency
     folder.py        build and write the folder atomically; sign and check it
     markdown.py      preflight.md, rendered from preflight.json alone
-    plots.py         the PNG plots
+    plots.py         the plots (SVG, drawn by svg.py)
 
 Submodules import each other directly, never through this package.
 """
