@@ -22,27 +22,24 @@ TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast bench clean
 
-# --no-compile: pip would byte-compile every module it installs (about 500 MB of Python over the three
-# venvs, a minute of CPU on 2 cores); a module is compiled instead when it is first imported, and
-# most never are.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an open range would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0
 	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg.
-	$(PY) -m pip install -q --no-compile -e '.[dev,sky]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[dev,sky]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 $(HF_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/python -m pip install -q --no-compile torch==2.13.0 transformers==5.15.1 accelerate==1.15.0 datasets==5.2.0 torchdata==0.11.0
-	$(HF_VENV)/bin/python -m pip install -q --no-compile --no-deps -e . --config-settings editable_mode=compat
+	$(HF_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.15.1 accelerate==1.15.0 datasets==5.2.0 torchdata==0.11.0
+	$(HF_VENV)/bin/python -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $(HF_STAMP)
 
 $(PL_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(PL_VENV)
-	$(PL_VENV)/bin/python -m pip install -q --no-compile torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3 torchdata==0.11.0
-	$(PL_VENV)/bin/python -m pip install -q --no-compile --no-deps -e . --config-settings editable_mode=compat
+	$(PL_VENV)/bin/python -m pip install -q torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3 torchdata==0.11.0
+	$(PL_VENV)/bin/python -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $(PL_STAMP)
 
 demo: $(STAMP)
