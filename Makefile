@@ -53,6 +53,9 @@ test:
 	@rm -f .stage-times
 	@# The venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
 	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j3 $(STAMP) $(HF_STAMP) $(PL_STAMP)
+	@# The project's own modules as bytecode, once: with PYTHONDONTWRITEBYTECODE set (as on this
+	@# machine) every leg and every launcher process would compile them again (pip compiled the rest).
+	@bash scripts/stage.sh bytecode $(PY) -m compileall -q -x '/assets/' launcher runtime tests
 	@# How fast this machine starts a leg (torch + torch._dynamo): read the wall time against it.
 	@bash scripts/stage.sh calibrate $(PY) scripts/calibrate.py
 	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
