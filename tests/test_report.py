@@ -386,3 +386,25 @@ def test_the_svg_charts_ticks_and_text_are_what_a_reader_needs() -> None:
     assert "run a&b <c>" in texts and "leg 0 & <1>" in texts and "resume" in texts and "loss <nats>" in texts
     [line] = root.iter("{http://www.w3.org/2000/svg}polyline")
     assert len(line.get("points").split()) == 2  # the NaN is left out, not drawn at a made-up place
+
+
+def test_reports_made_in_one_second_each_get_a_folder_of_their_own(tmp_path: Path) -> None:
+    """The default folder is named for the second; a report takes 0.3 s, and a second one in the
+    same second was refused ("exists and is not empty") with nothing on stdout. Now it takes the
+    next free name, and a report that loses the rename to one running beside it takes another."""
+    from launcher.report import folder
+
+    cfg = Config(project="p", state_dir=str(tmp_path / ".launcher"))
+    first = folder._default_dir(cfg)
+    first.mkdir(parents=True)
+    (first / "preflight.json").write_text("{}")
+    second = folder._default_dir(cfg)
+    assert second.parent == first.parent and not second.exists()
+    assert second.name == first.name + "-2" or second.name > first.name  # the same second, or a later one
+    tmp = tmp_path / ".launcher" / "reports" / ".report-x"
+    tmp.mkdir()
+    (tmp / "preflight.json").write_text('{"mine": 1}')
+    names = iter([tmp_path / ".launcher" / "reports" / "other"])
+    placed = folder._place(tmp, first, again=lambda: next(names))  # `first` was taken meanwhile
+    assert placed.name == "other" and (placed / "preflight.json").read_text() == '{"mine": 1}'
+    assert (first / "preflight.json").read_text() == "{}"  # the other report's folder, untouched

@@ -9,6 +9,7 @@ edited after it was written?"; `check` re-verifies it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from launcher import __version__
 from launcher.config import Config
@@ -50,7 +51,8 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
         proofs = derive(cfg, runs, cite)
         numbers = plan(cfg, ledger, runs, proofs, cite)
         report = _report_json(cfg, rows, runs, proofs, numbers)
-        return _write(report, runs, cite, out_dir or _default_dir(cfg)), report
+        again = None if out_dir is not None else (lambda: _default_dir(cfg))
+        return _write(report, runs, cite, out_dir or _default_dir(cfg), again), report
     finally:
         ledger.close()
 
@@ -85,7 +87,11 @@ def _run_json(r: RunData) -> dict[str, Any]:
 
 
 def _default_dir(cfg: Config) -> Path:
-    return cfg.state_path / "reports" / f"preflight-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    """A folder name not taken yet under .launcher/reports, named for the time: `-2`, `-3`, ...
+    when reports land in one second (a report takes 0.3 s; two in a row collided)."""
+    base = cfg.state_path / "reports" / f"preflight-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return next(p for p in (base, *(base.with_name(f"{base.name}-{i}") for i in range(2, 1_000_000)))
+                if not p.exists())
 
 
 def check_out_dir(out: Path) -> None:
@@ -96,7 +102,10 @@ def check_out_dir(out: Path) -> None:
         raise BadInput(f"--out {out}: exists and is not empty (a report folder is written once)")
 
 
-def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path) -> Path:
+def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path,
+           again: Callable[[], Path] | None = None) -> Path:
+    """`again`: the default folder's namer, asked for another name if a report running beside
+    this one took `out` first (else --out's folder, checked empty, is replaced)."""
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=out.parent))
@@ -115,13 +124,25 @@ def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Pat
         (tmp / "preflight.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
         (tmp / "preflight.md").write_text(render(report))
         sign(tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
+        out = _place(tmp, out, again)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _place(tmp: Path, out: Path, again: Callable[[], Path] | None) -> Path:
+    """Rename the finished folder into place; returns where it went."""
+    while True:
+        if out.exists() and again is None:
+            out.rmdir()  # --out's folder, checked empty before any work
+        try:
+            os.rename(tmp, out)  # onto a folder another report filled meanwhile: ENOTEMPTY, never a merge
+            return out
+        except OSError as exc:
+            if again is None or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            out = again()
 
 
 # --- signature ----------------------------------------------------------------------
