@@ -195,16 +195,15 @@ class Chart:
         if not entries:
             return
         x0, y0, x1, y1 = box
-        rows = [(c, s, text) for c, s, label in entries for text in [label]]
-        n_lines = sum(len(t.splitlines()) for _, _, t in rows)
-        w = 40 + CHAR_W * 11 * max(len(line) for _, _, t in rows for line in t.splitlines())
+        n_lines = sum(len(t.splitlines()) for _, _, t in entries)
+        w = 40 + CHAR_W * 11 * max(len(line) for _, _, t in entries for line in t.splitlines())
         h = 8 + 15 * n_lines
         lx = x1 - w - 8 if p.legend.endswith("right") else x0 + 8
         ly = y0 - h - 8 if p.legend.startswith("lower") else y1 + 8
         self.out.append(f'<rect x="{lx:.1f}" y="{ly:.1f}" width="{w:.1f}" height="{h}" fill="white" '
                         f'fill-opacity="0.85" stroke="#ccc"/>')
         y = ly + 15
-        for color, style, text in rows:
+        for color, style, text in entries:
             if style == "span":
                 self.out.append(f'<rect x="{lx + 6:.1f}" y="{y - 9:.1f}" width="24" height="10" fill="{color}" '
                                 f'fill-opacity="0.25"/>')
