@@ -2059,17 +2059,12 @@ def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | Non
 def _executor_connect(home: Path) -> Any:
     """A socket connected to the executor of `home`, starting one if none listens; None if
     none has claimed its socket within EXECUTOR_START_S."""
-    import socket
-
     deadline = time.monotonic() + EXECUTOR_START_S
     started = False
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(_executor_address(home))
+        sock = _executor_socket(home)
+        if sock is not None:
             return sock
-        except OSError:
-            sock.close()
         if time.monotonic() > deadline:
             return None
         if not started:
@@ -2080,16 +2075,25 @@ def _executor_connect(home: Path) -> Any:
 
 def _ensure_executor(root: Path) -> None:
     """Start the executor now (if none listens), so that it imports while the caller goes on."""
+    home = _executor_home(root)
+    sock = _executor_socket(home)
+    if sock is None:
+        _start_executor(home)
+    else:
+        sock.close()
+
+
+def _executor_socket(home: Path) -> Any:
+    """A socket connected to the executor of `home` if one has claimed its name, else None."""
     import socket
 
-    home = _executor_home(root)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.connect(_executor_address(home))
-            return
-        except OSError:
-            pass
-    _start_executor(home)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(_executor_address(home))
+        return sock
+    except OSError:
+        sock.close()
+        return None
 
 
 def _start_executor(home: Path) -> None:
