@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -90,8 +91,8 @@ def _default_dir(cfg: Config) -> Path:
     """A folder name not taken yet under .launcher/reports, named for the time: `-2`, `-3`, ...
     when reports land in one second (a report takes 0.3 s; two in a row collided)."""
     base = cfg.state_path / "reports" / f"preflight-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    return next(p for p in (base, *(base.with_name(f"{base.name}-{i}") for i in range(2, 1_000_000)))
-                if not p.exists())
+    names = itertools.chain([base], (base.with_name(f"{base.name}-{i}") for i in itertools.count(2)))
+    return next(p for p in names if not p.exists())  # lazily: a tuple of a million names took 4 s
 
 
 def check_out_dir(out: Path) -> None:
