@@ -90,27 +90,32 @@ from launcher.errors import Refused
 from launcher.ladder import rung_named
 from launcher.ledger import Ledger
 from launcher.spend import project, reserve
-cfg = load_config(Path(sys.argv[1]))
+hold = sys.argv[1:2] == ["--hold"]  # a live launcher holds its reservation while its legs run: until told
+args = sys.argv[2:] if hold else sys.argv[1:]
+cfg = load_config(Path(args[0]))
 ledger = Ledger(cfg.state_path / "ledger.db")
 rung = rung_named("smoke")
-for run_id in sys.argv[2:]:
+for run_id in args[1:]:
     try:
         r = reserve(cfg, ledger, run_id, "smoke", project(cfg, None, rung, parse_gpus("T4:1"), 1), 0.35, False)
         print(json.dumps({"ok": True, "id": r.id}))
     except Refused as err:
         print(json.dumps({"ok": False, "why": err.message}))
     sys.stdout.flush()
-import os, time
-time.sleep(float(os.environ.get("HOLD_S", "0")))  # a live launcher holds its reservation while its legs run
+if hold:
+    sys.stdin.read()
 """
 
 
 def test_eight_concurrent_launches_never_over_reserve(project: Path) -> None:
     set_quota(project, gpu_hours=2)  # each smoke reserves 0.5 GPU-h: four fit
-    env = {**__import__("os").environ, "HOLD_S": "15"}
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, str(project / "launcher.yaml"), f"run{i}"],
-                              stdout=subprocess.PIPE, text=True, env=env) for i in range(8)]
-    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, "--hold", str(project / "launcher.yaml"), f"run{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(8)]
+    try:  # each holds its reservation (alive) until all eight have answered, then they are let go
+        results = [json.loads(p.stdout.readline()) for p in procs]
+    finally:
+        for p in procs:
+            p.communicate(timeout=120)
     assert sum(r["ok"] for r in results) == 4
     assert all("> quota 2 GPU-h" in r["why"] for r in results if not r["ok"])
     with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
