@@ -189,7 +189,15 @@ def ending_env(ending: Ending) -> dict[str, str]:
     if ending.hold_at is None:
         return {}
     held = {contract.HOLD_AT: str(ending.hold_at)}
-    return held | ({contract.HOLD_UNTIL: "sigterm"} if ending.sigterm_at is not None else {})
+    if ending.sigterm_at is not None:
+        return held | {contract.HOLD_UNTIL: "sigterm"}
+    return held | {contract.HOLD_DEADLINE_S: f"{HOLD_DEADLINE_S:.2f}"}
+
+
+HOLD_DEADLINE_S = 0.25
+"""How long a leg held for its deadline waits at its step: the runtime places the deadline this
+long (plus its stop margin) after reaching the step (LAUNCHER_HOLD_DEADLINE_S), where a deadline
+counted from the resume had to leave seconds for the steps before it."""
 
 
 def _rank0_event(line: str, name: str) -> dict | None:

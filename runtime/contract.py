@@ -44,6 +44,12 @@ HOLD_UNTIL = "LAUNCHER_HOLD_UNTIL"
 (the deadline's margin still bounds it), so the launcher's SIGTERM, sent when it reads the step,
 lands at that step however late it reads it. Under load a fast trainer had run two steps on, to an
 epoch boundary, and a planted loader bug then showed another face (tests/test_accelerate.py)."""
+HOLD_DEADLINE_S = "LAUNCHER_HOLD_DEADLINE_S"
+"""Seconds (optional, with HOLD_AT and no HOLD_UNTIL: a resume rung's deadline leg): on reaching
+its hold step the leg places its deadline this long plus its stop margin ahead, where that is
+sooner than the deadline it has, so the hold waits this long for a real deadline. Without it the
+hold waited out the slack that a deadline placed from the resume must leave for the steps before
+the hold on a loaded machine: about 2 s of every rehearsal, 176 s of the test suite's worker time."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 DETERMINISTIC = "LAUNCHER_DETERMINISTIC"

@@ -70,17 +70,31 @@ def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: boo
     margin = max(5.0, 2 * last_cycle_s + 3 * step_s)
     if step is not None:
         hold(step, deadline, margin, sigterm)
+    if _placed:
+        deadline = min(deadline, _placed[0])
     return 2 if time.time() + margin >= deadline else (1 if sigterm else 0)
 
 
 _held: list[int] = []
+_placed: list[float] = []
+"""The deadline the hold placed (LAUNCHER_HOLD_DEADLINE_S), once placed: it stands for the rest of the leg."""
+
+
+def _placed_deadline(margin: float) -> float | None:
+    """Now plus the stop margin plus LAUNCHER_HOLD_DEADLINE_S; None without a usable number."""
+    try:
+        after = float(os.environ.get(contract.HOLD_DEADLINE_S, ""))
+    except ValueError:
+        return None
+    return time.time() + margin + after if math.isfinite(after) and after >= 0 else None
 
 
 def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] = False) -> None:
     """Once, at LAUNCHER_HOLD_AT_STEP: sleep until the deadline is within `margin` (or, with
     LAUNCHER_HOLD_UNTIL=sigterm, until the SIGTERM flag is up, if sooner), with a `hold` event
     (its step, the most seconds it waits, what it waits for). Nothing is trained meanwhile, so
-    the stop lands right after this step, whatever the machine's speed."""
+    the stop lands right after this step, whatever the machine's speed. Waiting for the deadline,
+    it first places it LAUNCHER_HOLD_DEADLINE_S (plus the margin) ahead, where that is sooner."""
     try:
         at = int(os.environ.get(contract.HOLD_AT, ""))
     except ValueError:
@@ -89,6 +103,10 @@ def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] =
         return
     _held.append(step)
     until = "sigterm" if os.environ.get(contract.HOLD_UNTIL) == "sigterm" else "deadline"
+    placed = _placed_deadline(margin) if until == "deadline" else None
+    if placed is not None and placed < deadline:
+        _placed.append(placed)
+        deadline = placed
     wait = max(0.0, deadline - margin - time.time()) + 0.05
     events.emit("hold", step=step, seconds=round(wait, 3), deadline=deadline, until=until)
     if until == "deadline":

@@ -15,6 +15,8 @@ It speaks the leg contract of DESIGN.md:
   LAUNCHER_HOLD_AT_STEP  (optional) step: wait there until the deadline is due
                      (the Session applies it: a rehearsal lands its deadline at a known step)
   LAUNCHER_HOLD_UNTIL    (optional) sigterm: end that wait when the SIGTERM comes instead
+  LAUNCHER_HOLD_DEADLINE_S  (optional) seconds: on reaching that step, place the deadline this
+                     long (plus the stop margin) ahead, if sooner: the wait is that long
   LAUNCHER_FILES_SHA256  the reviewed files' sha256: refuse to run stale code
 and prints one JSON event per line (runtime.events): the evidence. All of that
 is the leg API's job (runtime.session.Session); this file is what a trainer of

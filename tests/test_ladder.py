@@ -127,6 +127,49 @@ def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(monkeypat
     assert len(slept) == 1
 
 
+def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """LAUNCHER_HOLD_DEADLINE_S: at the hold step the deadline is placed that long plus the stop
+    margin ahead (never later than the one the leg has), the hold waits that long on the real
+    clock, and the stop that follows is the deadline's; a SIGTERM hold places nothing."""
+    import json
+    import time
+
+    from launcher.legs import Ending, ending_env
+    from runtime import leg as runtime_leg
+    from runtime.contract import HOLD_AT, HOLD_DEADLINE_S, HOLD_UNTIL
+
+    env = ending_env(Ending(deadline_s=60.0, hold_at=13))
+    assert env == {HOLD_AT: "13", HOLD_DEADLINE_S: "0.25"}  # the launcher's deadline leg
+    assert HOLD_DEADLINE_S not in ending_env(Ending(sigterm_at=6, hold_at=6))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(runtime_leg, "_held", [])
+    monkeypatch.setattr(runtime_leg, "_placed", [])
+    far = time.time() + 60.0
+    began = time.time()
+    assert runtime_leg.local_stop(far, 0.0, 0.1, False, step=12) == 0
+    assert runtime_leg.local_stop(far, 0.0, 0.1, False, step=13) == 2  # the placed deadline is due
+    assert 0.25 <= time.time() - began < 5.0  # it waited on the real clock, not for the far deadline
+    [held] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"hold"' in line]
+    assert held["until"] == "deadline" and 0.25 <= held["seconds"] <= 0.31 and held["deadline"] < far - 50
+    assert runtime_leg.local_stop(far, 0.0, 0.1, False, step=14) == 2  # it stands for the rest of the leg
+    monkeypatch.setattr(runtime_leg, "_held", [])
+    monkeypatch.setattr(runtime_leg, "_placed", [])
+    soon = time.time() + 5.1  # a deadline already sooner than the placed one is kept
+    slept: list[float] = []
+    monkeypatch.setattr(runtime_leg.time, "sleep", slept.append)
+    runtime_leg.local_stop(soon, 0.0, 0.1, False, step=13)
+    assert runtime_leg._placed == [] and len(slept) == 1 and slept[0] < 0.2
+    monkeypatch.setattr(runtime_leg, "_held", [])
+    monkeypatch.setenv(HOLD_UNTIL, "sigterm")
+    runtime_leg.local_stop(far, 0.0, 0.1, [True], step=13)
+    assert runtime_leg._placed == []  # a SIGTERM hold places no deadline
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(HOLD_DEADLINE_S, bad)
+        assert runtime_leg._placed_deadline(5.0) is None
+
+
 def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_the_launcher() -> None:
     """`leg N stopped on sigterm` fails either way; its detail says, from the trainer's own step
     times, whether the trainer went on after the SIGTERM went out (its bug) or had printed its

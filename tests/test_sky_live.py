@@ -117,6 +117,7 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
     # leg 1's deadline is counted from its resume, not guessed from leg 0's start-up, and the leg
     # holds itself at its planned step until the deadline is due (a faster leg 1 once ran past it)
     assert float(leg1["envs"]["LAUNCHER_DEADLINE_AFTER_RESUME"]) > 5.0 and leg1["envs"]["LAUNCHER_HOLD_AT_STEP"] == "20"
+    assert leg1["envs"]["LAUNCHER_HOLD_DEADLINE_S"] == "0.25"  # the hold places the deadline: a quarter second
     assert "LAUNCHER_DEADLINE_AFTER_RESUME" not in yaml.safe_load(rendered.read_text())["envs"]
     assert run["cost_usd"] == pytest.approx(sum(leg["cost_usd"] for leg in run["legs"]))
 
