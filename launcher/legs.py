@@ -183,6 +183,12 @@ class Ending:
     unless the leg has ended; 0 kills it at that step with no SIGTERM at all."""
 
 
+HOLD_DEADLINE_S = 0.25
+"""How long a leg held for its deadline waits at its step: the runtime places the deadline this
+long (plus its stop margin) after reaching the step (LAUNCHER_HOLD_DEADLINE_S), where a deadline
+counted from the resume had to leave seconds for the steps before it."""
+
+
 def ending_env(ending: Ending) -> dict[str, str]:
     """What an ending adds to the leg's environment: a hold at a step, until its deadline or,
     with a SIGTERM planned there, until the SIGTERM comes (the dry run shows leg 0's too)."""
@@ -192,12 +198,6 @@ def ending_env(ending: Ending) -> dict[str, str]:
     if ending.sigterm_at is not None:
         return held | {contract.HOLD_UNTIL: "sigterm"}
     return held | {contract.HOLD_DEADLINE_S: f"{HOLD_DEADLINE_S:.2f}"}
-
-
-HOLD_DEADLINE_S = 0.25
-"""How long a leg held for its deadline waits at its step: the runtime places the deadline this
-long (plus its stop margin) after reaching the step (LAUNCHER_HOLD_DEADLINE_S), where a deadline
-counted from the resume had to leave seconds for the steps before it."""
 
 
 def _rank0_event(line: str, name: str) -> dict | None:

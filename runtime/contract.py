@@ -92,8 +92,14 @@ def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, dea
 def resumed_deadline(deadline: float, env: dict[str, str], now: float) -> float:
     """The leg's deadline once it resumed at `now`: LAUNCHER_DEADLINE, or sooner where
     LAUNCHER_DEADLINE_AFTER_RESUME says (a value that is not a number is ignored)."""
+    return deadline_after(deadline, env, DEADLINE_AFTER_RESUME, now)
+
+
+def deadline_after(deadline: float, env: dict[str, str], key: str, now: float) -> float:
+    """`deadline`, or `now` plus the seconds the variable `key` gives, if that is sooner (a value
+    that is not a non-negative number is ignored)."""
     try:
-        after = float(env.get(DEADLINE_AFTER_RESUME, ""))
+        after = float(env.get(key, ""))
     except ValueError:
         return deadline
     return min(deadline, now + after) if math.isfinite(after) and after >= 0 else deadline

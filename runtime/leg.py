@@ -80,15 +80,6 @@ _placed: list[float] = []
 """The deadline the hold placed (LAUNCHER_HOLD_DEADLINE_S), once placed: it stands for the rest of the leg."""
 
 
-def _placed_deadline(margin: float) -> float | None:
-    """Now plus the stop margin plus LAUNCHER_HOLD_DEADLINE_S; None without a usable number."""
-    try:
-        after = float(os.environ.get(contract.HOLD_DEADLINE_S, ""))
-    except ValueError:
-        return None
-    return time.time() + margin + after if math.isfinite(after) and after >= 0 else None
-
-
 def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] = False) -> None:
     """Once, at LAUNCHER_HOLD_AT_STEP: sleep until the deadline is within `margin` (or, with
     LAUNCHER_HOLD_UNTIL=sigterm, until the SIGTERM flag is up, if sooner), with a `hold` event
@@ -103,10 +94,11 @@ def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] =
         return
     _held.append(step)
     until = "sigterm" if os.environ.get(contract.HOLD_UNTIL) == "sigterm" else "deadline"
-    placed = _placed_deadline(margin) if until == "deadline" else None
-    if placed is not None and placed < deadline:
-        _placed.append(placed)
-        deadline = placed
+    if until == "deadline":
+        placed = contract.deadline_after(deadline, dict(os.environ), contract.HOLD_DEADLINE_S, time.time() + margin)
+        if placed < deadline:
+            _placed.append(placed)
+            deadline = placed
     wait = max(0.0, deadline - margin - time.time()) + 0.05
     events.emit("hold", step=step, seconds=round(wait, 3), deadline=deadline, until=until)
     if until == "deadline":

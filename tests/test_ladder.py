@@ -137,7 +137,7 @@ def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(mon
 
     from launcher.legs import Ending, ending_env
     from runtime import leg as runtime_leg
-    from runtime.contract import HOLD_AT, HOLD_DEADLINE_S, HOLD_UNTIL
+    from runtime.contract import HOLD_AT, HOLD_DEADLINE_S, HOLD_UNTIL, deadline_after
 
     env = ending_env(Ending(deadline_s=60.0, hold_at=13))
     assert env == {HOLD_AT: "13", HOLD_DEADLINE_S: "0.25"}  # the launcher's deadline leg
@@ -166,8 +166,7 @@ def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(mon
     runtime_leg.local_stop(far, 0.0, 0.1, [True], step=13)
     assert runtime_leg._placed == []  # a SIGTERM hold places no deadline
     for bad in ("soon", "-1", "nan"):
-        monkeypatch.setenv(HOLD_DEADLINE_S, bad)
-        assert runtime_leg._placed_deadline(5.0) is None
+        assert deadline_after(far, {HOLD_DEADLINE_S: bad}, HOLD_DEADLINE_S, time.time() + 5.0) == far
 
 
 def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_the_launcher() -> None:
