@@ -20,7 +20,7 @@ PL_STAMP = $(PL_VENV)/.installed
 # pytest-xdist workers for `make test` (tests/README.md: measured on 2 cores).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ test:
 # no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m unit -p no:cacheprovider --basetemp=$(CURDIR)/.pytest-tmp-fast
+
+# ruff, pinned in pyproject.toml's dev extra and configured there. Seconds; .ci/run runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py

@@ -39,12 +39,12 @@ def timed(argv: list[str], cwd: Path, runs: int) -> tuple[float, float]:
 
 
 def eager(args: list[str]) -> list[str]:
-    code = f"import torch, sys; from launcher.cli import main; main({args!r})"
+    code = f"import torch, sys; from launcher.cli.app import main; main({args!r})"
     return [sys.executable, "-c", code]
 
 
 def typer_path(args: list[str]) -> list[str]:
-    return [sys.executable, "-c", f"from launcher.cli import main; main({args!r})"]
+    return [sys.executable, "-c", f"from launcher.cli.app import main; main({args!r})"]
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ sys.exit(sess.finish())
 
 
 def leg(work: Path, store: str, mib: int, tag: str, env_extra: dict[str, str]) -> dict:
-    from launcher.evidence import LegEvents
+    from launcher.checks.evidence import LegEvents
     from launcher.report.notice import final_path
 
     folder = work / tag

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.evidence import Check, Kind, LegEvents
-from launcher.measure import step_breakdown, sustained
+from launcher.checks.evidence import Check, Kind, LegEvents
+from launcher.checks.measure import step_breakdown, sustained
 from runtime.peaks import PEAKS, gpu_of_device_name, peak_flops
 
 REACHABLE_MFU = 0.40

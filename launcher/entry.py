@@ -4,8 +4,8 @@
 polling for a verdict), and importing typer costs it about a third of its time.
 So a plain `launcher ledger [RUN_ID] [--limit N] [--json] [--config PATH]` is
 parsed here, without typer, and runs the very function the typer command runs
-(launcher.listing.show_ledger) with the same error mapping. Anything else
-(--help, a typo, any other command) goes to the typer app in launcher.cli,
+(launcher.cli.listing.show_ledger) with the same error mapping. Anything else
+(--help, a typo, any other command) goes to the typer app in launcher.cli.app,
 which owns the help text and the usage errors.
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-LEDGER_MAX_LIMIT = 100_000  # the typer option's own bound (launcher.cli)
+LEDGER_MAX_LIMIT = 100_000  # the typer option's own bound (launcher.cli.app)
 
 
 def fast_ledger(args: list[str]) -> Callable[[], None] | None:
@@ -41,7 +41,7 @@ def fast_ledger(args: list[str]) -> Callable[[], None] | None:
         i += 1
 
     def call() -> None:
-        from launcher.listing import show_ledger
+        from launcher.cli.listing import show_ledger
 
         show_ledger(config, run_id, limit, json_out)
     return call
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     call = fast_ledger(args[1:]) if args[:1] == ["ledger"] else None
     if call is None:
-        from launcher.cli import main as typer_main
+        from launcher.cli.app import main as typer_main
 
         code = typer_main(args)
     else:

@@ -1,5 +1,5 @@
 """Exit codes, error types, and the one ordered table that turns any exception into
-one line, a hint naming the next command, and an exit code (DESIGN.md: 0 ok, 1 the
+one line, a hint naming the next command, and an exit code (docs/design.md: 0 ok, 1 the
 rung said no, 2 bad input, 3 refused by a guard; 70 a bug, 130 interrupted).
 
 Every command ends through `guarded`: a LauncherError prints as itself; anything
@@ -94,7 +94,7 @@ def _ledger(err: BaseException) -> LauncherError | None:
         return None
     text = str(err)
     if "locked" in text or "busy" in text:
-        from launcher.ledger_holders import OPENED, describe_holders
+        from launcher.ledger.holders import OPENED, describe_holders
 
         who = "".join(describe_holders(p) for p in dict.fromkeys(OPENED))
         return Refused(f"the ledger is locked{who}: {text}",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput, LauncherError, Refused
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from launcher.manifest import guard_hashes, reviewed_paths, stage_files
 from runtime.hashing import digest_lines, sha256_file
 

@@ -3,7 +3,7 @@
 The one source of rung facts: what each rung asks, where its legs run, how many
 legs it trains (none: it runs on the host), whether it resumes, which proofs it
 feeds, each leg's step count, and which function runs it (`runner`, resolved by
-launcher.rungs). The table is the one in DESIGN.md and the README; `launcher up
+launcher.rungs). The table is the one in docs/design.md and the README; `launcher up
 RUNG` looks rungs up by name.
 """
 
@@ -29,7 +29,7 @@ class Rung:
     legs: int
     """Legs a rung launches (0: runs on the host, no leg)."""
     proofs: tuple[int, ...]
-    """Which of DESIGN.md's eight proofs the rung feeds."""
+    """Which of docs/design.md's eight proofs the rung feeds."""
     resumes: bool = False
     """Whether a later leg resumes from what an earlier one pushed (its resumes are checked)."""
     runner: str = ""
@@ -58,19 +58,19 @@ class Rung:
 RUNGS: tuple[Rung, ...] = (
     Rung("static", 0, "host, seconds", "Does it import? Does the launch command line parse? "
          "Do the hashes of the files about to run match the reviewed ones?", False, 0, (),
-         runner="static:run_static"),
+         runner="static:climb"),
     Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
          "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8),
-         resumes=True, runner="resume:run_rung", oracle=True),
+         resumes=True, runner="rehearsal:climb", oracle=True),
     Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
          "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8),
-         resumes=True, runner="resume:run_rung", oracle=True),
+         resumes=True, runner="smoke:climb", oracle=True),
     Rung("probe", 3, "fresh instance, GPU, 1–1.5 h", "Does the config hold for hours: sustained rate, "
          "flat memory, cadence cost, cold resume from the store?", True, 2,
-         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:run_rung", oracle=True),
+         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:climb", oracle=True),
     Rung("run", 4, "fresh instance(s), leg after leg", "The run itself, after a signed report with every "
          "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1,
-         (5,), resumes=True, runner="chain:run_chain", runner_sky="chain_sky:run_managed"),
+         (5,), resumes=True, runner="run:climb", runner_sky="run_sky:climb"),
 )
 
 
@@ -112,7 +112,7 @@ def leg_steps(rung: str, steps: int, can_terminate: bool, legs: int) -> list[int
 def first_leg_steps(rung: str, steps: int, can_terminate: bool) -> int:
     """LAUNCHER_MAX_STEPS of a rung's leg 0 (`leg_steps`; 0 for a rung without legs). A resume
     rung's leg 0, on a backend that can SIGTERM a leg, is given all but the last step of leg 1's
-    share and stopped by SIGTERM at the end of its own (launcher.rungs.resume.plan_endings)."""
+    share and stopped by SIGTERM at the end of its own (launcher.rungs.resume_legs.plan_endings)."""
     planned = leg_steps(rung, steps, can_terminate, rung_named(rung).legs)
     return planned[0] if planned else 0
 
@@ -154,5 +154,5 @@ def rung_named(name: str) -> Rung:
 
 DRILL = Rung("drill", -1, "the chosen backend", "Does the run survive losing its instance at the worst "
              "moment: resumed solely from the store, at the newest verified checkpoint, exactly?", False, 3,
-             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:run_drill", oracle=True)
+             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:climb", oracle=True)
 """Not a rung of the ladder: `launcher drill cold-resume`, recorded like one."""

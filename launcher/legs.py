@@ -1,6 +1,6 @@
 """Running one leg: its environment, its ledger rows, its budget.
 
-The leg environment is DESIGN.md's, identical on every backend and in the dry
+The leg environment is docs/design.md's, identical on every backend and in the dry
 run: runtime.contract.leg_env, filled in by `leg_env` here. Secrets travel
 separately and are never recorded.
 """
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
-from launcher.config import Config, GpuSpec
-from launcher.evidence import LegEvents
+from launcher.config.schema import Config, GpuSpec
+from launcher.checks.evidence import LegEvents
 from launcher.errors import LauncherError
 from launcher.ladder import Rung
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from runtime import contract
 from runtime.store.seal import KEY_ENV
 
@@ -97,9 +97,9 @@ class RunContext:
     gpu_hour_price: float | None = None
     allow_overdraft: bool = False
 
-    def hold_leg(self, want_gpu_hours: float):  # noqa: ANN201 - launcher.spend.LegGrant
-        """The next leg's share of the quota (launcher.spend.hold_leg)."""
-        from launcher.spend import hold_leg
+    def hold_leg(self, want_gpu_hours: float):  # noqa: ANN201 - launcher.ops.spend.LegGrant
+        """The next leg's share of the quota (launcher.ops.spend.hold_leg)."""
+        from launcher.ops.spend import hold_leg
 
         assert self.reservation_id is not None
         return hold_leg(self.cfg, self.ledger, self.reservation_id, self.run_id, want_gpu_hours,

@@ -11,10 +11,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput, Refused
-from launcher.ledger import Ledger
-from launcher.ledger_rows import Review
+from launcher.ledger.db import Ledger
+from launcher.ledger.rows import Review
 from runtime.hashing import digest_lines, sha256_file
 
 
@@ -48,7 +48,7 @@ def reviewed_paths(cfg: Config, strict: bool = True) -> dict[str, Path]:
 
 
 def _launcher_dirs(cfg: Config) -> list[Path]:
-    from launcher.config import store_uri
+    from launcher.config.schema import store_uri
 
     dirs = [cfg.state_path.resolve()]
     uri = store_uri(cfg)

@@ -1,5 +1,5 @@
 """One launch plan per `launcher up`: built once (`make_plan`), then executed
-(`launcher.up.execute`) or shown (`--dry-run`, `launcher.dryrun.describe`), never two
+(`launcher.up.execute`) or shown (`--dry-run`, `launcher.cli.dryrun.describe`), never two
 code paths that can disagree.
 
 The plan holds the request as one typed value (`Request`: the rung, the backend, GPUs
@@ -8,7 +8,7 @@ leg the rung launches (the straight-through oracle included: `planned_legs`), th
 its legs run, the price the quota guard reserves at, and each guard's decision in the
 order a launch meets them (`GUARDS`). A real launch stops at the first refusal; the dry
 run evaluates every guard and exits with the first refusal's code, naming every reason.
-The quota guard is `launcher.spend.decide` both times: the dry run previews it in a
+The quota guard is `launcher.ops.spend.decide` both times: the dry run previews it in a
 ledger transaction that is rolled back, the launch applies it in one that commits.
 """
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.backends import HOST, Backend, backend_class, make_backend
-from launcher.config import Config, GpuSpec, store_uri
+from launcher.config.schema import Config, GpuSpec, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ladder import Rung, leg_steps
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from launcher.manifest import HashComparison, guard_hashes, hash_reviewed
-from launcher.spend import Projection, QuotaDecision, preview, project
+from launcher.ops.spend import Projection, QuotaDecision, preview, project
 from runtime.hashing import digest_lines as files_digest
 
 GUARDS: dict[str, str] = {
@@ -121,7 +121,7 @@ class Plan:
     @property
     def at_least(self) -> float | None:
         """The least the quota must leave the run for it to launch at all (GPU-hours); other rungs fit whole."""
-        from launcher.rungs.chain import first_leg_gpu_hours
+        from launcher.rungs.run import first_leg_gpu_hours
 
         r = self.request
         return first_leg_gpu_hours(r.gpus_total) if r.rung.name == "run" and r.gpus else None
@@ -322,8 +322,8 @@ def _backend(plan: Plan, dry_run: bool) -> Backend:
 
 
 def _gate(plan: Plan) -> dict[str, Any]:
-    """The run launches only past a passing report (launcher.gate), or with a recorded reason."""
-    from launcher import gate
+    """The run launches only past a passing report (launcher.checks.gate), or with a recorded reason."""
+    from launcher.checks import gate
 
     if plan.request.skip_preflight is not None:
         return gate.skipped(plan.request.skip_preflight)

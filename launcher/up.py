@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, backend_class
 from launcher.backends.base import StagedFile
-from launcher.config import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
+from launcher.config.schema import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
-from launcher.evidence import Check, Kind
+from launcher.checks.evidence import Check, Kind
 from launcher.ladder import Rung, rung_named
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import reviewed_paths
@@ -97,7 +97,7 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
     """The launch plan `up` would execute (launcher.plan), shown: launches, records and creates
     nothing. Returns the text, the error the real launch would end in (None: it would
     launch; every guard decided as the real launch decides it, in its order), and the plan's facts."""
-    from launcher.dryrun import describe
+    from launcher.cli.dryrun import describe
 
     request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
                             skip_preflight)
@@ -125,7 +125,7 @@ def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_t
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
     request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
                             skip_preflight, retry_until_up)
-    return execute(cfg, config_path, request, show, _run_rung)
+    return execute(cfg, config_path, request, show, _climb)
 
 
 def check_skip_reason(rung: Rung, reason: str) -> None:
@@ -141,7 +141,7 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
           kills_at: str | None = None, nodes: int = 1) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
-    from launcher.rungs.drill import run_drill
+    from launcher.rungs.drill import climb as run_drill
     from launcher.rungs.drill_moments import AUTO, MOMENTS, NODE_LOST
 
     if backend_name not in BACKENDS:
@@ -167,10 +167,10 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
 
 def preempt(cfg: Config, config_path: Path, backend_name: str, notice: str, at_step: int | None,
             show: Callable[[int, str], None], allow_overdraft: bool = False) -> Outcome:
-    """`launcher drill preempt`: recorded like the drill, run by launcher.rungs.preempt."""
+    """`launcher drill preempt`: recorded like the drill, run by launcher.rungs.drill_preempt."""
     from launcher.cadence import NOTICE_S
     from launcher.ladder import DRILL
-    from launcher.rungs.preempt import run_preempt
+    from launcher.rungs.drill_preempt import climb as run_preempt
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
@@ -229,10 +229,10 @@ def execute(cfg: Config, config_path: Path, request: Request, show: Callable[[in
 
 
 def _reserve(ctx: RunContext, plan: Plan) -> int:
-    """Reserve the rung's GPU-hours under the quota at the plan's price (launcher.spend.reserve
+    """Reserve the rung's GPU-hours under the quota at the plan's price (launcher.ops.spend.reserve
     decides as the plan's preview did, now in the transaction that reserves; exit 3 when over
     it); the reservation's id."""
-    from launcher.spend import reserve
+    from launcher.ops.spend import reserve
 
     assert plan.projection is not None
     ctx.gpu_hour_price = plan.price
@@ -248,7 +248,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
                   reservation: int) -> Outcome:
     """Run `runner` on the recorded run; its checks, end and verdict are written, and its
     quota reservation settled, however it ends (an interrupt included)."""
-    from launcher.spend import settle
+    from launcher.ops.spend import settle
 
     ledger = ctx.ledger
     began = time.time()
@@ -283,7 +283,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
         settle(ledger, reservation, ctx.run_id)
 
 
-def _run_rung(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison
+def _climb(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison
     from launcher.rungs import run_rung
 
     return run_rung(ctx, cmp)

@@ -2,7 +2,7 @@
 (torch-free, stdlib only): the leg environment (`LAUNCHER_*` names and the one
 `leg_env()` that builds it for real legs and for the dry run), the stop reasons
 a leg prints and the exit codes they mean, and the event lines with the fields
-(and types) that the launcher, the drill and the report read. DESIGN.md's
+(and types) that the launcher, the drill and the report read. docs/design.md's
 "Leg environment" and "Events" sections are this module in prose.
 
 A log is input the host did not make (a trainer of any shape, a doctored file),

@@ -5,7 +5,7 @@ can be found inside mixed output (torchrun or SkyPilot prefixes included):
 
     {"event": "step", "t": 1764500000.123, "rank": 0, "step": 120, "loss": 3.1, ...}
 
-Events (DESIGN.md): start, resume, step, push, verify, delete_local, prune,
+Events (docs/design.md): start, resume, step, push, verify, delete_local, prune,
 stop, done. Every rank prints its own lines (a rank-0-only logger turns a crash
 into silence); `rank` says whose line it is, and `node` on which node, in a world of several.
 """

@@ -11,7 +11,7 @@
         sess.step(loss=loss, batch=x, tokens=x.numel())
     sys.exit(sess.finish())                             # final push, verified; `done`
 
-What it does for the trainer (DESIGN.md's leg contract):
+What it does for the trainer (docs/design.md's leg contract):
 - refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.leg);
 - restores everything tracked (anything with `state_dict`/`load_state_dict`), every RNG
   stream per rank, the step and the tokens, from the newest verified checkpoint that fetches,

@@ -3,7 +3,7 @@
 This is the file users copy (`launcher init` writes it as train.py). Read it
 top to bottom: parse -> guard -> build -> resume from the store -> train -> push.
 
-It speaks the leg contract of DESIGN.md:
+It speaks the leg contract of docs/design.md:
   LAUNCHER_RUN_ID, LAUNCHER_LEG, LAUNCHER_RUNG  who this leg is
   LAUNCHER_STORE     checkpoint store URI (file:///abs/dir or hf://owner/repo);
                      this run's checkpoints live under runs/<run id>/ in it

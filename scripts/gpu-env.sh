@@ -6,7 +6,7 @@ if [ -z "${GPUS:-}" ]; then
     GPUS="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}'):$(nvidia-smi -L | wc -l)"
 fi
 bin=$(mktemp -d)
-printf '#!/bin/sh\nexec python3 -m launcher.cli "$@"\n' > "$bin/launcher"
+printf '#!/bin/sh\nexec python3 -m launcher.cli.app "$@"\n' > "$bin/launcher"
 chmod +x "$bin/launcher"
 export GPUS PATH="$bin:$PATH" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 failed=0

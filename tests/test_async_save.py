@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import runtime.checkpoint as ckpt
-from launcher.evidence import LegEvents
-from launcher.measure import cycle_cost
+from launcher.checks.evidence import LegEvents
+from launcher.checks.measure import cycle_cost
 from runtime.checkpoint import SnapshotPool, load_local, snapshot_state
 from runtime.model import GPT, GPTConfig
 from runtime.resume import restore_newest

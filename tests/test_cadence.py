@@ -77,7 +77,7 @@ def test_bad_seconds_are_refused(bad: float) -> None:
 def _events(tmp_path, events: list[dict]):  # noqa: ANN001, ANN202
     import json
 
-    from launcher.evidence import LegEvents
+    from launcher.checks.evidence import LegEvents
 
     log = tmp_path / "leg-0.log"
     log.write_text("".join(json.dumps(dict(e, rank=0)) + "\n" for e in events))
@@ -122,7 +122,7 @@ def test_no_final_path_without_a_verified_final_checkpoint(tmp_path) -> None:  #
 
 def test_m_is_the_configured_figure_else_the_clouds_published_one() -> None:
     from launcher.cadence import SpotConfig
-    from launcher.config import Config
+    from launcher.config.schema import Config
     from launcher.errors import ConfigError
     from launcher.report.notice import mtbf
     from launcher.report.runs import RunData

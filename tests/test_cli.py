@@ -15,7 +15,7 @@ HEAVY = ("torch", "sky", "docker", "numpy")
 
 PROBE = """
 import json, sys
-from launcher.cli import main
+from launcher.cli.app import main
 code = main({argv!r})
 heavy = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})
 print("@@" + json.dumps({{"code": code, "heavy": heavy}}))

@@ -142,7 +142,7 @@ def test_the_auto_plan_reads_the_straight_run_and_says_when_no_step_is_left() ->
     after the first storage cycle (a SIGKILL a step later), the first epoch boundary (a SIGTERM
     a step later); and nothing when the first cycle leaves no step before the run's end (the
     drill then answers no, naming the fix, instead of running fewer kills than asked)."""
-    from launcher.evidence import LegEvents
+    from launcher.checks.evidence import LegEvents
     from launcher.rungs.drill_moments import Planned, auto_plan
 
     def straight(prune_at: int, lrs: list[float], epochs: list[int]) -> LegEvents:

@@ -15,7 +15,7 @@ import torch
 
 from launcher.efficiency import (REACHABLE_MFU, check_efficiency, efficiency, idle_breakdown, levers, utilisation,
                                  what_if)
-from launcher.evidence import LegEvents
+from launcher.checks.evidence import LegEvents
 from runtime.contract import check_event
 from runtime.flops import StepFlops, transformer_flops_per_token
 from runtime.health import smi_utilisation

@@ -145,7 +145,7 @@ def test_stop_timeout_must_be_a_real_number(project: Path) -> None:
 
 
 def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> None:
-    from launcher.evidence import LegEvents
+    from launcher.checks.evidence import LegEvents
 
     log = tmp_path / "leg-0.log"
     log.write_text('{"event": "step", "step": 1, "loss": 2.0, "lr": 0.1, "sample_index": 0}\n'
@@ -160,8 +160,8 @@ def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> Non
 
 
 def test_a_trainer_without_batch_hashes_gets_missing_never_pass(tmp_path: Path) -> None:
-    from launcher.evidence import LegEvents
-    from launcher.resume_checks import NO_BATCH_HASH, check_batches, check_no_repeat, check_sample_index
+    from launcher.checks.evidence import LegEvents
+    from launcher.checks.resume import NO_BATCH_HASH, check_batches, check_no_repeat, check_sample_index
 
     legs = []
     for leg, steps in enumerate(((1, 2, 3), (4, 5, 6))):
@@ -179,7 +179,7 @@ def test_a_trainer_without_batch_hashes_gets_missing_never_pass(tmp_path: Path) 
 def test_exact_means_float32_resolution_not_a_band() -> None:
     """A BLAS summing in another order moves a loss by an ulp (1e-6 once printed); the resume
     bugs the old band let through moved it by 6e-4 and more."""
-    from launcher.resume_checks import same_loss
+    from launcher.checks.resume import same_loss
 
     assert same_loss(3.659508, 3.659509) and same_loss(4.0, 4.0)
     assert not same_loss(3.659508, 3.660108)  # 6e-4: the smallest planted-bug difference seen

@@ -101,7 +101,7 @@ def test_a_file_above_the_limit_is_refused_whole_and_stored_in_parts(small_hub, 
 
 
 def test_the_cycle_and_the_launchers_readback_across_parts(small_hub, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    import launcher.readback as readback
+    import launcher.checks.readback as readback
 
     folder, manifest = big_checkpoint(tmp_path / "a", 10)
     store = limited(small_hub)
@@ -188,7 +188,7 @@ FORGED = [
 
 @pytest.mark.parametrize("label, forged, needle", FORGED, ids=[f[0] for f in FORGED])
 def test_a_forged_parts_index_is_refused(small_hub, tmp_path: Path, label: str, forged, needle: str) -> None:  # noqa: ANN001
-    import launcher.readback as readback
+    import launcher.checks.readback as readback
 
     folder, manifest = big_checkpoint(tmp_path / "a", 10)
     store = limited(small_hub)
@@ -296,7 +296,7 @@ def test_limits_reach_the_store_from_the_leg_env(monkeypatch: pytest.MonkeyPatch
 
 
 def test_an_hf_stores_legs_get_the_hub_limits(project: Path) -> None:
-    from launcher.config import load_config
+    from launcher.config.schema import load_config
     from launcher.legs import leg_env
 
     edit_config(project, store="hf://tester/ckpts", hub={"max_file_gb": 0.5, "commits_per_hour": 60})

@@ -44,9 +44,9 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     import dataclasses
 
     from launcher.backends.local import LocalBackend
-    from launcher.config import load_config, parse_gpus, store_uri
+    from launcher.config.schema import load_config, parse_gpus, store_uri
     from launcher.plan import PLACEHOLDER_RUN, leg0_env
-    from launcher.init import init_project
+    from launcher.cli.init import init_project
     from launcher.legs import RunContext
 
     init_project(tmp_path / "p")
@@ -174,9 +174,9 @@ def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_t
     times, whether the trainer went on after the SIGTERM went out (its bug) or had printed its
     last step before it did (the rung needs more steps)."""
     from launcher.backends.base import LegResult
-    from launcher.evidence import LegEvents
+    from launcher.checks.evidence import LegEvents
     from launcher.legs import Ending, LegOutcome
-    from launcher.rungs.resume import check_ending
+    from launcher.rungs.resume_legs import check_ending
 
     steps = [(n, {"event": "step", "step": n, "t": 100.0 + n}) for n in range(1, 13)]
     stop = [(13, {"event": "stop", "step": 12, "reason": "max_steps", "t": 112.5})]

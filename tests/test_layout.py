@@ -18,7 +18,7 @@ PACKAGES = ("launcher", "runtime")
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 FORBIDDEN = {
-    "launcher": {"torch"},  # the host never needs torch (DESIGN.md): `launcher --help` starts in a blink
+    "launcher": {"torch"},  # the host never needs torch (docs/design.md): `launcher --help` starts in a blink
     "runtime": {"launcher", "typer", "sky", "skypilot", "click"},  # the instance side knows no host code
 }
 
@@ -45,9 +45,10 @@ def imports(name: str, path: Path) -> list[tuple[str, int]]:
             if node.level:
                 package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
                 base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
-            out.append((base, node.lineno))
-            out += [(f"{base}.{alias.name}", node.lineno) for alias in node.names
-                    if f"{base}.{alias.name}" in modules()]  # `from launcher import ledger` imports a module
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()]
+            if len(submodules) < len(node.names):  # a name from the package's own namespace
+                out.append((base, node.lineno))
+            out += [(sub, node.lineno) for sub in submodules]  # `from runtime import events` imports a module
     return out
 
 
@@ -126,10 +127,10 @@ def test_no_import_cycle_even_inside_a_function() -> None:
 
 
 def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
-    """A check is selected by its `Kind`, never by its words (launcher/evidence.py): every
+    """A check is selected by its `Kind`, never by its words (launcher/checks/evidence.py): every
     `Check(...)` made in launcher/ passes `kind=Kind.X` (or a `kind` handed in), and every
     member of `Kind` is made somewhere — a kind nobody makes is a reader waiting for nothing."""
-    evidence = ast.parse((ROOT / "launcher" / "evidence.py").read_text())
+    evidence = ast.parse((ROOT / "launcher" / "checks" / "evidence.py").read_text())
     kind_class = next(n for n in evidence.body if isinstance(n, ast.ClassDef) and n.name == "Kind")
     members = {t.id for n in kind_class.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     unkinded, made = [], set()
@@ -144,3 +145,37 @@ def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
                 unkinded.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not unkinded, f"checks made without kind=: {unkinded}"
     assert len(members) > 40 and not members - made, f"kinds no check is made with: {sorted(members - made)}"
+
+
+MAX_TOP_MODULES = 12
+RUNG_MODULES = ("static", "rehearsal", "smoke", "probe", "run", "run_sky", "drill", "drill_preempt")
+
+
+def test_launcher_is_in_rooms_and_each_rung_is_climbed_one_way() -> None:
+    """At most 12 modules flat in launcher/ (the rest in packages named for what they hold), every
+    rung module named for its rung with one entry, `climb`, and one function called `run_rung`
+    (the dispatcher): three functions of that name once did three different things."""
+    top = sorted(p.name for p in (ROOT / "launcher").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules flat in launcher/: {top}"
+    named: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.col_offset == 0:
+                named.setdefault(node.name, []).append(name)
+    assert named["run_rung"] == ["launcher.rungs"], named["run_rung"]
+    for rung in RUNG_MODULES:
+        assert f"launcher.rungs.{rung}" in named["climb"], f"launcher/rungs/{rung}.py has no climb()"
+    from launcher.ladder import DRILL, RUNGS
+    for entry in (*RUNGS, DRILL):
+        for runner in filter(None, (entry.runner, entry.runner_sky)):
+            module, function = runner.split(":")
+            assert function == "climb" and module in RUNG_MODULES, f"{entry.name}: runner {runner}"
+
+
+def test_runtime_exports_session_without_loading_torch_for_the_wire_format() -> None:
+    import subprocess
+    import sys
+    code = ("import sys, runtime.events, runtime.store; assert 'torch' not in sys.modules, 'torch loaded'; "
+            "from runtime import Session; from runtime.session import Session as S; assert Session is S")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

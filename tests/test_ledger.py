@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 
-from launcher.ledger import SCHEMA_VERSION, Ledger
+from launcher.ledger.db import SCHEMA_VERSION, Ledger
 from tests.helpers import LAUNCHER, edit_config, run_cli
 
 ASSETS = Path(__file__).parent / "assets"
@@ -21,7 +21,7 @@ N_FILES = 40
 HAMMER = f"""
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-from launcher.ledger import SCHEMA_VERSION, Ledger
+from launcher.ledger.db import SCHEMA_VERSION, Ledger
 ledger = Ledger(__import__('pathlib').Path(sys.argv[1]))
 i = 0
 while True:

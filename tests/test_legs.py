@@ -13,9 +13,9 @@ import pytest
 from launcher import legs
 from launcher.backends.base import StagedFile
 from launcher.backends.local import LocalBackend
-from launcher.config import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
+from launcher.config.schema import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
 from launcher.ladder import rung_named
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from tests.helpers import LAUNCHER, run_cli
 from tests.test_ledger import leg_pids, next_log, wait_for_line
 

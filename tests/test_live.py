@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from launcher.live import LegView, event_summary
+from launcher.cli.live import LegView, event_summary
 
 EVENTS = [
     {"event": "start", "device": "cpu", "params": 120576, "world_size": 2, "max_steps": 20},

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.evidence import LegEvents
+from launcher.checks.evidence import LegEvents
 from launcher.ladder import probe_plan
-from launcher.measure import check_cadence, check_memory, check_sustained
+from launcher.checks.measure import check_cadence, check_memory, check_sustained
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 

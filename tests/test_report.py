@@ -15,8 +15,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from launcher.config import Config, RungConfig, RungsConfig
-from launcher.evidence import LegEvents
+from launcher.config.schema import Config, RungConfig, RungsConfig
+from launcher.checks.evidence import LegEvents
 from launcher.report import markdown as report_md
 from launcher.report.plan import efficiency_plan
 from launcher.report.proofs import proof_5, proof_7
@@ -291,7 +291,7 @@ def test_proof_7_rests_on_the_launchers_own_read_of_the_store(tmp_path: Path) ->
 
 def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tuple[Path, dict[str, str]],
                                                                       tmp_path: Path) -> None:
-    from launcher.ledger import Ledger
+    from launcher.ledger.db import Ledger
     from launcher.report.runs import select_runs
 
     root, _ = ladder

@@ -1,5 +1,5 @@
 """The session's own evidence (runtime.evidence) and the checks that read it
-(launcher.state_checks), on real torch objects and on event logs written here."""
+(launcher.checks.state), on real torch objects and on event logs written here."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from launcher.evidence import LegEvents
-from launcher.readback import StateReader
+from launcher.checks.evidence import LegEvents
+from launcher.checks.readback import StateReader
 from launcher.rungs.drill import Kill, check_resumed_newest
-from launcher.state_checks import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
+from launcher.checks.state import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
                                    check_restored, check_state_straight)
 from runtime.contract import check_event
 from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
@@ -255,7 +255,7 @@ def test_a_reader_that_cannot_run_says_why_on_each_read(tmp_path: Path) -> None:
 def test_a_jump_across_the_restart_that_is_the_straight_runs_own_passes() -> None:
     """Exact CPU: a loss jump beyond the band passes only when the straight-through run made the
     very same jump at those steps (a rank's local loss can), and says so; any other jump fails."""
-    from launcher.resume_checks import check_loss
+    from launcher.checks.resume import check_loss
 
     losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5, 7: 4.0, 8: 3.9}
     legs = [leg(0, *(step(s, loss=losses[s]) for s in range(1, 7))),
@@ -273,7 +273,7 @@ def test_a_first_batch_from_further_on_is_a_moved_position_and_an_unknown_one_is
     """The first batch after the resume is the straight run's batch of a later step: the
     position moved (skipped twice), by how many batches. One found nowhere in the straight run
     (a forward input that is not data, e.g. a recurrent state) is not called a data bug here."""
-    from launcher.resume_checks import check_batches
+    from launcher.checks.resume import check_batches
 
     straight = leg(9, *(step(s, batch_hash=f"h{s}") for s in range(1, 9)))
     first = leg(0, *(step(s, batch_hash=f"h{s}") for s in range(1, 4)))

@@ -183,8 +183,8 @@ def _step_events(n: int, step_s: float, tok_s: float, t0: float = 1000.0) -> lis
 
 def test_status_warns_when_the_rate_falls_under_the_probes_or_the_projection_crosses_the_quota(
         tmp_path: Path) -> None:
-    from launcher.evidence import LegEvents
-    from launcher.watch import watch
+    from launcher.checks.evidence import LegEvents
+    from launcher.ops.watch import watch
 
     log = tmp_path / "leg-0.log"
     log.write_text("\n".join(_step_events(100, 1.0, 800.0)) + "\n")  # 800 tok/s, 1 s/step

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
 
 
 def configure(cfg, data_delay: float = 0.05, **run: object) -> object:  # noqa: ANN001
-    from launcher.config import load_config
+    from launcher.config.schema import load_config
 
     edit_config(cfg.root, trainer__command=f"python train.py --ckpt-every 5 --data-delay {data_delay}",
                 rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run})
@@ -77,7 +77,7 @@ def wait_for(what, timeout: float = 180.0):  # noqa: ANN001, ANN201
 def candidate_prices(cfg) -> tuple[float, float]:  # noqa: ANN001
     """SkyPilot's optimizer's price for the run's spot and on-demand candidates (T4:1)."""
     from launcher.backends.sky import SkyBackend
-    from launcher.config import parse_gpus
+    from launcher.config.schema import parse_gpus
 
     pick = SkyBackend(cfg, SKY_IMAGE_REF).quote("run", parse_gpus("T4:1"))
     prices = dict(pick.candidates)
@@ -163,7 +163,7 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
         sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
     """A trainer that dies after step 12 on every attempt: SkyPilot restarts it (max_restarts_on_errors),
     every restart resumes from step 10 and dies again; the run stops with exit 1, naming step 10."""
-    from launcher.ledger import Ledger
+    from launcher.ledger.db import Ledger
     from launcher.manifest import hash_reviewed
     from runtime.hashing import digest_lines as files_digest
     from tests.helpers import SKY_IMAGE_REF

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from tests.helpers import LAUNCHER
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 

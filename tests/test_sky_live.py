@@ -21,9 +21,9 @@ import yaml
 
 from launcher import up as up_module
 from launcher.backends.skyapi import optimizer_pick
-from launcher.config import load_config
+from launcher.config.schema import load_config
 from launcher.errors import BadInput, Refused
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from launcher.backends.skytask import task_for_launch
 from tests.helpers import SKY_IMAGE_REF as REF
 from tests.helpers import edit_config
@@ -244,7 +244,7 @@ def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, c
     which would carry it on without us. The kill cancels it, then downs whatever exists."""
     from launcher.backends.base import LegSpec
     from launcher.backends.sky import SkyBackend
-    from launcher.config import parse_gpus
+    from launcher.config.schema import parse_gpus
 
     standin = strict(cloud)
     backend = SkyBackend(sky_project, REF, sky=standin)

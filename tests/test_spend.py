@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import Config, QuotaConfig, load_config, parse_gpus
+from launcher.config.schema import Config, QuotaConfig, load_config, parse_gpus
 from launcher.ladder import rung_named
 from launcher.legs import RunContext
-from launcher.spend import period_start
+from launcher.ops.spend import period_start
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 UTC = timezone.utc
@@ -85,11 +85,11 @@ def test_allow_overdraft_launches_and_is_recorded(project: Path) -> None:
 RESERVE = """
 import sys, json
 from pathlib import Path
-from launcher.config import load_config, parse_gpus
+from launcher.config.schema import load_config, parse_gpus
 from launcher.errors import Refused
 from launcher.ladder import rung_named
-from launcher.ledger import Ledger
-from launcher.spend import project, reserve
+from launcher.ledger.db import Ledger
+from launcher.ops.spend import project, reserve
 hold = sys.argv[1:2] == ["--hold"]  # a live launcher holds its reservation while its legs run: until told
 args = sys.argv[2:] if hold else sys.argv[1:]
 cfg = load_config(Path(args[0]))

@@ -8,7 +8,7 @@ behind a ledger row's backend, for what is asked of it without an instance
 from __future__ import annotations
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
 
 BACKENDS = ("local", "docker", "sky")

@@ -1,7 +1,7 @@
 """The Backend interface every leg runner implements.
 
 A leg is one instance's life: a fresh, empty disk; the reviewed files staged
-onto it (the image's job on docker/sky); the DESIGN.md leg environment; stdout
+onto it (the image's job on docker/sky); the docs/design.md leg environment; stdout
 streamed to the host log; an exit code. `kill` is what losing the instance
 looks like: the process and its disk are gone.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Mapping, Protocol
 
-from launcher.config import GpuSpec
+from launcher.config.schema import GpuSpec
 from launcher.errors import BadInput
 
 LineSink = Callable[[str], None]

@@ -28,7 +28,7 @@ import launcher.backends.leash as leash
 from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.backends.nodes import Cluster, NodeLaunch, close, node_env, start_nodes, task_id, wait_cluster
 from launcher.backends.skytask import script_sha256
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import LauncherError
 from launcher.image import docker, docker_cli
 

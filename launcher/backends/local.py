@@ -32,7 +32,7 @@ from launcher.backends.leash import LEGS_ROOT, NODE_TOKEN_ENV, TOKEN_ENV, kill_l
 from launcher.backends.nodes import (Cluster, close, free_port, local_launches, node_token, path_with, start_nodes,
                                      wait_cluster)
 from launcher.backends.skytask import script_sha256
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
 from launcher.manifest import stage_files
 

@@ -39,9 +39,9 @@ from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineS
 from launcher.backends.skyapi import (TERMINAL_JOB_STATUSES, Capture, LineWriter, Pick, cancel, classify,
                                       cluster_up, cost_row, down, job_id_of, one_line, optimizer_pick,
                                       placement_of, record)
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.evidence import LegEvents, exit_code_from_events
+from launcher.checks.evidence import LegEvents, exit_code_from_events
 from launcher.backends.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)

@@ -11,7 +11,7 @@ server and in the cloud without anyone following them:
 - a managed job, with or without the id the launcher never got to read.
 
 The ledger names each leg before its request is sent (the cluster; for a managed job its
-name) and records the request's id once sent. The next launcher command (launcher.reconcile)
+name) and records the request's id once sent. The next launcher command (launcher.ops.reconcile)
 calls `reap`, `reap_job` or `reap_submit` here: every request still working is cancelled
 (`sky.api_cancel`) and its end confirmed by `sky.api_status`; a cluster still up is downed;
 a managed job still live is cancelled by id or by name. Each says when the leg stopped

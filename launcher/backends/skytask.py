@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher.config import Config, GpuSpec
+from launcher.config.schema import Config, GpuSpec
 from launcher.errors import BadInput
 from runtime.contract import EXIT_PREEMPTED
 

@@ -1,7 +1,7 @@
 """`launcher report`: the signed preflight report.
 
 Reads the ledger and the legs' host-side logs (never an instance's disk, which
-is gone), re-derives each of DESIGN.md's eight proofs from the event lines
+is gone), re-derives each of docs/design.md's eight proofs from the event lines
 (a proof with no number is MISSING, never PASS), writes the plan numbers
 (sustained rate, ETA, GPU-hours, the quota arithmetic), plots, and copies of
 every log it cites, then signs the folder: sha256 of every file, and one

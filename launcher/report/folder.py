@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher import __version__
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 from launcher.report.markdown import render
 from launcher.report.plan import plan
 from launcher.report.plots import draw_all
@@ -43,7 +43,7 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
     if ledger is None:
         raise BadInput(f"no ledger at {cfg.state_path / 'ledger.db'}: nothing has run yet")
     try:
-        from launcher.reconcile import end_dead_runs
+        from launcher.ops.reconcile import end_dead_runs
 
         end_dead_runs(ledger)
         rows = select_runs(ledger, run_ids)

@@ -20,9 +20,9 @@ import statistics
 from typing import Any
 
 from launcher.cadence import NOTICE_S, compare, fits_notice, goodput
-from launcher.config import Config
-from launcher.evidence import Kind, LegEvents, find
-from launcher.measure import cycle_cost
+from launcher.config.schema import Config
+from launcher.checks.evidence import Kind, LegEvents, find
+from launcher.checks.measure import cycle_cost
 from launcher.report.runs import Evidence, RunData
 
 PROVIDERS = {"gcp": "GCP", "azure": "Azure", "aws": "AWS", "k8s": "Kubernetes"}

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.config import Config, GpuSpec
-from launcher.evidence import LegEvents
-from launcher.ledger import Ledger
-from launcher.measure import (check_cadence, check_memory, cycle_cost, describe_breakdown, memory_trend,
+from launcher.config.schema import Config, GpuSpec
+from launcher.checks.evidence import LegEvents
+from launcher.ledger.db import Ledger
+from launcher.checks.measure import (check_cadence, check_memory, cycle_cost, describe_breakdown, memory_trend,
                               step_breakdown, sustained)
 from launcher.report.notice import notice_plan, preempt_drills
 from launcher.report.runs import Evidence, Proof, RunData, rate_leg
@@ -21,7 +21,7 @@ from launcher.report.runs import Evidence, Proof, RunData, rate_leg
 
 def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Proof], cite: Evidence) -> dict[str, Any]:
     """The plan numbers: rate, ETA, GPU-hours and cost, quota, memory, checkpoint cadence."""
-    from launcher.spend import summary
+    from launcher.ops.spend import summary
 
     p5 = proofs[5]
     out: dict[str, Any] = {"run_steps": cfg.rungs.run.steps}
@@ -118,7 +118,7 @@ def efficiency_plan(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, 
 
 def run_actuals(run: RunData) -> dict[str, Any]:
     """A finished run beside its plan (the report that let it launch, as the ledger recorded it)."""
-    from launcher.watch import rate_now
+    from launcher.ops.watch import rate_now
 
     row = run.row
     steps = [int(e["step"]) for ev in run.legs for _, e in ev.all("step")]

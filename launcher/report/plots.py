@@ -56,7 +56,7 @@ def _throughput(run: RunData, ev: Any, s: dict[str, Any], folder: Path) -> str:
 
 
 def _memory(run: RunData, ev: Any, folder: Path) -> str | None:
-    from launcher.measure import memory_trend
+    from launcher.checks.measure import memory_trend
 
     m = memory_trend(ev)
     if m is None:

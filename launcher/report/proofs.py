@@ -1,8 +1,8 @@
-"""The eight proofs of DESIGN.md, re-derived from the runs' ledger rows and leg logs
+"""The eight proofs of docs/design.md, re-derived from the runs' ledger rows and leg logs
 alone, and `PROOFS`: the one table of their numbers, titles and functions.
 
 A proof with no number to state is MISSING, never PASS. Proofs 2-4 and 8 (what a
-resume must bring back) use launcher.resume_checks: the same functions, on the
+resume must bring back) use launcher.checks.resume: the same functions, on the
 same logs, that the rungs and the drill answered with. Proofs 1, 6 and 7 rest on
 the launcher's own reads of the store (ledger checks), never on what a leg says
 about itself alone.
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from launcher.config import Config
-from launcher.evidence import NO_EVENTS, Check, Kind, LegEvents, find, silent
-from launcher.measure import RATE_REL_ERR_MAX
+from launcher.config.schema import Config
+from launcher.checks.evidence import NO_EVENTS, Check, Kind, LegEvents, find, silent
+from launcher.checks.measure import RATE_REL_ERR_MAX
 from launcher.report.runs import (FAIL, MISSING, PASS, RESUME_RUNGS, Evidence, NoResume, Proof, RunData,
                                   all_resumes, crashed_legs, never_resumed, rate_leg, readback_of, resumes, run_exact)
 
@@ -79,10 +79,10 @@ def proof_1(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
 
 def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, Check]]:
     """(leg, check) for proof `number` (2, 3 or 4) over one run."""
-    from launcher.resume_checks import (check_batches, check_loss, check_lr, check_sample_index,
+    from launcher.checks.resume import (check_batches, check_loss, check_lr, check_sample_index,
                                         compare_straight, resumed_legs)
 
-    from launcher.state_checks import (PROOF_KINDS, check_batches_straight, check_fed_batch, check_fields_straight,
+    from launcher.checks.state import (PROOF_KINDS, check_batches_straight, check_fed_batch, check_fields_straight,
                                        check_optimizer_in_use, check_restored, check_state_straight)
 
     legs, straight = run.legs, (run.straight[0] if run.straight else None)
@@ -316,7 +316,7 @@ def proof_7(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
 def proof_8(runs: list[RunData], cfg: Config, cite: Evidence) -> Proof:
     """Two sequential resumes on one run: the batch hashes on the surviving timeline never
     repeat, and (CPU) the whole timeline equals the straight-through run."""
-    from launcher.resume_checks import check_no_repeat, compare_straight
+    from launcher.checks.resume import check_no_repeat, compare_straight
 
     best: tuple[RunData, list[Check], int] | None = None
     for run in runs:
@@ -354,7 +354,7 @@ class ProofCheck(Protocol):
 
 @dataclass(frozen=True)
 class ProofSpec:
-    """One row of the table: DESIGN.md's number and title, and the function that derives it."""
+    """One row of the table: docs/design.md's number and title, and the function that derives it."""
 
     number: int
     title: str

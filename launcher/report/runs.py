@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.evidence import NO_EVENTS, Kind, LegEvents, Pointer, find, last_line, silent
+from launcher.checks.evidence import NO_EVENTS, Kind, LegEvents, Pointer, find, last_line, silent
 from launcher.ladder import resume_rungs, rung_order
-from launcher.ledger import Ledger
-from launcher.measure import sustained
+from launcher.ledger.db import Ledger
+from launcher.checks.measure import sustained
 
 PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
 RUNG_ORDER = rung_order()
@@ -118,7 +118,7 @@ def load_run(row: dict[str, Any]) -> RunData:
 
 def run_exact(run: RunData, cfg: Config) -> bool:
     """Comparisons are exact (bit-identical): a CPU run of a deterministic trainer, or a GPU run
-    whose legs' deterministic mode held (launcher.state_checks.check_determinism said so)."""
+    whose legs' deterministic mode held (launcher.checks.state.check_determinism said so)."""
     checks = run.row.get("checks", [])
     on_cpu = not run.row["gpu_count"] and not find(checks, Kind.CPU_DETERMINISM)
     return cfg.trainer.deterministic and (on_cpu or (bool(run.row["gpu_count"]) and bool(find(checks, Kind.GPU_EXACT))))

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.backends.local import trainer_python
-from launcher.evidence import Check, Kind, LegEvents, silent
+from launcher.checks.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.readback import StateReader, check_leg_store, read_checkpoint
-from launcher.rungs.checks import check_leg_exit
+from launcher.checks.readback import StateReader, check_leg_store, read_checkpoint
+from launcher.checks.leg import check_leg_exit
 from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
-from launcher.state_checks import tracked_kinds
+from launcher.checks.state import tracked_kinds
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 from runtime.store.seal import KEY_ENV
@@ -94,8 +94,8 @@ def read_states(reader: StateReader, store, outs: list[LegOutcome], newest: int 
     return {c.step: reader.read(c.name, kinds) for c in found}
 
 
-def run_drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
-              kills_at: list[int] | None = None) -> list[Check]:
+def climb(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
+          kills_at: list[int] | None = None) -> list[Check]:
     """Kill and relaunch `kills` times (with `kills_at`, one kill at each of its steps: the
     caller passes their count), then let the last leg finish; return the checks. On a CPU the
     straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
@@ -158,7 +158,7 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
                 f"leg {leg}: reached the kill moment {chosen}", False,
                 f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
                 "steps or lower the checkpoint cadence", kind=Kind.KILL_MOMENT, leg=leg)]
-    from launcher.rungs.resume import exact_checks, under_torchrun
+    from launcher.rungs.resume_legs import exact_checks, under_torchrun
 
     checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
         [check_leg_store(store, outs[-1].events)]
@@ -188,7 +188,7 @@ def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps:
 def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
                  straight: LegOutcome | None = None, torchrun: bool = False) -> list[Check]:
     """The kill and store checks (the timeline's come from rehearsal.oracle_checks)."""
-    from launcher.rungs.resume import check_ending
+    from launcher.rungs.resume_legs import check_ending
 
     checks = [Check(f"leg {k.leg} killed {k.moment}", True,
                     f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.evidence import LegEvents
+from launcher.checks.evidence import LegEvents
 from runtime.events import parse_line
 
 MOMENTS = ("after-push", "mid-save", "mid-push", "mid-verify", "mid-step")

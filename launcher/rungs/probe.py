@@ -12,16 +12,16 @@ through, and the resumed run must equal it, as in the rehearsal.
 from __future__ import annotations
 
 from launcher.efficiency import check_efficiency, check_utilisation
-from launcher.evidence import Check, silent
+from launcher.checks.evidence import Check, silent
 from launcher.ladder import leg_steps
 from launcher.legs import LegOutcome, RunContext, run_leg
-from launcher.measure import check_breakdown, check_cadence, check_memory, check_sustained
-from launcher.resume_checks import check_pushed, check_resumed
-from launcher.rungs.checks import check_device, check_leg_exit
+from launcher.checks.measure import check_breakdown, check_cadence, check_memory, check_sustained
+from launcher.checks.resume import check_pushed, check_resumed
+from launcher.checks.leg import check_device, check_leg_exit
 
 
-def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
-    """Rung 3 (the ladder's runner): its configured steps, on the accelerator unless --cpu."""
+def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
+    """Rung 3: its configured steps, on the accelerator unless --cpu."""
     return run_probe(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
 
 
@@ -48,8 +48,8 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     checks.append(check_leg_exit(second))
     if need_gpu:
         checks.append(check_device(second))
-    from launcher.readback import check_leg_store
-    from launcher.rungs.resume import check_run_length, straight_and_exact
+    from launcher.checks.readback import check_leg_store
+    from launcher.rungs.resume_legs import check_run_length, straight_and_exact
 
     store = ctx.open_store()
     checks += [check_resumed(second.events, pushed_step), check_pushed(second.events)[0],

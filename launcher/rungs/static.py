@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from launcher.backends.local import resolve_command, trainer_python
-from launcher.evidence import Check, Kind, Pointer
+from launcher.checks.evidence import Check, Kind, Pointer
 from launcher.legs import RunContext
 from launcher.manifest import HashComparison, stage_files
 
@@ -30,7 +30,7 @@ def leg_command_line(ctx: RunContext) -> str:
     return f"{shlex.join(resolve_command(ctx.cfg.trainer.command))}  (per-leg env: {names})"
 
 
-def run_static(ctx: RunContext, cmp: HashComparison) -> list[Check]:
+def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     """The rung-0 checks, each with its evidence; writes the check log as leg 0's log."""
     log_path = ctx.run_dir / "leg-0.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """What every rung checks of one leg it launched: that it ended on its own (every rank's
 `done`, its final checkpoint verified), and that it ran where it should (the accelerator).
-The resume checks are launcher.resume_checks."""
+The resume checks are launcher.checks.resume."""
 
 from __future__ import annotations
 
-from launcher.evidence import NO_EVENTS, Check, Kind, last_line, silent
+from launcher.checks.evidence import NO_EVENTS, Check, Kind, last_line, silent
 from launcher.legs import LegOutcome
 
 

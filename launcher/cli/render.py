@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from launcher.evidence import Check
+from launcher.checks.evidence import Check
 
 # Piped output (CI logs, `| less`) gets a wide page instead of rich's 80 columns.
 _WIDTH = None if sys.stdout.isatty() else 160

@@ -1,6 +1,6 @@
 """Quota periods and the pre-launch arithmetic (what a rung would cost, what is left):
 the policy of what may be spent. What was spent and what is held is the ledger's
-(launcher.ledger); a dead launcher's hold is settled by launcher.reconcile."""
+(launcher.ledger.db); a dead launcher's hold is settled by launcher.ops.reconcile."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from launcher.config import WEEKDAYS, Config, GpuSpec
+from launcher.config.schema import WEEKDAYS, Config, GpuSpec
 from launcher.errors import Refused
 from launcher.ladder import Rung
-from launcher.ledger import Ledger
-from launcher.reconcile import clean_up, end_dead_runs, process_start, settle_dead
+from launcher.ledger.db import Ledger
+from launcher.ops.reconcile import clean_up, end_dead_runs, process_start, settle_dead
 
 
 def period_start(cfg: Config, now: datetime | None = None) -> datetime | None:

@@ -1,7 +1,7 @@
 """The SQLite ledger: every run, leg, reviewed-file hash, command line and
 billed GPU-hour. Every SQL statement of the launcher is here (the tables and
-their migrations in launcher.ledger_schema; what reads return in
-launcher.ledger_rows); launcher.spend decides what may be spent, this records it.
+their migrations in launcher.ledger.schema; what reads return in
+launcher.ledger.rows); launcher.ops.spend decides what may be spent, this records it.
 
 WAL mode, one transaction per fact: a kill -9 at any moment leaves either no
 row or a complete one (SQLite's atomic commit does the work; nothing here
@@ -22,11 +22,11 @@ from types import TracebackType
 from typing import Any, Iterator
 
 from launcher.errors import Refused
-from launcher.ledger_holders import OPENED, describe_holders
-from launcher.ledger_rows import (LEG_NUMBERS, RUN_NUMBERS, ImageRow, LegBilling, LegRecord, LegRow,
+from launcher.ledger.holders import OPENED, describe_holders
+from launcher.ledger.rows import (LEG_NUMBERS, RUN_NUMBERS, ImageRow, LegBilling, LegRecord, LegRow,
                                   PeriodTotals, ReservationRow, Review, RungSpend, RunRow, StopRow, clean,
                                   json_or_none)
-from launcher.ledger_schema import SCHEMA_VERSION, create_or_migrate
+from launcher.ledger.schema import SCHEMA_VERSION, create_or_migrate
 
 LOCK_WAIT_S = 5.0
 """How long a command waits for another launcher's write before it says who holds the ledger."""
@@ -289,7 +289,7 @@ class Ledger:
     def integrity_ok(self) -> bool:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
-    # --- spending: reservations and bills (the policy is launcher.spend's) --------
+    # --- spending: reservations and bills (the policy is launcher.ops.spend's) --------
 
     def period_totals(self, since: datetime | None) -> PeriodTotals:
         """Billed and still-reserved GPU-hours and USD in the period from `since`."""

@@ -4,7 +4,7 @@ Every value is checked on load, before anything is launched or recorded: an
 unknown key, a wrong type or an impossible value raises ConfigError naming the
 key (exit 2). The schema is the dataclasses below; each field's docstring is
 the documentation `launcher init` writes into the starter config. How a YAML
-mapping is checked against them is `launcher.config_parse`.
+mapping is checked against them is `launcher.config.parse`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.cadence import SpotConfig
-from launcher.config_hub import HubConfig
-from launcher.config_parse import StrictLoader, build, read_text
+from launcher.config.hub import HubConfig
+from launcher.config.parse import StrictLoader, build, read_text
 from launcher.errors import BadInput, ConfigError
 
 CONFIG_NAME = "launcher.yaml"

@@ -1,6 +1,6 @@
 """Rung 4 on SkyPilot: the run as one managed job, each recovery a leg.
 
-The same rules as launcher.rungs.chain, applied as the job goes: when the job's log shows
+The same rules as launcher.rungs.run, applied as the job goes: when the job's log shows
 the next attempt (launcher.backends.skyjob.LegSplitter), the attempt before it is
 closed in the ledger (billed from its start to the next one's), the store is read,
 and the new attempt's resume is checked once it ended. A bad resume, a store that
@@ -18,8 +18,8 @@ from typing import Any, Callable
 from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
 from launcher.backends.skyapi import cancel, record
-from launcher.rungs.chain import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
-from launcher.evidence import Check, Kind, LegEvents
+from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
+from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.legs import LegOutcome, RunContext, redact
 
 MAX_JOB_S = 7 * 24 * 3600.0
@@ -68,7 +68,7 @@ class _Legs:
     def end(self, leg: int, ended_at: float, reason: str, killed: bool, nothing: bool = False) -> LegOutcome:
         """Close the leg, billed from its start to `ended_at` (nothing: SkyPilot confirmed its submit
         ended without a job)."""
-        from launcher.evidence import exit_code_from_events
+        from launcher.checks.evidence import exit_code_from_events
 
         started = self.open.pop(leg)
         events = LegEvents.read(leg, self.log(leg))
@@ -87,7 +87,7 @@ class _Legs:
         return out
 
 
-def run_managed(ctx: RunContext, cmp: object = None) -> list[Check]:
+def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
     """The run as managed jobs until its last step; returns the checks."""
     run_cfg = ctx.cfg.rungs.run
     steps = run_cfg.steps
@@ -130,7 +130,7 @@ def _prepare_job(ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Pr
                  checks: list[Check]) -> tuple[skyjob.ManagedJob, Any]:
     """The next managed job, its first leg `leg`, rendered and priced: its deadline is what
     the quota grants it (a week where nothing bounds it); a quota that no longer fits one
-    leg ends the run (launcher.rungs.chain.quota_out)."""
+    leg ends the run (launcher.rungs.run.quota_out)."""
     run_cfg = ctx.cfg.rungs.run
     gpus = max(1, ctx.gpus_total)
     grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None

@@ -3,7 +3,7 @@
 The schema-independent half of loading launcher.yaml: the strict YAML loader
 (a key given twice is an error), the bounded file read, and the walk that
 checks each value against its field's type and names the key it came from
-(`launcher.config` holds the schema itself and `load_config`).
+(`launcher.config.schema` holds the schema itself and `load_config`).
 """
 
 from __future__ import annotations

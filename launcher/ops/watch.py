@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any
 
-from launcher.evidence import LegEvents
+from launcher.checks.evidence import LegEvents
 from runtime import contract
 
 SLOW_FRACTION = 0.10
@@ -103,7 +103,7 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
 def quota_for_run(cfg: Any, ledger: Any, run_id: str) -> float | None:
     """GPU-hours the quota leaves this run in all: the quota less every other run's bills
     and holds in the period (None: no GPU-hour quota)."""
-    from launcher.spend import period_start
+    from launcher.ops.spend import period_start
 
     if cfg.quota.gpu_hours is None:
         return None

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.evidence import LegEvents
-from launcher.ledger import Ledger
+from launcher.checks.evidence import LegEvents
+from launcher.ledger.db import Ledger
 from launcher.efficiency import describe as describe_efficiency
 from launcher.efficiency import describe_idle, efficiency, idle_breakdown
-from launcher.measure import describe_breakdown, step_breakdown
-from launcher.reconcile import end_dead_runs, pid_alive
+from launcher.checks.measure import describe_breakdown, step_breakdown
+from launcher.ops.reconcile import end_dead_runs, pid_alive
 from launcher.storekey import project_key
 from runtime import contract
 
@@ -94,7 +94,7 @@ def _read_run(cfg: Config, run_id: str | None) -> tuple[dict[str, Any], list[dic
         run = pick_run(ledger, run_id)
         left = None
         if run["rung"] == "run":
-            from launcher.watch import quota_for_run
+            from launcher.ops.watch import quota_for_run
 
             left = quota_for_run(cfg, ledger, run["id"])
         return run, ledger.stops(run["id"]), left
@@ -114,7 +114,7 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     if not run["legs"]:
         return out
     if run["rung"] == "run":
-        from launcher.watch import watch
+        from launcher.ops.watch import watch
 
         out["run_progress"] = watch(run, legs, left, cfg.prices.get(run["gpu_name"]) if run["gpu_name"] else None)
     row, ev = run["legs"][-1], legs[-1]

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import Refused
-from launcher.evidence import Check, Kind, LegEvents, silent
+from launcher.checks.evidence import Check, Kind, LegEvents, silent
 from launcher.legs import LegOutcome, RunContext, run_leg
-from launcher.rungs.checks import check_leg_exit
+from launcher.checks.leg import check_leg_exit
 
 MIN_LEG_S = 30.0
 """The shortest leg worth launching before the run has measured one (the quota's floor for
@@ -94,7 +94,7 @@ def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int 
     """What the launcher checks after leg i: the store kept what the logs verified, and the
     leg's resume (if it resumed and trained) was exact."""
     from launcher.rungs.drill import check_store_after_kill
-    from launcher.resume_checks import check_batches, check_loss, check_lr
+    from launcher.checks.resume import check_batches, check_loss, check_lr
 
     checks = [check_store_after_kill(store, outs, after, when="its end")]
     i = len(outs) - 1
@@ -109,7 +109,7 @@ def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int 
 
 def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple[int | None, str | None],
               steps: int, checks: list[Check], shortest: float) -> QuotaOut:
-    from launcher.watch import rate_now
+    from launcher.ops.watch import rate_now
 
     rate = rate_now([o.events for o in outs])
     step_s = rate["step_s"] if rate else None
@@ -174,7 +174,7 @@ def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Pro
 
 def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
     """The checks of a run that reached its last step: the whole timeline's."""
-    from launcher.resume_checks import check_no_repeat, check_sample_index
+    from launcher.checks.resume import check_no_repeat, check_sample_index
 
     last = outs[-1].events
     legs = [o.events for o in outs]
@@ -185,7 +185,7 @@ def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
             check_no_repeat(legs)] + ([witness] if witness else [])
 
 
-def run_chain(ctx: RunContext, cmp: object = None) -> list[Check]:
+def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
     """Carry the run to its last step; returns the checks (QuotaOut when the quota runs out)."""
     steps = ctx.cfg.rungs.run.steps
     store = ctx.open_store()

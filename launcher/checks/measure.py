@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from launcher.evidence import NO_EVENTS, Check, Kind, LegEvents, Pointer
+from launcher.checks.evidence import NO_EVENTS, Check, Kind, LegEvents, Pointer
 
 RATE_REL_ERR_MAX = 0.02
 """The sustained rate must be known to within 2 % (one block standard error)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.evidence import Check, Kind, LegEvents, Pointer, surviving_timeline
+from launcher.checks.evidence import Check, Kind, LegEvents, Pointer, surviving_timeline
 from runtime.metrics import loss_continuity
 
 FLOAT32_EPS = 2.0 ** -23

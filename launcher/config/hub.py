@@ -1,5 +1,5 @@
 """launcher.yaml `hub:`: the Hugging Face Hub's limits an hf:// store keeps to (a section of
-`launcher.config.Config`; legs get them in LAUNCHER_HUB_*, read by runtime.store.hub_limits)."""
+`launcher.config.schema.Config`; legs get them in LAUNCHER_HUB_*, read by runtime.store.hub_limits)."""
 
 from __future__ import annotations
 

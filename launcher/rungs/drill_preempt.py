@@ -16,16 +16,16 @@ import os
 from typing import Any
 
 from launcher.backends.local import trainer_python
-from launcher.evidence import Check, Kind, LegEvents
+from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.readback import StateReader
-from launcher.rungs.checks import check_leg_exit
+from launcher.checks.readback import StateReader
+from launcher.checks.leg import check_leg_exit
 from launcher.rungs.drill import Kill, check_resumed_newest, check_store_after_kill, read_states
 from runtime.cycle import newest_verified
 from runtime.store.seal import KEY_ENV
 
 
-def run_preempt(ctx: RunContext, steps: int, notice_s: float, at_step: int) -> list[Check]:
+def climb(ctx: RunContext, steps: int, notice_s: float, at_step: int) -> list[Check]:
     """Leg 0 preempted at `at_step` with `notice_s` of notice; leg 1 resumes and finishes."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV} | ctx.secrets()
     reader = StateReader(trainer_python(ctx.cfg.trainer.command), ctx.store_uri, f"runs/{ctx.run_id}", env)

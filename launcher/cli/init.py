@@ -6,10 +6,10 @@ import os
 import re
 from pathlib import Path
 
-from launcher.config import CONFIG_NAME
+from launcher.config.schema import CONFIG_NAME
 from launcher.errors import BadInput
 
-TEMPLATE = Path(__file__).parent / "templates" / "launcher.yaml"
+TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "launcher.yaml"
 
 
 def reference_trainer() -> Path:

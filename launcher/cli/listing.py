@@ -13,9 +13,9 @@ from launcher.errors import BadInput
 
 def show_ledger(config: Path, run_id: str | None, limit: int, json_out: bool) -> None:
     """Print the newest `limit` runs (or one run) as a table, or as JSON."""
-    from launcher.config import load_config
-    from launcher.ledger import Ledger
-    from launcher.reconcile import end_dead_runs
+    from launcher.config.schema import load_config
+    from launcher.ledger.db import Ledger
+    from launcher.ops.reconcile import end_dead_runs
 
     cfg = load_config(config)
     db = Ledger.open_existing(cfg.state_path / "ledger.db")
@@ -29,11 +29,11 @@ def show_ledger(config: Path, run_id: str | None, limit: int, json_out: bool) ->
     if run_id and not runs:
         raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
     if json_out:
-        from launcher.render import print_json
+        from launcher.cli.render import print_json
 
         print_json(runs)
         return
-    from launcher.render import console, print_ledger
+    from launcher.cli.render import console, print_ledger
 
     if not runs:
         console.print(f"no runs recorded yet (ledger: {cfg.state_path / 'ledger.db'})")

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.ledger import Ledger
-from launcher.ledger_rows import LegRecord
+from launcher.ledger.db import Ledger
+from launcher.ledger.rows import LegRecord
 
 
 def pid_alive(pid: int, started: int | None = None) -> bool:

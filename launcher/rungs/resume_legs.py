@@ -1,4 +1,5 @@
-"""Rungs 1 and 2 (rehearsal, smoke): train, push, resume on a NEW empty disk — twice.
+"""The legs of rungs 1 and 2 (launcher.rungs.rehearsal, launcher.rungs.smoke): train, push,
+resume on a NEW empty disk — twice.
 
 Three legs, each on a fresh instance: leg 0 trains a third of the rung's steps
 and pushes; legs 1 and 2 must each resume solely from the store (two
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.evidence import Check, Kind, LegEvents, silent
+from launcher.checks.evidence import Check, Kind, LegEvents, silent
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import leg_steps, resume_leg0_hold, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.resume_checks import check_resumed
-from launcher.rungs.checks import check_device, check_leg_exit
+from launcher.checks.resume import check_resumed
+from launcher.checks.leg import check_device, check_leg_exit
 
 
 def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | None, leg: int) -> tuple[int, Ending]:
@@ -102,15 +103,10 @@ def _outran(out: LegOutcome, action: str) -> str:
     return f"; {action} went out at step {at}, and the trainer went on to step {last}"
 
 
-def run_rung(ctx: RunContext, cmp: object = None) -> list[Check]:
-    """Rung 1 or 2 (the ladder's runner): its configured steps; smoke's legs on the accelerator."""
-    return run_resume_legs(ctx, ctx.cfg.rung(ctx.rung.name).steps, need_gpu=ctx.rung.needs_gpu)
-
-
 def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEGS) -> list[Check]:
     """Leg 0 trains and pushes; every later leg resumes on a fresh disk; on a CPU rung the
     same trainer then runs straight through once, as the oracle. Returns the checks."""
-    from launcher.readback import check_leg_store
+    from launcher.checks.readback import check_leg_store
     checks: list[Check] = []
     outs: list[LegOutcome] = []
     store = ctx.open_store()
@@ -165,8 +161,8 @@ def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need
 def exact_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, on_gpu: bool,
                  steps: int) -> list[Check]:
     """The timeline's checks, exact where they can be: on a CPU for a deterministic trainer,
-    on a GPU when the legs' deterministic mode held (launcher.state_checks.check_determinism)."""
-    from launcher.state_checks import check_determinism
+    on a GPU when the legs' deterministic mode held (launcher.checks.state.check_determinism)."""
+    from launcher.checks.state import check_determinism
 
     mode = check_determinism(legs, on_gpu)
     exact = ctx.cfg.trainer.deterministic and (not on_gpu or (mode is not None and mode.kind == Kind.GPU_EXACT))
@@ -188,8 +184,8 @@ def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | 
     second straight-through run settles it. One that does not reproduce itself is a finding
     (FAIL, naming the first step and field the two runs differ in), never a silent fall-back:
     its resumes are then compared within the band, and the checks say so."""
-    from launcher.resume_checks import check_deterministic, resume_step, steps_of
-    from launcher.state_checks import timeline_checks
+    from launcher.checks.resume import check_deterministic, resume_step, steps_of
+    from launcher.checks.state import timeline_checks
 
     found = timeline_checks(legs, straight, exact)
     if exact and straight is not None and not all(c.ok for c in found):

@@ -1,5 +1,5 @@
 """The ledger's tables, their version, and the forward migrations that bring a
-ledger written by an older launcher up to it (launcher.ledger applies them).
+ledger written by an older launcher up to it (launcher.ledger.db applies them).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ CREATE TABLE IF NOT EXISTS checks (
     ok          INTEGER NOT NULL,
     detail      TEXT NOT NULL,
     evidence    TEXT NOT NULL,             -- JSON list of pointers {leg, line, text}
-    kind        TEXT,                      -- launcher.evidence.Kind where a reader selects it
+    kind        TEXT,                      -- launcher.checks.evidence.Kind where a reader selects it
     leg         INTEGER,                   -- the leg it is about
     facts       TEXT,                      -- JSON {field: value}: what readers use, never parsed from detail
     PRIMARY KEY (run_id, seq)

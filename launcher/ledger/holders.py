@@ -1,7 +1,7 @@
 """Who holds the ledger: the ledgers this process opened, and the processes that
 hold a lock on one (so an error about a locked ledger can name them).
 
-Imports nothing from the launcher: `launcher.errors` and `launcher.ledger` both
+Imports nothing from the launcher: `launcher.errors` and `launcher.ledger.db` both
 use it.
 """
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, GpuSpec
+from launcher.config.schema import Config, GpuSpec
 from launcher.errors import Refused
-from launcher.ledger import Ledger
+from launcher.ledger.db import Ledger
 
 GPU_PROOFS = (1, 2, 3, 4, 5, 6, 7, 8)
 CPU_PROOFS = (1, 2, 3, 4, 6, 7, 8)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.evidence import Check, Kind, LegEvents
+from launcher.checks.evidence import Check, Kind, LegEvents
 
 FULL_READ_BYTES = 256 << 20
 

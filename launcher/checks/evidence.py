@@ -36,7 +36,7 @@ class Kind(StrEnum):
     uses them. A new check needs a member (tests/test_layout.py holds every `Check(` call in
     `launcher/` to a `kind=`, and every member to a check made with it)."""
 
-    # launcher/readback.py
+    # launcher/checks/readback.py
     READBACK = "readback"
     """The launcher read back the checkpoint a leg's events call verified (`leg` set)."""
     # launcher/rungs/drill.py
@@ -55,12 +55,12 @@ class Kind(StrEnum):
     """A leg stopped by SIGTERM left its final checkpoint as the store's newest verified (`leg`)."""
     NOTHING_LEFT = "nothing_left"
     """No process of a killed leg outlived the kill (`leg`)."""
-    # launcher/rungs/preempt.py
+    # launcher/rungs/drill_preempt.py
     PREEMPT_NOTICE = "preempt_notice"
     """A preempted leg's final checkpoint verified inside its notice (`leg`; facts: the timeline)."""
     WORK_LOST = "work_lost"
     """The steps and seconds a preemption lost (`leg`; facts: steps, seconds, resumed_at)."""
-    # launcher/rungs/resume.py, launcher/rungs/chain.py, launcher/rungs/checks.py, launcher/up.py
+    # launcher/rungs/resume_legs.py, launcher/rungs/run.py, launcher/checks/leg.py, launcher/up.py
     STOPPED_AS_ASKED = "stopped_as_asked"
     """A leg the launcher ended by SIGTERM or its deadline stopped on it (`leg`; facts: want, got)."""
     LEG_FINISHED = "leg_finished"
@@ -94,7 +94,7 @@ class Kind(StrEnum):
     """A check the trainer's static check (runtime/static_check.py) reported in its interpreter."""
     IMPORT_PARSE = "import_parse"
     """The static check itself ran and answered."""
-    # launcher/resume_checks.py
+    # launcher/checks/resume.py
     TIMELINE = "timeline"
     """The resumed timeline's steps match the straight-through run (loss, and the compared fields)."""
     REPEATABLE = "repeatable"
@@ -116,7 +116,7 @@ class Kind(StrEnum):
     """A leg pushed a checkpoint that verified (`leg`; facts: step)."""
     RESUMED = "resumed"
     """A leg resumed from the store rather than from scratch (`leg`)."""
-    # launcher/state_checks.py
+    # launcher/checks/state.py
     FED_BATCH = "fed_batch"
     """The batch given to step() is the one the model was fed."""
     OPTIMIZER_IN_USE = "optimizer_in_use"
@@ -131,7 +131,7 @@ class Kind(StrEnum):
     """Every GPU leg held the deterministic mode: the re-run steps are compared exactly."""
     GPU_BAND = "gpu_band"
     """A GPU leg ran an op without a deterministic kernel (or without the mode): compared within the band."""
-    # launcher/measure.py, launcher/efficiency.py
+    # launcher/checks/measure.py, launcher/efficiency.py
     SUSTAINED_RATE = "sustained_rate"
     """A leg's sustained tokens per second, with its standard error (`leg`)."""
     MEMORY_FLAT = "memory_flat"

@@ -1,6 +1,6 @@
 """The `launcher` command: parses, calls one function, renders, maps errors to exit codes.
 
-Exit codes (DESIGN.md): 0 ok, 1 the rung ran and its answer is "no",
+Exit codes (docs/design.md): 0 ok, 1 the rung ran and its answer is "no",
 2 bad input, 3 refused by a guard, 70 internal error (a bug: please report it).
 Errors print one line and the next command to run; LAUNCHER_DEBUG=1 adds the
 traceback. Heavy imports (torch never, skypilot/docker lazily) stay out of
@@ -40,7 +40,7 @@ VERBOSE = typer.Option(False, "--verbose", "-v", help="Every event of every leg,
 
 
 def _load(config: Path):  # noqa: ANN202 - Config, imported lazily
-    from launcher.config import load_config
+    from launcher.config.schema import load_config
 
     return load_config(config)
 
@@ -49,8 +49,8 @@ def _load(config: Path):  # noqa: ANN202 - Config, imported lazily
 def init(directory: Path = typer.Argument(Path("."), help="Project dir to write into (created if missing)."),
          force: bool = typer.Option(False, "--force", help="Overwrite an existing launcher.yaml/train.py.")) -> None:
     """Write a commented starter launcher.yaml and the reference trainer (train.py)."""
-    from launcher.init import init_project
-    from launcher.render import console
+    from launcher.cli.init import init_project
+    from launcher.cli.render import console
 
     written = init_project(directory, force=force)
     for path in written:
@@ -61,9 +61,9 @@ def init(directory: Path = typer.Argument(Path("."), help="Project dir to write 
 @app.command()
 def review(config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Record the sha256 of the reviewed files: the bytes every leg will run."""
-    from launcher.ledger import Ledger
+    from launcher.ledger.db import Ledger
     from launcher.manifest import record_review
-    from launcher.render import console, print_json
+    from launcher.cli.render import console, print_json
 
     from launcher.manifest import hash_reviewed
 
@@ -99,8 +99,8 @@ def up(rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe 
                                                     "recorded in the ledger, status and later reports."),
        verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
-    from launcher.live import LegView
-    from launcher.render import console, err_console, print_checks, print_json
+    from launcher.cli.live import LegView
+    from launcher.cli.render import console, err_console, print_checks, print_json
     from launcher.up import dry_run as describe_dry_run
     from launcher.up import up as run_up
 
@@ -147,8 +147,8 @@ def drill_cold_resume(
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
-    from launcher.live import LegView
-    from launcher.render import console, err_console, print_checks, print_json
+    from launcher.cli.live import LegView
+    from launcher.cli.render import console, err_console, print_checks, print_json
     from launcher.up import drill as run_drill
 
     cfg = _load(config)
@@ -173,8 +173,8 @@ def drill_preempt(
         allow_overdraft: bool = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded)."),
         verbose: bool = VERBOSE, config: Path = CONFIG, json_out: bool = JSON) -> None:
     """A spot preemption: SIGTERM at a step, the kill N seconds later; then a fresh leg resumes."""
-    from launcher.live import LegView
-    from launcher.render import console, err_console, print_checks, print_json
+    from launcher.cli.live import LegView
+    from launcher.cli.render import console, err_console, print_checks, print_json
     from launcher.up import preempt
 
     cfg = _load(config)
@@ -192,10 +192,10 @@ def drill_preempt(
 def spend(gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for the next-rung arithmetic."),
           nodes: int = typer.Option(1, "--nodes"), config: Path = CONFIG, json_out: bool = JSON) -> None:
     """GPU-hours and USD used / reserved / remaining this period, by rung, and what each rung would cost."""
-    from launcher.config import parse_gpus
-    from launcher.ledger import Ledger
-    from launcher.render import console, print_json, print_spend
-    from launcher.spend import summary
+    from launcher.config.schema import parse_gpus
+    from launcher.ledger.db import Ledger
+    from launcher.cli.render import console, print_json, print_spend
+    from launcher.ops.spend import summary
 
     from launcher.up import check_nodes
 
@@ -219,7 +219,7 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
            limit: int = typer.Option(20, "--limit", min=1, max=100_000, help="Newest N runs."),
            config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Show recorded runs and legs: command lines, file hashes, exit codes, GPU-hours."""
-    from launcher.listing import show_ledger
+    from launcher.cli.listing import show_ledger
 
     show_ledger(config, run_id, limit, json_out)
 
@@ -228,8 +228,8 @@ def ledger(run_id: Optional[str] = typer.Argument(None, help="Show one run."),
 def status(run_id: Optional[str] = typer.Argument(None, help="The run (default: the newest running one, else the newest)."),
            config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Where a run stands: step, rate and ETA, newest checkpoint, headroom, warnings, step-time breakdown."""
-    from launcher.render import console, print_json, print_status
-    from launcher.status import status as read_status
+    from launcher.cli.render import console, print_json, print_status
+    from launcher.ops.status import status as read_status
 
     data = read_status(_load(config), run_id)
     if json_out:
@@ -244,8 +244,8 @@ def stop(run_id: str = typer.Argument(..., help="The run to stop."),
                                        "killing the leg."),
          config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Stop a run gracefully: SIGTERM, final checkpoint verified and loadable, teardown; kill on timeout."""
-    from launcher.render import console, err_console, print_json
-    from launcher.stop import stop as do_stop
+    from launcher.cli.render import console, err_console, print_json
+    from launcher.ops.stop import stop as do_stop
 
     out = err_console if json_out else console
     result = do_stop(_load(config), run_id, timeout, lambda line: out.print(line))
@@ -267,7 +267,7 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
            config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Write the signed preflight report: the eight proofs with evidence, the plan numbers, plots.
     Exits 1 when a proof FAILs (the folder is written and signed either way)."""
-    from launcher.render import console, print_json
+    from launcher.cli.render import console, print_json
 
     if check_dir is not None:
         from launcher.report import check
@@ -292,7 +292,7 @@ def report(run_ids: Optional[list[str]] = typer.Argument(
     if json_out:
         print_json({"folder": str(folder), **data})
     else:
-        from launcher.render import print_report
+        from launcher.cli.render import print_report
 
         print_report(console, folder, data)
     if failed:  # the folder is written and signed either way: it is the evidence of the failure
@@ -311,8 +311,8 @@ def image_build(base: Optional[str] = typer.Option(None, "--base", help="Base im
                 config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Build the image from the reviewed files; record its id and baked hashes in the ledger."""
     from launcher import image
-    from launcher.ledger import Ledger
-    from launcher.render import console, err_console, print_json
+    from launcher.ledger.db import Ledger
+    from launcher.cli.render import console, err_console, print_json
 
     cfg = _load(config)
     say = (err_console if json_out else console).print
@@ -332,8 +332,8 @@ def image_push(repository: Optional[str] = typer.Option(None, "--repository", he
                config: Path = CONFIG) -> None:
     """Tag and push the image built from the reviewed files; record repo@sha256 for the sky backend."""
     from launcher import image
-    from launcher.ledger import Ledger
-    from launcher.render import console
+    from launcher.ledger.db import Ledger
+    from launcher.cli.render import console
 
     cfg = _load(config)
     repo = repository or cfg.image.repository
@@ -350,8 +350,8 @@ def image_push(repository: Optional[str] = typer.Option(None, "--repository", he
 @image_app.command("list")
 def image_list(config: Path = CONFIG, json_out: bool = JSON) -> None:
     """Images built for this project, newest first."""
-    from launcher.ledger import Ledger
-    from launcher.render import console, print_images, print_json
+    from launcher.ledger.db import Ledger
+    from launcher.cli.render import console, print_images, print_json
 
     cfg = _load(config)
     db = Ledger.open_existing(cfg.state_path / "ledger.db")

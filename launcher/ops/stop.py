@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.backends import backend_class
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.evidence import LegEvents
-from launcher.ledger import Ledger
+from launcher.checks.evidence import LegEvents
+from launcher.ledger.db import Ledger
 from launcher.storekey import project_key
 from runtime.store.seal import KEY_ENV
 
@@ -96,7 +96,7 @@ def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None])
 def _stoppable(ledger: Ledger, run_id: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The run and its live leg (None: between legs), or bad input when there is nothing
     this version can stop: no such run, one that ended, a leg its backend cannot signal."""
-    from launcher.reconcile import end_dead_runs
+    from launcher.ops.reconcile import end_dead_runs
 
     end_dead_runs(ledger)  # a run whose launcher died has ended: nothing to stop
     found = ledger.runs(run_id=run_id)
