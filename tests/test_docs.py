@@ -14,6 +14,7 @@ import importlib
 import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -108,9 +109,12 @@ def test_every_relative_link_leads_into_the_repository(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_nothing_points_outside_the_repository(page: Path) -> None:
-    bad = [f"{page_id(page)}:{n}: {what}: {line.strip()[:120]}"
-           for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
-           for pattern, what in OUTSIDE if pattern.search(line)]
+    bad = [
+        f"{page_id(page)}:{n}: {what}: {line.strip()[:120]}"
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        for pattern, what in OUTSIDE
+        if pattern.search(line)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -127,7 +131,8 @@ def cli_app() -> typer.Typer:
 
 
 @cache
-def root_command():  # noqa: ANN201 - a click Group, of the click typer vendors
+def root_command() -> Any:
+    """The app as a click Group (of the click typer vendors: `click.Group` is not its base)."""
     return typer.main.get_command(cli_app())
 
 
@@ -192,8 +197,11 @@ def command_problems(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_launcher_command_shown_exists(page: Path) -> None:
-    bad = [f"{page_id(page)}:{n}: {text[:100]}: {why}" for n, text in shown_commands(page)
-           for why in command_problems(text)]
+    bad = [
+        f"{page_id(page)}:{n}: {text[:100]}: {why}"
+        for n, text in shown_commands(page)
+        for why in command_problems(text)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -201,13 +209,15 @@ def test_the_readme_is_a_front_door() -> None:
     """At most README_MAX_LINES lines, and its CLI block shows every subcommand there is."""
     readme = ROOT / "README.md"
     assert len(readme.read_text(encoding="utf-8").splitlines()) <= README_MAX_LINES
-    shown = {tuple(w for w in text.split()[1:3] if not w.startswith(("-", "[")) and w.islower())
-             for _, text in shown_commands(readme)}
+    shown = {
+        tuple(w for w in text.split()[1:3] if not w.startswith(("-", "[")) and w.islower())
+        for _, text in shown_commands(readme)
+    }
     for name, command in root_command().commands.items():
         subs = command.commands if is_group(command) else {None: command}
         for sub in subs:
             want = (name,) if sub is None else (name, sub)
-            assert any(s[:len(want)] == want for s in shown), f"README shows no `launcher {' '.join(want)}`"
+            assert any(s[: len(want)] == want for s in shown), f"README shows no `launcher {' '.join(want)}`"
 
 
 def test_design_has_the_sections_the_code_refers_to() -> None:
