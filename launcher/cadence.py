@@ -106,8 +106,16 @@ class Cadence:
         return self.billed_gpu_hours_now - self.billed_gpu_hours_young
 
 
-def compare(c: float, r: float, m: float, tau_now: float, kept_hours: float, gpus: int,
-            usd_per_gpu_hour: float | None = None, lag: float = 0.0) -> Cadence:
+def compare(
+    c: float,
+    r: float,
+    m: float,
+    tau_now: float,
+    kept_hours: float,
+    gpus: int,
+    usd_per_gpu_hour: float | None = None,
+    lag: float = 0.0,
+) -> Cadence:
     """The report's cadence section: both intervals, first-order goodput at each (with the lag
     to verified), and what the difference bills."""
     if kept_hours <= 0 or gpus <= 0:

@@ -18,9 +18,11 @@ from launcher.checks.measure import step_breakdown, sustained
 from runtime.peaks import PEAKS, gpu_of_device_name, peak_flops
 
 REACHABLE_MFU = 0.40
-REACHABLE_WHY = ("40 % of the bf16 dense peak: what well-tuned decoder-transformer training reports "
-                 "(PaLM 540B 46.2 %, Chowdhery et al. 2022; Llama 3 405B 38-43 %, Dubey et al. 2024); "
-                 "models under ~1B parameters rarely get there (their kernels are too small to fill the GPU)")
+REACHABLE_WHY = (
+    "40 % of the bf16 dense peak: what well-tuned decoder-transformer training reports "
+    "(PaLM 540B 46.2 %, Chowdhery et al. 2022; Llama 3 405B 38-43 %, Dubey et al. 2024); "
+    "models under ~1B parameters rarely get there (their kernels are too small to fill the GPU)"
+)
 FORMULA_TOLERANCE = 0.10
 """The count and the 6N + 12LdT formula must agree within 10 % to call the formula a cross-check."""
 
@@ -56,10 +58,15 @@ def efficiency(ev: LegEvents, ledger_gpu: str | None, gpus: int) -> dict[str, An
     if f is None:
         return None
     fpt = float(f["flops_per_token"])
-    out: dict[str, Any] = {"flops_per_token": fpt, "method": f.get("method", "counted"),
-                           "dtype": f.get("dtype") or "fp32", "by_dtype": f.get("by_dtype"),
-                           "formula_flops_per_token": f.get("formula_flops_per_token"),
-                           "device_name": f.get("device_name"), "evidence": f["evidence"]}
+    out: dict[str, Any] = {
+        "flops_per_token": fpt,
+        "method": f.get("method", "counted"),
+        "dtype": f.get("dtype") or "fp32",
+        "by_dtype": f.get("by_dtype"),
+        "formula_flops_per_token": f.get("formula_flops_per_token"),
+        "device_name": f.get("device_name"),
+        "evidence": f["evidence"],
+    }
     formula = f.get("formula_flops_per_token")
     if formula:
         out["formula_ratio"] = fpt / float(formula)
@@ -91,8 +98,10 @@ def describe(e: dict[str, Any]) -> str:
     if "flop_s" in e:
         text += f"; {tflops(e['flop_s'])} at the sustained rate"
     if e.get("mfu") is not None:
-        text += (f" = MFU {100 * e['mfu']:.1f} % of {e['gpus']} x {e['gpu']}'s dense {e['dtype']} peak "
-                 f"({tflops(e['peak_flop_s'])} each, runtime/peaks.py)")
+        text += (
+            f" = MFU {100 * e['mfu']:.1f} % of {e['gpus']} x {e['gpu']}'s dense {e['dtype']} peak "
+            f"({tflops(e['peak_flop_s'])} each, runtime/peaks.py)"
+        )
     else:
         text += f"; no MFU: {e['mfu_note']}"
     if e.get("gpu_note"):
@@ -113,12 +122,15 @@ def check_efficiency(ev: LegEvents, ledger_gpu: str | None, gpus: int, run_steps
 
 
 def describe_what_if(w: dict[str, Any]) -> str:
-    text = (f"the run's {w['run_flops']:.3g} FLOPs take {w['eta_hours']:,.2f} h = {w['gpu_hours']:,.2f} GPU-h at this "
-            "MFU")
+    text = (
+        f"the run's {w['run_flops']:.3g} FLOPs take {w['eta_hours']:,.2f} h = {w['gpu_hours']:,.2f} GPU-h at this MFU"
+    )
     r = w.get("reachable")
     if r:
-        text += (f", {r['eta_hours']:,.2f} h = {r['gpu_hours']:,.2f} GPU-h at a reachable {100 * r['mfu']:.0f} % "
-                 f"of the {r['dtype']} peak")
+        text += (
+            f", {r['eta_hours']:,.2f} h = {r['gpu_hours']:,.2f} GPU-h at a reachable {100 * r['mfu']:.0f} % "
+            f"of the {r['dtype']} peak"
+        )
     return text
 
 
@@ -136,8 +148,12 @@ def utilisation(ev: LegEvents) -> dict[str, Any] | None:
     if not found or not samples:
         return None
     mean = sum(float(e["gpu_util"]["mean"]) * int(e["gpu_util"].get("samples", 1)) for _, e in found) / samples
-    return {"busy": mean / 100.0, "samples": samples, "source": found[-1][1]["gpu_util"].get("source"),
-            "evidence": ev.pointer(found[0]) + ev.pointer(found[-1])}
+    return {
+        "busy": mean / 100.0,
+        "samples": samples,
+        "source": found[-1][1]["gpu_util"].get("source"),
+        "evidence": ev.pointer(found[0]) + ev.pointer(found[-1]),
+    }
 
 
 def idle_breakdown(ev: LegEvents) -> dict[str, Any] | None:
@@ -146,13 +162,21 @@ def idle_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     if b is None or not b.get("device"):
         return None
     shares = b["shares"]
-    causes = {"data": shares.get("data", 0.0), "host": shares.get("host", 0.0), "sync": shares.get("sync", 0.0),
-              "ckpt": shares.get("ckpt", 0.0)}
+    causes = {
+        "data": shares.get("data", 0.0),
+        "host": shares.get("host", 0.0),
+        "sync": shares.get("sync", 0.0),
+        "ckpt": shares.get("ckpt", 0.0),
+    }
     util = utilisation(ev)
     busy = util["busy"] if util else b["device_busy"]
-    return {"idle": max(0.0, 1.0 - busy), "busy_source": util["source"] if util else "cuda events (an upper bound)",
-            "samples": util["samples"] if util else None, "causes": causes,
-            "evidence": b["evidence"] + (util["evidence"] if util else ())}
+    return {
+        "idle": max(0.0, 1.0 - busy),
+        "busy_source": util["source"] if util else "cuda events (an upper bound)",
+        "samples": util["samples"] if util else None,
+        "causes": causes,
+        "evidence": b["evidence"] + (util["evidence"] if util else ()),
+    }
 
 
 def describe_idle(i: dict[str, Any]) -> str:
@@ -165,11 +189,13 @@ def check_utilisation(ev: LegEvents) -> Check | None:
     i = idle_breakdown(ev)
     if i is None:
         return None
-    return Check(f"leg {ev.leg}: GPU utilisation", True, describe_idle(i), i["evidence"],
-                 kind=Kind.GPU_UTILISATION, leg=ev.leg)
+    return Check(
+        f"leg {ev.leg}: GPU utilisation", True, describe_idle(i), i["evidence"], kind=Kind.GPU_UTILISATION, leg=ev.leg
+    )
 
 
 # --- what efficiency would buy ---------------------------------------------------------
+
 
 def best_dtype(gpu: str | None) -> str | None:
     for dtype in ("bf16", "fp16"):
@@ -184,41 +210,63 @@ def levers(e: dict[str, Any], ev: LegEvents, checkpoint: dict[str, Any] | None) 
     best = best_dtype(e.get("gpu"))
     if best and e["dtype"] in ("fp32", "tf32"):
         ratio = (peak_flops(e["gpu"], best)[0] or 0) / (peak_flops(e["gpu"], e["dtype"])[0] or 1)
-        out.append(f"{best} autocast: the products ran in {e['dtype']}; the {e['gpu']}'s {best} peak is "
-                   f"{ratio:,.1f}x its {e['dtype']} peak")
+        out.append(
+            f"{best} autocast: the products ran in {e['dtype']}; the {e['gpu']}'s {best} peak is "
+            f"{ratio:,.1f}x its {e['dtype']} peak"
+        )
     if e.get("compiled") is False:
         out.append("torch.compile: the model ran eagerly (no compiled graph in the leg)")
     b = step_breakdown(ev)
     if b:
         shares = b["shares"]
         if shares.get("data", 0) > 0.05:
-            out.append(f"the input pipeline: data wait is {100 * shares['data']:.0f} % of step time "
-                       "(prefetch in a DataLoader with workers, pin memory)")
+            out.append(
+                f"the input pipeline: data wait is {100 * shares['data']:.0f} % of step time "
+                "(prefetch in a DataLoader with workers, pin memory)"
+            )
         if shares.get("host", 0) > 0.10:
-            out.append(f"batch size: host overhead is {100 * shares['host']:.0f} % of step time, so each step's "
-                       "kernels are too small to keep the GPU busy")
+            out.append(
+                f"batch size: host overhead is {100 * shares['host']:.0f} % of step time, so each step's "
+                "kernels are too small to keep the GPU busy"
+            )
     cost = (checkpoint or {}).get("overhead") or (b["shares"].get("ckpt", 0.0) if b else 0.0)
     if cost > 0.02:
         save = ev.last("save")
         already = bool(save and save[1].get("async_save"))
-        out.append(f"checkpointing: saves cost {100 * cost:.1f} % of step time on the critical path at this cadence "
-                   + ("(already asynchronous: save less often)" if already else
-                      "(async checkpointing takes the write off it; or save less often)"))
+        out.append(
+            f"checkpointing: saves cost {100 * cost:.1f} % of step time on the critical path at this cadence "
+            + (
+                "(already asynchronous: save less often)"
+                if already
+                else "(async checkpointing takes the write off it; or save less often)"
+            )
+        )
     return out
 
 
-def what_if(e: dict[str, Any], run_steps: int, tokens_per_step: int, eta_hours: float | None,
-            gpu_count: int) -> dict[str, Any]:
+def what_if(
+    e: dict[str, Any], run_steps: int, tokens_per_step: int, eta_hours: float | None, gpu_count: int
+) -> dict[str, Any]:
     """ETA and GPU-hours at the measured MFU and at REACHABLE_MFU of the GPU's best peak."""
     total = run_steps * tokens_per_step * e["flops_per_token"]
-    out: dict[str, Any] = {"run_flops": total, "measured_mfu": e.get("mfu"), "eta_hours": eta_hours,
-                           "gpu_hours": eta_hours * gpu_count if eta_hours is not None else None}
+    out: dict[str, Any] = {
+        "run_flops": total,
+        "measured_mfu": e.get("mfu"),
+        "eta_hours": eta_hours,
+        "gpu_hours": eta_hours * gpu_count if eta_hours is not None else None,
+    }
     best = best_dtype(e.get("gpu"))
     peak = peak_flops(e.get("gpu"), best)[0] if best else None
     if peak:
         hours = total / (REACHABLE_MFU * peak * gpu_count) / 3600.0
-        out["reachable"] = {"mfu": REACHABLE_MFU, "dtype": best, "peak_flop_s": peak, "eta_hours": hours,
-                            "gpu_hours": hours * gpu_count, "why": REACHABLE_WHY}
+        out["reachable"] = {
+            "mfu": REACHABLE_MFU,
+            "dtype": best,
+            "peak_flop_s": peak,
+            "eta_hours": hours,
+            "gpu_hours": hours * gpu_count,
+            "why": REACHABLE_WHY,
+        }
     else:
         out["reachable"] = None
         out["reachable_note"] = e.get("mfu_note") or "no peak is known for this GPU"

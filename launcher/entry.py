@@ -44,6 +44,7 @@ def fast_ledger(args: list[str]) -> Callable[[], None] | None:
         from launcher.cli.listing import show_ledger
 
         show_ledger(config, run_id, limit, json_out)
+
     return call
 
 

@@ -97,18 +97,31 @@ def _ledger(err: BaseException) -> LauncherError | None:
         from launcher.ledger.holders import OPENED, describe_holders
 
         who = "".join(describe_holders(p) for p in dict.fromkeys(OPENED))
-        return Refused(f"the ledger is locked{who}: {text}",
-                       hint="wait for the other launcher to finish (`launcher ledger` lists runs), then run it again")
+        return Refused(
+            f"the ledger is locked{who}: {text}",
+            hint="wait for the other launcher to finish (`launcher ledger` lists runs), then run it again",
+        )
     if "full" in text:
         return Refused(f"the ledger cannot be written: {text}", hint="free some space, then run it again")
     if "readonly" in text or "read-only" in text:
         return Refused(f"the ledger cannot be written: {text}", hint="make state_dir writable")
-    return Refused(f"the ledger is damaged: {text}",
-                   hint="move it aside (ledger.db*) and restore a backup; `sqlite3 ledger.db .recover` may save rows")
+    return Refused(
+        f"the ledger is damaged: {text}",
+        hint="move it aside (ledger.db*) and restore a backup; `sqlite3 ledger.db .recover` may save rows",
+    )
 
 
-PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.ELOOP,
-               errno.ENOENT, errno.EINVAL, errno.EEXIST)
+PATH_ERRNOS = (
+    errno.ENAMETOOLONG,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ELOOP,
+    errno.ENOENT,
+    errno.EINVAL,
+    errno.EEXIST,
+)
 
 
 def _os(err: BaseException) -> LauncherError | None:
@@ -116,12 +129,16 @@ def _os(err: BaseException) -> LauncherError | None:
         return None
     where = f" {str(err.filename)[:200]}" if err.filename else ""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return Refused(f"no space left on the device of{where or ' a file this command writes'}",
-                       hint="free some space (old leg logs, reports, checkpoints), then run it again")
+        return Refused(
+            f"no space left on the device of{where or ' a file this command writes'}",
+            hint="free some space (old leg logs, reports, checkpoints), then run it again",
+        )
     if err.errno == errno.EROFS:
         return Refused(f"cannot write{where}: read-only file system", hint="point state_dir at a writable folder")
     if err.filename or err.errno in PATH_ERRNOS:
-        return BadInput(f"cannot use{where or ' a path'}: {err.strerror or err}", hint="check the path and its permissions")
+        return BadInput(
+            f"cannot use{where or ' a path'}: {err.strerror or err}", hint="check the path and its permissions"
+        )
     return None
 
 

@@ -29,16 +29,28 @@ from runtime.hashing import digest_lines, sha256_file
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 CPU_BASE = "python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91"
-GPU_BASE = ("pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime"
-            "@sha256:2b59b1b91885677814f78be1f8df48a25d5dc952eb6580eaecfefca510f9afd3")
+GPU_BASE = (
+    "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime"
+    "@sha256:2b59b1b91885677814f78be1f8df48a25d5dc952eb6580eaecfefca510f9afd3"
+)
 LABEL = "org.preflight"
 SKY_NODE_PACKAGES = ("rsync", "curl", "wget", "patch", "openssh-server", "python3-pip", "fuse")
 """What SkyPilot 0.14's docker runtime apt-installs in the container on every fresh node
 (sky/provision/docker_utils.py): baked into images meant for clouds, so a leg's billed
 provisioning does not download and install them (bench/sky_node_setup.py)."""
-PLATFORM_FLAGS = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-                  "--platform", "manylinux2014_x86_64"]
+PLATFORM_FLAGS = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+]
 
 
 class DockerError(LauncherError):
@@ -74,8 +86,10 @@ def _hint(text: str) -> str:
     if "Cannot connect to the Docker daemon" in text:
         return "start the engine (scripts/docker-engine.sh does, as root)"
     if "registry" in text or "pull access denied" in text or "no such host" in text:
-        return ("the base image cannot be pulled from here: pass --base with a local image "
-                "(scripts/make-base-image.sh builds one with debootstrap)")
+        return (
+            "the base image cannot be pulled from here: pass --base with a local image "
+            "(scripts/make-base-image.sh builds one with debootstrap)"
+        )
     return "`docker info` says whether the engine is healthy"
 
 
@@ -92,9 +106,25 @@ def wheelhouse(cfg: Config, lock: Path, say: Callable[[str], None]) -> Path:
         return target
     say(f"downloading wheels for {lock.name} into {target}")
     target.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-                           *PLATFORM_FLAGS, "-d", str(target), "-r", str(lock)],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--require-hashes",
+            *PLATFORM_FLAGS,
+            "-d",
+            str(target),
+            "-r",
+            str(lock),
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if "is ignored" not in ln] or ["no output"]
         raise LauncherError(f"pip could not download the wheels of {lock.name}: {lines[-1]}")
@@ -113,8 +143,9 @@ def build_context(cfg: Config, reviewed: dict[str, str], lock: Path, dest: Path,
     shutil.copytree(wheelhouse(cfg, lock, say), dest / "wheelhouse", ignore=shutil.ignore_patterns(".complete"))
 
 
-def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callable[[str], None],
-          sky: bool | None = None) -> BuiltImage:
+def build(
+    cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callable[[str], None], sky: bool | None = None
+) -> BuiltImage:
     """Build the leg image from the reviewed files and record it in the ledger. `sky` (default:
     with `gpu`) bakes in what SkyPilot's runtime installs on each fresh node."""
     docker_cli()
@@ -124,9 +155,13 @@ def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callabl
     digest = digest_lines(cmp.current)
     runtime = {rel: sha256_file(p) for rel, p in runtime_files().items()}
     tag = f"preflight/{cfg.project}:{digest[:12]}"
-    labels = {f"{LABEL}.files": json.dumps(cmp.current, sort_keys=True), f"{LABEL}.files-digest": digest,
-              f"{LABEL}.runtime-digest": digest_lines(runtime), f"{LABEL}.base": base,
-              f"{LABEL}.lock-sha256": sha256_file(lock)}
+    labels = {
+        f"{LABEL}.files": json.dumps(cmp.current, sort_keys=True),
+        f"{LABEL}.files-digest": digest,
+        f"{LABEL}.runtime-digest": digest_lines(runtime),
+        f"{LABEL}.base": base,
+        f"{LABEL}.lock-sha256": sha256_file(lock),
+    }
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="preflight-image-") as tmp:
         build_context(cfg, cmp.current, lock, Path(tmp), say)
@@ -139,10 +174,19 @@ def build(cfg: Config, ledger: Ledger, base: str | None, gpu: bool, say: Callabl
         docker(*argv, tmp)
     seconds = time.time() - began
     image_id = docker("image", "inspect", tag, "--format", "{{.Id}}").stdout.strip()
-    row = ledger.record_image({"tag": tag, "image_id": image_id, "base": base, "lock": lock.name,
-                               "files_digest": digest, "files": cmp.current,
-                               "runtime_digest": labels[f"{LABEL}.runtime-digest"], "built_at": began,
-                               "seconds": seconds})
+    row = ledger.record_image(
+        {
+            "tag": tag,
+            "image_id": image_id,
+            "base": base,
+            "lock": lock.name,
+            "files_digest": digest,
+            "files": cmp.current,
+            "runtime_digest": labels[f"{LABEL}.runtime-digest"],
+            "built_at": began,
+            "seconds": seconds,
+        }
+    )
     return BuiltImage(row, tag, image_id, seconds)
 
 
@@ -165,15 +209,19 @@ def image_for_launch(cfg: Config, ledger: Ledger, reviewed: dict[str, str]) -> s
         if newest:
             baked = newest[0]["files"]
             differ = sorted(p for p in set(baked) | set(reviewed) if baked.get(p) != reviewed.get(p))
-            raise Refused(f"image {newest[0]['tag']} was built from other files ({', '.join(differ)} differ "
-                          "from the review)", hint="run `launcher image build` to bake the reviewed files")
+            raise Refused(
+                f"image {newest[0]['tag']} was built from other files ({', '.join(differ)} differ from the review)",
+                hint="run `launcher image build` to bake the reviewed files",
+            )
         raise Refused("no image has been built for this project", hint="run `launcher image build`")
     image = built[0]["image_id"]
     baked = baked_files(image)
     if baked != reviewed:  # the label in the engine, not just our own record, must agree
         differ = sorted(p for p in set(baked) | set(reviewed) if baked.get(p) != reviewed.get(p))
-        raise Refused(f"image {image[:19]} bakes files that differ from the review: {', '.join(differ)}",
-                      hint="run `launcher image build`")
+        raise Refused(
+            f"image {image[:19]} bakes files that differ from the review: {', '.join(differ)}",
+            hint="run `launcher image build`",
+        )
     return image
 
 

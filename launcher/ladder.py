@@ -56,21 +56,66 @@ class Rung:
 
 
 RUNGS: tuple[Rung, ...] = (
-    Rung("static", 0, "host, seconds", "Does it import? Does the launch command line parse? "
-         "Do the hashes of the files about to run match the reviewed ones?", False, 0, (),
-         runner="static:climb"),
-    Rung("rehearsal", 1, "fresh empty dir, CPU, minutes", "Does the whole control flow work with the "
-         "real modules: plan, resume decision, cursor math, checkpoint cycle?", False, 3, (1, 2, 3, 4, 7, 8),
-         resumes=True, runner="rehearsal:climb", oracle=True),
-    Rung("smoke", 2, "fresh instance, GPU, ~10 min", "Does it run on the accelerator: install, device, "
-         "one real optimizer step, one push, one verified resume?", True, 3, (1, 2, 3, 4, 8),
-         resumes=True, runner="smoke:climb", oracle=True),
-    Rung("probe", 3, "fresh instance, GPU, 1–1.5 h", "Does the config hold for hours: sustained rate, "
-         "flat memory, cadence cost, cold resume from the store?", True, 2,
-         (1, 2, 3, 4, 5, 7), resumes=True, runner="probe:climb", oracle=True),
-    Rung("run", 4, "fresh instance(s), leg after leg", "The run itself, after a signed report with every "
-         "proof PASS: carried to its last step, each resume checked, spend watched against the plan", True, 1,
-         (5,), resumes=True, runner="run:climb", runner_sky="run_sky:climb"),
+    Rung(
+        "static",
+        0,
+        "host, seconds",
+        "Does it import? Does the launch command line parse? "
+        "Do the hashes of the files about to run match the reviewed ones?",
+        False,
+        0,
+        (),
+        runner="static:climb",
+    ),
+    Rung(
+        "rehearsal",
+        1,
+        "fresh empty dir, CPU, minutes",
+        "Does the whole control flow work with the real modules: plan, resume decision, cursor math, checkpoint cycle?",
+        False,
+        3,
+        (1, 2, 3, 4, 7, 8),
+        resumes=True,
+        runner="rehearsal:climb",
+        oracle=True,
+    ),
+    Rung(
+        "smoke",
+        2,
+        "fresh instance, GPU, ~10 min",
+        "Does it run on the accelerator: install, device, one real optimizer step, one push, one verified resume?",
+        True,
+        3,
+        (1, 2, 3, 4, 8),
+        resumes=True,
+        runner="smoke:climb",
+        oracle=True,
+    ),
+    Rung(
+        "probe",
+        3,
+        "fresh instance, GPU, 1–1.5 h",
+        "Does the config hold for hours: sustained rate, flat memory, cadence cost, cold resume from the store?",
+        True,
+        2,
+        (1, 2, 3, 4, 5, 7),
+        resumes=True,
+        runner="probe:climb",
+        oracle=True,
+    ),
+    Rung(
+        "run",
+        4,
+        "fresh instance(s), leg after leg",
+        "The run itself, after a signed report with every "
+        "proof PASS: carried to its last step, each resume checked, spend watched against the plan",
+        True,
+        1,
+        (5,),
+        resumes=True,
+        runner="run:climb",
+        runner_sky="run_sky:climb",
+    ),
 )
 
 
@@ -152,7 +197,17 @@ def rung_named(name: str) -> Rung:
     raise BadInput(f"unknown rung {name!r} (rungs: {names})")
 
 
-DRILL = Rung("drill", -1, "the chosen backend", "Does the run survive losing its instance at the worst "
-             "moment: resumed solely from the store, at the newest verified checkpoint, exactly?", False, 3,
-             (1, 2, 3, 4, 6, 8), resumes=True, runner="drill:climb", oracle=True)
+DRILL = Rung(
+    "drill",
+    -1,
+    "the chosen backend",
+    "Does the run survive losing its instance at the worst "
+    "moment: resumed solely from the store, at the newest verified checkpoint, exactly?",
+    False,
+    3,
+    (1, 2, 3, 4, 6, 8),
+    resumes=True,
+    runner="drill:climb",
+    oracle=True,
+)
 """Not a rung of the ladder: `launcher drill cold-resume`, recorded like one."""

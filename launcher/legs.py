@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
-from launcher.config.schema import Config, GpuSpec
 from launcher.checks.evidence import LegEvents
+from launcher.config.schema import Config, GpuSpec
 from launcher.errors import LauncherError
 from launcher.ladder import Rung
 from launcher.ledger.db import Ledger
@@ -50,8 +50,9 @@ def exported_secrets(cfg: Config) -> dict[str, str]:
     return {name: os.environ[name] for name in cfg.secrets if name in os.environ}
 
 
-def leg_deadline(cfg: Config, budget_s: float, quota_left_hours: float | None, gpus_total: int,
-                 now: float | None = None) -> float:
+def leg_deadline(
+    cfg: Config, budget_s: float, quota_left_hours: float | None, gpus_total: int, now: float | None = None
+) -> float:
     """LAUNCHER_DEADLINE of a leg starting `now`: its budget, capped by the session cap and by
     what the quota still allows `gpus_total` GPUs (the run's, all nodes)."""
     limits = [budget_s]
@@ -62,16 +63,34 @@ def leg_deadline(cfg: Config, budget_s: float, quota_left_hours: float | None, g
     return (time.time() if now is None else now) + max(0.0, min(limits))
 
 
-def leg_env(cfg: Config, rung: str, run_id: str, leg: int, store_uri: str, max_steps: int, deadline: float,
-            files_sha256: dict[str, str], gpus: GpuSpec | None,
-            deadline_after_resume: float | None = None) -> dict[str, str]:
+def leg_env(
+    cfg: Config,
+    rung: str,
+    run_id: str,
+    leg: int,
+    store_uri: str,
+    max_steps: int,
+    deadline: float,
+    files_sha256: dict[str, str],
+    gpus: GpuSpec | None,
+    deadline_after_resume: float | None = None,
+) -> dict[str, str]:
     """A leg's environment from the config (its `leg_env`) and the run's facts: what real legs
     get and what `up --dry-run` prints. The runtime refuses to run bytes other than `files_sha256`;
     an hf:// store's legs also get launcher.yaml's `hub:` limits."""
-    return contract.leg_env(run_id=run_id, leg=leg, rung=rung, store=store_uri, max_steps=max_steps,
-                            deadline=deadline, files_sha256=files_sha256, on_gpu=gpus is not None,
-                            extra=cfg.leg_env, deadline_after_resume=deadline_after_resume,
-                            hub=cfg.hub.env() if store_uri.startswith("hf://") else None)
+    return contract.leg_env(
+        run_id=run_id,
+        leg=leg,
+        rung=rung,
+        store=store_uri,
+        max_steps=max_steps,
+        deadline=deadline,
+        files_sha256=files_sha256,
+        on_gpu=gpus is not None,
+        extra=cfg.leg_env,
+        deadline_after_resume=deadline_after_resume,
+        hub=cfg.hub.env() if store_uri.startswith("hf://") else None,
+    )
 
 
 @dataclass
@@ -102,8 +121,15 @@ class RunContext:
         from launcher.ops.spend import hold_leg
 
         assert self.reservation_id is not None
-        return hold_leg(self.cfg, self.ledger, self.reservation_id, self.run_id, want_gpu_hours,
-                        self.gpu_hour_price, self.allow_overdraft)
+        return hold_leg(
+            self.cfg,
+            self.ledger,
+            self.reservation_id,
+            self.run_id,
+            want_gpu_hours,
+            self.gpu_hour_price,
+            self.allow_overdraft,
+        )
 
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
@@ -122,11 +148,22 @@ class RunContext:
         """GPUs of one leg, every node counted (launcher.plan.Request.gpus_total, on the run's context)."""
         return self.gpu_count * self.nodes
 
-    def leg_env(self, leg: int, max_steps: int, deadline: float,
-                deadline_after_resume: float | None = None) -> dict[str, str]:
+    def leg_env(
+        self, leg: int, max_steps: int, deadline: float, deadline_after_resume: float | None = None
+    ) -> dict[str, str]:
         """This leg's environment (runtime.contract.leg_env): the one the dry run shows too."""
-        return leg_env(self.cfg, self.rung.name, self.run_id, leg, self.store_uri, max_steps, deadline,
-                       {rel: f.sha256 for rel, f in self.files.items()}, self.gpus, deadline_after_resume)
+        return leg_env(
+            self.cfg,
+            self.rung.name,
+            self.run_id,
+            leg,
+            self.store_uri,
+            max_steps,
+            deadline,
+            {rel: f.sha256 for rel, f in self.files.items()},
+            self.gpus,
+            deadline_after_resume,
+        )
 
     def secrets(self) -> dict[str, str]:
         found = exported_secrets(self.cfg)
@@ -226,8 +263,15 @@ class _Watch:
     """One leg's output, watched as it comes: it marks that the trainer spoke the contract,
     fires a drill's kill on the line it accepts, and ends the leg the way `ending` says."""
 
-    def __init__(self, ctx: RunContext, spec: LegSpec, deadline: float, ending: Ending,
-                 kill_when: Callable[[str], bool] | None, lose_node: int | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        spec: LegSpec,
+        deadline: float,
+        ending: Ending,
+        kill_when: Callable[[str], bool] | None,
+        lose_node: int | None = None,
+    ) -> None:
         self.ctx, self.spec, self.deadline, self.ending, self.kill_when = ctx, spec, deadline, ending, kill_when
         self.lose_node = lose_node
         """On `kill_when`'s line, lose this node alone rather than kill the leg (a drill's node-lost)."""
@@ -247,8 +291,12 @@ class _Watch:
             if self.started and ctx.backend.can_freeze:
                 ctx.backend.freeze(self.started[0])  # stop it right at this line: the kill lands here
             self.trigger.set()
-        if ending.hold_at is not None and self.acted_at is None and '"hold"' in line and \
-                (held := _rank0_event(line, "hold")) is not None:
+        if (
+            ending.hold_at is not None
+            and self.acted_at is None
+            and '"hold"' in line
+            and (held := _rank0_event(line, "hold")) is not None
+        ):
             self.acted_at = float(held.get("t") or time.time())  # the `hold` event itself is shown as it comes
         if ending.sigterm_at is None or not self.started or "term" in self.sent:
             return
@@ -288,11 +336,20 @@ class _Watch:
         """The instance exists: its ledger row, before anything can bill unrecorded."""
         ctx, spec = self.ctx, self.spec
         self.started.append(handle)
-        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": spec.leg, "backend": ctx.backend.name,
-                              "instance": handle.instance, "command": list(handle.command),
-                              "env": redact(dict(spec.env), ctx.cfg.secrets), "log_path": str(spec.log_path),
-                              "started_at": handle.started_at,
-                              "role": "straight" if self.ending.straight else None, **handle.ledger_fields()})
+        ctx.ledger.begin_leg(
+            {
+                "run_id": ctx.run_id,
+                "leg": spec.leg,
+                "backend": ctx.backend.name,
+                "instance": handle.instance,
+                "command": list(handle.command),
+                "env": redact(dict(spec.env), ctx.cfg.secrets),
+                "log_path": str(spec.log_path),
+                "started_at": handle.started_at,
+                "role": "straight" if self.ending.straight else None,
+                **handle.ledger_fields(),
+            }
+        )
 
     def wait(self, handle: LegHandle, budget_s: float, at_kill: Callable[[], str] | None) -> LegResult:
         """Wait for the leg within its budget (and grace); kill it when it stays silent, when
@@ -313,8 +370,7 @@ class _Watch:
             if notice_ends is not None and time.time() >= notice_ends:
                 return ctx.backend.kill(handle, reason=f"preempted: the {self.ending.notice_s:g} s notice ran out")
             watching = self.kill_when is not None or self.ending.notice_s is not None  # a kill may come any moment
-            step = (0.1 if watching else 1.0 if not self.spoke.is_set()
-                    else max(0.0, give_up - time.time()))
+            step = 0.1 if watching else 1.0 if not self.spoke.is_set() else max(0.0, give_up - time.time())
             notes = handle.new_notes()
             if notes:
                 ctx.ledger.note_leg(ctx.run_id, self.spec.leg, **notes)
@@ -325,9 +381,15 @@ class _Watch:
                 return ctx.backend.kill(handle, reason=f"over budget ({budget_s / 60:.1f} min + grace)")
 
 
-def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str], bool] | None = None,
-            at_kill: Callable[[], str] | None = None, ending: Ending = Ending(),
-            lose_node: int | None = None) -> LegOutcome:
+def run_leg(
+    ctx: RunContext,
+    leg: int,
+    max_steps: int,
+    kill_when: Callable[[str], bool] | None = None,
+    at_kill: Callable[[], str] | None = None,
+    ending: Ending = Ending(),
+    lose_node: int | None = None,
+) -> LegOutcome:
     """Launch one leg on a fresh instance, wait within its budget, record it.
 
     Drills pass `kill_when`: on the first output line it accepts, the leg is
@@ -341,21 +403,39 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
     env = ctx.leg_env(leg, max_steps, deadline, ending.after_resume_s) | ending_env(ending)
     if ending.straight:
         env[contract.RUN_ID] = f"{ctx.run_id}-straight-{leg}"
-    spec = LegSpec(ctx.run_id, leg, ctx.rung.name, tuple(ctx.cfg.trainer.command),
-                   env, ctx.secrets(), ctx.files, log_path, ctx.gpus)
+    spec = LegSpec(
+        ctx.run_id,
+        leg,
+        ctx.rung.name,
+        tuple(ctx.cfg.trainer.command),
+        env,
+        ctx.secrets(),
+        ctx.files,
+        log_path,
+        ctx.gpus,
+    )
     watch = _Watch(ctx, spec, deadline, ending, kill_when, lose_node)
     try:
         handle = ctx.backend.launch(spec, on_line=watch.on_line, on_instance=watch.record)
     except BaseException:
         if watch.started:  # recorded, then the launch itself failed or was interrupted: nothing was started
-            ctx.ledger.end_leg(ctx.run_id, leg, ended_at=time.time(), exit_code=None, killed=True,
-                               end_reason="launch interrupted before it started", billed_gpu_hours=0.0,
-                               cost_usd=0.0)
+            ctx.ledger.end_leg(
+                ctx.run_id,
+                leg,
+                ended_at=time.time(),
+                exit_code=None,
+                killed=True,
+                end_reason="launch interrupted before it started",
+                billed_gpu_hours=0.0,
+                cost_usd=0.0,
+            )
         raise
     result = None
     try:
         result = watch.wait(handle, budget_s, at_kill)
-    except LauncherError:  # the backend could not launch at all (sky: no cloud, no capacity): nothing ran, nothing billed
+    except (
+        LauncherError
+    ):  # the backend could not launch at all (sky: no cloud, no capacity): nothing ran, nothing billed
         result = LegResult(None, handle.started_at, time.time(), False, "not launched", billed_seconds=0.0)
         raise
     finally:
@@ -364,14 +444,34 @@ def run_leg(ctx: RunContext, leg: int, max_steps: int, kill_when: Callable[[str]
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
         hours, cost, source = ctx.billed(result)
-        ctx.ledger.end_leg(ctx.run_id, leg, ended_at=result.ended_at, exit_code=result.exit_code,
-                           killed=result.killed, end_reason=result.end_reason, billed_gpu_hours=hours,
-                           cost_usd=cost, cost_source=source, placement=result.placement, nodes=result.nodes)
+        ctx.ledger.end_leg(
+            ctx.run_id,
+            leg,
+            ended_at=result.ended_at,
+            exit_code=result.exit_code,
+            killed=result.killed,
+            end_reason=result.end_reason,
+            billed_gpu_hours=hours,
+            cost_usd=cost,
+            cost_source=source,
+            placement=result.placement,
+            nodes=result.nodes,
+        )
     return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at)
 
 
 def ledger_run_row(ctx: RunContext, review_id: int | None, files_digest: str, config_sha: str) -> dict[str, Any]:
-    return {"id": ctx.run_id, "project": ctx.cfg.project, "rung": ctx.rung.name, "backend": ctx.backend.name,
-            "gpu_name": ctx.gpus.name if ctx.gpus else None, "gpu_count": ctx.gpu_count, "nodes": ctx.nodes,
-            "store_uri": ctx.store_uri, "review_id": review_id, "files_digest": files_digest,
-            "config_sha256": config_sha, "started_at": time.time()}
+    return {
+        "id": ctx.run_id,
+        "project": ctx.cfg.project,
+        "rung": ctx.rung.name,
+        "backend": ctx.backend.name,
+        "gpu_name": ctx.gpus.name if ctx.gpus else None,
+        "gpu_count": ctx.gpu_count,
+        "nodes": ctx.nodes,
+        "store_uri": ctx.store_uri,
+        "review_id": review_id,
+        "files_digest": files_digest,
+        "config_sha256": config_sha,
+        "started_at": time.time(),
+    }

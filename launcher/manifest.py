@@ -40,9 +40,11 @@ def reviewed_paths(cfg: Config, strict: bool = True) -> dict[str, Path]:
         for path in matches:
             inside = next((d for d in own if path.resolve().is_relative_to(d)), None)
             if inside is not None:
-                raise BadInput(f"launcher.yaml: reviewed[{i}]: {pattern!r} matches {path.relative_to(cfg.root)}, "
-                               f"inside {inside} (the launcher's own state, which changes with every launch)",
-                               hint="list the trainer's files only, e.g. train.py or src/**/*.py")
+                raise BadInput(
+                    f"launcher.yaml: reviewed[{i}]: {pattern!r} matches {path.relative_to(cfg.root)}, "
+                    f"inside {inside} (the launcher's own state, which changes with every launch)",
+                    hint="list the trainer's files only, e.g. train.py or src/**/*.py",
+                )
             out[path.relative_to(cfg.root).as_posix()] = path
     return dict(sorted(out.items()))
 
@@ -73,8 +75,10 @@ def stage_files(files: dict[str, Path], expected: dict[str, str], dest: Path) ->
         shutil.copyfile(source, target)
         got = sha256_file(target)
         if got != expected[rel]:
-            raise Refused(f"{rel} changed while staging: sha256 {got[:12]} != reviewed {expected[rel][:12]}",
-                          hint="read the change, then run `launcher review` again")
+            raise Refused(
+                f"{rel} changed while staging: sha256 {got[:12]} != reviewed {expected[rel][:12]}",
+                hint="read the change, then run `launcher review` again",
+            )
 
 
 def record_review(cfg: Config, ledger: Ledger, files: dict[str, str] | None = None) -> Review:
@@ -113,8 +117,10 @@ def compare_with_review(cfg: Config, ledger: Ledger) -> HashComparison:
     """Hash the reviewed files and compare with the latest review."""
     review = ledger.latest_review()
     if review is None:
-        raise Refused("no review recorded: nothing to compare the files against",
-                      hint="run `launcher review` after reading the files to be run")
+        raise Refused(
+            "no review recorded: nothing to compare the files against",
+            hint="run `launcher review` after reading the files to be run",
+        )
     current = hash_reviewed(cfg, strict=False)
     changed = sorted(p for p in current if p in review.files and review.files[p] != current[p])
     added = sorted(set(current) - set(review.files))
@@ -126,6 +132,8 @@ def guard_hashes(cfg: Config, ledger: Ledger) -> HashComparison:
     """Refuse (exit 3) when the files to be run differ from the reviewed ones."""
     cmp = compare_with_review(cfg, ledger)
     if not cmp.ok:
-        raise Refused(f"reviewed files differ from review #{cmp.review.id}: {cmp.describe()}",
-                      hint="read the changes, then run `launcher review` to accept them")
+        raise Refused(
+            f"reviewed files differ from review #{cmp.review.id}: {cmp.describe()}",
+            hint="read the changes, then run `launcher review` to accept them",
+        )
     return cmp

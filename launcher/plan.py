@@ -32,9 +32,9 @@ GUARDS: dict[str, str] = {
     "review": "a review is recorded in the ledger (exit 3)",
     "hashes": "the files to be run are the reviewed ones (exit 3)",
     "store": "a Hub store answers a listing with this token, before any leg (exit 2; a file:// store was "
-             "checked writable when the config loaded)",
+    "checked writable when the config loaded)",
     "image": "the image the legs run: docker, built from the reviewed files (exit 3); sky, pushed (exit 3), "
-             "with a store a cloud can reach (exit 2)",
+    "with a store a cloud can reach (exit 2)",
     "preflight": "the run launches only past a passing report, or with a recorded reason (exit 3)",
     "quota": "used + reserved + this rung within the GPU-hour quota and the USD budget (exit 3)",
 }
@@ -137,20 +137,34 @@ class Plan:
             return None
         if not dry_run:
             return stops[0]
-        return type(stops[0])("a real launch would be refused: " + "; ".join(e.message for e in stops),
-                              hint=stops[0].hint)
+        return type(stops[0])(
+            "a real launch would be refused: " + "; ".join(e.message for e in stops), hint=stops[0].hint
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The plan's facts for `up --dry-run --json`."""
         r = self.request
-        return {"rung": r.rung.name, "backend": r.backend, "gpus": str(r.gpus) if r.gpus else None, "nodes": r.nodes,
-                "gpus_total": r.gpus_total, "legs": [{"leg": leg.index, "role": leg.role, "max_steps": leg.max_steps} for leg in self.legs],
-                "env": self.env, "run_sha256": self.run_sha256,
-                "price_candidates": [{"resources": label, "hourly_usd": usd} for label, usd in self.pick.candidates]
-                if self.pick is not None else [], "store": self.store, "image": self.image, "usd_per_gpu_hour": self.price,
-                "quota": self.quota.arithmetic if self.quota else None,
-                "guards": [{"guard": d.guard, "ok": d.refusal is None,
-                            "refusal": d.refusal.message if d.refusal else None} for d in self.decisions]}
+        return {
+            "rung": r.rung.name,
+            "backend": r.backend,
+            "gpus": str(r.gpus) if r.gpus else None,
+            "nodes": r.nodes,
+            "gpus_total": r.gpus_total,
+            "legs": [{"leg": leg.index, "role": leg.role, "max_steps": leg.max_steps} for leg in self.legs],
+            "env": self.env,
+            "run_sha256": self.run_sha256,
+            "price_candidates": [{"resources": label, "hourly_usd": usd} for label, usd in self.pick.candidates]
+            if self.pick is not None
+            else [],
+            "store": self.store,
+            "image": self.image,
+            "usd_per_gpu_hour": self.price,
+            "quota": self.quota.arithmetic if self.quota else None,
+            "guards": [
+                {"guard": d.guard, "ok": d.refusal is None, "refusal": d.refusal.message if d.refusal else None}
+                for d in self.decisions
+            ],
+        }
 
     def close(self) -> None:
         if self.ledger is not None:
@@ -196,8 +210,11 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.reviewed = plan.cmp.current if plan.cmp is not None else hash_reviewed(cfg, strict=False)
     if rung.legs:
         plan.store = decide("store", lambda: store_answers(store_uri(cfg)))
-    if rung.legs and (request.backend == "sky" or request.nodes > 1) and not (request.backend == "sky" and
-                                                                              rung.name == "run"):
+    if (
+        rung.legs
+        and (request.backend == "sky" or request.nodes > 1)
+        and not (request.backend == "sky" and rung.name == "run")
+    ):
         from launcher.backends.skytask import leg_script, script_sha256
 
         plan.run_sha256 = script_sha256(leg_script(cfg, rung.name))  # the managed job's differs: skyjob
@@ -212,15 +229,26 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.quota = preview(cfg, plan.ledger, plan.projection, plan.price, request.allow_overdraft, plan.at_least)
     decide("quota", lambda: _raise(plan.quota.refusal) if plan.quota is not None else None)
     if dry_run:
+        from launcher.ladder import resume_leg0_hold
         from launcher.legs import redact
 
-        from launcher.ladder import resume_leg0_hold
-
         steps = plan.legs[0].max_steps if plan.legs else 0
-        hold0 = resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
-        plan.env = redact(leg0_env(cfg, rung, request.gpus, request.gpus_total, steps,
-                                   plan.quota.remaining_gpu_hours if plan.quota else None, plan.reviewed,
-                                   hold0=hold0), cfg.secrets)
+        hold0 = (
+            resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
+        )
+        plan.env = redact(
+            leg0_env(
+                cfg,
+                rung,
+                request.gpus,
+                request.gpus_total,
+                steps,
+                plan.quota.remaining_gpu_hours if plan.quota else None,
+                plan.reviewed,
+                hold0=hold0,
+            ),
+            cfg.secrets,
+        )
 
 
 def _raise(err: LauncherError | None) -> None:
@@ -247,20 +275,32 @@ def store_answers(uri: str) -> str:
     try:
         store.scan()
     except StoreAuthError as err:
-        raise BadInput(f"store {uri} refuses this token: {err}", hint="set HF_TOKEN to a token that can write "
-                       "the repo (legs get it through `secrets:`)") from None
+        raise BadInput(
+            f"store {uri} refuses this token: {err}",
+            hint="set HF_TOKEN to a token that can write the repo (legs get it through `secrets:`)",
+        ) from None
     except (StoreError, OSError) as err:
-        raise BadInput(f"store {uri} does not answer: {err}", hint=f"check HF_ENDPOINT "
-                       f"({store.endpoint}) and the network, or use a file:// store") from None
+        raise BadInput(
+            f"store {uri} does not answer: {err}",
+            hint=f"check HF_ENDPOINT ({store.endpoint}) and the network, or use a file:// store",
+        ) from None
     return uri
 
 
 PLACEHOLDER_RUN = "dry-run"
 
 
-def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, steps: int,
-             quota_left: float | None, reviewed: dict[str, str], now: float | None = None,
-             hold0: int | None = None) -> dict[str, str]:
+def leg0_env(
+    cfg: Config,
+    rung: Rung,
+    gpus: GpuSpec | None,
+    gpus_total: int,
+    steps: int,
+    quota_left: float | None,
+    reviewed: dict[str, str],
+    now: float | None = None,
+    hold0: int | None = None,
+) -> dict[str, str]:
     """Leg 0's environment, built by the function real legs use (launcher.legs.leg_env) from the
     same facts: its step count (the plan's, launcher.ladder.leg_steps), and its deadline capped by
     the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
@@ -278,8 +318,10 @@ def leg0_env(cfg: Config, rung: Rung, gpus: GpuSpec | None, gpus_total: int, ste
 
 def _reviewed(ledger: Ledger | None) -> None:
     if ledger is None:  # no ledger: no review, and the launch makes none
-        raise Refused("no review recorded: nothing to compare the files against",
-                      hint="run `launcher review` after reading the files to be run")
+        raise Refused(
+            "no review recorded: nothing to compare the files against",
+            hint="run `launcher review` after reading the files to be run",
+        )
 
 
 def _image_for(name: str, cfg: Config, ledger: Ledger, reviewed: dict[str, str]) -> str | None:
@@ -291,8 +333,10 @@ def _image_for(name: str, cfg: Config, ledger: Ledger, reviewed: dict[str, str])
         return image_for_launch(cfg, ledger, reviewed)
     if name == "sky":
         if not store_uri(cfg).startswith("hf://"):
-            raise BadInput("the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
-                           f"(not {store_uri(cfg)}, which exists only on this machine)")
+            raise BadInput(
+                "the sky backend needs a store a cloud instance can reach: set store: hf://owner/repo "
+                f"(not {store_uri(cfg)}, which exists only on this machine)"
+            )
         return sky_image_ref(cfg, ledger, reviewed, dry_run=False)
     return None
 
@@ -305,8 +349,10 @@ def sky_image_ref(cfg: Config, ledger: Ledger | None, reviewed: dict[str, str], 
         return pushed
     if dry_run:
         return f"preflight/{cfg.project}:{files_digest(reviewed)[:12]}"
-    raise Refused("no pushed image was built from the reviewed files: a cloud instance could not pull it",
-                  hint="run `launcher image build --gpu` and `launcher image push`")
+    raise Refused(
+        "no pushed image was built from the reviewed files: a cloud instance could not pull it",
+        hint="run `launcher image build --gpu` and `launcher image push`",
+    )
 
 
 def _backend(plan: Plan, dry_run: bool) -> Backend:
@@ -349,12 +395,20 @@ def notice_warning(request: Request, preflight: dict[str, Any] | None, pick: Any
     if request.rung.name != "run" or request.backend != "sky" or not notice:
         return []
     cloud = str(pick.cloud).lower() if pick is not None else None
-    short = [f for f in notice["per_provider"] if f["notice_s"] > 0 and not f["fits"]
-             and (cloud is None or f["provider"] == cloud)]
+    short = [
+        f
+        for f in notice["per_provider"]
+        if f["notice_s"] > 0 and not f["fits"] and (cloud is None or f["provider"] == cloud)
+    ]
     if not short:
         return []
     names = " or ".join(f"{f['label']}'s ({f['notice_s']:g} s)" for f in short)
-    lost = (f"; a preemption there loses up to {notice['lost_steps_max']:,} steps at the current cadence"
-            if notice.get("lost_steps_max") else "")
-    return [f"warning: on spot, the final checkpoint needs {notice['needed_s']:.1f} s ({notice['run']} leg "
-            f"{notice['leg']}): it does not fit {names} notice{lost}"]
+    lost = (
+        f"; a preemption there loses up to {notice['lost_steps_max']:,} steps at the current cadence"
+        if notice.get("lost_steps_max")
+        else ""
+    )
+    return [
+        f"warning: on spot, the final checkpoint needs {notice['needed_s']:.1f} s ({notice['run']} leg "
+        f"{notice['leg']}): it does not fit {names} notice{lost}"
+    ]

@@ -42,6 +42,8 @@ def project_key(state_path: Path, create: bool = True) -> bytes | None:
 
 
 def _damaged(path: Path) -> bytes:
-    raise Refused(f"{path} is not a store key (64 hex digits in a regular file)",
-                  hint=f"restore it from a backup; deleting it makes every verified checkpoint of this "
-                       f"project count as unverified")
+    raise Refused(
+        f"{path} is not a store key (64 hex digits in a regular file)",
+        hint="restore it from a backup; deleting it makes every verified checkpoint of this "
+        "project count as unverified",
+    )

@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from launcher.backends import BACKENDS, backend_class
 from launcher.backends.base import StagedFile
+from launcher.checks.evidence import Check, Kind
 from launcher.config.schema import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
-from launcher.checks.evidence import Check, Kind
 from launcher.ladder import Rung, rung_named
 from launcher.legs import RunContext, RunStopped, ledger_run_row, new_run_id
 from launcher.manifest import reviewed_paths
@@ -48,15 +48,24 @@ class Outcome:
         return int(Exit.OK if self.ok else Exit.NO)
 
 
-def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, nodes: int = 1,
-                     cpu: bool = False, steps: int | None = None) -> tuple[Rung, GpuSpec | None]:
+def validate_request(
+    rung_name: str,
+    backend_name: str,
+    gpus_text: str | None,
+    nodes: int = 1,
+    cpu: bool = False,
+    steps: int | None = None,
+) -> tuple[Rung, GpuSpec | None]:
     """Bad input is refused here, before the ledger is opened. `cpu` runs a GPU
     rung's legs on the CPU (a dress rehearsal of the rung: its GPU checks are
     left out, and the report counts nothing it measures as the target's)."""
     rung = rung_named(rung_name)
     if steps is not None and (not 2 <= steps <= MAX_STEPS or not rung.legs):
-        raise BadInput(f"--steps {steps}: give 2 to {MAX_STEPS:,}, and only to a rung that trains" if rung.legs
-                       else f"--steps: rung {rung.name!r} trains nothing")
+        raise BadInput(
+            f"--steps {steps}: give 2 to {MAX_STEPS:,}, and only to a rung that trains"
+            if rung.legs
+            else f"--steps: rung {rung.name!r} trains nothing"
+        )
     if cpu:
         if not rung.needs_gpu:
             raise BadInput(f"--cpu: rung {rung.name!r} already runs on the CPU")
@@ -67,12 +76,15 @@ def validate_request(rung_name: str, backend_name: str, gpus_text: str | None, n
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     check_nodes(nodes)
     if not rung.available:
-        raise BadInput(f"rung {rung.name!r} is not available in this version "
-                       "(available: static, rehearsal, smoke, probe)")
+        raise BadInput(
+            f"rung {rung.name!r} is not available in this version (available: static, rehearsal, smoke, probe)"
+        )
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     if rung.needs_gpu and gpus is None:
-        raise BadInput(f"rung {rung.name!r} runs on a GPU: give --gpus, e.g. --gpus T4:1 "
-                       "(or --cpu for a dress rehearsal of the rung on this machine's CPU)")
+        raise BadInput(
+            f"rung {rung.name!r} runs on a GPU: give --gpus, e.g. --gpus T4:1 "
+            "(or --cpu for a dress rehearsal of the rung on this machine's CPU)"
+        )
     if not rung.needs_gpu and gpus is not None:
         raise BadInput(f"rung {rung.name!r} runs without a GPU: drop --gpus {gpus}")
     return rung, gpus
@@ -82,8 +94,9 @@ def with_steps(cfg: Config, rung: Rung, steps: int | None) -> Config:
     """The config with `--steps` standing in for the rung's configured steps."""
     if steps is None:
         return cfg
-    return dataclasses.replace(cfg, rungs=dataclasses.replace(
-        cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)}))
+    return dataclasses.replace(
+        cfg, rungs=dataclasses.replace(cfg.rungs, **{rung.name: dataclasses.replace(cfg.rung(rung.name), steps=steps)})
+    )
 
 
 def check_nodes(nodes: int) -> None:
@@ -91,16 +104,23 @@ def check_nodes(nodes: int) -> None:
         raise BadInput(f"--nodes must be 1 to {MAX_NODES}, got {nodes}")
 
 
-def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int,
-            cpu: bool = False, steps: int | None = None, allow_overdraft: bool = False,
-            skip_preflight: str | None = None) -> tuple[str, LauncherError | None, dict[str, Any]]:
+def dry_run(
+    cfg: Config,
+    rung_name: str,
+    backend_name: str,
+    gpus_text: str | None,
+    nodes: int,
+    cpu: bool = False,
+    steps: int | None = None,
+    allow_overdraft: bool = False,
+    skip_preflight: str | None = None,
+) -> tuple[str, LauncherError | None, dict[str, Any]]:
     """The launch plan `up` would execute (launcher.plan), shown: launches, records and creates
     nothing. Returns the text, the error the real launch would end in (None: it would
     launch; every guard decided as the real launch decides it, in its order), and the plan's facts."""
     from launcher.cli.dryrun import describe
 
-    request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
-                            skip_preflight)
+    request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft, skip_preflight)
     plan = make_plan(cfg, request, dry_run=True)
     try:
         return describe(plan), plan.refusal(dry_run=True), plan.to_json()
@@ -108,23 +128,46 @@ def dry_run(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | Non
         plan.close()
 
 
-def _request(cfg: Config, rung_name: str, backend_name: str, gpus_text: str | None, nodes: int, cpu: bool,
-             steps: int | None, allow_overdraft: bool, skip_preflight: str | None,
-             retry_until_up: bool = False) -> tuple[Request, Config]:
+def _request(
+    cfg: Config,
+    rung_name: str,
+    backend_name: str,
+    gpus_text: str | None,
+    nodes: int,
+    cpu: bool,
+    steps: int | None,
+    allow_overdraft: bool,
+    skip_preflight: str | None,
+    retry_until_up: bool = False,
+) -> tuple[Request, Config]:
     """The request as one typed value, and the config with `--steps` applied: bad input refused here."""
     rung, gpus = validate_request(rung_name, backend_name, gpus_text, nodes, cpu=cpu, steps=steps)
     if skip_preflight is not None:
         check_skip_reason(rung, skip_preflight)
-    return (Request(rung, backend_name, gpus, nodes, allow_overdraft, retry_until_up, skip_preflight),
-            with_steps(cfg, rung, steps))
+    return (
+        Request(rung, backend_name, gpus, nodes, allow_overdraft, retry_until_up, skip_preflight),
+        with_steps(cfg, rung, steps),
+    )
 
 
-def up(cfg: Config, config_path: Path, rung_name: str, backend_name: str, gpus_text: str | None,
-       show: Callable[[int, str], None], nodes: int = 1, allow_overdraft: bool = False, cpu: bool = False,
-       steps: int | None = None, retry_until_up: bool = False, skip_preflight: str | None = None) -> Outcome:
+def up(
+    cfg: Config,
+    config_path: Path,
+    rung_name: str,
+    backend_name: str,
+    gpus_text: str | None,
+    show: Callable[[int, str], None],
+    nodes: int = 1,
+    allow_overdraft: bool = False,
+    cpu: bool = False,
+    steps: int | None = None,
+    retry_until_up: bool = False,
+    skip_preflight: str | None = None,
+) -> Outcome:
     """Run one rung of the ladder and record it (`steps` overrides the config's)."""
-    request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft,
-                            skip_preflight, retry_until_up)
+    request, cfg = _request(
+        cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft, skip_preflight, retry_until_up
+    )
     return execute(cfg, config_path, request, show, _climb)
 
 
@@ -132,13 +175,25 @@ def check_skip_reason(rung: Rung, reason: str) -> None:
     if rung.name != "run":
         raise BadInput(f"--skip-preflight: only the run has a preflight gate (not rung {rung.name!r})")
     if not reason.strip() or len(reason) > 500 or any(ord(c) < 32 for c in reason):
-        raise BadInput("--skip-preflight needs a reason: one line of 1 to 500 characters, e.g. "
-                       "--skip-preflight \"re-run of a run whose report passed; only the data changed\"")
+        raise BadInput(
+            "--skip-preflight needs a reason: one line of 1 to 500 characters, e.g. "
+            '--skip-preflight "re-run of a run whose report passed; only the data changed"'
+        )
 
 
-def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | None, kills: int, moment: str,
-          show: Callable[[int, str], None], seed: int = 0, allow_overdraft: bool = False,
-          kills_at: str | None = None, nodes: int = 1) -> Outcome:
+def drill(
+    cfg: Config,
+    config_path: Path,
+    backend_name: str,
+    gpus_text: str | None,
+    kills: int,
+    moment: str,
+    show: Callable[[int, str], None],
+    seed: int = 0,
+    allow_overdraft: bool = False,
+    kills_at: str | None = None,
+    nodes: int = 1,
+) -> Outcome:
     """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
     from launcher.ladder import DRILL
     from launcher.rungs.drill import climb as run_drill
@@ -147,26 +202,42 @@ def drill(cfg: Config, config_path: Path, backend_name: str, gpus_text: str | No
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if not 1 <= kills <= MAX_KILLS:
-        raise BadInput(f"--kills must be 1 to {MAX_KILLS}, got {kills}",
-                       hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}")
+        raise BadInput(
+            f"--kills must be 1 to {MAX_KILLS}, got {kills}",
+            hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}",
+        )
     if moment not in (AUTO, *MOMENTS, "random", NODE_LOST):
         raise BadInput(f"--at must be one of {', '.join((AUTO, *MOMENTS, 'random', NODE_LOST))}, got {moment!r}")
     check_nodes(nodes)
     if moment == NODE_LOST and (nodes < 2 or not backend_class(backend_name).can_lose_node):
-        raise BadInput(f"--at {NODE_LOST} loses one node of several: it needs --nodes 2 or more on a backend "
-                       f"that can lose one (local, docker), not --nodes {nodes} on {backend_name}")
+        raise BadInput(
+            f"--at {NODE_LOST} loses one node of several: it needs --nodes 2 or more on a backend "
+            f"that can lose one (local, docker), not --nodes {nodes} on {backend_name}"
+        )
     steps = cfg.rungs.drill.steps
     at_steps = parse_kill_steps(kills_at, steps) if kills_at is not None else None
     if at_steps is not None:
         kills = len(at_steps)
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     rung = dataclasses.replace(DRILL, legs=kills + 1, needs_gpu=gpus is not None)
-    return execute(cfg, config_path, Request(rung, backend_name, gpus, nodes, allow_overdraft), show,
-                   lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps))
+    return execute(
+        cfg,
+        config_path,
+        Request(rung, backend_name, gpus, nodes, allow_overdraft),
+        show,
+        lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps),
+    )
 
 
-def preempt(cfg: Config, config_path: Path, backend_name: str, notice: str, at_step: int | None,
-            show: Callable[[int, str], None], allow_overdraft: bool = False) -> Outcome:
+def preempt(
+    cfg: Config,
+    config_path: Path,
+    backend_name: str,
+    notice: str,
+    at_step: int | None,
+    show: Callable[[int, str], None],
+    allow_overdraft: bool = False,
+) -> Outcome:
     """`launcher drill preempt`: recorded like the drill, run by launcher.rungs.drill_preempt."""
     from launcher.cadence import NOTICE_S
     from launcher.ladder import DRILL
@@ -175,7 +246,9 @@ def preempt(cfg: Config, config_path: Path, backend_name: str, notice: str, at_s
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
     if not backend_class(backend_name).can_terminate:
-        raise BadInput(f"the {backend_name} backend cannot send a leg SIGTERM: `drill preempt` runs on local and docker")
+        raise BadInput(
+            f"the {backend_name} backend cannot send a leg SIGTERM: `drill preempt` runs on local and docker"
+        )
     try:
         notice_s = NOTICE_S[notice] if notice in NOTICE_S else float(notice)
     except ValueError:
@@ -187,8 +260,13 @@ def preempt(cfg: Config, config_path: Path, backend_name: str, notice: str, at_s
     if not 1 <= at < steps:
         raise BadInput(f"--at-step must lie in 1..{steps - 1} (the drill runs {steps} steps), got {at}")
     rung = dataclasses.replace(DRILL, legs=2, oracle=False)  # its question is the notice, not the timeline
-    return execute(cfg, config_path, Request(rung, backend_name, None, 1, allow_overdraft), show,
-                   lambda ctx, cmp: run_preempt(ctx, steps, notice_s, at))
+    return execute(
+        cfg,
+        config_path,
+        Request(rung, backend_name, None, 1, allow_overdraft),
+        show,
+        lambda ctx, cmp: run_preempt(ctx, steps, notice_s, at),
+    )
 
 
 def parse_kill_steps(text: str, steps: int) -> list[int]:
@@ -200,13 +278,19 @@ def parse_kill_steps(text: str, steps: int) -> list[int]:
     if not found or len(found) > MAX_KILLS:
         raise BadInput(f"--kills-at takes 1 to {MAX_KILLS} steps, got {len(found)}")
     if any(b <= a for a, b in zip(found, found[1:])) or found[0] < 1 or found[-1] >= steps:
-        raise BadInput(f"--kills-at steps must increase and lie in 1..{steps - 1} (the drill runs {steps} steps), "
-                       f"got {text!r}")
+        raise BadInput(
+            f"--kills-at steps must increase and lie in 1..{steps - 1} (the drill runs {steps} steps), got {text!r}"
+        )
     return found
 
 
-def execute(cfg: Config, config_path: Path, request: Request, show: Callable[[int, str], None],
-            runner: Callable[[RunContext, Any], list[Check]]) -> Outcome:
+def execute(
+    cfg: Config,
+    config_path: Path,
+    request: Request,
+    show: Callable[[int, str], None],
+    runner: Callable[[RunContext, Any], list[Check]],
+) -> Outcome:
     """Plan (every guard, refusing at the first: nothing recorded yet), reserve, record, run
     `runner`, close the record (also when interrupted)."""
     plan = make_plan(cfg, request, dry_run=False)
@@ -214,15 +298,31 @@ def execute(cfg: Config, config_path: Path, request: Request, show: Callable[[in
         ledger, cmp, rung = plan.ledger, plan.cmp, request.rung
         assert ledger is not None and cmp is not None and plan.backend is not None  # the guards passed
         files = {rel: StagedFile(path, cmp.current[rel]) for rel, path in reviewed_paths(cfg, strict=False).items()}
-        ctx = RunContext(cfg, rung, plan.backend, ledger, new_run_id(cfg.project, rung.name), store_uri(cfg), files,
-                         request.gpus, show, request.nodes)
+        ctx = RunContext(
+            cfg,
+            rung,
+            plan.backend,
+            ledger,
+            new_run_id(cfg.project, rung.name),
+            store_uri(cfg),
+            files,
+            request.gpus,
+            show,
+            request.nodes,
+        )
         for warning in plan.warnings():
             show(-1, warning)  # the same lines the dry run shows
         reservation = _reserve(ctx, plan)  # the quota guard again, in the transaction that reserves (exit 3)
         ctx.store_key = project_key(cfg.state_path) if rung.legs else None  # made once a launch is certain
         config_sha = sha256_file(config_path)
-        ledger.begin_run(dict(ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha), image=plan.image,
-                              preflight=json.dumps(plan.preflight) if plan.preflight else None), cmp.current)
+        ledger.begin_run(
+            dict(
+                ledger_run_row(ctx, cmp.review.id, cmp.review.digest, config_sha),
+                image=plan.image,
+                preflight=json.dumps(plan.preflight) if plan.preflight else None,
+            ),
+            cmp.current,
+        )
         return _run_recorded(ctx, runner, cmp, reservation)
     finally:
         plan.close()
@@ -237,15 +337,24 @@ def _reserve(ctx: RunContext, plan: Plan) -> int:
     assert plan.projection is not None
     ctx.gpu_hour_price = plan.price
     ctx.allow_overdraft = plan.request.allow_overdraft
-    held = reserve(ctx.cfg, ctx.ledger, ctx.run_id, ctx.rung.name, plan.projection, plan.price,
-                   plan.request.allow_overdraft, at_least=plan.at_least)
+    held = reserve(
+        ctx.cfg,
+        ctx.ledger,
+        ctx.run_id,
+        ctx.rung.name,
+        plan.projection,
+        plan.price,
+        plan.request.allow_overdraft,
+        at_least=plan.at_least,
+    )
     ctx.quota_left_hours = held.remaining_gpu_hours
     ctx.reservation_id = held.id
     return held.id
 
 
-def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Check]], cmp: Any,
-                  reservation: int) -> Outcome:
+def _run_recorded(
+    ctx: RunContext, runner: Callable[[RunContext, Any], list[Check]], cmp: Any, reservation: int
+) -> Outcome:
     """Run `runner` on the recorded run; its checks, end and verdict are written, and its
     quota reservation settled, however it ends (an interrupt included)."""
     from launcher.ops.spend import settle
@@ -278,8 +387,7 @@ def _run_recorded(ctx: RunContext, runner: Callable[[RunContext, Any], list[Chec
         ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
         gpus = ctx.gpus
         source = "config prices" if gpus and gpus.name in ctx.cfg.prices else "none"
-        ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict,
-                       cost_source=source)
+        ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict, cost_source=source)
         settle(ledger, reservation, ctx.run_id)
 
 

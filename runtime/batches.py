@@ -69,7 +69,7 @@ def batch_digest(batch: Any) -> str | None:
         else:
             stride = (raw.nbytes - WINDOW_BYTES) // (SAMPLED_WINDOWS - 1)
             for i in range(SAMPLED_WINDOWS):
-                digest.update(raw[i * stride:i * stride + WINDOW_BYTES])
+                digest.update(raw[i * stride : i * stride + WINDOW_BYTES])
     return digest.hexdigest()[:32] if found else None
 
 
@@ -142,8 +142,10 @@ class FedInputs:
             first()
         items = list(_tensors({"args": list(args), **kwargs}))
         if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in items):
-            copies = [(path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)
-                      for path, t in items]
+            copies = [
+                (path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)
+                for path, t in items
+            ]
             done = torch.cuda.Event()
             done.record()
             self.parts.append((copies, done))
@@ -187,7 +189,7 @@ class _Order(torch.utils.data.Sampler):
         return torch.randperm(self.n, generator=gen).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.order()[self.start:])
+        return iter(self.order()[self.start :])
 
     def __len__(self) -> int:
         return self.n - self.start
@@ -229,8 +231,9 @@ class EpochLoader:
         # the uninterrupted run and shift every later torch draw (dropout...). The state digests
         # saw it: rng.torch differed from the straight-through run's right after a resume.
         kw = {"generator": torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch), **self.loader_kw}
-        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler,
-                                             drop_last=True, **kw)
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True, **kw
+        )
         yield from loader  # the position moves in on_step: a batch fetched and then not trained is not consumed
 
     def on_step(self) -> None:
@@ -246,14 +249,20 @@ class EpochLoader:
         return (self.epoch * len(self) + self.consumed) * self.batch_size
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "batch_size": self.batch_size, "n": len(self.dataset)}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "n": len(self.dataset),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("n", len(self.dataset))):
             if state.get(key) != mine:
-                raise ResumeRefused("cursor_mismatch", f"the loader was saved with {key}={state.get(key)!r}, "
-                                    f"this run has {mine!r}")
+                raise ResumeRefused(
+                    "cursor_mismatch", f"the loader was saved with {key}={state.get(key)!r}, this run has {mine!r}"
+                )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
     def resume_facts(self) -> dict[str, int]:

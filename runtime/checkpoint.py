@@ -87,15 +87,19 @@ def save_local(state: dict[str, Any], root: Path, step: int, meta: dict[str, Any
 
 def write_manifest(folder: Path, step: int, meta: dict[str, Any]) -> Manifest:
     """The manifest of every file under `folder` (size and sha256 of the bytes written), written beside them."""
-    files = tuple(FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
-                  for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
+    files = tuple(
+        FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    )
     manifest = Manifest(checkpoint_name(step), step, files, meta)
     (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
     return manifest
 
 
-def load_local(folder: Path, map_location: str = "cpu", seal: dict[str, Any] | None = None,
-               fetched: bool = False) -> tuple[dict[str, Any], Manifest]:
+def load_local(
+    folder: Path, map_location: str = "cpu", seal: dict[str, Any] | None = None, fetched: bool = False
+) -> tuple[dict[str, Any], Manifest]:
     """Load a checkpoint folder after checking every file against its manifest (and,
     given the verified mark, every window the verifier read). `fetched`: the folder
     is what `Store.fetch` just wrote, which already checked every file's size and
@@ -127,8 +131,10 @@ def load_local(folder: Path, map_location: str = "cpu", seal: dict[str, Any] | N
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as err:
         if isinstance(err, torch.OutOfMemoryError):
             raise  # the device is full: not the checkpoint's fault
-        raise CheckpointDamaged(f"{manifest.name}/{STATE_FILE} is not a plain tensor state "
-                                f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''})") from None
+        raise CheckpointDamaged(
+            f"{manifest.name}/{STATE_FILE} is not a plain tensor state "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''})"
+        ) from None
     if not isinstance(state, dict):
         raise CheckpointDamaged(f"{manifest.name}/{STATE_FILE} holds a {type(state).__name__}, not a state dict")
     return state, manifest
@@ -189,8 +195,15 @@ class Snapshot:
     `seconds`: the time it took on the caller's thread (the copies to the GPU's host
     buffers may still be running: `wait()` before reading them)."""
 
-    def __init__(self, state: dict[str, Any], nbytes: int, seconds: float, cuda_events: list[Any],
-                 buffers: list[tuple[Any, bool]], pool: SnapshotPool | None) -> None:
+    def __init__(
+        self,
+        state: dict[str, Any],
+        nbytes: int,
+        seconds: float,
+        cuda_events: list[Any],
+        buffers: list[tuple[Any, bool]],
+        pool: SnapshotPool | None,
+    ) -> None:
         self.state: dict[str, Any] | None = state
         self.bytes, self.seconds = nbytes, seconds
         self._events, self._buffers, self._pool = cuda_events, buffers, pool
@@ -213,8 +226,15 @@ def _plain_tensor(t: Any) -> bool:
     """A dense tensor whose storage can be copied as bytes (what snapshot_state copies itself)."""
     import torch
 
-    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided and not t.is_nested
-            and not t.is_quantized and t.device.type in ("cpu", "cuda") and not t.is_conj() and not t.is_neg())
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and not t.is_nested
+        and not t.is_quantized
+        and t.device.type in ("cpu", "cuda")
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 class _StateCopier:
@@ -315,8 +335,9 @@ def snapshot_state(state: dict[str, Any], pool: SnapshotPool | None = None) -> S
         events.append(event)
     if not own_pool:
         pool.retain({(buf.numel(), pinned) for buf, pinned in copier.buffers})
-    return Snapshot(copied_state, copier.copied, time.perf_counter() - began, events, copier.buffers,
-                    None if own_pool else pool)
+    return Snapshot(
+        copied_state, copier.copied, time.perf_counter() - began, events, copier.buffers, None if own_pool else pool
+    )
 
 
 def tensor_bytes(value: Any) -> int:
@@ -336,8 +357,14 @@ class PendingCheckpoint:
     """A snapshot still to be written: the Pusher's worker calls `materialize()` (torch.save
     + manifest into `root`, via save_local) before it runs the storage cycle on it."""
 
-    def __init__(self, snapshot: Snapshot, root: Path, step: int, meta: dict[str, Any],
-                 before_save: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        root: Path,
+        step: int,
+        meta: dict[str, Any],
+        before_save: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.snapshot, self.root, self.step, self.meta = snapshot, root, step, meta
         self.before_save = before_save
         """Called with the snapshot's state before it is written (the session's state digests)."""

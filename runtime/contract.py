@@ -71,9 +71,20 @@ HUB_COMMITS_PER_HOUR = "LAUNCHER_HUB_COMMITS_PER_HOUR"
 LEG_NAMES = (RUN_ID, LEG, RUNG, STORE, MAX_STEPS, DEADLINE, FILES_SHA256)
 
 
-def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, deadline: float,
-            files_sha256: dict[str, str], on_gpu: bool, extra: dict[str, str] | None = None,
-            deadline_after_resume: float | None = None, hub: dict[str, str] | None = None) -> dict[str, str]:
+def leg_env(
+    *,
+    run_id: str,
+    leg: int,
+    rung: str,
+    store: str,
+    max_steps: int,
+    deadline: float,
+    files_sha256: dict[str, str],
+    on_gpu: bool,
+    extra: dict[str, str] | None = None,
+    deadline_after_resume: float | None = None,
+    hub: dict[str, str] | None = None,
+) -> dict[str, str]:
     """One leg's environment, the same on every backend and in `up --dry-run`.
 
     `extra` is launcher.yaml's `leg_env` (it may not set a LAUNCHER_* name); `hub` its `hub:`
@@ -83,10 +94,20 @@ def leg_env(*, run_id: str, leg: int, rung: str, store: str, max_steps: int, dea
     cpu_only = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
     relative = {} if deadline_after_resume is None else {DEADLINE_AFTER_RESUME: f"{deadline_after_resume:.2f}"}
     exact = {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE, DETERMINISTIC: "1"} if rung in DETERMINISTIC_RUNGS else {}
-    return {**cpu_only, **exact, **(extra or {}),
-            RUN_ID: run_id, LEG: str(leg), RUNG: rung, STORE: store, MAX_STEPS: str(max_steps),
-            DEADLINE: str(int(deadline)), **relative, **(hub or {}),
-            FILES_SHA256: json.dumps(files_sha256, sort_keys=True)}
+    return {
+        **cpu_only,
+        **exact,
+        **(extra or {}),
+        RUN_ID: run_id,
+        LEG: str(leg),
+        RUNG: rung,
+        STORE: store,
+        MAX_STEPS: str(max_steps),
+        DEADLINE: str(int(deadline)),
+        **relative,
+        **(hub or {}),
+        FILES_SHA256: json.dumps(files_sha256, sort_keys=True),
+    }
 
 
 def resumed_deadline(deadline: float, env: dict[str, str], now: float) -> float:
@@ -112,9 +133,14 @@ EXIT_FAILED = 1
 EXIT_REFUSED = 3
 """Stale code, a saved position that does not match the data, a store that refuses us."""
 STOP_REASONS: dict[str, int] = {
-    "max_steps": EXIT_OK, "sigterm": EXIT_OK, "deadline": EXIT_OK,  # then `done` says whether it verified
-    "stale_code": EXIT_REFUSED, "cursor_mismatch": EXIT_REFUSED, "store_error": EXIT_REFUSED,
-    "nonfinite_loss": EXIT_FAILED, "rank_timeout": EXIT_FAILED,
+    "max_steps": EXIT_OK,
+    "sigterm": EXIT_OK,
+    "deadline": EXIT_OK,  # then `done` says whether it verified
+    "stale_code": EXIT_REFUSED,
+    "cursor_mismatch": EXIT_REFUSED,
+    "store_error": EXIT_REFUSED,
+    "nonfinite_loss": EXIT_FAILED,
+    "rank_timeout": EXIT_FAILED,
 }
 """Each stop reason a leg prints and the exit code it means (a graceful stop's 0 holds only
 if its `done` then says the final checkpoint verified)."""
@@ -168,14 +194,48 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
 }
 # Fields that need not be there, but that consumers read as this type when they are.
 OPTIONAL_FIELDS: dict[str, str] = {
-    "t": NUM, "rank": INT, "node": INT, "tokens": INT, "tok_s": NUM, "step_s": NUM, "phases": DICT, "lr_expected": NUM,
-    "eta_s": OPT_NUM, "total_steps": INT, "max_steps": INT, "params": INT, "world_size": INT,
-    "mem_max_bytes": OPT_NUM, "final_checkpoint_verified": BOOL, "failures": LIST, "checkpoint": STR,
-    "sample_index": INT, "batch_hash": STR, "lr": NUM, "epoch": INT, "state_bytes": DICT, "tokens_consumed": INT,
-    "flops_per_token": OPT_NUM, "formula_flops_per_token": NUM, "flop_s": NUM, "mfu": OPT_NUM, "by_dtype": DICT,
-    "gpu_phases": DICT, "async_save": BOOL, "blocked_s": NUM, "gpu_util": OPT_DICT, "dtype": STR, "compiled": BOOL, "device_name": STR,
-    "digests": DICT, "opt_steps": INT, "step_batch_fed": BOOL, "batch_from": STR, "tracked": DICT,
-    "deterministic": OPT_DICT, "nondeterministic": LIST,
+    "t": NUM,
+    "rank": INT,
+    "node": INT,
+    "tokens": INT,
+    "tok_s": NUM,
+    "step_s": NUM,
+    "phases": DICT,
+    "lr_expected": NUM,
+    "eta_s": OPT_NUM,
+    "total_steps": INT,
+    "max_steps": INT,
+    "params": INT,
+    "world_size": INT,
+    "mem_max_bytes": OPT_NUM,
+    "final_checkpoint_verified": BOOL,
+    "failures": LIST,
+    "checkpoint": STR,
+    "sample_index": INT,
+    "batch_hash": STR,
+    "lr": NUM,
+    "epoch": INT,
+    "state_bytes": DICT,
+    "tokens_consumed": INT,
+    "flops_per_token": OPT_NUM,
+    "formula_flops_per_token": NUM,
+    "flop_s": NUM,
+    "mfu": OPT_NUM,
+    "by_dtype": DICT,
+    "gpu_phases": DICT,
+    "async_save": BOOL,
+    "blocked_s": NUM,
+    "gpu_util": OPT_DICT,
+    "dtype": STR,
+    "compiled": BOOL,
+    "device_name": STR,
+    "digests": DICT,
+    "opt_steps": INT,
+    "step_batch_fed": BOOL,
+    "batch_from": STR,
+    "tracked": DICT,
+    "deterministic": OPT_DICT,
+    "nondeterministic": LIST,
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 
@@ -186,8 +246,12 @@ def _is(value: Any, kind: str) -> bool:
     if kind in (NUM, OPT_NUM):
         if value is None:
             return kind == OPT_NUM
-        return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                and abs(value) <= 1e300)
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and abs(value) <= 1e300
+        )
     if kind == OPT_DICT:
         return value is None or isinstance(value, dict)
     return isinstance(value, {STR: str, BOOL: bool, LIST: list, DICT: dict}[kind])
@@ -213,8 +277,9 @@ def check_event(record: dict[str, Any]) -> str | None:
         return f"{kind} event: gpu_util.mean is not a percentage"
     for key in ("digests", "tracked"):  # name -> a digest; name -> what kind of state it is
         values = record.get(key)
-        if isinstance(values, dict) and not all(isinstance(k, str) and isinstance(v, str) and len(v) <= 64
-                                                for k, v in values.items()):
+        if isinstance(values, dict) and not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) <= 64 for k, v in values.items()
+        ):
             return f"{kind} event: {key} is not a map of names to short strings"
     sizes = record.get("state_bytes")
     if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):

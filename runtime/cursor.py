@@ -70,8 +70,8 @@ class DataOrder:
         """(x, y, first sample index) of rank `rank`'s slice of the batch at `step`: O(batch), any step."""
         first = self.first_sample(step, rank)
         rows = [self.sample_window(g) * self.block for g in range(first, first + self.batch)]
-        x = np.stack([tokens[r:r + self.block] for r in rows]).astype(np.int64)
-        y = np.stack([tokens[r + 1:r + 1 + self.block] for r in rows]).astype(np.int64)
+        x = np.stack([tokens[r : r + self.block] for r in rows]).astype(np.int64)
+        y = np.stack([tokens[r + 1 : r + 1 + self.block] for r in rows]).astype(np.int64)
         return x, y, first
 
     def batch_hash(self, tokens: np.ndarray, step: int) -> str:
@@ -85,9 +85,15 @@ class DataOrder:
     def cursor(self, tokens: np.ndarray, next_step: int) -> dict[str, Any]:
         """The cursor a checkpoint taken after `next_step` steps records."""
         g = next_step * self.global_batch
-        return {"version": CURSOR_VERSION, **asdict(self), "next_step": next_step, "sample_index": g,
-                "epoch": g // self.n_samples, "tokens_consumed": g * self.block,
-                "next_batch_sha256": self.batch_hash(tokens, next_step)}
+        return {
+            "version": CURSOR_VERSION,
+            **asdict(self),
+            "next_step": next_step,
+            "sample_index": g,
+            "epoch": g // self.n_samples,
+            "tokens_consumed": g * self.block,
+            "next_batch_sha256": self.batch_hash(tokens, next_step),
+        }
 
     def check_cursor(self, tokens: np.ndarray, saved: dict[str, Any]) -> dict[str, Any]:
         """Refuse a cursor saved under other facts, or whose next batch hashes differently."""
@@ -98,8 +104,10 @@ class DataOrder:
                 raise CursorMismatch(f"cursor was saved with {key}={saved.get(key)!r}, this run has {value!r}")
         now = self.batch_hash(tokens, saved["next_step"])
         if now != saved["next_batch_sha256"]:
-            raise CursorMismatch(f"batch at sample {saved['sample_index']} hashes {now[:12]}, "
-                                 f"checkpoint recorded {saved['next_batch_sha256'][:12]}")
+            raise CursorMismatch(
+                f"batch at sample {saved['sample_index']} hashes {now[:12]}, "
+                f"checkpoint recorded {saved['next_batch_sha256'][:12]}"
+            )
         return saved
 
 
@@ -128,6 +136,10 @@ class Position:
         self.next_step = int(saved["next_step"])
 
     def resume_facts(self) -> dict[str, Any]:
-        return {"sample_index": self.saved["sample_index"], "batch_hash": self.saved["next_batch_sha256"],
-                "epoch": self.saved["epoch"], "tokens_consumed": self.saved["tokens_consumed"],
-                "rank_sample_index": self.order.first_sample(self.next_step, self.rank)}
+        return {
+            "sample_index": self.saved["sample_index"],
+            "batch_hash": self.saved["next_batch_sha256"],
+            "epoch": self.saved["epoch"],
+            "tokens_consumed": self.saved["tokens_consumed"],
+            "rank_sample_index": self.order.first_sample(self.next_step, self.rank),
+        }

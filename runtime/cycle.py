@@ -76,33 +76,49 @@ class CycleResult:
     verify_seconds: float
 
 
-def run_cycle(store: Store, local_dir: Path, manifest: Manifest, *, keep: int = 2,
-              verify_budget: int = DEFAULT_BUDGET_BYTES, extra: dict[str, Any] | None = None,
-              replace: frozenset[str] = frozenset()) -> CycleResult:
+def run_cycle(
+    store: Store,
+    local_dir: Path,
+    manifest: Manifest,
+    *,
+    keep: int = 2,
+    verify_budget: int = DEFAULT_BUDGET_BYTES,
+    extra: dict[str, Any] | None = None,
+    replace: frozenset[str] = frozenset(),
+) -> CycleResult:
     """One push through the whole cycle, emitting push/verify/delete_local/prune events."""
     extra = extra or {}
     began = time.perf_counter()
     _clear_unverified(store, manifest.name, replace)
     store.push(local_dir, manifest)
     push_s = time.perf_counter() - began
-    events.emit("push", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,
-                seconds=round(push_s, 4), **extra)
+    events.emit(
+        "push", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes, seconds=round(push_s, 4), **extra
+    )
 
     result = verify_checkpoint(store, manifest, local_dir, budget_bytes=verify_budget)
     if result.ok and manifest.meta.get("format") == "dcp":  # every rank's shards, or it never counts
         from runtime.sharded import coverage_failures
 
-        result.failures += coverage_failures(local_dir, {f.path for f in manifest.files},
-                                             manifest.meta.get("world_size"))
+        result.failures += coverage_failures(
+            local_dir, {f.path for f in manifest.files}, manifest.meta.get("world_size")
+        )
         result.ok = not result.failures
     if result.ok:
         # Mark first, then say so: a `verify` ok line in a log means the store holds the
         # checkpoint as verified (a kill between the two once left a log claiming step
         # 15 verified while the store -- rightly -- resumed the next leg from step 10).
         store.mark_verified(manifest.name, make_seal(manifest, result.read, result.bytes_read, store.key))
-    events.emit("verify", step=manifest.step, name=manifest.name, windows=result.windows,
-                bytes_read=result.bytes_read, ok=result.ok, seconds=round(result.seconds, 4),
-                failures=result.failures[:5])
+    events.emit(
+        "verify",
+        step=manifest.step,
+        name=manifest.name,
+        windows=result.windows,
+        bytes_read=result.bytes_read,
+        ok=result.ok,
+        seconds=round(result.seconds, 4),
+        failures=result.failures[:5],
+    )
     if not result.ok:
         # Keep the local copy: it is the only good one. The stored one never counts.
         return CycleResult(manifest, False, push_s, result.seconds)
@@ -145,8 +161,15 @@ class Pusher:
     last item: write (if any) + push + verify + delete + prune.
     """
 
-    def __init__(self, store: Store, *, keep: int = 2, verify_budget: int = DEFAULT_BUDGET_BYTES,
-                 max_waiting: int = 1, replace: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        keep: int = 2,
+        verify_budget: int = DEFAULT_BUDGET_BYTES,
+        max_waiting: int = 1,
+        replace: frozenset[str] = frozenset(),
+    ) -> None:
         self.store = store
         self.replace = replace
         self.keep = keep
@@ -167,8 +190,9 @@ class Pusher:
         began = time.perf_counter()
         self._slots.acquire()
         waited = time.perf_counter() - began
-        events.emit("push_wait", step=step, seconds=round(waited, 4),
-                    reason="previous push still uploading and another queued")
+        events.emit(
+            "push_wait", step=step, seconds=round(waited, 4), reason="previous push still uploading and another queued"
+        )
         return waited
 
     def submit(self, local_dir: Path, manifest: Manifest) -> float:
@@ -203,12 +227,25 @@ class Pusher:
                     continue
                 if job is not None:
                     local_dir, manifest = job.materialize()
-                    events.emit("serialized", step=manifest.step, name=manifest.name, bytes=manifest.total_bytes,
-                                seconds=round(time.perf_counter() - began, 4))
+                    events.emit(
+                        "serialized",
+                        step=manifest.step,
+                        name=manifest.name,
+                        bytes=manifest.total_bytes,
+                        seconds=round(time.perf_counter() - began, 4),
+                    )
                 else:
                     local_dir, manifest = item
-                self.results.append(run_cycle(self.store, local_dir, manifest, keep=self.keep,
-                                              verify_budget=self.verify_budget, replace=self.replace))
+                self.results.append(
+                    run_cycle(
+                        self.store,
+                        local_dir,
+                        manifest,
+                        keep=self.keep,
+                        verify_budget=self.verify_budget,
+                        replace=self.replace,
+                    )
+                )
             except Exception as err:  # noqa: BLE001 - reported as an event; training goes on
                 self.failures.append((step, f"{type(err).__name__}: {err}"))
                 events.emit("push_failed", step=step, name=name, error=f"{type(err).__name__}: {err}")

@@ -55,11 +55,14 @@ class Determinism:
                 shown(message, category, filename, lineno, file, line)
 
         warnings.showwarning = show
-        return {"algorithms": torch.are_deterministic_algorithms_enabled(), "warn_only": True,
-                "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-                "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-                "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32),
-                "cublas_workspace": env.get("CUBLAS_WORKSPACE_CONFIG")}
+        return {
+            "algorithms": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": True,
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32),
+            "cublas_workspace": env.get("CUBLAS_WORKSPACE_CONFIG"),
+        }
 
     def take(self) -> list[str]:
         """The ops without a deterministic kernel first run since the last call."""

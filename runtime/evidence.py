@@ -73,9 +73,11 @@ class StepEvidence:
     def trains_from(self, tracked: dict[str, Any], step: int) -> None:
         """After a resume to `step`: at the first training forward, print `trains_from` with
         the digests of the state that forward trains (`trained_state_digests`)."""
+
         def emit() -> None:
             states = {n: o.state_dict() for n, o in tracked.items() if self.kinds.get(n) in TRAINED_KINDS}
             events.emit("trains_from", step=step, digests=trained_state_digests(states, self.kinds))
+
         self.fed.first = emit
 
     def _stepped(self, *_: Any) -> None:
@@ -99,6 +101,7 @@ class StepEvidence:
 
 
 # --- state digests ---------------------------------------------------------------------
+
 
 def _feed(h: Any, value: Any) -> None:
     """A canonical walk of a state: every key, type, shape and byte, in a fixed order."""

@@ -52,8 +52,10 @@ def _cpu_attention_formulas() -> dict[Any, Any]:
 
     aten = torch.ops.aten
     extra = {}
-    for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", fc.sdpa_flop),
-                          ("_scaled_dot_product_flash_attention_for_cpu_backward", fc.sdpa_backward_flop)):
+    for name, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", fc.sdpa_flop),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", fc.sdpa_backward_flop),
+    ):
         op = getattr(aten, name, None)
         if op is not None and op not in fc.flop_registry:
             extra[op] = formula

@@ -25,8 +25,7 @@ def sha256_file(path: Path | str) -> str:
 
 def sha256_tree(folder: Path) -> dict[str, str]:
     """Every file under `folder` (relative POSIX path -> SHA-256), sorted."""
-    return {p.relative_to(folder).as_posix(): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def digest_lines(files: dict[str, str], sep: str = " ") -> str:

@@ -40,8 +40,12 @@ def gpu_processes(timeout: float = 5.0) -> list[dict[str, Any]] | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            [exe, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -50,8 +54,13 @@ def gpu_processes(timeout: float = 5.0) -> list[dict[str, Any]] | None:
     for line in out.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and parts[2].isdigit():
-            procs.append({"pid": int(parts[0]) if parts[0].isdigit() else parts[0], "name": parts[1],
-                          "used_bytes": int(parts[2]) << 20})
+            procs.append(
+                {
+                    "pid": int(parts[0]) if parts[0].isdigit() else parts[0],
+                    "name": parts[1],
+                    "used_bytes": int(parts[2]) << 20,
+                }
+            )
     return procs
 
 
@@ -82,8 +91,12 @@ def smi_utilisation(ids: list[str], timeout: float = 5.0) -> list[float] | None:
     if exe is None or not ids:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i",
-                              ",".join(ids)], capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", ",".join(ids)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     values = [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -143,9 +156,15 @@ class Utilisation:
             return None
         per_gpu = [sum(col) / len(col) for col in zip(*samples)]
         flat = [v for row in samples for v in row]
-        return {"mean": round(sum(flat) / len(flat), 2), "min": min(flat), "max": max(flat),
-                "per_gpu": [round(v, 2) for v in per_gpu], "samples": len(samples), "source": self.source,
-                "seconds": round(self.since - began, 1)}
+        return {
+            "mean": round(sum(flat) / len(flat), 2),
+            "min": min(flat),
+            "max": max(flat),
+            "per_gpu": [round(v, 2) for v in per_gpu],
+            "samples": len(samples),
+            "source": self.source,
+            "seconds": round(self.since - began, 1),
+        }
 
 
 class Health:
@@ -166,15 +185,22 @@ class Health:
         self.last = time.monotonic()
         disk = shutil.disk_usage(self.workdir)
         mem = meminfo()
-        fields: dict[str, Any] = {"disk_free_bytes": disk.free, "disk_total_bytes": disk.total,
-                                  "ram_available_bytes": mem.get("MemAvailable"),
-                                  "ram_total_bytes": mem.get("MemTotal")}
+        fields: dict[str, Any] = {
+            "disk_free_bytes": disk.free,
+            "disk_total_bytes": disk.total,
+            "ram_available_bytes": mem.get("MemAvailable"),
+            "ram_total_bytes": mem.get("MemTotal"),
+        }
         if self.device.startswith("cuda"):
             import torch
 
             free, total = torch.cuda.mem_get_info(torch.device(self.device))
-            fields.update(gpu_free_bytes=free, gpu_total_bytes=total, gpu_processes=gpu_processes(),
-                          gpu_util=self.util.take() if self.util else None)
+            fields.update(
+                gpu_free_bytes=free,
+                gpu_total_bytes=total,
+                gpu_processes=gpu_processes(),
+                gpu_util=self.util.take() if self.util else None,
+            )
         else:
             fields.update(gpu=None)
         events.emit("health", step=step, **fields)

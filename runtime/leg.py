@@ -60,8 +60,9 @@ def stale_code_refused() -> bool:
     return bool(stale)
 
 
-def local_stop(deadline: float, last_cycle_s: float, step_s: float, sigterm: bool | list[bool],
-               step: int | None = None) -> int:
+def local_stop(
+    deadline: float, last_cycle_s: float, step_s: float, sigterm: bool | list[bool], step: int | None = None
+) -> int:
     """This rank's stop code (runtime.contract.STOP_CODES; 0: go on): the deadline, with room
     for one more push cycle and a few steps (at least 5 s), comes before a pending SIGTERM.
     `sigterm`: the leg's SIGTERM flag (a list its handler appends to: read again after a hold).

@@ -56,8 +56,7 @@ def _accelerate(folder: Path, step: int) -> dict:
 
 
 # format -> what else is checked beyond every file's bytes (the framework loads the rest itself).
-FRAMEWORK_FORMATS = {"transformers": lambda folder, step: {}, "accelerate": _accelerate,
-                     "lightning": _lightning}
+FRAMEWORK_FORMATS = {"transformers": lambda folder, step: {}, "accelerate": _accelerate, "lightning": _lightning}
 
 
 def check(uri: str, prefix: str, name: str) -> dict:
@@ -80,8 +79,15 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
 
                 if info.seal is not None:
                     check_windows(folder, info.seal)
-                out = {"ok": True, "name": name, "step": info.step, "verified": info.verified,
-                       "files": len(info.manifest.files), "bytes": info.manifest.total_bytes, "format": fmt}
+                out = {
+                    "ok": True,
+                    "name": name,
+                    "step": info.step,
+                    "verified": info.verified,
+                    "files": len(info.manifest.files),
+                    "bytes": info.manifest.total_bytes,
+                    "format": fmt,
+                }
                 out.update(FRAMEWORK_FORMATS[fmt](folder, info.step))
                 return {**out, "seconds": round(time.perf_counter() - began, 3)}, None
             if fmt == "dcp":  # every rank's shards, whole, in this one process (runtime.sharded)
@@ -93,11 +99,24 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
     # The session's own keys; everything else is whatever the trainer tracked (model, optimizer, ...).
     missing = [k for k in ("step", "rng") if k not in state]
     step_ok = state.get("step") == info.step
-    error = (f"the state holds no {', '.join(missing)} (keys: {sorted(state)})" if missing else
-             None if step_ok else f"the state says step {state.get('step')!r}, the checkpoint's name step {info.step}")
-    out = {"ok": not missing and step_ok, "name": name, "step": state.get("step"),
-           "verified": info.verified, "files": len(manifest.files), "bytes": manifest.total_bytes,
-           "keys": sorted(state), "missing_keys": missing, "seconds": round(time.perf_counter() - began, 3)}
+    error = (
+        f"the state holds no {', '.join(missing)} (keys: {sorted(state)})"
+        if missing
+        else None
+        if step_ok
+        else f"the state says step {state.get('step')!r}, the checkpoint's name step {info.step}"
+    )
+    out = {
+        "ok": not missing and step_ok,
+        "name": name,
+        "step": state.get("step"),
+        "verified": info.verified,
+        "files": len(manifest.files),
+        "bytes": manifest.total_bytes,
+        "keys": sorted(state),
+        "missing_keys": missing,
+        "seconds": round(time.perf_counter() - began, 3),
+    }
     if error:
         out["error"] = error
     return out, state

@@ -60,6 +60,7 @@ class IgnoreTerm:
             if leaving.value:  # the main process is exiting: end as SIGTERM would
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
+
         signal.signal(signal.SIGTERM, on_term)
         if self.inner is not None:
             self.inner(worker_id)
@@ -68,8 +69,11 @@ class IgnoreTerm:
 def shield_workers(obj: Any) -> None:
     """Make a DataLoader's worker processes (if it has any) leave SIGTERM to the main process.
     Takes effect for the workers started after this (track() comes before the first epoch)."""
-    if isinstance(obj, torch.utils.data.DataLoader) and obj.num_workers > 0 and \
-            not isinstance(obj.worker_init_fn, IgnoreTerm):
+    if (
+        isinstance(obj, torch.utils.data.DataLoader)
+        and obj.num_workers > 0
+        and not isinstance(obj.worker_init_fn, IgnoreTerm)
+    ):
         obj.worker_init_fn = IgnoreTerm(obj.worker_init_fn, leaving_flag())
 
 

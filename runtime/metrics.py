@@ -49,7 +49,7 @@ def sustained_rate(steps: Sequence[tuple[int, float, float]]) -> Rate | None:
     window that starts after the warm-up steps."""
     if len(steps) < 3:
         return None
-    window = steps[warmup_steps(len(steps)):]
+    window = steps[warmup_steps(len(steps)) :]
     first, last = window[0], window[-1]
     seconds = last[2] - first[2]
     if seconds <= 0 or last[1] <= first[1]:

@@ -77,16 +77,23 @@ class NodeCheckpoint:
 
         leaders, name = self.leaders, self.name
         began = time.perf_counter()
-        cleared = _attempt(lambda: (_clear_unverified(store, name, replace), store.drop_parts(name))) \
-            if leaders.is_main else None
+        cleared = (
+            _attempt(lambda: (_clear_unverified(store, name, replace), store.drop_parts(name)))
+            if leaders.is_main
+            else None
+        )
         if leaders.from_main(cleared) is not None:
             return self._failed("clear", str(cleared))
-        own = tuple(FileEntry(p.relative_to(self.folder).as_posix(), p.stat().st_size, sha256_file(p))
-                    for p in sorted(self.folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
+        own = tuple(
+            FileEntry(p.relative_to(self.folder).as_posix(), p.stat().st_size, sha256_file(p))
+            for p in sorted(self.folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST
+        )
         pushed = _attempt(lambda: store.push_part(self.folder, name, [e.path for e in own]))
         parts = leaders.gather((pushed, own))
-        manifest = Manifest(name, self.step, tuple(sorted((e for _, es in parts for e in es), key=lambda e: e.path)),
-                            self.meta)
+        manifest = Manifest(
+            name, self.step, tuple(sorted((e for _, es in parts for e in es), key=lambda e: e.path)), self.meta
+        )
         committed = None
         if leaders.is_main:
             errors = [f"node leader {leaders.ranks[i]}: {err}" for i, (err, _) in enumerate(parts) if err]
@@ -95,10 +102,21 @@ class NodeCheckpoint:
             return self._failed("push", str(committed))
         push_s = time.perf_counter() - began
         if leaders.is_main:
-            events.emit("push", step=self.step, name=name, bytes=manifest.total_bytes, seconds=round(push_s, 4),
-                        nodes=len(leaders.ranks), files=len(manifest.files))
-        mine = verify_checkpoint(store, Manifest(name, self.step, own, self.meta), self.folder,
-                                 budget_bytes=max(1, verify_budget // len(leaders.ranks)))
+            events.emit(
+                "push",
+                step=self.step,
+                name=name,
+                bytes=manifest.total_bytes,
+                seconds=round(push_s, 4),
+                nodes=len(leaders.ranks),
+                files=len(manifest.files),
+            )
+        mine = verify_checkpoint(
+            store,
+            Manifest(name, self.step, own, self.meta),
+            self.folder,
+            budget_bytes=max(1, verify_budget // len(leaders.ranks)),
+        )
         found = leaders.gather((mine.failures, mine.read, mine.bytes_read, mine.windows, mine.seconds))
         verified = None
         if leaders.is_main:
@@ -108,15 +126,28 @@ class NodeCheckpoint:
             nbytes = sum(b for _, _, b, _, _ in found)
             if not failures:
                 store.mark_verified(name, make_seal(manifest, read, nbytes, store.key))
-            events.emit("verify", step=self.step, name=name, windows=sum(n for *_, n, _ in found), bytes_read=nbytes,
-                        ok=not failures, seconds=round(max(s for *_, s in found), 4), failures=failures[:5],
-                        nodes=len(leaders.ranks))
+            events.emit(
+                "verify",
+                step=self.step,
+                name=name,
+                windows=sum(n for *_, n, _ in found),
+                bytes_read=nbytes,
+                ok=not failures,
+                seconds=round(max(s for *_, s in found), 4),
+                failures=failures[:5],
+                nodes=len(leaders.ranks),
+            )
             verified = not failures
         verified = bool(leaders.from_main(verified))
         if verified:
             shutil.rmtree(self.folder)
-            events.emit("delete_local", step=self.step, name=name, bytes_freed=sum(e.size for e in own),
-                        free_bytes=shutil.disk_usage(self.folder.parent).free)
+            events.emit(
+                "delete_local",
+                step=self.step,
+                name=name,
+                bytes_freed=sum(e.size for e in own),
+                free_bytes=shutil.disk_usage(self.folder.parent).free,
+            )
             if leaders.is_main:
                 deleted, kept = prune(store, name, keep)
                 events.emit("prune", step=self.step, anchor=name, deleted=deleted, kept=kept)

@@ -41,8 +41,8 @@ import urllib.request
 from typing import Callable
 
 from runtime.events import emit
-ADDRESS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal",
-           "azure": "http://169.254.169.254"}
+
+ADDRESS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal", "azure": "http://169.254.169.254"}
 TIMEOUT_S = 2.0
 
 
@@ -59,8 +59,9 @@ def aws(base: str) -> str | None:
     status, token = _get(f"{base}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "300"}, "PUT")
     if status != 200:
         return None
-    status, body = _get(f"{base}/latest/meta-data/spot/instance-action",
-                        {"X-aws-ec2-metadata-token": token.decode(errors="replace")})
+    status, body = _get(
+        f"{base}/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": token.decode(errors="replace")}
+    )
     if status != 200:
         return None
     action = json.loads(body or b"{}")
@@ -114,8 +115,11 @@ def watch(cloud: str, base: str, mark: str, parent: int, every: float) -> int:
             said = None
             errors += 1
             if errors == 1:
-                print(f"preflight notice watcher: {cloud} metadata at {base} did not answer ({err}); polling on",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"preflight notice watcher: {cloud} metadata at {base} did not answer ({err}); polling on",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if said:
             node = os.environ.get("SKYPILOT_NODE_RANK", "0")
             emit("notice", cloud=cloud, detail=said, node=int(node) if node.isdigit() else 0)
@@ -137,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     cloud = cloud_of(dict(os.environ))
     if cloud not in DIALECTS:
         where = f"on {cloud}" if cloud else "without SKYPILOT_CLUSTER_INFO"
-        print(f"preflight notice watcher: no metadata notice to watch {where}; the leg gets none",
-              file=sys.stderr, flush=True)
+        print(
+            f"preflight notice watcher: no metadata notice to watch {where}; the leg gets none",
+            file=sys.stderr,
+            flush=True,
+        )
         return 0
     base = os.environ.get("PREFLIGHT_METADATA_URL") or ADDRESS[cloud]
     return watch(cloud, base.rstrip("/"), args.mark, args.parent, args.every)

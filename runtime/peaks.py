@@ -70,78 +70,92 @@ _T4 = Peak(
     gpu="T4",
     part="Tesla T4 16GB (PCIe, 70 W)",
     flops={"fp32": 8.1 * TERA, "fp16": 65.0 * TERA},
-    source=("NVIDIA T4 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
-            "Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf: 'Single-Precision 8.1 TFLOPS', "
-            "'Mixed-Precision (FP16/FP32) 65 TFLOPS'. Taken as printed (Turing has no sparse mode); "
-            "no TF32 or BF16 rows: Turing's tensor cores have neither."),
+    source=(
+        "NVIDIA T4 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
+        "Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf: 'Single-Precision 8.1 TFLOPS', "
+        "'Mixed-Precision (FP16/FP32) 65 TFLOPS'. Taken as printed (Turing has no sparse mode); "
+        "no TF32 or BF16 rows: Turing's tensor cores have neither."
+    ),
 )
 
 _L4 = Peak(
     gpu="L4",
     part="L4 24GB (PCIe, 72 W)",
     flops={"fp32": 30.3 * TERA, "tf32": 60.0 * TERA, "bf16": 121.0 * TERA, "fp16": 121.0 * TERA},
-    source=("NVIDIA L4 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-l4/l4-datasheet "
-            "(and https://www.nvidia.com/en-us/data-center/l4/): FP32 30.3 TFLOPS; TF32 Tensor Core "
-            "120*, FP16 Tensor Core 242*, BFLOAT16 Tensor Core 242* TFLOPS, '* Shown with sparsity. "
-            "Specifications are one-half lower without sparsity': the three tensor figures halved "
-            "(60, 121, 121); FP32 as printed."),
+    source=(
+        "NVIDIA L4 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-l4/l4-datasheet "
+        "(and https://www.nvidia.com/en-us/data-center/l4/): FP32 30.3 TFLOPS; TF32 Tensor Core "
+        "120*, FP16 Tensor Core 242*, BFLOAT16 Tensor Core 242* TFLOPS, '* Shown with sparsity. "
+        "Specifications are one-half lower without sparsity': the three tensor figures halved "
+        "(60, 121, 121); FP32 as printed."
+    ),
 )
 
 _A10G = Peak(
     gpu="A10G",
     part="A10G 24GB (AWS G5, PCIe; AWS's variant of the A10)",
     flops={"fp32": 35.0 * TERA, "tf32": 35.0 * TERA, "bf16": 70.0 * TERA, "fp16": 70.0 * TERA},
-    source=("NVIDIA A10G Tensor Core GPU datasheet as published by AWS, https://d1.awsstatic.com/"
-            "product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf (linked from "
-            "https://aws.amazon.com/ec2/instance-types/g5/): FP32 35, TF32 35, BF16/FP16 70 TFLOPS "
-            "dense (140 with sparsity); the dense figures as printed. The only vendor-published A10G "
-            "sheet; figures from public copies quoting it, the PDF itself not read here. NVIDIA's A10 "
-            "datasheet (31.2 / 62.5 / 125 / 125) is a different board and would overstate the A10G's "
-            "tensor peak ~1.8x; published A10G bf16 GEMM measurements (~67-69 TFLOP/s) sit just "
-            "under 70."),
+    source=(
+        "NVIDIA A10G Tensor Core GPU datasheet as published by AWS, https://d1.awsstatic.com/"
+        "product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf (linked from "
+        "https://aws.amazon.com/ec2/instance-types/g5/): FP32 35, TF32 35, BF16/FP16 70 TFLOPS "
+        "dense (140 with sparsity); the dense figures as printed. The only vendor-published A10G "
+        "sheet; figures from public copies quoting it, the PDF itself not read here. NVIDIA's A10 "
+        "datasheet (31.2 / 62.5 / 125 / 125) is a different board and would overstate the A10G's "
+        "tensor peak ~1.8x; published A10G bf16 GEMM measurements (~67-69 TFLOP/s) sit just "
+        "under 70."
+    ),
 )
 
 _A100 = Peak(
     gpu="A100",
     part="A100 SXM4 40GB / 80GB (same figures)",
     flops={"fp32": 19.5 * TERA, "tf32": 156.0 * TERA, "bf16": 312.0 * TERA, "fp16": 312.0 * TERA},
-    source=("NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
-            "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf: FP32 19.5 TFLOPS; "
-            "TF32 156 | 312*, BFLOAT16 312 | 624*, FP16 312 | 624* TFLOPS (* with sparsity): the dense "
-            "(left) figures as printed, nothing halved. The 40GB and 80GB SXM columns print the same "
-            "compute figures."),
+    source=(
+        "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
+        "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf: FP32 19.5 TFLOPS; "
+        "TF32 156 | 312*, BFLOAT16 312 | 624*, FP16 312 | 624* TFLOPS (* with sparsity): the dense "
+        "(left) figures as printed, nothing halved. The 40GB and 80GB SXM columns print the same "
+        "compute figures."
+    ),
 )
 
 _H100 = Peak(
     gpu="H100",
     part="H100 SXM5 80GB",
     flops={"fp32": 67.0 * TERA, "tf32": 494.5 * TERA, "bf16": 989.5 * TERA, "fp16": 989.5 * TERA},
-    source=("NVIDIA H100 Tensor Core GPU datasheet / https://www.nvidia.com/en-us/data-center/h100/, "
-            "H100 SXM column: FP32 67 TFLOPS; TF32 989*, BFLOAT16 1,979*, FP16 1,979* TFLOPS, "
-            "'* With sparsity': the three tensor figures halved (494.5, 989.5, 989.5); FP32 as printed."),
+    source=(
+        "NVIDIA H100 Tensor Core GPU datasheet / https://www.nvidia.com/en-us/data-center/h100/, "
+        "H100 SXM column: FP32 67 TFLOPS; TF32 989*, BFLOAT16 1,979*, FP16 1,979* TFLOPS, "
+        "'* With sparsity': the three tensor figures halved (494.5, 989.5, 989.5); FP32 as printed."
+    ),
 )
 
 _H200 = Peak(
     gpu="H200",
     part="H200 SXM 141GB",
     flops={"fp32": 67.0 * TERA, "tf32": 494.5 * TERA, "bf16": 989.5 * TERA, "fp16": 989.5 * TERA},
-    source=("NVIDIA H200 Tensor Core GPU datasheet / https://www.nvidia.com/en-us/data-center/h200/, "
-            "H200 SXM column: FP32 67 TFLOPS; TF32 989, BFLOAT16 1,979, FP16 1,979 TFLOPS, printed with "
-            "sparsity (footnote): the three tensor figures halved (494.5, 989.5, 989.5); FP32 as printed. "
-            "Same GH100 compute as the H100 SXM; only the memory differs."),
+    source=(
+        "NVIDIA H200 Tensor Core GPU datasheet / https://www.nvidia.com/en-us/data-center/h200/, "
+        "H200 SXM column: FP32 67 TFLOPS; TF32 989, BFLOAT16 1,979, FP16 1,979 TFLOPS, printed with "
+        "sparsity (footnote): the three tensor figures halved (494.5, 989.5, 989.5); FP32 as printed. "
+        "Same GH100 compute as the H100 SXM; only the memory differs."
+    ),
 )
 
 _B200 = Peak(
     gpu="B200",
     part="B200 SXM (HGX/DGX B200 board, up to 1,000 W per GPU)",
     flops={"fp32": 75.0 * TERA, "tf32": 1125.0 * TERA, "bf16": 2250.0 * TERA, "fp16": 2250.0 * TERA},
-    source=("NVIDIA HGX B200 datasheet / https://www.nvidia.com/en-us/data-center/hgx/ (8x B200 SXM, "
-            "the board of the DGX B200): 8-GPU totals FP32 600 TFLOPS, TF32 Tensor Core 18 PFLOPS, "
-            "FP16/BF16 Tensor Core 36 PFLOPS, the tensor rows with sparsity (footnote): divided by 8 "
-            "GPUs, tensor rows then halved (75 TF, 1.125 PF, 2.25 PF, 2.25 PF). Its per-GPU rows "
-            "(FP32 75 TF, TF32 2.2 PF, FP16/BF16 4.5 PF, sparse) agree. The DGX B200 datasheet "
-            "(https://www.nvidia.com/en-us/data-center/dgx-b200/) prints only FP8 (72 PFLOPS) and FP4 "
-            "(144 PFLOPS) for its 8 GPUs; FP8 72/8/2 = 4.5 PF dense, twice the BF16 figure, as expected."),
+    source=(
+        "NVIDIA HGX B200 datasheet / https://www.nvidia.com/en-us/data-center/hgx/ (8x B200 SXM, "
+        "the board of the DGX B200): 8-GPU totals FP32 600 TFLOPS, TF32 Tensor Core 18 PFLOPS, "
+        "FP16/BF16 Tensor Core 36 PFLOPS, the tensor rows with sparsity (footnote): divided by 8 "
+        "GPUs, tensor rows then halved (75 TF, 1.125 PF, 2.25 PF, 2.25 PF). Its per-GPU rows "
+        "(FP32 75 TF, TF32 2.2 PF, FP16/BF16 4.5 PF, sparse) agree. The DGX B200 datasheet "
+        "(https://www.nvidia.com/en-us/data-center/dgx-b200/) prints only FP8 (72 PFLOPS) and FP4 "
+        "(144 PFLOPS) for its 8 GPUs; FP8 72/8/2 = 4.5 PF dense, twice the BF16 figure, as expected."
+    ),
 )
 
 PEAKS: dict[str, Peak] = {
@@ -196,12 +210,14 @@ def peak_flops(gpu: str | None, dtype: str) -> tuple[float | None, str]:
     if flops is None:
         return None, f"{_article(peak.gpu)} {peak.gpu} has no {dtype} tensor cores"
     unit = "CUDA cores" if dtype == "fp32" else "tensor cores"
-    return flops, (f"{flops / TERA:g} TFLOP/s dense {dtype} ({unit}) of {_article(peak.part)} {peak.part}, "
-                   "per the vendor's sheet")
+    return flops, (
+        f"{flops / TERA:g} TFLOP/s dense {dtype} ({unit}) of {_article(peak.part)} {peak.part}, per the vendor's sheet"
+    )
 
 
 _DEVICE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), key) for pattern, key in (
+    (re.compile(pattern), key)
+    for pattern, key in (
         (r"T4", "T4"),
         (r"L4", "L4"),
         (r"A10G", "A10G"),
@@ -228,7 +244,7 @@ def gpu_of_device_name(name: str) -> str | None:
     text = " ".join(name.split()).upper()
     for prefix in ("NVIDIA ", "TESLA "):
         if text.startswith(prefix):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
     for pattern, key in _DEVICE_PATTERNS:
         if pattern.fullmatch(text):
             return key

@@ -28,8 +28,9 @@ class Restored:
     """Names found damaged: a later push of the same step may replace them."""
 
 
-def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", keep_files: bool = False,
-                   check: Any = None) -> Restored:
+def restore_newest(
+    store: Store, restore_dir: Path, map_location: str = "cpu", keep_files: bool = False, check: Any = None
+) -> Restored:
     """Fetch, check and load the newest usable verified checkpoint (None: start fresh).
     `check(folder, seal)`, when given, replaces the load (a checkpoint in another
     framework's format): it raises CheckpointDamaged, and returns the state or None."""
@@ -63,8 +64,9 @@ def restore_newest(store: Store, restore_dir: Path, map_location: str = "cpu", k
     return Restored(None, skipped=skipped)
 
 
-def load_tracked(tracked: dict[str, Any], state: dict[str, Any], name: str, extra: dict[str, Any],
-                 digests: bool) -> dict[str, Any]:
+def load_tracked(
+    tracked: dict[str, Any], state: dict[str, Any], name: str, extra: dict[str, Any], digests: bool
+) -> dict[str, Any]:
     """Load each tracked object from checkpoint `name`'s state, and `extra` (its defaults
     updated with the saved values); the resume event's facts: each object's own
     (`resume_facts`) and, where `digests`, the digest of each object as loaded (restoration

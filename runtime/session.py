@@ -43,11 +43,11 @@ from typing import Any, Callable
 import torch
 
 from runtime import contract, events, sharded_session
-from runtime.evidence import StepEvidence, state_digests
 from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
+from runtime.evidence import StepEvidence, state_digests
 from runtime.health import Health
 from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
 from runtime.loaders import quiet_sigchld, shield_workers
@@ -71,12 +71,27 @@ def resolve_device(requested: str = "auto") -> str:
 class Session:
     """One leg of a run, from the trainer's side. See the module docstring."""
 
-    def __init__(self, *, ckpt_every: int = 10, keep: int = 2, workdir: str | Path = ".", device: str = "auto",
-                 total_steps: int | None = None, max_steps: int | None = None, verify_bytes: int = 2 << 20,
-                 metrics_every: int = 10, health_every: float = 30.0,
-                 lr_schedule: Callable[[int], float] | None = None, world: World | None = None,
-                 meta: dict[str, Any] | None = None, breakdown: bool = True, count_flops: bool = True,
-                 flops_formula: float | None = None, async_save: bool = True, sharded: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ckpt_every: int = 10,
+        keep: int = 2,
+        workdir: str | Path = ".",
+        device: str = "auto",
+        total_steps: int | None = None,
+        max_steps: int | None = None,
+        verify_bytes: int = 2 << 20,
+        metrics_every: int = 10,
+        health_every: float = 30.0,
+        lr_schedule: Callable[[int], float] | None = None,
+        world: World | None = None,
+        meta: dict[str, Any] | None = None,
+        breakdown: bool = True,
+        count_flops: bool = True,
+        flops_formula: float | None = None,
+        async_save: bool = True,
+        sharded: bool | None = None,
+    ) -> None:
         env = os.environ
         self.run_id = env.get(contract.RUN_ID, "local")
         self.leg = int(env.get(contract.LEG, "0"))
@@ -150,10 +165,22 @@ class Session:
     def resume(self, **start_facts: Any) -> int:
         """Print `start`, restore from the newest verified checkpoint; the step to continue from."""
         self.store = open_store(os.environ.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
-        events.emit("start", run_id=self.run_id, leg=self.leg, rung=self.rung, device=self.device,
-                    torch=torch.__version__, world_size=self.world.world_size, params=self.params,
-                    max_steps=self.max_steps, total_steps=self.total_steps, store=self.store.uri,
-                    tracked=self.evidence.kinds, deterministic=self.evidence.determinism.settings, **start_facts)
+        events.emit(
+            "start",
+            run_id=self.run_id,
+            leg=self.leg,
+            rung=self.rung,
+            device=self.device,
+            torch=torch.__version__,
+            world_size=self.world.world_size,
+            params=self.params,
+            max_steps=self.max_steps,
+            total_steps=self.total_steps,
+            store=self.store.uri,
+            tracked=self.evidence.kinds,
+            deterministic=self.evidence.determinism.settings,
+            **start_facts,
+        )
         world, restore = self.world, self.work / "restore"
         if self.sharded is None:
             self.sharded = any(is_sharded(o) for o in self.tracked.values())
@@ -162,8 +189,13 @@ class Session:
         choice, state = None, None
         if world.is_main:
             try:
-                restored = restore_newest(self.store, restore, map_location=self.device, keep_files=True,
-                                          check=sharded_session.check if self.sharded else None)
+                restored = restore_newest(
+                    self.store,
+                    restore,
+                    map_location=self.device,
+                    keep_files=True,
+                    check=sharded_session.check if self.sharded else None,
+                )
                 state = restored.state
                 choice = ("ok", restored.info.name if restored.info else None, restored.skipped)
             except StoreError as err:  # an auth error must not read as "nothing here"
@@ -173,8 +205,11 @@ class Session:
             events.emit("stop", reason="store_error", step=0, error=name)
             self._exit(EXIT_REFUSED)
         signal.signal(signal.SIGTERM, lambda *_: (self._sigterm.append(True), quiet_sigchld()))
-        self.pusher = Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes, replace=frozenset(
-            skipped)) if world.is_main or (self.leaders is not None and world.local_rank == 0) else None
+        self.pusher = (
+            Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes, replace=frozenset(skipped))
+            if world.is_main or (self.leaders is not None and world.local_rank == 0)
+            else None
+        )
         self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
         if name is not None:
             self._load(name, state, restore)
@@ -228,8 +263,13 @@ class Session:
         if self.step_count >= self.max_steps:
             self.reason = "max_steps"
             return False
-        local = local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._last_step_s,
-                           self._sigterm, self.step_count)
+        local = local_stop(
+            self.deadline,
+            self.pusher.last_cycle_s if self.pusher else 0.0,
+            self._last_step_s,
+            self._sigterm,
+            self.step_count,
+        )
         code = int(self.world.max(local))
         if code:
             self.reason = STOP_CODES[code]
@@ -244,8 +284,17 @@ class Session:
         (runtime.steptime)."""
         self.clock.lap(phase)
 
-    def step(self, loss: Any, *, batch: Any = None, tokens: int = 0, lr: float | None = None,
-             sample_index: int | None = None, epoch: int | None = None, **fields: Any) -> None:
+    def step(
+        self,
+        loss: Any,
+        *,
+        batch: Any = None,
+        tokens: int = 0,
+        lr: float | None = None,
+        sample_index: int | None = None,
+        epoch: int | None = None,
+        **fields: Any,
+    ) -> None:
         """One optimizer step is done: print its event, checkpoint on the cadence.
 
         `loss`: this rank's loss (tensor or float; the event carries the mean over ranks).
@@ -291,12 +340,21 @@ class Session:
         if self.lr_schedule is not None:
             extra["lr_expected"] = float(self.lr_schedule(step - 1))
         per_step = tokens or 0
-        events.emit("step", step=step, loss=round(global_loss, 6), loss_local=round(local, 6),
-                    lr=lr, tokens=self.tokens,
-                    tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
-                    step_s=round(self._last_step_s, 4), mem_max_bytes=self._mem_max,
-                    phases={k: round(v, 5) for k, v in {**clock.laps, "ckpt": self._ckpt_s}.items()},
-                    **extra, **self._gpu_phases(), **fields)
+        events.emit(
+            "step",
+            step=step,
+            loss=round(global_loss, 6),
+            loss_local=round(local, 6),
+            lr=lr,
+            tokens=self.tokens,
+            tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
+            step_s=round(self._last_step_s, 4),
+            mem_max_bytes=self._mem_max,
+            phases={k: round(v, 5) for k, v in {**clock.laps, "ckpt": self._ckpt_s}.items()},
+            **extra,
+            **self._gpu_phases(),
+            **fields,
+        )
         self._ckpt_s = 0.0
         if step % self.ckpt_every == 0:
             began = time.perf_counter()
@@ -319,6 +377,7 @@ class Session:
             return
         meta = {"run_id": self.run_id, "params": self.params, **self.meta}
         sizes: dict[str, int] = {}
+
         def digests(state: dict[str, Any]) -> None:  # async: on the pusher's thread, from the snapshot
             events.emit("state_digest", step=step, digests=state_digests(state, list(state)))
 
@@ -344,9 +403,16 @@ class Session:
             folder, manifest = save_local(state, self.work / "ckpt", step, meta)
             blocked = self.pusher.submit(folder, manifest)
             nbytes = manifest.total_bytes
-        events.emit("save", step=step, bytes=nbytes, seconds=round(time.perf_counter() - began, 4),
-                    blocked_s=round(blocked, 4), state_bytes={k: v for k, v in sizes.items() if v},
-                    params=self.params, async_save=self.async_save)
+        events.emit(
+            "save",
+            step=step,
+            bytes=nbytes,
+            seconds=round(time.perf_counter() - began, 4),
+            blocked_s=round(blocked, 4),
+            state_bytes={k: v for k, v in sizes.items() if v},
+            params=self.params,
+            async_save=self.async_save,
+        )
 
     def _gpu_phases(self) -> dict[str, Any]:
         gpu = self.clock.gpu_phases()
@@ -364,8 +430,9 @@ class Session:
         """Per window (runtime.window): memory (cross-rank MAX), the sustained rate + ETA + MFU; a health line."""
         step = self.step_count
         self._mem_max = emit_memory(self.world, self.device, step)
-        emit_rate(self.world, self.device, step, self._history, self.total_steps, self.flops_per_token,
-                  self.flops_dtype)
+        emit_rate(
+            self.world, self.device, step, self._history, self.total_steps, self.flops_per_token, self.flops_dtype
+        )
         if self.health is not None:
             self.health.maybe_emit(step)
 

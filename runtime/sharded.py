@@ -40,11 +40,26 @@ FORMAT = "dcp"
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20
 _DCP = "torch.distributed.checkpoint"
-_ALLOWED = {(f"{_DCP}.metadata", n) for n in ("Metadata", "MetadataIndex", "ChunkStorageMetadata",
-                                               "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-                                               "StorageMeta", "_MEM_FORMAT_ENCODING")}
-_ALLOWED |= {(f"{_DCP}.filesystem", "_StorageInfo"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-             ("pathlib", "PosixPath"), ("collections", "OrderedDict")}
+_ALLOWED = {
+    (f"{_DCP}.metadata", n)
+    for n in (
+        "Metadata",
+        "MetadataIndex",
+        "ChunkStorageMetadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+}
+_ALLOWED |= {
+    (f"{_DCP}.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
 
 
 def rank_file(rank: int) -> str:
@@ -91,13 +106,15 @@ def read_metadata(folder: Path, listed: set[str]) -> Any:
         raise CheckpointDamaged(f"{METADATA} is not DCP metadata")
     paths = meta.planner_data.values() if isinstance(meta.planner_data, dict) else [None]
     for path in paths:  # where each item goes in the state: names and small list indices only
-        if not isinstance(path, tuple) or not all(isinstance(k, str) or (type(k) is int and 0 <= k < 1 << 20)
-                                                  for k in path):
+        if not isinstance(path, tuple) or not all(
+            isinstance(k, str) or (type(k) is int and 0 <= k < 1 << 20) for k in path
+        ):
             raise CheckpointDamaged(f"{METADATA} places an item at {str(path)[:80]!r}")
     for info in meta.storage_data.values():
         if not isinstance(info, _StorageInfo) or info.relative_path not in listed:
-            raise CheckpointDamaged(f"{METADATA} names {str(getattr(info, 'relative_path', info))[:80]!r}, "
-                                    f"which the manifest does not list")
+            raise CheckpointDamaged(
+                f"{METADATA} names {str(getattr(info, 'relative_path', info))[:80]!r}, which the manifest does not list"
+            )
         if info.transform_descriptors:
             raise CheckpointDamaged(f"{METADATA} asks for transforms {info.transform_descriptors!r}")
     return meta
@@ -129,8 +146,9 @@ def _planner(whole: bool = False) -> Any:
             try:
                 loaded = torch.load(value, weights_only=True)
             except Exception as err:  # noqa: BLE001 - a forged item is damage
-                raise CheckpointDamaged(f"a non-tensor item of the checkpoint is not plain data "
-                                        f"({type(err).__name__})") from None
+                raise CheckpointDamaged(
+                    f"a non-tensor item of the checkpoint is not plain data ({type(err).__name__})"
+                ) from None
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._nested_dict import set_element as put
 
@@ -236,8 +254,11 @@ def coverage_failures(folder: Path, listed: set[str], world_size: Any) -> list[s
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         failures.append(f"the manifest's world_size {world_size!r} is not a number of ranks")
         world_size = 0
-    failures += [f"{rank_file(r)}: rank {r}'s own state is not in the manifest" for r in range(world_size)
-                 if rank_file(r) not in listed]
+    failures += [
+        f"{rank_file(r)}: rank {r}'s own state is not in the manifest"
+        for r in range(world_size)
+        if rank_file(r) not in listed
+    ]
     if METADATA not in listed:
         return failures + [f"{METADATA}: DCP's index is not in the manifest"]
     try:

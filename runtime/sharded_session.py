@@ -38,7 +38,9 @@ def check(folder: Path, seal: dict[str, Any] | None) -> None:
 
     manifest = json.loads((folder / MANIFEST).read_text())
     if manifest.get("meta", {}).get("format") != sharded.FORMAT:
-        raise CheckpointDamaged(f"{folder.name} is not a sharded (DCP) checkpoint, and this session saves sharded state")
+        raise CheckpointDamaged(
+            f"{folder.name} is not a sharded (DCP) checkpoint, and this session saves sharded state"
+        )
     if seal is not None:
         check_windows(folder, seal)
     sharded.read_metadata(folder, {f["path"] for f in manifest["files"]})
@@ -62,8 +64,13 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
     sharded.save(partial, sess.tracked, own, world.rank)
     digests = sharded.digests(sess.tracked)  # a collective: the full tensors
     world.barrier(f"every rank writing its shards of step {step}")
-    meta = {"run_id": sess.run_id, "params": sess.params, **sess.meta, "format": sharded.FORMAT,
-            "world_size": world.world_size}
+    meta = {
+        "run_id": sess.run_id,
+        "params": sess.params,
+        **sess.meta,
+        "format": sharded.FORMAT,
+        "world_size": world.world_size,
+    }
     if world.is_main:
         from runtime.evidence import state_digests
 
@@ -84,9 +91,16 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
     else:
         blocked = sess.pusher.submit(folder, manifest)
     if world.is_main:
-        events.emit("save", step=step, bytes=sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
-                    seconds=round(time.perf_counter() - began, 4), blocked_s=round(blocked, 4),
-                    params=sess.params, async_save=False, sharded=sharded.FORMAT)
+        events.emit(
+            "save",
+            step=step,
+            bytes=sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
+            seconds=round(time.perf_counter() - began, 4),
+            blocked_s=round(blocked, 4),
+            params=sess.params,
+            async_save=False,
+            sharded=sharded.FORMAT,
+        )
 
 
 def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
@@ -96,8 +110,10 @@ def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
     manifest = json.loads((folder / MANIFEST).read_text())
     saved = manifest.get("meta", {}).get("world_size")
     if saved != world.world_size:
-        raise ResumeRefused("world_size_changed", f"{name} was saved by {saved} ranks; this leg has "
-                                                  f"{world.world_size}: resharding is not supported")
+        raise ResumeRefused(
+            "world_size_changed",
+            f"{name} was saved by {saved} ranks; this leg has {world.world_size}: resharding is not supported",
+        )
     own = sharded.load(folder, sess.tracked, {f["path"] for f in manifest["files"]}, world.rank)
     # DCP's set_state_dict makes an empty optimizer's state with one step (zero grads, lr 0): not
     # a training step; counted, it hid an optimizer re-created after the resume (1 step in 7).

@@ -20,8 +20,13 @@ import torch
 
 def rng_state() -> dict[str, Any]:
     name, key, pos, has_gauss, cached = np.random.get_state()
-    numpy_state = (str(name), torch.from_numpy(np.asarray(key, dtype=np.int64)), int(pos), int(has_gauss),
-                   float(cached))
+    numpy_state = (
+        str(name),
+        torch.from_numpy(np.asarray(key, dtype=np.int64)),
+        int(pos),
+        int(has_gauss),
+        float(cached),
+    )
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

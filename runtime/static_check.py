@@ -58,8 +58,9 @@ def split_command(argv: list[str]) -> tuple[str, str, list[str]]:
         if ns.no_python:
             raise ValueError("torchrun --no-python runs a program, not a Python script: rung 0 cannot parse it")
         if os.path.basename(script).startswith("python"):
-            raise ValueError(f"torchrun was handed the interpreter {script!r} instead of the script "
-                             "(torchrun adds python itself)")
+            raise ValueError(
+                f"torchrun was handed the interpreter {script!r} instead of the script (torchrun adds python itself)"
+            )
         return "script", script, rest
     if not exe.startswith("python"):
         raise ValueError(f"rung 0 understands `python ...` and `torchrun ...` commands, not {argv[0]!r}")
@@ -71,10 +72,10 @@ def split_command(argv: list[str]) -> tuple[str, str, list[str]]:
     if argv[i] == "-m":
         if i + 1 >= len(argv):
             raise ValueError("`-m` with no module name")
-        return "module", argv[i + 1], argv[i + 2:]
+        return "module", argv[i + 1], argv[i + 2 :]
     if argv[i].startswith("-"):
         raise ValueError(f"unsupported interpreter flag {argv[i]!r}")
-    return "script", argv[i], argv[i + 1:]
+    return "script", argv[i], argv[i + 1 :]
 
 
 def import_entry(kind: str, target: str) -> ModuleType:
@@ -141,6 +142,7 @@ def last_error_line(text: str) -> str | None:
 def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
     """builtins.exec as the entry sees it: the configurator's source (`wanted`) runs in the
     caller's globals, then the run stops (_Parsed) with the globals it changed."""
+
     def exec_(source, globals_=None, locals_=None, /, **kw):  # noqa: ANN001, ANN202
         caller = sys._getframe(1)
         if globals_ is None:
@@ -151,6 +153,7 @@ def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
         orig_exec(source, globals_, locals_, **kw)
         changed = {k: globals_[k] for k in before if globals_.get(k) != before[k] and not k.startswith("__")}
         raise _Parsed(argparse.Namespace(**changed))
+
     return exec_
 
 
@@ -184,8 +187,12 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
     inside: list[bool] = []
     wanted = Path(configurator).read_text(encoding="utf-8") if configurator and Path(configurator).is_file() else None
     if configurator is not None and wanted is None:
-        return _check("parse", False, f"{target} execs {configurator} to read its command line, and "
-                      f"{configurator} is not among the reviewed files (add it to `reviewed:`)")
+        return _check(
+            "parse",
+            False,
+            f"{target} execs {configurator} to read its command line, and "
+            f"{configurator} is not among the reviewed files (add it to `reviewed:`)",
+        )
 
     exec_ = _stopping_exec(orig_exec, wanted)
 
@@ -212,8 +219,12 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
             missing = _run_as_main(kind, target, args)
         if missing is not None:
             return missing
-        return _check("parse", False, f"{target} ran to its end without parsing a command line with argparse "
-                      "(set trainer.parser: none for a script configured otherwise)")
+        return _check(
+            "parse",
+            False,
+            f"{target} ran to its end without parsing a command line with argparse "
+            "(set trainer.parser: none for a script configured otherwise)",
+        )
     except _Parsed as parsed:
         ns = parsed.namespace
         shown = json.dumps(vars(ns), default=str, sort_keys=True) if hasattr(ns, "__dict__") else repr(ns)
@@ -260,21 +271,31 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
         os.environ[contract.MAX_STEPS] = "0"  # a trainer that gets past the parse anyway trains nothing
         configurator = configurator_of(kind, target)
         if configurator is None and not uses_argparse(Path.cwd()):
-            checks.append(_check("parse", False, f"no reviewed file parses a command line with argparse, and "
-                                 f"{target} execs no configurator file: rung 0 cannot stop it after its arguments "
-                                 "are read without training; set trainer.parser: none (rung 0 then compiles the "
-                                 "reviewed files and checks their imports)"))
+            checks.append(
+                _check(
+                    "parse",
+                    False,
+                    f"no reviewed file parses a command line with argparse, and "
+                    f"{target} execs no configurator file: rung 0 cannot stop it after its arguments "
+                    "are read without training; set trainer.parser: none (rung 0 then compiles the "
+                    "reviewed files and checks their imports)",
+                )
+            )
         else:
             checks.append(run_to_parse(kind, target, args, configurator))
         checks += import_modules(modules)
         required, conditional = unresolved_imports(Path.cwd())
         outside = foreign_modules(Path.cwd()) + required
-        detail = ("every module loaded came from the interpreter, its site-packages, the reviewed files or the leg "
-                  "runtime" if not outside else
-                  f"loaded from outside the reviewed files (gone on a fresh instance): {'; '.join(outside[:5])}")
+        detail = (
+            "every module loaded came from the interpreter, its site-packages, the reviewed files or the leg runtime"
+            if not outside
+            else f"loaded from outside the reviewed files (gone on a fresh instance): {'; '.join(outside[:5])}"
+        )
         if conditional:
-            detail += (f"; note: imported only under an `if`, and not found here: {'; '.join(conditional[:5])} "
-                       "(a run that takes that branch fails)")
+            detail += (
+                f"; note: imported only under an `if`, and not found here: {'; '.join(conditional[:5])} "
+                "(a run that takes that branch fails)"
+            )
         checks.append(_check("imports from reviewed files only", not outside, detail))
         return checks
     try:
@@ -316,8 +337,16 @@ def compile_only(kind: str, target: str, modules: list[str]) -> list[dict[str, A
                 py_compile.compile(str(f), doraise=True, cfile=str(Path(tmp) / "x.pyc"))
             except py_compile.PyCompileError as err:
                 bad.append(str(err).strip().splitlines()[-1])
-    checks.append(_check("compile", not bad, f"{len(files)} reviewed .py files compile (the entry is not run: "
-                         "trainer.parser is none, so its command line is not checked)" if not bad else bad[0]))
+    checks.append(
+        _check(
+            "compile",
+            not bad,
+            f"{len(files)} reviewed .py files compile (the entry is not run: "
+            "trainer.parser is none, so its command line is not checked)"
+            if not bad
+            else bad[0],
+        )
+    )
     if kind == "module":
         checks.append(_check("entry found", importlib.util.find_spec(target) is not None, f"module {target}"))
     return checks + import_modules(modules)

@@ -44,14 +44,24 @@ def configurator_of(kind: str, target: str) -> str | None:
         return None
     for node in tree.body:
         call = node.value if isinstance(node, ast.Expr) else None
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "exec"
-                and len(call.args) == 1):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "exec"
+            and len(call.args) == 1
+        ):
             continue
         read = call.args[0]  # open("x").read()
         if isinstance(read, ast.Call) and isinstance(read.func, ast.Attribute) and read.func.attr == "read":
             opened = read.func.value
-            if isinstance(opened, ast.Call) and isinstance(opened.func, ast.Name) and opened.func.id == "open" \
-                    and opened.args and isinstance(opened.args[0], ast.Constant) and isinstance(opened.args[0].value, str):
+            if (
+                isinstance(opened, ast.Call)
+                and isinstance(opened.func, ast.Name)
+                and opened.func.id == "open"
+                and opened.args
+                and isinstance(opened.args[0], ast.Constant)
+                and isinstance(opened.args[0].value, str)
+            ):
                 return opened.args[0].value
     return None
 
@@ -75,11 +85,16 @@ def uses_argparse(root: Path) -> bool:
     """Whether any reviewed .py file names argparse or an argparse-style parser (read, not run)."""
     for _, tree in reviewed_trees(root):
         for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id in ARGPARSE_NAMES or \
-                    isinstance(node, ast.Attribute) and node.attr in ARGPARSE_NAMES or \
-                    isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                        a.name.split(".")[0] == "argparse" for a in node.names) or \
-                    isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+            if (
+                isinstance(node, ast.Name)
+                and node.id in ARGPARSE_NAMES
+                or isinstance(node, ast.Attribute)
+                and node.attr in ARGPARSE_NAMES
+                or isinstance(node, (ast.Import, ast.ImportFrom))
+                and any(a.name.split(".")[0] == "argparse" for a in node.names)
+                or isinstance(node, ast.ImportFrom)
+                and (node.module or "").split(".")[0] == "argparse"
+            ):
                 return True
     return False
 
@@ -96,19 +111,31 @@ def unresolved_imports(root: Path) -> tuple[list[str], list[str]]:
     required: set[str] = set()
     for f, tree in reviewed_trees(root):
         optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
-        branch = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and not _is_main_guard(t)
-                  for n in ast.walk(t) if n is not t}
+        branch = {
+            id(n)
+            for t in ast.walk(tree)
+            if isinstance(t, ast.If) and not _is_main_guard(t)
+            for n in ast.walk(t)
+            if n is not t
+        }
         for node in ast.walk(tree):
             if id(node) in optional:
                 continue
-            found = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module.split(".")[0]] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            found = (
+                [a.name.split(".")[0] for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module.split(".")[0]]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                else []
+            )
             for name in found:
                 names.setdefault(name, f.name)
                 (conditional if id(node) in branch else required).add(name)
     conditional -= required  # imported unconditionally somewhere as well
-    return (_unfound([(n, names[n]) for n in sorted(required)], allowed),
-            _unfound([(n, names[n]) for n in sorted(conditional)], allowed))
+    return (
+        _unfound([(n, names[n]) for n in sorted(required)], allowed),
+        _unfound([(n, names[n]) for n in sorted(conditional)], allowed),
+    )
 
 
 def _is_main_guard(node: ast.If) -> bool:
@@ -130,7 +157,10 @@ def _unfound(names: list[tuple[str, str]], allowed: set[Path]) -> list[str]:
             bad.append(f"{name} (imported by {where}): not found")
             continue
         locations = [Path(p) for p in (spec.submodule_search_locations or [])] or (
-            [Path(spec.origin)] if spec.origin and spec.origin not in ("built-in", "frozen") else [])
-        if locations and not any(a == loc.resolve() or a in loc.resolve().parents for loc in locations for a in allowed):
+            [Path(spec.origin)] if spec.origin and spec.origin not in ("built-in", "frozen") else []
+        )
+        if locations and not any(
+            a == loc.resolve() or a in loc.resolve().parents for loc in locations for a in allowed
+        ):
             bad.append(f"{name} (imported by {where}): from {locations[0]}")
     return bad

@@ -109,14 +109,23 @@ class FlopProbe:
         counter.__exit__(None, None, None)
         self.pending = False
         if not tokens or not counter.total:
-            return {"step": step, "flops_per_token": None, "method": "counted",
-                    "note": "the step ran no counted product" if tokens else "the step reported no tokens"}
+            return {
+                "step": step,
+                "flops_per_token": None,
+                "method": "counted",
+                "note": "the step ran no counted product" if tokens else "the step reported no tokens",
+            }
         dominant = counter.dominant_dtype() or "fp32"
         # every rank runs the same model on its share of the step's tokens
-        return {"step": step, "flops_per_token": counter.total * world_size / tokens, "method": "counted",
-                "by_dtype": dict(counter.by_dtype), "dtype": matmul_dtype(dominant, self.device),
-                "device_name": device_name(self.device),
-                "incomplete": counter.errors[:3] or None}
+        return {
+            "step": step,
+            "flops_per_token": counter.total * world_size / tokens,
+            "method": "counted",
+            "by_dtype": dict(counter.by_dtype),
+            "dtype": matmul_dtype(dominant, self.device),
+            "device_name": device_name(self.device),
+            "incomplete": counter.errors[:3] or None,
+        }
 
 
 def device_name(device: str) -> str:

@@ -58,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     p.add_argument("--schedule", choices=("cosine", "linear"), default="cosine")
     p.add_argument("--warmup", type=int, default=10, help="linear warm-up steps")
-    p.add_argument("--total-steps", type=int, default=1000,
-                   help="the whole run's length (not a leg's): the schedule's horizon and the ETA's target")
+    p.add_argument(
+        "--total-steps",
+        type=int,
+        default=1000,
+        help="the whole run's length (not a leg's): the schedule's horizon and the ETA's target",
+    )
     p.add_argument("--ckpt-every", type=int, default=10, help="push a checkpoint every N steps")
     p.add_argument("--keep", type=int, default=2, help="verified checkpoints prune keeps")
     p.add_argument("--verify-bytes", type=int, default=2 << 20, help="read-back budget per verify (bytes)")
@@ -69,16 +73,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--max-steps", type=int, default=None, help="overrides LAUNCHER_MAX_STEPS")
     p.add_argument("--workdir", default=".", help="the leg's local disk")
-    p.add_argument("--data-delay", type=float, default=0.0,
-                   help="seconds slept per batch: simulates a slow input pipeline (tests, drills)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: autocast the forward pass to bf16 (weights and optimizer state stay fp32)")
+    p.add_argument(
+        "--data-delay",
+        type=float,
+        default=0.0,
+        help="seconds slept per batch: simulates a slow input pipeline (tests, drills)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: autocast the forward pass to bf16 (weights and optimizer state stay fp32)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
-    p.add_argument("--sync-save", action="store_true",
-                   help="write each checkpoint on the critical path instead of snapshotting it and writing it in "
-                        "the background (for comparison)")
-    p.add_argument("--health-every", type=float, default=30.0,
-                   help="seconds between `health` events (disk, RAM, GPU memory per process)")
+    p.add_argument(
+        "--sync-save",
+        action="store_true",
+        help="write each checkpoint on the critical path instead of snapshotting it and writing it in "
+        "the background (for comparison)",
+    )
+    p.add_argument(
+        "--health-every",
+        type=float,
+        default=30.0,
+        help="seconds between `health` events (disk, RAM, GPU memory per process)",
+    )
     return p
 
 
@@ -96,10 +115,19 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine") -> f
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        sess = Session(ckpt_every=args.ckpt_every, keep=args.keep, workdir=args.workdir, device=args.device,
-                       total_steps=args.total_steps, max_steps=args.max_steps, verify_bytes=args.verify_bytes,
-                       metrics_every=args.metrics_every, health_every=args.health_every, async_save=not args.sync_save,
-                       lr_schedule=lambda s: args.lr * lr_factor(s, args.warmup, args.total_steps, args.schedule))
+        sess = Session(
+            ckpt_every=args.ckpt_every,
+            keep=args.keep,
+            workdir=args.workdir,
+            device=args.device,
+            total_steps=args.total_steps,
+            max_steps=args.max_steps,
+            verify_bytes=args.verify_bytes,
+            metrics_every=args.metrics_every,
+            health_every=args.health_every,
+            async_save=not args.sync_save,
+            lr_schedule=lambda s: args.lr * lr_factor(s, args.warmup, args.total_steps, args.schedule),
+        )
         try:
             return train(args, sess)
         except RankTimeout as err:  # every rank says what it waited for
@@ -129,10 +157,10 @@ def train(args: argparse.Namespace, sess: Session) -> int:
     autocast = torch.autocast("cuda" if "cuda" in device else "cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     # 6N + 12 L d T, N without the position table: shown beside the session's own count
     sess.flops_formula = transformer_flops_per_token(
-        sum(p.numel() for p in raw.parameters()) - raw.pos.weight.numel(), args.n_layer, args.n_embd, args.block)
+        sum(p.numel() for p in raw.parameters()) - raw.pos.weight.numel(), args.n_layer, args.n_embd, args.block
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, args.warmup, args.total_steps, args.schedule))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.warmup, args.total_steps, args.schedule))
     tokens_per_step = order.global_batch * args.block
 
     # --- resume from the newest verified checkpoint, then train ----------------

@@ -65,9 +65,15 @@ def _local_bytes(path: Path, start: int, length: int) -> bytes:
         return fh.read(length)
 
 
-def verify_checkpoint(store: Store, manifest: Manifest, local_dir: Path, *,
-                      budget_bytes: int = DEFAULT_BUDGET_BYTES, k: int = DEFAULT_RANDOM_WINDOWS,
-                      seed: int | None = None) -> VerifyResult:
+def verify_checkpoint(
+    store: Store,
+    manifest: Manifest,
+    local_dir: Path,
+    *,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    k: int = DEFAULT_RANDOM_WINDOWS,
+    seed: int | None = None,
+) -> VerifyResult:
     """Compare the stored checkpoint with `local_dir`, reading at most ~budget_bytes."""
     began = time.perf_counter()
     result = VerifyResult(ok=True)

@@ -36,14 +36,29 @@ def emit_memory(world: World, device: str, step: int) -> float:
     """The `memory` event (a collective: every rank calls it at the same step); the peak's MAX across ranks."""
     allocated, reserved, peak = device_memory(device)
     peak_max = world.max(peak)
-    events.emit("memory", step=step, kind="cuda" if device.startswith("cuda") else "host_rss",
-                allocated=allocated, reserved=reserved, peak=peak, allocated_max=world.max(allocated),
-                reserved_max=world.max(reserved), peak_max=peak_max)
+    events.emit(
+        "memory",
+        step=step,
+        kind="cuda" if device.startswith("cuda") else "host_rss",
+        allocated=allocated,
+        reserved=reserved,
+        peak=peak,
+        allocated_max=world.max(allocated),
+        reserved_max=world.max(reserved),
+        peak_max=peak_max,
+    )
     return peak_max
 
 
-def emit_rate(world: World, device: str, step: int, history: list[tuple[int, float, float]], total_steps: int,
-              flops_per_token: float | None, flops_dtype: str) -> None:
+def emit_rate(
+    world: World,
+    device: str,
+    step: int,
+    history: list[tuple[int, float, float]],
+    total_steps: int,
+    flops_per_token: float | None,
+    flops_dtype: str,
+) -> None:
     """The `rate` event (main rank only) once `history` ((step, tokens since resume, time) per
     step) holds a sustained rate: tokens/s, the ETA and the efficiency at that rate."""
     rate = sustained_rate(history)
@@ -51,10 +66,18 @@ def emit_rate(world: World, device: str, step: int, history: list[tuple[int, flo
         return
     per_step = (history[-1][1] - history[0][1]) / max(1, len(history) - 1)
     eta = max(0, total_steps - step) * per_step / rate.tok_s
-    events.emit("rate", step=step, tok_s=round(rate.tok_s, 1), window_first=rate.first_step,
-                window_last=rate.last_step, seconds=round(rate.seconds, 3), rel_err=rate.rel_err,
-                total_steps=total_steps, eta_s=round(eta, 1),
-                **efficiency(rate.tok_s, flops_per_token, flops_dtype, device, world.world_size))
+    events.emit(
+        "rate",
+        step=step,
+        tok_s=round(rate.tok_s, 1),
+        window_first=rate.first_step,
+        window_last=rate.last_step,
+        seconds=round(rate.seconds, 3),
+        rel_err=rate.rel_err,
+        total_steps=total_steps,
+        eta_s=round(eta, 1),
+        **efficiency(rate.tok_s, flops_per_token, flops_dtype, device, world.world_size),
+    )
 
 
 def efficiency(tok_s: float, flops_per_token: float | None, dtype: str, device: str, world_size: int) -> dict[str, Any]:
@@ -65,8 +88,12 @@ def efficiency(tok_s: float, flops_per_token: float | None, dtype: str, device: 
     flop_s = tok_s * flops_per_token
     gpu = gpu_of_device_name(device_name(device)) if device.startswith("cuda") else None
     peak, why = peak_flops(gpu, dtype)
-    out: dict[str, Any] = {"flops_per_token": round(flops_per_token, 1), "flop_s": round(flop_s, 1),
-                           "dtype": dtype, "compiled": compiled_graphs() > 0}
+    out: dict[str, Any] = {
+        "flops_per_token": round(flops_per_token, 1),
+        "flop_s": round(flop_s, 1),
+        "dtype": dtype,
+        "compiled": compiled_graphs() > 0,
+    }
     if peak is None:
         return {**out, "mfu": None, "mfu_note": why}
     return {**out, "mfu": round(flop_s / (peak * world_size), 5), "peak_flop_s": peak}

@@ -39,8 +39,9 @@ def backend_class(name: str) -> type[Backend]:
     return Backend
 
 
-def make_backend(name: str, cfg: Config | None = None, image: str | None = None, nodes: int = 1,
-                 retry_until_up: bool = False) -> Backend:
+def make_backend(
+    name: str, cfg: Config | None = None, image: str | None = None, nodes: int = 1, retry_until_up: bool = False
+) -> Backend:
     """The backend called `name`, built with what it needs: local, the config and the node count
     (a leg of several nodes runs the rung's `run:` script on each); docker, the `image` its legs run;
     sky, the config, the pushed `image`, the node count and whether to wait for capacity;
@@ -56,8 +57,12 @@ def make_backend(name: str, cfg: Config | None = None, image: str | None = None,
     if name == "sky":
         from launcher.backends.sky import SkyBackend
 
-        return SkyBackend(cfg=cfg, image_ref=image, nodes=nodes,  # type: ignore[arg-type]
-                          retry_until_up=retry_until_up)
+        return SkyBackend(
+            cfg=cfg,
+            image_ref=image,
+            nodes=nodes,  # type: ignore[arg-type]
+            retry_until_up=retry_until_up,
+        )
     if name == HOST:
         from launcher.backends.host import HostBackend
 

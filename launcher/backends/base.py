@@ -132,8 +132,9 @@ class Backend:
     can_lose_node: bool = False
     """`lose_node` works on a leg of several nodes: one node dies alone, as a lost machine does."""
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
-               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+    def launch(
+        self, spec: LegSpec, on_line: LineSink | None = None, on_instance: Callable[[LegHandle], None] | None = None
+    ) -> LegHandle:
         """Start the leg on a fresh instance; stream each output line to the host
         log and to `on_line`. `on_instance` is called with the handle once the
         instance is named and before anything is provisioned or billed (where the
@@ -173,9 +174,11 @@ class Backend:
     def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
         """`launcher stop`: refuse (bad input, before anything is recorded) a run whose live
         leg (None: between legs) this backend cannot signal. The base refuses every one."""
-        raise BadInput(f"launcher stop: the {run['backend']} backend's {run['rung']} legs cannot be signalled by "
-                       "this version (local, docker and the sky run's managed job can)",
-                       hint="`sky cancel` then `sky down` the leg's cluster")
+        raise BadInput(
+            f"launcher stop: the {run['backend']} backend's {run['rung']} legs cannot be signalled by "
+            "this version (local, docker and the sky run's managed job can)",
+            hint="`sky cancel` then `sky down` the leg's cluster",
+        )
 
     @classmethod
     def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:

@@ -98,8 +98,9 @@ class DockerBackend(Backend):
         self.cfg, self.nodes = cfg, nodes
         """A leg of several `nodes`: a container each, running the rung's `run:` script."""
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
-               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+    def launch(
+        self, spec: LegSpec, on_line: LineSink | None = None, on_instance: Callable[[LegHandle], None] | None = None
+    ) -> LegHandle:
         if self.nodes > 1:
             return self._launch_nodes(spec, on_line, on_instance)
         name = container_name(spec)
@@ -111,20 +112,35 @@ class DockerBackend(Backend):
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = spec.log_path.open("w", encoding="utf-8")
         env = {**os.environ, **spec.secrets}
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-                                start_new_session=True)
-        handle = _DockerHandle(spec, name, time.time(), tuple(argv), proc=proc, log=log,
-                               leash=leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name,
-                                                 docker=docker_cli()))
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+        )
+        handle = _DockerHandle(
+            spec,
+            name,
+            time.time(),
+            tuple(argv),
+            proc=proc,
+            log=log,
+            leash=leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=docker_cli()),
+        )
         handle.pump = threading.Thread(target=pump_lines, args=(proc.stdout, log, on_line), daemon=True)
         handle.pump.start()
         if on_instance is not None:
             on_instance(handle)
         return handle
 
-    def _launch_nodes(self, spec: LegSpec, on_line: LineSink | None,
-                      on_instance: Callable[[LegHandle], None] | None) -> LegHandle:
+    def _launch_nodes(
+        self, spec: LegSpec, on_line: LineSink | None, on_instance: Callable[[LegHandle], None] | None
+    ) -> LegHandle:
         """A container per node, on a bridge network made for the leg (each at an address known
         before any starts: SKYPILOT_NODE_IPS), each running the rung's `run:` script with
         SkyPilot's node variables (launcher.backends.nodes)."""
@@ -146,8 +162,10 @@ class DockerBackend(Backend):
         for rank, (name, ip) in enumerate(zip(names, ips)):
             argv = [program, "run", "--name", name, "--network", network, "--ip", ip, "--init"]
             argv += ["--gpus", "all"] if spec.gpus is not None else []
-            for key, value in {**envs, **node_env(rank, ips, spec.gpus.count if spec.gpus else 0,
-                                                  task_id(spec))}.items():
+            for key, value in {
+                **envs,
+                **node_env(rank, ips, spec.gpus.count if spec.gpus else 0, task_id(spec)),
+            }.items():
                 argv += ["-e", f"{key}={value}"]
             for key in spec.secrets:
                 argv += ["-e", key]  # the value only in the docker CLI's environment
@@ -158,16 +176,19 @@ class DockerBackend(Backend):
         except BaseException:
             remove_network(network, names)
             raise
-        handle = _DockerHandle(spec, network, time.time(), tuple(launches[0].argv), proc=cluster.head.proc,
-                               cluster=cluster)
-        handle.leashes = [leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=program)
-                          for name in names]
+        handle = _DockerHandle(
+            spec, network, time.time(), tuple(launches[0].argv), proc=cluster.head.proc, cluster=cluster
+        )
+        handle.leashes = [
+            leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=program) for name in names
+        ]
         if on_instance is not None:
             on_instance(handle)
         return handle
 
-    def _finish(self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str,
-                count: bool = False) -> LegResult:
+    def _finish(
+        self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str, count: bool = False
+    ) -> LegResult:
         for held in [handle.leash, *handle.leashes]:
             leash.release(held)
         handle.leash, handle.leashes = None, []
@@ -180,16 +201,29 @@ class DockerBackend(Backend):
             remove_network(handle.instance, [])
         left = None
         if killed or count:  # the containers held every process of the leg: gone with them, or still listed
-            left = sum(len((docker("ps", "-aq", "--filter", f"name=^/{name}$", check=False).stdout or "").split())
-                       for name in handle.containers)
-        return LegResult(rc, handle.started_at, time.time(), killed, reason, survivors=left,
-                         nodes=handle.cluster.records() if handle.cluster is not None else None)
+            left = sum(
+                len((docker("ps", "-aq", "--filter", f"name=^/{name}$", check=False).stdout or "").split())
+                for name in handle.containers
+            )
+        return LegResult(
+            rc,
+            handle.started_at,
+            time.time(),
+            killed,
+            reason,
+            survivors=left,
+            nodes=handle.cluster.records() if handle.cluster is not None else None,
+        )
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _DockerHandle) and handle.proc is not None
         if handle.cluster is not None:
-            ended = wait_cluster(handle.cluster, timeout, lambda: handle.stopping,
-                                 lambda: docker("kill", *handle.containers, check=False))
+            ended = wait_cluster(
+                handle.cluster,
+                timeout,
+                lambda: handle.stopping,
+                lambda: docker("kill", *handle.containers, check=False),
+            )
             return None if ended is None else self._finish(handle, ended[0], False, ended[1], count=True)
         try:
             rc = handle.proc.wait(timeout=timeout)

@@ -137,8 +137,14 @@ def kill_leg(token: str, sid: int | None, timeout_s: float = 10.0, var: str = TO
     return len(killed)
 
 
-def start(token: str, sid: int | None, workdir: Path | None = None, keep: bool = False,
-          container: str | None = None, docker: str | None = None) -> subprocess.Popen[bytes]:
+def start(
+    token: str,
+    sid: int | None,
+    workdir: Path | None = None,
+    keep: bool = False,
+    container: str | None = None,
+    docker: str | None = None,
+) -> subprocess.Popen[bytes]:
     """Start the leash of one leg; write b"done" to its stdin and close it when the leg is over."""
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the leash is not part of the leg
     src = str(Path(__file__).resolve().parents[2])  # the launcher's own source, installed or not
@@ -148,8 +154,14 @@ def start(token: str, sid: int | None, workdir: Path | None = None, keep: bool =
     argv += ["--workdir", str(workdir)] if workdir is not None else []
     argv += ["--keep"] if keep else []
     argv += ["--container", container, "--docker", docker or "docker"] if container else []
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def release(leash: subprocess.Popen[bytes] | None) -> None:
@@ -165,6 +177,7 @@ def release(leash: subprocess.Popen[bytes] | None) -> None:
 
 def main(argv: list[str]) -> int:
     import argparse
+
     p = argparse.ArgumentParser(prog="python -m launcher.backends.leash")
     p.add_argument("--token", required=True)
     p.add_argument("--sid", type=int)

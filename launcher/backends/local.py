@@ -29,8 +29,16 @@ from typing import IO, Any, Callable, Mapping
 import launcher.backends.leash as leash
 from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.backends.leash import LEGS_ROOT, NODE_TOKEN_ENV, TOKEN_ENV, kill_leg, leg_pids, leg_token
-from launcher.backends.nodes import (Cluster, close, free_port, local_launches, node_token, path_with, start_nodes,
-                                     wait_cluster)
+from launcher.backends.nodes import (
+    Cluster,
+    close,
+    free_port,
+    local_launches,
+    node_token,
+    path_with,
+    start_nodes,
+    wait_cluster,
+)
 from launcher.backends.skytask import script_sha256
 from launcher.config.schema import Config
 from launcher.errors import BadInput
@@ -103,22 +111,27 @@ class LocalBackend(Backend):
     can_terminate = True
     can_lose_node = True
 
-    def __init__(self, root: Path | None = None, keep_dirs: bool | None = None, cfg: Config | None = None,
-                 nodes: int = 1) -> None:
+    def __init__(
+        self, root: Path | None = None, keep_dirs: bool | None = None, cfg: Config | None = None, nodes: int = 1
+    ) -> None:
         self.root = root or Path(tempfile.gettempdir()) / LEGS_ROOT
         self.keep_dirs = bool(os.environ.get("LAUNCHER_KEEP_LEG_DIRS")) if keep_dirs is None else keep_dirs
         self.cfg, self.nodes = cfg, nodes
         """A leg of several `nodes` runs the rung's `run:` script on each (needs the config's templates)."""
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
-               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+    def launch(
+        self, spec: LegSpec, on_line: LineSink | None = None, on_instance: Callable[[LegHandle], None] | None = None
+    ) -> LegHandle:
         if self.nodes > 1:
             return self._launch_nodes(spec, on_line, on_instance)
         self.root.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
         try:
-            stage_files({rel: f.source for rel, f in spec.files.items()},
-                        {rel: f.sha256 for rel, f in spec.files.items()}, workdir)
+            stage_files(
+                {rel: f.source for rel, f in spec.files.items()},
+                {rel: f.sha256 for rel, f in spec.files.items()},
+                workdir,
+            )
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -128,9 +141,17 @@ class LocalBackend(Backend):
         handle = _LocalHandle(spec, str(workdir), time.time(), tuple(argv), workdir=workdir, log=log)
         try:
             handle.proc = subprocess.Popen(
-                argv, cwd=workdir, env=leg_process_env(spec), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-                start_new_session=True)
+                argv,
+                cwd=workdir,
+                env=leg_process_env(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                errors="replace",
+                start_new_session=True,
+            )
         except OSError as err:  # e.g. the program does not exist: the leg ran and failed
             line = f"launcher: cannot start {spec.command[0]!r}: {err.strerror or err}\n"
             log.write(line)
@@ -148,8 +169,9 @@ class LocalBackend(Backend):
             on_instance(handle)  # a local leg costs nothing before it starts: recorded once it has a pid
         return handle
 
-    def _launch_nodes(self, spec: LegSpec, on_line: LineSink | None,
-                      on_instance: Callable[[LegHandle], None] | None) -> LegHandle:
+    def _launch_nodes(
+        self, spec: LegSpec, on_line: LineSink | None, on_instance: Callable[[LegHandle], None] | None
+    ) -> LegHandle:
         """Each of `nodes` fresh folders (under one leg folder: the leash's) runs the rung's
         `run:` script, as SkyPilot's nodes would (launcher.backends.nodes)."""
         from launcher.backends.skytask import HARD_CAP_GRACE_S, leg_script, task_envs
@@ -161,21 +183,33 @@ class LocalBackend(Backend):
             dirs = [legdir / f"node-{rank}" for rank in range(self.nodes)]
             for workdir in dirs:
                 workdir.mkdir()
-                stage_files({rel: f.source for rel, f in spec.files.items()},
-                            {rel: f.sha256 for rel, f in spec.files.items()}, workdir)
+                stage_files(
+                    {rel: f.source for rel, f in spec.files.items()},
+                    {rel: f.sha256 for rel, f in spec.files.items()},
+                    workdir,
+                )
             script = leg_script(self.cfg, spec.rung)
             deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
-            envs = {**task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None),
-                    **spec.secrets, "PREFLIGHT_MASTER_PORT": str(free_port())}
-            base = {**leg_process_env(spec),
-                    "PATH": path_with(Path(trainer_python(self.cfg.trainer.command)).parent)}
+            envs = {
+                **task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None),
+                **spec.secrets,
+                "PREFLIGHT_MASTER_PORT": str(free_port()),
+            }
+            base = {**leg_process_env(spec), "PATH": path_with(Path(trainer_python(self.cfg.trainer.command)).parent)}
             launches = local_launches(script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, spec)
             cluster = start_nodes(spec, script, launches, on_line)
         except BaseException:
             shutil.rmtree(legdir, ignore_errors=True)
             raise
-        handle = _LocalHandle(spec, str(legdir), time.time(), ("bash", "-c", script), workdir=legdir,
-                              proc=cluster.head.proc, cluster=cluster)
+        handle = _LocalHandle(
+            spec,
+            str(legdir),
+            time.time(),
+            ("bash", "-c", script),
+            workdir=legdir,
+            proc=cluster.head.proc,
+            cluster=cluster,
+        )
         handle.leash = self._leash(handle)
         if on_instance is not None:
             on_instance(handle)
@@ -196,8 +230,14 @@ class LocalBackend(Backend):
         assert handle.proc is not None
         return leash.start(handle.token, handle.proc.pid, handle.workdir, self.keep_dirs)
 
-    def _finish(self, handle: _LocalHandle, rc: int | None, killed: bool, reason: str,
-                counted: tuple[int | None, int | None] = (None, None)) -> LegResult:
+    def _finish(
+        self,
+        handle: _LocalHandle,
+        rc: int | None,
+        killed: bool,
+        reason: str,
+        counted: tuple[int | None, int | None] = (None, None),
+    ) -> LegResult:
         leash.release(handle.leash)  # the leg is over: the leash kills whatever it left running, and exits
         handle.leash = None
         if handle.pump is not None:
@@ -206,8 +246,16 @@ class LocalBackend(Backend):
             handle.log.close()
         if handle.workdir is not None and (killed or not self.keep_dirs):
             shutil.rmtree(handle.workdir, ignore_errors=True)
-        return LegResult(rc, handle.started_at, time.time(), killed, reason, killed_processes=counted[0],
-                         survivors=counted[1], nodes=handle.cluster.records() if handle.cluster else None)
+        return LegResult(
+            rc,
+            handle.started_at,
+            time.time(),
+            killed,
+            reason,
+            killed_processes=counted[0],
+            survivors=counted[1],
+            nodes=handle.cluster.records() if handle.cluster else None,
+        )
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _LocalHandle)
@@ -268,8 +316,9 @@ class LocalBackend(Backend):
     def check_signal(cls, run: Mapping[str, Any], leg: Mapping[str, Any] | None) -> None:
         """A local leg is signalled by the pid its ledger row holds."""
         if leg is not None and not leg.get("pid"):
-            raise BadInput(f"leg {leg['leg']} of {leg['run_id']} has no pid in the ledger "
-                           "(recorded by an older launcher)")
+            raise BadInput(
+                f"leg {leg['leg']} of {leg['run_id']} has no pid in the ledger (recorded by an older launcher)"
+            )
 
     @classmethod
     def signal_leg(cls, leg: Mapping[str, Any], sig: int) -> None:

@@ -32,16 +32,25 @@ from typing import IO, Any, Callable, Mapping
 from launcher.backends.base import LegSpec, LineSink
 
 LOOPBACK = "127.0.0.1"
-NODE_VARS = ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE",
-             "SKYPILOT_TASK_ID")
+NODE_VARS = (
+    "SKYPILOT_NODE_RANK",
+    "SKYPILOT_NODE_IPS",
+    "SKYPILOT_NUM_NODES",
+    "SKYPILOT_NUM_GPUS_PER_NODE",
+    "SKYPILOT_TASK_ID",
+)
 """What SkyPilot sets on every node beside the task's envs (its docs: environment variables)."""
 
 
 def node_env(rank: int, ips: list[str], gpus_per_node: int, task_id: str) -> dict[str, str]:
     """SkyPilot's variables for node `rank` of a cluster whose nodes have addresses `ips` (head first)."""
-    return {"SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": "\n".join(ips),
-            "SKYPILOT_NUM_NODES": str(len(ips)), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus_per_node),
-            "SKYPILOT_TASK_ID": task_id}
+    return {
+        "SKYPILOT_NODE_RANK": str(rank),
+        "SKYPILOT_NODE_IPS": "\n".join(ips),
+        "SKYPILOT_NUM_NODES": str(len(ips)),
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus_per_node),
+        "SKYPILOT_TASK_ID": task_id,
+    }
 
 
 def task_id(spec: LegSpec) -> str:
@@ -80,8 +89,13 @@ class Node:
 
     def record(self) -> dict[str, Any]:
         """The node as the ledger's leg row lists it."""
-        return {"node": self.rank, "instance": self.instance, "pid": self.proc.pid if self.proc else None,
-                "exit_code": self.exit_code, "log": str(self.log_path)}
+        return {
+            "node": self.rank,
+            "instance": self.instance,
+            "pid": self.proc.pid if self.proc else None,
+            "exit_code": self.exit_code,
+            "log": str(self.log_path),
+        }
 
 
 @dataclass
@@ -109,29 +123,53 @@ def start_nodes(spec: LegSpec, script: str, launches: list[NodeLaunch], on_line:
     for rank, launch in enumerate(launches):
         node = Node(rank, launch.instance, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
         node.log = node.log_path.open("w", encoding="utf-8")
-        node.proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     errors="replace", start_new_session=True)
+        node.proc = subprocess.Popen(
+            launch.argv,
+            cwd=launch.cwd,
+            env=launch.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+        )
         node.pump = threading.Thread(target=_pump, args=(cluster, node, on_line), daemon=True)
         node.pump.start()
         cluster.nodes.append(node)
     return cluster
 
 
-def local_launches(script: str, envs: Mapping[str, str], base_env: Mapping[str, str], workdirs: list[Path],
-                   gpus_per_node: int, spec: LegSpec) -> list[NodeLaunch]:
+def local_launches(
+    script: str,
+    envs: Mapping[str, str],
+    base_env: Mapping[str, str],
+    workdirs: list[Path],
+    gpus_per_node: int,
+    spec: LegSpec,
+) -> list[NodeLaunch]:
     """The local backend's nodes: `bash -c SCRIPT` in each fresh folder, on loopback. `envs`: the
     task's envs (leg environment and secrets included); `base_env`: the process environment
     beneath them (PATH, the leg's token)."""
     from launcher.backends.leash import NODE_TOKEN_ENV, leg_token
 
     ips = [LOOPBACK] * len(workdirs)
-    return [NodeLaunch(["bash", "-c", script],
-                       {**base_env, **envs, **node_env(rank, ips, gpus_per_node, task_id(spec)),
-                        "LAUNCHER_APP_DIR": str(workdir),
-                        NODE_TOKEN_ENV: node_token(leg_token(spec.run_id, spec.leg), rank)},
-                       workdir, str(workdir))
-            for rank, workdir in enumerate(workdirs)]
+    return [
+        NodeLaunch(
+            ["bash", "-c", script],
+            {
+                **base_env,
+                **envs,
+                **node_env(rank, ips, gpus_per_node, task_id(spec)),
+                "LAUNCHER_APP_DIR": str(workdir),
+                NODE_TOKEN_ENV: node_token(leg_token(spec.run_id, spec.leg), rank),
+            },
+            workdir,
+            str(workdir),
+        )
+        for rank, workdir in enumerate(workdirs)
+    ]
 
 
 def node_token(leg: str, rank: int) -> str:
@@ -173,8 +211,9 @@ def leg_exit(cluster: Cluster) -> tuple[int | None, str]:
     return failed.exit_code, f"node {failed.rank} exited {failed.exit_code}"
 
 
-def wait_cluster(cluster: Cluster, timeout: float | None, stopping: Callable[[], bool],
-                 teardown: Callable[[], None]) -> tuple[int | None, str] | None:
+def wait_cluster(
+    cluster: Cluster, timeout: float | None, stopping: Callable[[], bool], teardown: Callable[[], None]
+) -> tuple[int | None, str] | None:
     """Wait until every node has ended, or (while no stop was asked) one has failed, then tear
     the rest down; (the leg's exit code, how it ended), or None if `timeout` passed first."""
     end = None if timeout is None else time.monotonic() + timeout

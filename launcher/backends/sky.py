@@ -36,13 +36,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, billed_seconds
-from launcher.backends.skyapi import (TERMINAL_JOB_STATUSES, Capture, LineWriter, Pick, cancel, classify,
-                                      cluster_up, cost_row, down, job_id_of, one_line, optimizer_pick,
-                                      placement_of, record)
+from launcher.backends.skyapi import (
+    Capture,
+    LineWriter,
+    Pick,
+    cancel,
+    classify,
+    cluster_up,
+    cost_row,
+    down,
+    job_id_of,
+    one_line,
+    optimizer_pick,
+    placement_of,
+)
+from launcher.backends.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
+from launcher.checks.evidence import LegEvents, exit_code_from_events
 from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.checks.evidence import LegEvents, exit_code_from_events
-from launcher.backends.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 
 BILLING_GRANULARITY_S = 60  # per-second billing with a one-minute minimum (AWS, GCP, Azure)
 
@@ -75,10 +86,13 @@ class _SkyHandle(LegHandle):
         return {"request_id": str(self.request)}
 
     def ledger_fields(self) -> dict[str, Any]:
-        return {**super().ledger_fields(), "task_sha256": self.task.sha256 if self.task is not None else None,
-                "run_sha256": self.task.run_sha256 if self.task is not None else None,
-                "hourly_usd": self.pick.instance_hourly_usd if self.pick is not None else None,
-                "cost_source": self.cost_source}
+        return {
+            **super().ledger_fields(),
+            "task_sha256": self.task.sha256 if self.task is not None else None,
+            "run_sha256": self.task.run_sha256 if self.task is not None else None,
+            "hourly_usd": self.pick.instance_hourly_usd if self.pick is not None else None,
+            "cost_source": self.cost_source,
+        }
 
 
 def ordered_candidates(task: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -93,8 +107,10 @@ def ordered_candidates(task: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     for candidate in ordered:
         one = copy.deepcopy(task)
         one["resources"] = {**{k: v for k, v in resources.items() if k != "ordered"}, **candidate}
-        label = ", ".join(("spot" if v else "on-demand") if k == "use_spot" else f"{k} {v}"
-                          for k, v in candidate.items()) or "as the resources say"
+        label = (
+            ", ".join(("spot" if v else "on-demand") if k == "use_spot" else f"{k} {v}" for k, v in candidate.items())
+            or "as the resources say"
+        )
         out.append((label, one))
     return out
 
@@ -117,8 +133,9 @@ class SkyBackend(Backend):
     name = "sky"
     billing_granularity_s = BILLING_GRANULARITY_S
 
-    def __init__(self, cfg: Config, image_ref: str, nodes: int = 1, sky: Any = None,
-                 retry_until_up: bool = False) -> None:
+    def __init__(
+        self, cfg: Config, image_ref: str, nodes: int = 1, sky: Any = None, retry_until_up: bool = False
+    ) -> None:
         self.cfg, self.image_ref, self.nodes = cfg, image_ref, nodes
         self.sky = sky or sky_module()
         self.retry_until_up = retry_until_up
@@ -128,8 +145,17 @@ class SkyBackend(Backend):
     def render_leg(self, spec: LegSpec, out: Any) -> RenderedTask:
         deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
         hard_stop = deadline + HARD_CAP_GRACE_S if deadline > 0 else None
-        return render(self.cfg, spec.rung, gpus=spec.gpus, nodes=self.nodes, image_ref=self.image_ref,
-                      leg_env=dict(spec.env), out=out, hard_stop=hard_stop, pin=self.placement)
+        return render(
+            self.cfg,
+            spec.rung,
+            gpus=spec.gpus,
+            nodes=self.nodes,
+            image_ref=self.image_ref,
+            leg_env=dict(spec.env),
+            out=out,
+            hard_stop=hard_stop,
+            pin=self.placement,
+        )
 
     def price(self, task: Any) -> tuple[Pick | None, str]:
         """SkyPilot's pick and price where its optimizer can run; else (None, why)."""
@@ -207,21 +233,30 @@ class SkyBackend(Backend):
             return rendered, None, source
         try:
             with contextlib.redirect_stdout(Capture()):  # the client prints "Running on cluster: ..."
-                self.sky.stream_and_get(self.sky.launch(task, cluster_name=cluster_name(spec), dryrun=True),
-                                        output_stream=Capture())
+                self.sky.stream_and_get(
+                    self.sky.launch(task, cluster_name=cluster_name(spec), dryrun=True), output_stream=Capture()
+                )
         except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
             mapped = classify(self.sky, err)
             return rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")
         return rendered, pick, source
 
-    def launch(self, spec: LegSpec, on_line: LineSink | None = None,
-               on_instance: Callable[[LegHandle], None] | None = None) -> LegHandle:
+    def launch(
+        self, spec: LegSpec, on_line: LineSink | None = None, on_instance: Callable[[LegHandle], None] | None = None
+    ) -> LegHandle:
         rendered = self.render_leg(spec, spec.log_path.with_suffix(".sky.yaml"))
         task = task_for_launch(self.sky, rendered.path, dict(spec.secrets))
         pick, source = self.price(task)
         cluster = cluster_name(spec)
-        handle = _SkyHandle(spec, cluster, time.time(), ("sky", "launch", "-c", cluster, str(rendered.path)),
-                            task=rendered, pick=pick, cost_source=source if pick else "config prices")
+        handle = _SkyHandle(
+            spec,
+            cluster,
+            time.time(),
+            ("sky", "launch", "-c", cluster, str(rendered.path)),
+            task=rendered,
+            pick=pick,
+            cost_source=source if pick else "config prices",
+        )
         if pick is None:
             handle.outcome["price_note"] = source
         if on_instance is not None:
@@ -245,8 +280,9 @@ class SkyBackend(Backend):
                     with handle.lock:
                         if handle.killed:
                             raise RuntimeError("killed before its launch request was sent")
-                        handle.request = sky.launch(task, cluster_name=handle.instance,
-                                                    retry_until_up=self.retry_until_up)
+                        handle.request = sky.launch(
+                            task, cluster_name=handle.instance, retry_until_up=self.retry_until_up
+                        )
                     job_id, launched = sky.stream_and_get(handle.request, output_stream=stream)
                 except Exception as err:
                     out["launch_error"] = err
@@ -305,10 +341,17 @@ class SkyBackend(Backend):
         if out.get("down") is False:
             reason += "; teardown NOT confirmed: " + out.get("down_note", "")
         hourly = handle.pick.instance_hourly_usd if handle.pick else None
-        return LegResult(-9 if handle.killed else code, handle.started_at, ended, bool(handle.killed), reason,
-                         billed_seconds=out.get("billed_s", 0.0), instance_hourly_usd=hourly,
-                         cost_source=handle.cost_source,
-                         placement=out.get("placement") or None)
+        return LegResult(
+            -9 if handle.killed else code,
+            handle.started_at,
+            ended,
+            bool(handle.killed),
+            reason,
+            billed_seconds=out.get("billed_s", 0.0),
+            instance_hourly_usd=hourly,
+            cost_source=handle.cost_source,
+            placement=out.get("placement") or None,
+        )
 
     def wait(self, handle: LegHandle, timeout: float | None = None) -> LegResult | None:
         assert isinstance(handle, _SkyHandle) and handle.thread is not None

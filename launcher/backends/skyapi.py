@@ -60,15 +60,26 @@ def setup_errors(sky: Any) -> tuple[type[BaseException], ...]:
     no cloud enabled, a catalog it cannot read, bad or missing credentials, no API
     server. Bad input (exit 2): nothing was provisioned, nothing is billed."""
     exc = sky.exceptions
-    names = ("NoCloudAccessError", "CloudError", "CloudUserIdentityError", "InvalidCloudCredentials",
-             "InvalidCloudConfigs", "ApiServerConnectionError", "ApiServerAuthenticationError",
-             "NotSupportedError", "InvalidClusterNameError", "PermissionDeniedError", "ProvisionPrechecksError",
-             "ResourcesMismatchError", "InvalidSkyPilotConfigError", "NoWorkspaceAccessError")
+    names = (
+        "NoCloudAccessError",
+        "CloudError",
+        "CloudUserIdentityError",
+        "InvalidCloudCredentials",
+        "InvalidCloudConfigs",
+        "ApiServerConnectionError",
+        "ApiServerAuthenticationError",
+        "NotSupportedError",
+        "InvalidClusterNameError",
+        "PermissionDeniedError",
+        "ProvisionPrechecksError",
+        "ResourcesMismatchError",
+        "InvalidSkyPilotConfigError",
+        "NoWorkspaceAccessError",
+    )
     return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
 
 
-CREDENTIAL_ERRORS = ("CloudUserIdentityError", "InvalidCloudCredentials", "NoCloudAccessError",
-                     "PermissionDeniedError")
+CREDENTIAL_ERRORS = ("CloudUserIdentityError", "InvalidCloudCredentials", "NoCloudAccessError", "PermissionDeniedError")
 """SkyPilot's errors that say a cloud refused who we are: waiting for capacity cannot help."""
 
 
@@ -77,8 +88,9 @@ def is_credentials(sky: Any, cause: Any) -> bool:
     error here; an entry served back serialized (a dict with `type`, or text) has only its
     type's name, which is matched then."""
     if isinstance(cause, BaseException):
-        kinds = tuple(getattr(sky.exceptions, n) for n in CREDENTIAL_ERRORS
-                      if isinstance(getattr(sky.exceptions, n, None), type))
+        kinds = tuple(
+            getattr(sky.exceptions, n) for n in CREDENTIAL_ERRORS if isinstance(getattr(sky.exceptions, n, None), type)
+        )
         return isinstance(cause, kinds)
     name = cause.get("type") if isinstance(cause, dict) else str(cause).split(":", 1)[0].strip()
     return name in CREDENTIAL_ERRORS
@@ -93,16 +105,21 @@ def classify(sky: Any, err: BaseException) -> BadInput | Refused | None:
         if history and all(is_credentials(sky, e) for e in history):
             last = history[-1]
             said = one_line(last, 240) if isinstance(last, BaseException) else " ".join(str(last).split())[:240]
-            return BadInput(f"no cloud credentials SkyPilot could use: {said}",
-                            hint="`sky check` names the cloud and what it refused; fix its credentials, then "
-                                 "launch again")
+            return BadInput(
+                f"no cloud credentials SkyPilot could use: {said}",
+                hint="`sky check` names the cloud and what it refused; fix its credentials, then launch again",
+            )
         tried = [one_line(e, 120) for e in (getattr(err, "failover_history", None) or [])][-3:]
-        return Refused(f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
-                       + (f" (tried: {'; '.join(tried)})" if tried else ""),
-                       hint="run it again with --retry-until-up to wait for capacity, or ask for other --gpus")
+        return Refused(
+            f"SkyPilot found no capacity: {' '.join(str(err).split())[:240]}"
+            + (f" (tried: {'; '.join(tried)})" if tried else ""),
+            hint="run it again with --retry-until-up to wait for capacity, or ask for other --gpus",
+        )
     if isinstance(err, setup_errors(sky)):
-        return BadInput(f"SkyPilot could not launch: {one_line(err)}",
-                        hint="`sky check` says which clouds are enabled; `sky api info` whether the API server is up")
+        return BadInput(
+            f"SkyPilot could not launch: {one_line(err)}",
+            hint="`sky check` says which clouds are enabled; `sky api info` whether the API server is up",
+        )
     return None
 
 
@@ -164,8 +181,15 @@ def parse_optimizer_table(text: str, nodes: int) -> Pick:
     region = where.rsplit("-", 1)[0] if where and re.search(r"-[a-z]$", where) else where
     instance = row.get("INSTANCE", "")
     gpus = row.get("GPUS", "-")
-    return Pick(infra.group(1), region, instance.replace("[Spot]", "") or None,
-                None if gpus in ("-", "") else gpus, "[Spot]" in instance, nodes, float(row["COST ($)"]))
+    return Pick(
+        infra.group(1),
+        region,
+        instance.replace("[Spot]", "") or None,
+        None if gpus in ("-", "") else gpus,
+        "[Spot]" in instance,
+        nodes,
+        float(row["COST ($)"]),
+    )
 
 
 def placement_of(handle: Any) -> dict[str, str]:
@@ -173,8 +197,12 @@ def placement_of(handle: Any) -> dict[str, str]:
     res = getattr(handle, "launched_resources", None)
     if res is None:
         return {}
-    out = {"cloud": getattr(res, "cloud", None), "region": getattr(res, "region", None),
-           "zone": getattr(res, "zone", None), "instance_type": getattr(res, "instance_type", None)}
+    out = {
+        "cloud": getattr(res, "cloud", None),
+        "region": getattr(res, "region", None),
+        "zone": getattr(res, "zone", None),
+        "instance_type": getattr(res, "instance_type", None),
+    }
     found = {k: str(v).lower() if k == "cloud" else str(v) for k, v in out.items() if v}
     if found and getattr(res, "use_spot", None) is not None:
         found["use_spot"] = "true" if res.use_spot else "false"
@@ -217,6 +245,7 @@ class LineWriter:
 
 # --- clusters ----------------------------------------------------------------------
 
+
 def down(sky: Any, cluster: str, stream: Any) -> tuple[bool | str, str]:
     """`sky down`: (True, '') done; ('gone', '') there was no such cluster (nothing to
     bill, nothing leaked); (False, why) it may still be billing."""
@@ -255,20 +284,40 @@ def cost_row(sky: Any, cluster: str) -> tuple[float, float] | None:
 
 # --- managed jobs ------------------------------------------------------------------
 
-TERMINAL_JOB_STATUSES = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
-                         "FAILED_NO_RESOURCE", "FAILED_CONTROLLER")
+TERMINAL_JOB_STATUSES = (
+    "SUCCEEDED",
+    "CANCELLED",
+    "FAILED",
+    "FAILED_SETUP",
+    "FAILED_PRECHECKS",
+    "FAILED_NO_RESOURCE",
+    "FAILED_CONTROLLER",
+)
 JOB_PREFIX = "sky-job-"
 """A managed job's legs carry `sky-job-<id>` as their instance in the ledger."""
-RECORD_FIELDS = ["job_id", "job_name", "status", "recovery_count", "submitted_at", "start_at", "end_at",
-                 "last_recovered_at", "job_duration", "failure_reason", "cloud", "region", "zone",
-                 "cluster_resources"]
+RECORD_FIELDS = [
+    "job_id",
+    "job_name",
+    "status",
+    "recovery_count",
+    "submitted_at",
+    "start_at",
+    "end_at",
+    "last_recovered_at",
+    "job_duration",
+    "failure_reason",
+    "cloud",
+    "region",
+    "zone",
+    "cluster_resources",
+]
 
 
 def job_id_of(instance: str | None) -> int | None:
     """The managed job id a leg row names (None: not a managed-job leg)."""
     if not instance or not instance.startswith(JOB_PREFIX):
         return None
-    digits = instance[len(JOB_PREFIX):].split()[0]
+    digits = instance[len(JOB_PREFIX) :].split()[0]
     return int(digits) if digits.isdigit() else None
 
 
@@ -382,6 +431,8 @@ def end_requests(sky: Any, request_ids: list[str], wait_s: float = CANCEL_CONFIR
         if time.time() > deadline:
             if not live:
                 return final, ""
-            return final, (f"request(s) {', '.join(live)} still working after api_cancel"
-                           f"{': ' + errors[-1] if errors else ''}; check `sky api status`")
+            return final, (
+                f"request(s) {', '.join(live)} still working after api_cancel"
+                f"{': ' + errors[-1] if errors else ''}; check `sky api status`"
+            )
         time.sleep(0.5)

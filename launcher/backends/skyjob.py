@@ -24,8 +24,16 @@ from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend, dearest
-from launcher.backends.skyapi import (JOB_PREFIX, PENDING_JOB_PREFIX, Capture, Pick, classify, end_requests,
-                                      ended_unanswered, one_line)
+from launcher.backends.skyapi import (
+    JOB_PREFIX,
+    PENDING_JOB_PREFIX,
+    Capture,
+    Pick,
+    classify,
+    end_requests,
+    ended_unanswered,
+    one_line,
+)
 from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
 
 
@@ -35,8 +43,14 @@ class LegSplitter:
     attempt: `on_new_leg(leg)` runs first (it closes the leg and opens the next), then
     `on_session(leg)`."""
 
-    def __init__(self, leg: int, log_for: Callable[[int], Path], on_line: Callable[[int, str], None],
-                 on_new_leg: Callable[[int], None], on_session: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        leg: int,
+        log_for: Callable[[int], Path],
+        on_line: Callable[[int, str], None],
+        on_new_leg: Callable[[int], None],
+        on_session: Callable[[int], None] | None = None,
+    ) -> None:
         self.leg, self.log_for, self.on_line, self.on_new_leg = leg, log_for, on_line, on_new_leg
         self.on_session = on_session
         """Called with the leg once each attempt's first rank-0 `session` event is seen: the
@@ -127,18 +141,34 @@ class ManagedJob:
         return f"{tail}-j{self.spec.leg}"
 
 
-def prepare(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
-            max_restarts: int) -> tuple[ManagedJob, Any]:
+def prepare(
+    backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float, max_restarts: int
+) -> tuple[ManagedJob, Any]:
     """Render and validate the job's task, price it with SkyPilot's optimizer; (job, Task)."""
-    rendered = render_job(backend.cfg, gpus=spec.gpus, nodes=backend.nodes, image_ref=backend.image_ref,
-                          leg_env=dict(spec.env), out=out, job_deadline=job_deadline, leg_budget_s=leg_budget_s,
-                          max_restarts=max_restarts)
+    rendered = render_job(
+        backend.cfg,
+        gpus=spec.gpus,
+        nodes=backend.nodes,
+        image_ref=backend.image_ref,
+        leg_env=dict(spec.env),
+        out=out,
+        job_deadline=job_deadline,
+        leg_budget_s=leg_budget_s,
+        max_restarts=max_restarts,
+    )
     task = task_for_launch(backend.sky, rendered.path, dict(spec.secrets))
     priced = backend.price_ordered(rendered)
     top = dearest(priced) if priced else None
     pick, source = (top, "skypilot optimizer") if top is not None else backend.price(task)
-    return ManagedJob(backend, spec, rendered, pick, source if pick else "config prices",
-                      price_note="" if pick else source, prices=tuple(priced or ())), task
+    return ManagedJob(
+        backend,
+        spec,
+        rendered,
+        pick,
+        source if pick else "config prices",
+        price_note="" if pick else source,
+        prices=tuple(priced or ()),
+    ), task
 
 
 def submit(job: ManagedJob, task: Any, on_request: Callable[[str], None]) -> int:
@@ -176,8 +206,9 @@ def follow(job: ManagedJob, stream: LegSplitter) -> int | None:
     return job.backend.sky.jobs.tail_logs(job_id=job.job_id, follow=True, output_stream=stream)
 
 
-def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float,
-            max_restarts: int) -> tuple[RenderedTask, Pick | None, str]:
+def dry_run(
+    backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, leg_budget_s: float, max_restarts: int
+) -> tuple[RenderedTask, Pick | None, str]:
     """The job's task through SkyPilot's own dry run (`sky.launch(..., dryrun=True)`: its
     parser, its optimizer over the `ordered` candidates; managed jobs have no dry run of
     their own), with the pick and price of the first candidate that can launch (spot)."""
@@ -189,8 +220,9 @@ def dry_run(backend: SkyBackend, spec: LegSpec, out: Path, job_deadline: float, 
     sky = backend.sky
     try:
         with contextlib.redirect_stdout(Capture()):
-            sky.stream_and_get(sky.launch(task, cluster_name=f"pf-dry-{job.name}"[:35], dryrun=True),
-                               output_stream=Capture())
+            sky.stream_and_get(
+                sky.launch(task, cluster_name=f"pf-dry-{job.name}"[:35], dryrun=True), output_stream=Capture()
+            )
     except Exception as err:  # noqa: BLE001 - shown, in SkyPilot's words
         mapped = classify(sky, err)
         return job.rendered, None, (mapped.message if mapped else f"SkyPilot's dry run failed: {one_line(err)}")

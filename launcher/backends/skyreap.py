@@ -25,9 +25,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.backends.skyapi import (RECORD_FIELDS, TERMINAL_JOB_STATUSES, cancel, cluster_up, cost_row, down,
-                                      end_requests, ended_unanswered, live_requests, one_line, record,
-                                      request_state)
+from launcher.backends.skyapi import (
+    RECORD_FIELDS,
+    TERMINAL_JOB_STATUSES,
+    cancel,
+    cluster_up,
+    cost_row,
+    down,
+    end_requests,
+    ended_unanswered,
+    live_requests,
+    one_line,
+    record,
+    request_state,
+)
 from launcher.backends.skytask import sky_module
 
 JOB_END_WAIT_S = 90.0
@@ -70,14 +81,24 @@ def reap(cluster: str, request_id: str | None = None) -> Reaped:
             return Reaped(cluster, False, None, f"launch of {cluster}: {why}")
         up = cluster_up(sky, cluster)
     except Exception as err:  # noqa: BLE001 - unknown: say so, never assume it gone
-        return Reaped(cluster, False, None, f"could not ask SkyPilot about {cluster}: {one_line(err)}; "
-                      f"check `sky api status`, `sky status` and `sky down {cluster}`")
+        return Reaped(
+            cluster,
+            False,
+            None,
+            f"could not ask SkyPilot about {cluster}: {one_line(err)}; "
+            f"check `sky api status`, `sky status` and `sky down {cluster}`",
+        )
     ended_requests = f" (its launch request {_said(final)})" if final else ""
     if not up:
         report = cost_row(sky, cluster)
         if report is None and ended_unanswered(final):
-            return Reaped(cluster, False, time.time(), f"cluster {cluster} was never provisioned: SkyPilot has "
-                          f"no record of it{ended_requests}", nothing_billed=True)
+            return Reaped(
+                cluster,
+                False,
+                time.time(),
+                f"cluster {cluster} was never provisioned: SkyPilot has no record of it{ended_requests}",
+                nothing_billed=True,
+            )
         ended = None if report is None else report[0] + report[1]
         return Reaped(cluster, False, ended, f"cluster {cluster} is already gone{ended_requests}")
     try:
@@ -98,8 +119,13 @@ def reap_job(job_id: int) -> Reaped:
     try:
         rec = record(sky, job_id)
     except Exception as err:  # noqa: BLE001 - unknown: say so
-        return Reaped(name, False, None, f"could not ask SkyPilot about {name}: {one_line(err)}; check "
-                      f"`sky jobs queue` and `sky jobs cancel {job_id}`")
+        return Reaped(
+            name,
+            False,
+            None,
+            f"could not ask SkyPilot about {name}: {one_line(err)}; check "
+            f"`sky jobs queue` and `sky jobs cancel {job_id}`",
+        )
     if rec is None:
         return Reaped(name, False, None, f"SkyPilot has no {name}; check `sky jobs queue`")
     if rec["status"] in TERMINAL_JOB_STATUSES:
@@ -115,10 +141,14 @@ def jobs_named(sky: Any, name: str, controller: str | None) -> list[dict[str, An
     (never launched, or autostopped) answers `ClusterNotUpError` without a refresh: where
     SkyPilot has no record of that controller at all, no job ever ran; otherwise it is asked
     again with `refresh=True` (SkyPilot starts the controller to answer)."""
+
     def ask(refresh: bool) -> list[dict[str, Any]]:
         records = sky.get(sky.jobs.queue_v2(refresh=refresh, name_match=name, fields=RECORD_FIELDS))[0]
-        return [{k: (getattr(r["status"], "value", r["status"]) if k == "status" else r.get(k)) for k in RECORD_FIELDS}
-                for r in records if r.get("job_name") == name]
+        return [
+            {k: (getattr(r["status"], "value", r["status"]) if k == "status" else r.get(k)) for k in RECORD_FIELDS}
+            for r in records
+            if r.get("job_name") == name
+        ]
 
     try:
         return ask(False)
@@ -144,13 +174,18 @@ def reap_submit(name: str, request_id: str | None) -> Reaped:
             controller = getattr(payload, "cluster_name", None)
         jobs = jobs_named(sky, name, controller)
     except Exception as err:  # noqa: BLE001 - unknown: say so
-        return Reaped(label, False, None, f"could not ask SkyPilot about {label}: {one_line(err)}; check "
-                      f"`sky api status` and `sky jobs queue`")
+        return Reaped(
+            label,
+            False,
+            None,
+            f"could not ask SkyPilot about {label}: {one_line(err)}; check `sky api status` and `sky jobs queue`",
+        )
     said = f" (its submit request {_said(final)})" if final else ""
     if not jobs:
         if ended_unanswered(final):
-            return Reaped(label, False, time.time(), f"{label} was never submitted{said}: nothing billed",
-                          nothing_billed=True)
+            return Reaped(
+                label, False, time.time(), f"{label} was never submitted{said}: nothing billed", nothing_billed=True
+            )
         return Reaped(label, False, None, f"SkyPilot has no {label}{said}; check `sky jobs queue`")
     live = [j for j in jobs if j["status"] not in TERMINAL_JOB_STATUSES]
     for job in live:
@@ -160,9 +195,17 @@ def reap_submit(name: str, request_id: str | None) -> Reaped:
         time.sleep(1.0)
         live = [j for j in live if (record(sky, int(j["job_id"])) or {}).get("status") not in TERMINAL_JOB_STATUSES]
     if live:
-        return Reaped(label, True, None, f"{label} (job {live[0]['job_id']}) could not be confirmed cancelled; "
-                      f"check `sky jobs queue`")
+        return Reaped(
+            label,
+            True,
+            None,
+            f"{label} (job {live[0]['job_id']}) could not be confirmed cancelled; check `sky jobs queue`",
+        )
     ended = max((float(j["end_at"]) for j in jobs if j.get("end_at")), default=time.time())
     ids = ", ".join(str(j["job_id"]) for j in jobs)
-    return Reaped(label, bool(jobs), time.time() if any(j["status"] not in TERMINAL_JOB_STATUSES for j in jobs)
-                  else ended, f"{label} (job {ids}) submitted without its launcher{said}: cancelled")
+    return Reaped(
+        label,
+        bool(jobs),
+        time.time() if any(j["status"] not in TERMINAL_JOB_STATUSES for j in jobs) else ended,
+        f"{label} (job {ids}) submitted without its launcher{said}: cancelled",
+    )

@@ -35,10 +35,42 @@ SOURCE_SKY = Path(__file__).resolve().parents[2] / "sky"
 # Accelerator names SkyPilot's catalogs use (case-insensitive). SkyPilot itself
 # accepts any name and fails only when it looks for a cloud offering it.
 KNOWN_ACCELERATORS = {
-    "T4", "L4", "L40", "L40S", "A10", "A10G", "A40", "A100", "A100-80GB", "H100", "H100-MEGA", "H100-SXM",
-    "H200", "B200", "GH200", "V100", "V100-32GB", "P100", "P4", "K80", "M60", "RTX4090", "RTX3090",
-    "RTXA4000", "RTXA5000", "RTXA6000", "MI300X", "A6000", "A5000", "A4000",
-    "tpu-v2-8", "tpu-v3-8", "tpu-v4-8", "tpu-v5e-8", "tpu-v5p-8", "tpu-v6e-8",
+    "T4",
+    "L4",
+    "L40",
+    "L40S",
+    "A10",
+    "A10G",
+    "A40",
+    "A100",
+    "A100-80GB",
+    "H100",
+    "H100-MEGA",
+    "H100-SXM",
+    "H200",
+    "B200",
+    "GH200",
+    "V100",
+    "V100-32GB",
+    "P100",
+    "P4",
+    "K80",
+    "M60",
+    "RTX4090",
+    "RTX3090",
+    "RTXA4000",
+    "RTXA5000",
+    "RTXA6000",
+    "MI300X",
+    "A6000",
+    "A5000",
+    "A4000",
+    "tpu-v2-8",
+    "tpu-v3-8",
+    "tpu-v4-8",
+    "tpu-v5e-8",
+    "tpu-v5p-8",
+    "tpu-v6e-8",
 }
 IMAGE_REF = re.compile(r"^docker:[\w./:-]+(@sha256:[0-9a-f]{64})?$")
 AUTOSTOP_IDLE_MINUTES = 10
@@ -70,8 +102,10 @@ def template_path(cfg: Config, rung: str) -> Path:
 
 def check_accelerator(gpus: GpuSpec) -> None:
     if gpus.name.lower() not in {a.lower() for a in KNOWN_ACCELERATORS}:
-        raise BadInput(f"--gpus: unknown accelerator {gpus.name!r}: SkyPilot would accept it and fail at launch "
-                       f"(known: {', '.join(sorted(KNOWN_ACCELERATORS)[:12])}, ...)")
+        raise BadInput(
+            f"--gpus: unknown accelerator {gpus.name!r}: SkyPilot would accept it and fail at launch "
+            f"(known: {', '.join(sorted(KNOWN_ACCELERATORS)[:12])}, ...)"
+        )
 
 
 def train_args(command: list[str]) -> str:
@@ -87,9 +121,18 @@ def train_args(command: list[str]) -> str:
     return shlex.join(argv)
 
 
-def render(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
-           leg_env: dict[str, str], out: Path, hard_stop: float | None = None,
-           pin: dict[str, str] | None = None) -> RenderedTask:
+def render(
+    cfg: Config,
+    rung: str,
+    *,
+    gpus: GpuSpec | None,
+    nodes: int,
+    image_ref: str,
+    leg_env: dict[str, str],
+    out: Path,
+    hard_stop: float | None = None,
+    pin: dict[str, str] | None = None,
+) -> RenderedTask:
     """Fill the rung's template for one leg and write it to `out`.
 
     `hard_stop` (unix seconds): the run command is killed then, whatever the
@@ -128,15 +171,28 @@ def script_sha256(script: str) -> str:
 def task_envs(cfg: Config, rung: str, leg_env: Mapping[str, str], hard_stop: float | None = None) -> dict[str, str]:
     """The `envs:` of one leg's task: the template's, the leg environment, the trainer's
     arguments (LAUNCHER_TRAIN_ARGS) and, under the hard cap, when it falls (PREFLIGHT_HARD_STOP)."""
-    envs = {**{str(k): str(v) for k, v in (template(cfg, rung).get("envs") or {}).items()}, **leg_env,
-            "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command)}
+    envs = {
+        **{str(k): str(v) for k, v in (template(cfg, rung).get("envs") or {}).items()},
+        **leg_env,
+        "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command),
+    }
     if hard_stop is not None:
         envs["PREFLIGHT_HARD_STOP"] = str(int(hard_stop))
     return envs
 
 
-def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str, leg_env: dict[str, str],
-               out: Path, job_deadline: float, leg_budget_s: float, max_restarts: int) -> RenderedTask:
+def render_job(
+    cfg: Config,
+    *,
+    gpus: GpuSpec | None,
+    nodes: int,
+    image_ref: str,
+    leg_env: dict[str, str],
+    out: Path,
+    job_deadline: float,
+    leg_budget_s: float,
+    max_restarts: int,
+) -> RenderedTask:
     """The run as ONE SkyPilot managed job: `resources.job_recovery` with the config's
     max_restarts_on_errors, spot first with on-demand fallback (the template's `ordered`),
     and a deadline that belongs to the job, not to one recovery.
@@ -152,8 +208,10 @@ def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
     recovery = resources.get("job_recovery")
     recovery = {"strategy": recovery} if isinstance(recovery, str) else dict(recovery or {})
     if str(recovery.get("strategy", "")).lower() == "none":
-        raise BadInput("sky/run.yaml: job_recovery.strategy none drops max_restarts_on_errors: the run needs "
-                       "recovery (FAILOVER or EAGER_NEXT_REGION)")
+        raise BadInput(
+            "sky/run.yaml: job_recovery.strategy none drops max_restarts_on_errors: the run needs "
+            "recovery (FAILOVER or EAGER_NEXT_REGION)"
+        )
     recovery["max_restarts_on_errors"] = max_restarts
     codes = recovery.get("recover_on_exit_codes")
     codes = [codes] if isinstance(codes, int) else list(codes or [])
@@ -169,17 +227,26 @@ def render_job(cfg: Config, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
 def attempt_deadline(run: str) -> str:
     """`run` for a managed job: each attempt's LAUNCHER_DEADLINE is its own leg budget from
     now, capped at the job's deadline; the hard cap is that plus grace."""
-    return ("# preflight: this attempt's deadline (a recovery gets its own budget, never past the job's)\n"
-            "now=$(date +%s)\n"
-            "LAUNCHER_DEADLINE=$(( now + PREFLIGHT_LEG_BUDGET_S ))\n"
-            "[ \"$LAUNCHER_DEADLINE\" -le \"$PREFLIGHT_JOB_DEADLINE\" ] || LAUNCHER_DEADLINE=$PREFLIGHT_JOB_DEADLINE\n"
-            "export LAUNCHER_DEADLINE\n"
-            f"left=$(( LAUNCHER_DEADLINE + {HARD_CAP_GRACE_S} - now )); [ \"$left\" -gt 0 ] || left=1\n"
-            + watched(run))
+    return (
+        "# preflight: this attempt's deadline (a recovery gets its own budget, never past the job's)\n"
+        "now=$(date +%s)\n"
+        "LAUNCHER_DEADLINE=$(( now + PREFLIGHT_LEG_BUDGET_S ))\n"
+        '[ "$LAUNCHER_DEADLINE" -le "$PREFLIGHT_JOB_DEADLINE" ] || LAUNCHER_DEADLINE=$PREFLIGHT_JOB_DEADLINE\n'
+        "export LAUNCHER_DEADLINE\n"
+        f'left=$(( LAUNCHER_DEADLINE + {HARD_CAP_GRACE_S} - now )); [ "$left" -gt 0 ] || left=1\n' + watched(run)
+    )
 
 
-def _filled(cfg: Config, rung: str, *, gpus: GpuSpec | None, nodes: int, image_ref: str,
-            leg_env: dict[str, str], pin: dict[str, str] | None) -> dict[str, Any]:
+def _filled(
+    cfg: Config,
+    rung: str,
+    *,
+    gpus: GpuSpec | None,
+    nodes: int,
+    image_ref: str,
+    leg_env: dict[str, str],
+    pin: dict[str, str] | None,
+) -> dict[str, Any]:
     task: dict[str, Any] = copy.deepcopy(template(cfg, rung))
     resources = task.setdefault("resources", {})
     if gpus is not None:
@@ -216,8 +283,10 @@ def _template_secrets(entries: Any, rung: str) -> dict[str, Any]:
     a value written in the file is refused."""
     written = [name for name, value in (entries or {}).items() if value is not None]
     if written:
-        raise BadInput(f"sky/{rung}.yaml: secrets.{written[0]} holds a value: a secret is never written to a "
-                       "task file", hint="list its name under `secrets:` in launcher.yaml and export it")
+        raise BadInput(
+            f"sky/{rung}.yaml: secrets.{written[0]} holds a value: a secret is never written to a task file",
+            hint="list its name under `secrets:` in launcher.yaml and export it",
+        )
     return {}
 
 
@@ -232,9 +301,10 @@ def hard_capped(run: str) -> str:
     its cluster is torn down (the strict stand-in caught this). In the job's group, the
     SIGTERM reaches torchrun, which hands it to its workers; the cap itself still fires,
     and --kill-after still kills."""
-    return ("# preflight: the hard cap (the leg's deadline + grace); autostop downs the cluster after it\n"
-            "left=$(( PREFLIGHT_HARD_STOP - $(date +%s) )); [ \"$left\" -gt 0 ] || left=1\n"
-            + watched(run))
+    return (
+        "# preflight: the hard cap (the leg's deadline + grace); autostop downs the cluster after it\n"
+        'left=$(( PREFLIGHT_HARD_STOP - $(date +%s) )); [ "$left" -gt 0 ] || left=1\n' + watched(run)
+    )
 
 
 def watched(run: str) -> str:
@@ -251,16 +321,18 @@ def watched(run: str) -> str:
     and exits with the trainer's status.
     The watcher (it ignores SIGTERM) is killed once the trainer has ended: it holds the leg's
     output open, and it wrote its mark before it signalled, so before the trainer stopped."""
-    return ("# preflight: the spot notice watcher (SkyPilot passes none; runtime/notice.py)\n"
-            "mark=$(mktemp -u \"${TMPDIR:-/tmp}/preflight-notice.XXXXXX\")\n"
-            "python -m runtime.notice --mark \"$mark\" --parent $$ & watcher=$!\n"
-            "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
-            f"timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} \"$left\" bash -c {shlex.quote(run)} &\n"
-            "child=$!\n"
-            "while :; do wait \"$child\"; rc=$?; [ \"$rc\" -gt 128 ] && kill -0 \"$child\" 2>/dev/null && continue; break; done\n"
-            "kill -KILL \"$watcher\" 2>/dev/null; wait \"$watcher\" 2>/dev/null\n"
-            f"[ -e \"$mark\" ] && exit {EXIT_PREEMPTED}\n"
-            "exit $rc\n")
+    return (
+        "# preflight: the spot notice watcher (SkyPilot passes none; runtime/notice.py)\n"
+        'mark=$(mktemp -u "${TMPDIR:-/tmp}/preflight-notice.XXXXXX")\n'
+        'python -m runtime.notice --mark "$mark" --parent $$ & watcher=$!\n'
+        "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
+        f'timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} "$left" bash -c {shlex.quote(run)} &\n'
+        "child=$!\n"
+        'while :; do wait "$child"; rc=$?; [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null && continue; break; done\n'
+        'kill -KILL "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null\n'
+        f'[ -e "$mark" ] && exit {EXIT_PREEMPTED}\n'
+        "exit $rc\n"
+    )
 
 
 def task_for_launch(sky: Any, path: Path, secrets: dict[str, str]) -> Any:
@@ -271,8 +343,9 @@ def task_for_launch(sky: Any, path: Path, secrets: dict[str, str]) -> Any:
     task = sky.Task.from_yaml(str(path))
     login = {name: os.environ[name] for name in DOCKER_LOGIN_VARS if os.environ.get(name)}
     if login and len(login) != len(DOCKER_LOGIN_VARS):
-        raise BadInput(f"a private registry needs all of {', '.join(DOCKER_LOGIN_VARS)}; only "
-                       f"{', '.join(sorted(login))} set")
+        raise BadInput(
+            f"a private registry needs all of {', '.join(DOCKER_LOGIN_VARS)}; only {', '.join(sorted(login))} set"
+        )
     values = {**secrets, **login}
     if values:
         task.update_secrets(values)
@@ -307,8 +380,9 @@ def sky_module() -> Any:
     try:
         import sky
     except ImportError:
-        raise BadInput("skypilot is not installed",
-                       hint="pip install 'preflight-launcher[sky]' (skypilot 0.14.1)") from None
+        raise BadInput(
+            "skypilot is not installed", hint="pip install 'preflight-launcher[sky]' (skypilot 0.14.1)"
+        ) from None
     return sky
 
 

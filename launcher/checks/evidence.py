@@ -164,8 +164,12 @@ class Check:
     """Structured fields a reader uses (numbers, steps), so that none parses `detail`."""
 
     def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "ok": self.ok, "detail": self.detail,
-               "evidence": [p.to_json() for p in self.evidence]}
+        out = {
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "evidence": [p.to_json() for p in self.evidence],
+        }
         if self.missing:
             out["missing"] = True
         if self.kind:
@@ -177,12 +181,16 @@ class Check:
         return out
 
 
-def find(checks: list[dict[str, Any]], kind: Kind, leg: int | None = None, ok: bool | None = None
-         ) -> list[dict[str, Any]]:
+def find(
+    checks: list[dict[str, Any]], kind: Kind, leg: int | None = None, ok: bool | None = None
+) -> list[dict[str, Any]]:
     """The recorded checks (ledger rows, `Check.to_json`) of `kind`, of leg `leg` if given,
     passed or failed if `ok` is given: how the report and the gate select checks."""
-    return [c for c in checks if c.get("kind") == kind and (leg is None or c.get("leg") == leg)
-            and (ok is None or bool(c.get("ok")) == ok)]
+    return [
+        c
+        for c in checks
+        if c.get("kind") == kind and (leg is None or c.get("leg") == leg) and (ok is None or bool(c.get("ok")) == ok)
+    ]
 
 
 @dataclass
@@ -202,8 +210,7 @@ class LegEvents:
 
     def all(self, name: str, rank: int | None = 0) -> list[tuple[int, dict[str, Any]]]:
         """Events called `name` printed by `rank` (None: every rank)."""
-        return [(n, e) for n, e in self.items
-                if e["event"] == name and (rank is None or e.get("rank", 0) == rank)]
+        return [(n, e) for n, e in self.items if e["event"] == name and (rank is None or e.get("rank", 0) == rank)]
 
     def first(self, name: str, rank: int | None = 0) -> tuple[int, dict[str, Any]] | None:
         found = self.all(name, rank)
@@ -222,8 +229,11 @@ class LegEvents:
 
     def damaged(self) -> list[dict[str, Any]]:
         """Lines that claimed to be events and were not usable ones: shown, never used as evidence."""
-        return [{"leg": self.leg, "line": n, "reason": e["reason"], "kind": e.get("kind")}
-                for n, e in self.items if e["event"] == DAMAGED]
+        return [
+            {"leg": self.leg, "line": n, "reason": e["reason"], "kind": e.get("kind")}
+            for n, e in self.items
+            if e["event"] == DAMAGED
+        ]
 
     def pointer(self, item: tuple[int, dict[str, Any]] | None) -> tuple[Pointer, ...]:
         if item is None:
@@ -251,8 +261,10 @@ def surviving_timeline(legs: list[LegEvents]) -> list[LegEvents]:
     return out
 
 
-NO_EVENTS = ("the trainer printed no preflight events: it does not speak the leg contract (README, "
-             "'Bring your own trainer': runtime.session.Session, or the events listed there)")
+NO_EVENTS = (
+    "the trainer printed no preflight events: it does not speak the leg contract (README, "
+    "'Bring your own trainer': runtime.session.Session, or the events listed there)"
+)
 
 
 def last_line(path: Path) -> str:

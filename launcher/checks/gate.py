@@ -27,10 +27,16 @@ CPU_PROOFS = (1, 2, 3, 4, 6, 7, 8)
 def producers(gpus: GpuSpec | None) -> dict[int, str]:
     """The command that produces each proof's evidence."""
     g = f"--gpus {gpus}" if gpus else "--cpu"
-    return {1: "launcher up rehearsal", 2: "launcher up rehearsal", 3: "launcher up rehearsal",
-            4: "launcher up rehearsal", 5: f"launcher up probe {g}" if gpus else "launcher up probe --gpus ...",
-            6: "launcher drill cold-resume --kills 2 --at mid-push", 7: f"launcher up probe {g}",
-            8: "launcher up rehearsal"}
+    return {
+        1: "launcher up rehearsal",
+        2: "launcher up rehearsal",
+        3: "launcher up rehearsal",
+        4: "launcher up rehearsal",
+        5: f"launcher up probe {g}" if gpus else "launcher up probe --gpus ...",
+        6: "launcher drill cold-resume --kills 2 --at mid-push",
+        7: f"launcher up probe {g}",
+        8: "launcher up rehearsal",
+    }
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,18 @@ class Passed:
     plan: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"gate": "passed", "report": str(self.folder), "digest": self.digest,
-                "generated_at": self.generated_at, "proofs": list(self.proofs),
-                "plan": {k: self.plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd", "gpus",
-                                                       "run_steps", "rate_source")},
-                "notice": {k: v for k, v in (self.plan.get("notice") or {}).items() if k != "evidence"} or None}
+        return {
+            "gate": "passed",
+            "report": str(self.folder),
+            "digest": self.digest,
+            "generated_at": self.generated_at,
+            "proofs": list(self.proofs),
+            "plan": {
+                k: self.plan.get(k)
+                for k in ("tok_s", "eta_hours", "gpu_hours", "usd", "gpus", "run_steps", "rate_source")
+            },
+            "notice": {k: v for k, v in (self.plan.get("notice") or {}).items() if k != "evidence"} or None,
+        }
 
 
 def skipped(reason: str) -> dict[str, Any]:
@@ -77,45 +90,60 @@ def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None,
     make = producers(gpus)
     found = reports_for(cfg, files)
     if not found:
-        raise Refused("no signed preflight report for exactly these files: the run needs proofs "
-                      + ", ".join(map(str, need)) + " PASS first",
-                      hint=_ladder_hint(need, make) + "; or --skip-preflight \"REASON\" (recorded)")
+        raise Refused(
+            "no signed preflight report for exactly these files: the run needs proofs "
+            + ", ".join(map(str, need))
+            + " PASS first",
+            hint=_ladder_hint(need, make) + '; or --skip-preflight "REASON" (recorded)',
+        )
     folder, data = found[0]
     problems = rep.check(folder)
     if problems:
-        raise Refused(f"report {folder.name} fails its signature ({problems[0]}): it was changed after it was "
-                      "signed", hint="run `launcher report` again to write a fresh one")
+        raise Refused(
+            f"report {folder.name} fails its signature ({problems[0]}): it was changed after it was signed",
+            hint="run `launcher report` again to write a fresh one",
+        )
     runs = []
     for entry in data.get("runs") or []:
         rows = ledger.runs(run_id=str(entry.get("id")))
         if not rows or rows[0]["files"] != files or rows[0]["ended_at"] is None:
-            raise Refused(f"report {folder.name} names run {entry.get('id')!r}, which the ledger does not hold "
-                          "with these files", hint="run `launcher report` again from this ledger")
+            raise Refused(
+                f"report {folder.name} names run {entry.get('id')!r}, which the ledger does not hold with these files",
+                hint="run `launcher report` again from this ledger",
+            )
         runs.append(rep.load_run(rows[0]))
     proofs = rep.derive(cfg, runs, rep.Evidence())
     signed = {p.get("number"): p.get("status") for p in data.get("proofs") or [] if isinstance(p, dict)}
     lies = [n for n in need if signed.get(n) == rep.PASS and proofs[n].status != rep.PASS]
     if lies:
-        raise Refused(f"report {folder.name} says proof {lies[0]} PASS, but its runs in the ledger give "
-                      f"{proofs[lies[0]].status}: {proofs[lies[0]].summary[:160]}",
-                      hint="run `launcher report` again from this ledger")
+        raise Refused(
+            f"report {folder.name} says proof {lies[0]} PASS, but its runs in the ledger give "
+            f"{proofs[lies[0]].status}: {proofs[lies[0]].summary[:160]}",
+            hint="run `launcher report` again from this ledger",
+        )
     bad = [n for n in need if proofs[n].status != rep.PASS]
     if bad:
         listed = "; ".join(f"proof {n} {proofs[n].status} ({rep.TITLES[n]}): {make[n]}" for n in bad)
-        raise Refused(f"report {folder.name}: not every proof PASS: {listed}",
-                      hint=_ladder_hint(bad, make) + "; or --skip-preflight \"REASON\" (recorded)")
+        raise Refused(
+            f"report {folder.name}: not every proof PASS: {listed}",
+            hint=_ladder_hint(bad, make) + '; or --skip-preflight "REASON" (recorded)',
+        )
     if gpus is not None:
         measured = str(proofs[5].numbers.get("gpus", ""))
         if measured.split(":")[0].lower() != gpus.name.lower():
-            raise Refused(f"report {folder.name} measured the rate on {measured}, the run asks for {gpus}: its ETA "
-                          "and quota arithmetic are for another GPU", hint=f"launcher up probe --gpus {gpus}, "
-                          "then `launcher report`")
+            raise Refused(
+                f"report {folder.name} measured the rate on {measured}, the run asks for {gpus}: its ETA "
+                "and quota arithmetic are for another GPU",
+                hint=f"launcher up probe --gpus {gpus}, then `launcher report`",
+            )
     if image is not None:
         ran = sorted({str(v) for v in (data.get("images") or {}).values()})
         if image not in ran:
-            raise Refused(f"report {folder.name} was not made on the image this run would launch ({image[:40]}): "
-                          f"its runs ran {', '.join(r[:40] for r in ran) or 'no image (local backend)'}",
-                          hint="climb the ladder on this backend, then `launcher report`")
+            raise Refused(
+                f"report {folder.name} was not made on the image this run would launch ({image[:40]}): "
+                f"its runs ran {', '.join(r[:40] for r in ran) or 'no image (local backend)'}",
+                hint="climb the ladder on this backend, then `launcher report`",
+            )
     digest = json.loads((folder / rep.SIGNATURE).read_text())["digest"]
     return Passed(folder, digest, str(data.get("generated_at")), need, dict(data.get("plan") or {}))
 

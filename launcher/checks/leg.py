@@ -16,8 +16,10 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
     done = ev.last("done")
     ok = out.result.exit_code == 0 and done is not None and not out.result.killed
     stop = ev.last("stop")
-    detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) after "
-              f"{out.result.wall_seconds:.1f} s" + (f", last step {done[1]['step']}" if done else ", no `done` event"))
+    detail = (
+        f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) after "
+        f"{out.result.wall_seconds:.1f} s" + (f", last step {done[1]['step']}" if done else ", no `done` event")
+    )
     if sigterm and not ok and done is not None and not out.result.killed:
         ranks = ev.all("done", rank=None)
         start = ev.first("start")
@@ -27,8 +29,10 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
     if stop and stop[1].get("error"):
         detail += f"; stopped: {stop[1]['reason']}: {stop[1]['error']}"
     if silent(ev) and out.result.exit_code not in (0, None) and not out.result.killed:
-        detail = (f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
-                  f"preflight event; the last line of its log: {last_line(ev.log)!r}")
+        detail = (
+            f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
+            f"preflight event; the last line of its log: {last_line(ev.log)!r}"
+        )
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop), kind=Kind.LEG_FINISHED, leg=ev.leg)
@@ -37,5 +41,11 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
 def check_device(out: LegOutcome) -> Check:
     start = out.events.first("start")
     device = start[1].get("device") if start else None
-    return Check(f"leg {out.events.leg} ran on the accelerator", str(device).startswith("cuda"),
-                 f"device {device!r}", out.events.pointer(start), kind=Kind.ON_ACCELERATOR, leg=out.events.leg)
+    return Check(
+        f"leg {out.events.leg} ran on the accelerator",
+        str(device).startswith("cuda"),
+        f"device {device!r}",
+        out.events.pointer(start),
+        kind=Kind.ON_ACCELERATOR,
+        leg=out.events.leg,
+    )

@@ -37,10 +37,16 @@ def sustained(ev: LegEvents) -> dict[str, Any] | None:
     if item is None:
         return None
     e = item[1]
-    return {"tok_s": float(e["tok_s"]), "rel_err": e.get("rel_err"), "window_first": int(e["window_first"]),
-            "window_last": int(e["window_last"]), "window_steps": int(e["window_last"]) - int(e["window_first"]) + 1,
-            "seconds": float(e["seconds"]), "tokens_per_step": tokens_per_step(ev),
-            "evidence": ev.pointer(item)}
+    return {
+        "tok_s": float(e["tok_s"]),
+        "rel_err": e.get("rel_err"),
+        "window_first": int(e["window_first"]),
+        "window_last": int(e["window_last"]),
+        "window_steps": int(e["window_last"]) - int(e["window_first"]) + 1,
+        "seconds": float(e["seconds"]),
+        "tokens_per_step": tokens_per_step(ev),
+        "evidence": ev.pointer(item),
+    }
 
 
 def check_sustained(ev: LegEvents) -> Check:
@@ -48,16 +54,33 @@ def check_sustained(ev: LegEvents) -> Check:
     s = sustained(ev)
     if s is None:
         if not ev.all("step"):
-            return Check(name, False, NO_EVENTS if not ev.items else "the leg printed no `step` event",
-                         kind=Kind.SUSTAINED_RATE, leg=ev.leg)
-        return Check(name, False, "no `rate` event: the leg ran too few steps past the warm-up to measure",
-                     kind=Kind.SUSTAINED_RATE, leg=ev.leg)
+            return Check(
+                name,
+                False,
+                NO_EVENTS if not ev.items else "the leg printed no `step` event",
+                kind=Kind.SUSTAINED_RATE,
+                leg=ev.leg,
+            )
+        return Check(
+            name,
+            False,
+            "no `rate` event: the leg ran too few steps past the warm-up to measure",
+            kind=Kind.SUSTAINED_RATE,
+            leg=ev.leg,
+        )
     rel = s["rel_err"]
     ok = rel is not None and rel <= RATE_REL_ERR_MAX
     err = "unknown (window too short for block errors)" if rel is None else f"+-{100 * rel:.2f} %"
-    return Check(name, ok, f"{s['tok_s']:,.1f} tok/s over steps {s['window_first']}..{s['window_last']} "
-                 f"({s['window_steps']} steps, {s['seconds']:.1f} s), standard error {err} "
-                 f"(needs <= {100 * RATE_REL_ERR_MAX:.0f} %)", s["evidence"], kind=Kind.SUSTAINED_RATE, leg=ev.leg)
+    return Check(
+        name,
+        ok,
+        f"{s['tok_s']:,.1f} tok/s over steps {s['window_first']}..{s['window_last']} "
+        f"({s['window_steps']} steps, {s['seconds']:.1f} s), standard error {err} "
+        f"(needs <= {100 * RATE_REL_ERR_MAX:.0f} %)",
+        s["evidence"],
+        kind=Kind.SUSTAINED_RATE,
+        leg=ev.leg,
+    )
 
 
 def memory_trend(ev: LegEvents) -> dict[str, Any] | None:
@@ -71,15 +94,21 @@ def memory_trend(ev: LegEvents) -> dict[str, Any] | None:
     growth = int(e1["peak_max"]) - int(e0["peak_max"])
     steps = int(e1["step"]) - int(e0["step"])
     tolerance = max(MEMORY_TOLERANCE_FRACTION * int(e0["peak_max"]), MEMORY_TOLERANCE_BYTES)
-    return {"kind": e1.get("kind", "unknown"),
-            "peak_bytes": max(int(e["peak_max"]) for _, e in items),
-            "reserved_bytes": max(int(e.get("reserved_max", 0)) for _, e in items),
-            "early_step": int(e0["step"]), "early_bytes": int(e0["peak_max"]),
-            "late_step": int(e1["step"]), "late_bytes": int(e1["peak_max"]),
-            "growth_bytes": growth, "slope_bytes_per_step": growth / steps if steps else 0.0,
-            "tolerance_bytes": int(tolerance), "flat": growth <= tolerance,
-            "series": [(int(e["step"]), int(e["peak_max"])) for _, e in items],
-            "evidence": ev.pointer(early) + ev.pointer(late)}
+    return {
+        "kind": e1.get("kind", "unknown"),
+        "peak_bytes": max(int(e["peak_max"]) for _, e in items),
+        "reserved_bytes": max(int(e.get("reserved_max", 0)) for _, e in items),
+        "early_step": int(e0["step"]),
+        "early_bytes": int(e0["peak_max"]),
+        "late_step": int(e1["step"]),
+        "late_bytes": int(e1["peak_max"]),
+        "growth_bytes": growth,
+        "slope_bytes_per_step": growth / steps if steps else 0.0,
+        "tolerance_bytes": int(tolerance),
+        "flat": growth <= tolerance,
+        "series": [(int(e["step"]), int(e["peak_max"])) for _, e in items],
+        "evidence": ev.pointer(early) + ev.pointer(late),
+    }
 
 
 def check_memory(ev: LegEvents, run_steps: int) -> Check:
@@ -88,13 +117,18 @@ def check_memory(ev: LegEvents, run_steps: int) -> Check:
     if m is None:
         return Check(name, False, "fewer than two `memory` windows", kind=Kind.MEMORY_FLAT, leg=ev.leg)
     what = {"cuda": "GPU memory (peak allocated, max across ranks)", "host_rss": "host RSS (max across ranks)"}.get(
-        m["kind"], "memory (peak, max across ranks)")
-    detail = (f"{what}: {mib(m['early_bytes'])} at step {m['early_step']} -> {mib(m['late_bytes'])} at step "
-              f"{m['late_step']} ({m['growth_bytes'] / 2**20:+.1f} MiB; flat within {mib(m['tolerance_bytes'])})")
+        m["kind"], "memory (peak, max across ranks)"
+    )
+    detail = (
+        f"{what}: {mib(m['early_bytes'])} at step {m['early_step']} -> {mib(m['late_bytes'])} at step "
+        f"{m['late_step']} ({m['growth_bytes'] / 2**20:+.1f} MiB; flat within {mib(m['tolerance_bytes'])})"
+    )
     if not m["flat"]:
         projected = m["slope_bytes_per_step"] * run_steps
-        detail += (f"; leaking {m['slope_bytes_per_step'] * 1000 / 2**20:.2f} MiB per 1000 steps: "
-                   f"+{projected / 2**30:.2f} GiB over the run's {run_steps:,} steps")
+        detail += (
+            f"; leaking {m['slope_bytes_per_step'] * 1000 / 2**20:.2f} MiB per 1000 steps: "
+            f"+{projected / 2**30:.2f} GiB over the run's {run_steps:,} steps"
+        )
     return Check(name, m["flat"], detail, m["evidence"], kind=Kind.MEMORY_FLAT, leg=ev.leg)
 
 
@@ -125,16 +159,25 @@ def cycle_cost(ev: LegEvents) -> dict[str, Any] | None:
     serialize_s = statistics.mean(float(e["seconds"]) for _, e in serialized) if serialized else 0.0
     waits = ev.all("push_wait")
     overhead = save_s / (interval * step_time) if interval else None
-    return {"checkpoints": len(saves), "bytes": int(pushes[-1][1]["bytes"]), "save_s": save_s, "push_s": push_s,
-            "verify_s": verify_s, "serialize_s": serialize_s, "background_save": bool(serialized),
-            "bytes_read": int(verifies[-1][1]["bytes_read"]), "step_s": step_time,
-            "interval_steps": interval, "overhead": overhead, "push_waits": len(waits),
-            "wait_s": sum(float(e["seconds"]) for _, e in waits),
-            # the cadence that keeps critical-path cost <= 1 %, and the one an upload needs to finish in time
-            "min_interval_1pct": max(1, int(-(-save_s // (0.01 * step_time)))) if step_time else None,
-            "min_interval_upload": (max(1, int(-(-(serialize_s + push_s + verify_s) // step_time)))
-                                    if step_time else None),
-            "evidence": ev.pointer(saves[-1]) + ev.pointer(pushes[-1]) + ev.pointer(verifies[-1])}
+    return {
+        "checkpoints": len(saves),
+        "bytes": int(pushes[-1][1]["bytes"]),
+        "save_s": save_s,
+        "push_s": push_s,
+        "verify_s": verify_s,
+        "serialize_s": serialize_s,
+        "background_save": bool(serialized),
+        "bytes_read": int(verifies[-1][1]["bytes_read"]),
+        "step_s": step_time,
+        "interval_steps": interval,
+        "overhead": overhead,
+        "push_waits": len(waits),
+        "wait_s": sum(float(e["seconds"]) for _, e in waits),
+        # the cadence that keeps critical-path cost <= 1 %, and the one an upload needs to finish in time
+        "min_interval_1pct": max(1, int(-(-save_s // (0.01 * step_time)))) if step_time else None,
+        "min_interval_upload": (max(1, int(-(-(serialize_s + push_s + verify_s) // step_time))) if step_time else None),
+        "evidence": ev.pointer(saves[-1]) + ev.pointer(pushes[-1]) + ev.pointer(verifies[-1]),
+    }
 
 
 def check_cadence(ev: LegEvents) -> Check:
@@ -143,16 +186,24 @@ def check_cadence(ev: LegEvents) -> Check:
     if c is None:
         return Check(name, False, "no complete save -> push -> verify cycle to measure", kind=Kind.CADENCE, leg=ev.leg)
     if c["interval_steps"] is None:
-        return Check(name, False, f"one checkpoint only ({c['save_s']:.3f} s on the critical path): no cadence to "
-                     f"measure; under 1 % of step time needs a checkpoint every {c['min_interval_1pct']} steps or more",
-                     c["evidence"], kind=Kind.CADENCE, leg=ev.leg)
+        return Check(
+            name,
+            False,
+            f"one checkpoint only ({c['save_s']:.3f} s on the critical path): no cadence to "
+            f"measure; under 1 % of step time needs a checkpoint every {c['min_interval_1pct']} steps or more",
+            c["evidence"],
+            kind=Kind.CADENCE,
+            leg=ev.leg,
+        )
     ok = c["overhead"] <= CADENCE_OVERHEAD_MAX and c["push_waits"] == 0
-    detail = (f"every {c['interval_steps']} steps: save {c['save_s']:.3f} s on the critical path = "
-              f"{100 * c['overhead']:.2f} % of {c['interval_steps']} x {c['step_s']:.4f} s steps "
-              f"(needs <= {100 * CADENCE_OVERHEAD_MAX:.0f} %); "
-              + (f"write {c['serialize_s']:.3f} s + " if c["background_save"] else "")
-              + f"push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
-              f"off it; {c['push_waits']} push waits")
+    detail = (
+        f"every {c['interval_steps']} steps: save {c['save_s']:.3f} s on the critical path = "
+        f"{100 * c['overhead']:.2f} % of {c['interval_steps']} x {c['step_s']:.4f} s steps "
+        f"(needs <= {100 * CADENCE_OVERHEAD_MAX:.0f} %); "
+        + (f"write {c['serialize_s']:.3f} s + " if c["background_save"] else "")
+        + f"push {c['push_s']:.3f} s + verify {c['verify_s']:.3f} s "
+        f"off it; {c['push_waits']} push waits"
+    )
     return Check(name, ok, detail, c["evidence"], kind=Kind.CADENCE, leg=ev.leg)
 
 
@@ -169,13 +220,17 @@ PHASES = {
     "compute": ("forward/backward", "compute-bound: the model's arithmetic is the bottleneck"),
     "optimizer": ("optimizer step", "the optimizer step is the bottleneck"),
     "sync": ("cross-rank sync", "communication between ranks is the bottleneck"),
-    "ckpt": ("checkpoint saves", "checkpoint work on the critical path is the bottleneck: save less often or "
-             "asynchronously"),
+    "ckpt": (
+        "checkpoint saves",
+        "checkpoint work on the critical path is the bottleneck: save less often or asynchronously",
+    ),
     "drain": ("waiting for the device", "the device's queued work is the bottleneck"),
     "session": ("batch hashing", "the leg API's own per-step cost is the bottleneck"),
     "other": ("untimed trainer code", "the trainer's code outside its timed phases is the bottleneck"),
-    "host": ("host overhead", "the host cannot queue work fast enough to keep the GPU busy: larger batches or "
-             "torch.compile"),
+    "host": (
+        "host overhead",
+        "the host cannot queue work fast enough to keep the GPU busy: larger batches or torch.compile",
+    ),
 }
 HOST_SIDE = ("data", "sync", "ckpt", "session")
 
@@ -207,8 +262,9 @@ def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     device = sum(isinstance(e.get("gpu_phases"), dict) for _, e in window) > len(window) // 2
     if device:
         window = [(n, e) for n, e in window if isinstance(e.get("gpu_phases"), dict)]
-    per = [_device_phases(e) if device else {k: float(v) for k, v in e["phases"].items() if k in PHASES}
-           for _, e in window]
+    per = [
+        _device_phases(e) if device else {k: float(v) for k, v in e["phases"].items() if k in PHASES} for _, e in window
+    ]
     totals = {k: sum(p.get(k, 0.0) for p in per) for k in PHASES}
     totals = {k: v for k, v in totals.items() if v > 0 or k in ("data", "compute", "optimizer", "sync", "ckpt")}
     total = sum(totals.values())
@@ -218,12 +274,20 @@ def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     top = max(shares, key=shares.get)  # type: ignore[arg-type]
     label, meaning = PHASES[top]
     background = [e for _, e in ev.all("push")] + [e for _, e in ev.all("verify")]
-    out = {"steps": len(window), "from_step": window[0][1]["step"], "to_step": window[-1][1]["step"],
-           "seconds": totals, "shares": shares, "largest": top, "per_step_s": total / len(window),
-           "verdict": f"{label} {100 * shares[top]:.0f} % of step time: {meaning}",
-           "background_s": sum(float(e.get("seconds", 0.0)) for e in background),
-           "background_events": len(background), "device": device,
-           "evidence": ev.pointer(window[0]) + ev.pointer(window[-1])}
+    out = {
+        "steps": len(window),
+        "from_step": window[0][1]["step"],
+        "to_step": window[-1][1]["step"],
+        "seconds": totals,
+        "shares": shares,
+        "largest": top,
+        "per_step_s": total / len(window),
+        "verdict": f"{label} {100 * shares[top]:.0f} % of step time: {meaning}",
+        "background_s": sum(float(e.get("seconds", 0.0)) for e in background),
+        "background_events": len(background),
+        "device": device,
+        "evidence": ev.pointer(window[0]) + ev.pointer(window[-1]),
+    }
     if device:
         out["device_busy"] = (totals.get("compute", 0.0) + totals.get("optimizer", 0.0)) / total
     return out
@@ -233,14 +297,22 @@ def describe_breakdown(b: dict[str, Any]) -> str:
     shown = [k for k in sorted(b["shares"], key=b["shares"].get, reverse=True) if b["shares"][k] >= 0.0005]
     parts = ", ".join(f"{PHASES[k][0]} {100 * b['shares'][k]:.1f} %" for k in shown)
     how = "; forward/backward and optimizer in the GPU's own time (CUDA events)" if b.get("device") else ""
-    return (f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step{how}): {parts}. "
-            f"{b['verdict']}. Off the critical path: {b['background_events']} push/verify events, "
-            f"{b['background_s']:.2f} s (not counted as step time)")
+    return (
+        f"steps {b['from_step']}..{b['to_step']} ({b['per_step_s'] * 1000:.1f} ms/step{how}): {parts}. "
+        f"{b['verdict']}. Off the critical path: {b['background_events']} push/verify events, "
+        f"{b['background_s']:.2f} s (not counted as step time)"
+    )
 
 
 def check_breakdown(ev: LegEvents) -> Check | None:
     b = step_breakdown(ev)
     if b is None:
         return None  # a trainer that does not time its phases: nothing to say, nothing to fail
-    return Check(f"leg {ev.leg}: where step time goes", True, describe_breakdown(b), b["evidence"],
-                 kind=Kind.STEP_BREAKDOWN, leg=ev.leg)
+    return Check(
+        f"leg {ev.leg}: where step time goes",
+        True,
+        describe_breakdown(b),
+        b["evidence"],
+        kind=Kind.STEP_BREAKDOWN,
+        leg=ev.leg,
+    )

@@ -80,20 +80,39 @@ def check_leg_store(store: Any, ev: LegEvents) -> Check:
     done = ev.last("done")
     item = claimed(ev)
     if item is None:
-        if done is not None and ev.first("resume") is not None and int(done[1]["step"]) == int(
-                ev.first("resume")[1]["from_step"]):
-            return Check(name, True, f"leg {ev.leg} trained no step past its resume: nothing new to push",
-                         kind=Kind.READBACK, leg=ev.leg)
-        return Check(name, False, f"leg {ev.leg} printed no `verify` event with ok=true{ev.unverified()}",
-                     kind=Kind.READBACK, leg=ev.leg)
+        if (
+            done is not None
+            and ev.first("resume") is not None
+            and int(done[1]["step"]) == int(ev.first("resume")[1]["from_step"])
+        ):
+            return Check(
+                name,
+                True,
+                f"leg {ev.leg} trained no step past its resume: nothing new to push",
+                kind=Kind.READBACK,
+                leg=ev.leg,
+            )
+        return Check(
+            name,
+            False,
+            f"leg {ev.leg} printed no `verify` event with ok=true{ev.unverified()}",
+            kind=Kind.READBACK,
+            leg=ev.leg,
+        )
     step = int(item[1]["step"])
     ok, detail, _ = read_checkpoint(store, step)
     last = int(done[1]["step"]) if done else None
     if reason in ("sigterm", "deadline") and last is not None and last != step:
         _, detail_last, _ = read_checkpoint(store, last)
-        return Check(name, False, f"leg {ev.leg} stopped on {reason} at step {last} but its newest verified "
-                     f"checkpoint is step {step}: {detail_last}", ev.pointer(done), kind=Kind.READBACK,
-                     leg=ev.leg)
+        return Check(
+            name,
+            False,
+            f"leg {ev.leg} stopped on {reason} at step {last} but its newest verified "
+            f"checkpoint is step {step}: {detail_last}",
+            ev.pointer(done),
+            kind=Kind.READBACK,
+            leg=ev.leg,
+        )
     if reason in ("sigterm", "deadline") and ok:
         detail += f"; the leg stopped on {reason} at step {last} and left that step verified"
     return Check(name, ok, detail, ev.pointer(item), kind=Kind.READBACK, leg=ev.leg)
@@ -115,8 +134,9 @@ class StateReader:
         self.broken: str | None = None
         self.errors = tempfile.TemporaryFile()  # a file, not a pipe: warnings can never fill it and block the reader
         try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self.errors, text=True, env=env)
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True, env=env
+            )
         except OSError as err:
             self.broken = f"{python} could not start: {err}"
 

@@ -32,13 +32,27 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.checks.evidence import Check, Kind, LegEvents, surviving_timeline
-from launcher.checks.resume import (VARYING_FIELDS, check_batches, check_every_rank, check_loss, check_lr,
-                                    check_no_repeat,
-                                    check_sample_index, compare_straight, missing, resume_step, resumed_legs,
-                                    same_loss, steps_of)
+from launcher.checks.resume import (
+    VARYING_FIELDS,
+    check_batches,
+    check_every_rank,
+    check_loss,
+    check_lr,
+    check_no_repeat,
+    check_sample_index,
+    compare_straight,
+    missing,
+    resume_step,
+    resumed_legs,
+    same_loss,
+    steps_of,
+)
 
-PROOF_KINDS: dict[int, frozenset[str]] = {2: frozenset({"data"}), 3: frozenset({"optimizer", "scheduler"}),
-                                          4: frozenset({"model", "other", "extra", "rng"})}
+PROOF_KINDS: dict[int, frozenset[str]] = {
+    2: frozenset({"data"}),
+    3: frozenset({"optimizer", "scheduler"}),
+    4: frozenset({"model", "other", "extra", "rng"}),
+}
 FLOAT_STATE = frozenset({"model", "optimizer"})
 """Compared with the straight run through the loss (to float32 resolution), not bit for bit."""
 
@@ -66,6 +80,7 @@ def _digests_at(ev: LegEvents, upto: int | None = None) -> dict[int, tuple[int, 
 
 # --- the batch the model ate ----------------------------------------------------------
 
+
 def check_fed_batch(legs: list[LegEvents]) -> Check | None:
     """No step handed `step(batch=...)` a batch the model was not fed. None: nothing to check."""
     seen = [(ev, n, e) for ev in legs for n, e in ev.all("step") if "step_batch_fed" in e]
@@ -74,11 +89,17 @@ def check_fed_batch(legs: list[LegEvents]) -> Check | None:
     name = "the batch given to step() is the one the model was fed"
     for ev, n, e in seen:
         if e["step_batch_fed"] is False:
-            return Check(name, False, f"leg {ev.leg} step {e['step']}: the batch given to step() is not the one the "
-                         "model was fed (a batch fetched ahead of its step?); the data checks use the fed one",
-                         ev.pointer((n, e)), kind=Kind.FED_BATCH)
-    return Check(name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs",
-                 kind=Kind.FED_BATCH)
+            return Check(
+                name,
+                False,
+                f"leg {ev.leg} step {e['step']}: the batch given to step() is not the one the "
+                "model was fed (a batch fetched ahead of its step?); the data checks use the fed one",
+                ev.pointer((n, e)),
+                kind=Kind.FED_BATCH,
+            )
+    return Check(
+        name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs", kind=Kind.FED_BATCH
+    )
 
 
 def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check | None:
@@ -92,8 +113,12 @@ def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check 
     for s in sorted(ref):
         where.setdefault(ref[s], s)
     timeline = surviving_timeline(legs)
-    got = [(timeline[i], s, item) for i in resumed_legs(legs)  # each leg up to where the next resumed
-           for s, item in sorted(steps_of(timeline[i]).items()) if s in ref and "batch_hash" in item[1]]
+    got = [
+        (timeline[i], s, item)
+        for i in resumed_legs(legs)  # each leg up to where the next resumed
+        for s, item in sorted(steps_of(timeline[i]).items())
+        if s in ref and "batch_hash" in item[1]
+    ]
     if not got:
         return None
     name = "every resumed step's batch = straight-through run's"
@@ -101,14 +126,24 @@ def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check 
     if moved:
         ev, s, item = moved[0]
         at = where[item[1]["batch_hash"]]
-        return Check(name, False, f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) read the straight-"
-                     f"through run's batch of step {at} ({at - s:+d} batches): the data position moved; {len(moved)} "
-                     f"of {len(got)} resumed steps read another step's batch", ev.pointer(item) +
-                     straight.pointer(steps_of(straight)[s]), kind=Kind.DATA_POSITION, leg=ev.leg)
+        return Check(
+            name,
+            False,
+            f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) read the straight-"
+            f"through run's batch of step {at} ({at - s:+d} batches): the data position moved; {len(moved)} "
+            f"of {len(got)} resumed steps read another step's batch",
+            ev.pointer(item) + straight.pointer(steps_of(straight)[s]),
+            kind=Kind.DATA_POSITION,
+            leg=ev.leg,
+        )
     nowhere = sum(1 for _, s, item in got if item[1]["batch_hash"] != ref[s])
-    return Check(name, True, f"{len(got)} resumed steps: each read the straight-through run's batch of that step"
-                 + (f", but {nowhere} read inputs found nowhere in it (left to the straight comparison)" if nowhere else ""),
-                 kind=Kind.DATA_POSITION)
+    return Check(
+        name,
+        True,
+        f"{len(got)} resumed steps: each read the straight-through run's batch of that step"
+        + (f", but {nowhere} read inputs found nowhere in it (left to the straight comparison)" if nowhere else ""),
+        kind=Kind.DATA_POSITION,
+    )
 
 
 # --- the optimizer in use ---------------------------------------------------------------
@@ -116,8 +151,10 @@ def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check 
 # adapter (the `start` event's) -> (how its user makes the optimizer tracked, what an untracked one is)
 TRACK_HOW: dict[str | None, tuple[str, str]] = {
     None: ("re-created after the resume? `sess.track(optimizer=...)` the one that steps", "the session does not track"),
-    "accelerate": ("pass it to `accelerator.prepare`: `save_state` saves only what was prepared",
-                   "that `accelerator.prepare` was not given"),
+    "accelerate": (
+        "pass it to `accelerator.prepare`: `save_state` saves only what was prepared",
+        "that `accelerator.prepare` was not given",
+    ),
     "lightning": ("return it from `configure_optimizers`", "Lightning does not hold"),
 }
 
@@ -133,31 +170,50 @@ def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
     adapter = start[1].get("adapter") if start else None
     fix, tracker = TRACK_HOW.get(adapter, TRACK_HOW[None])
     if "optimizer" not in tracked.values():
-        return missing(name, f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
-                       f"optimizer state was restored cannot be checked; {fix}", Kind.OPTIMIZER_IN_USE, ev.leg)
+        return missing(
+            name,
+            f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
+            f"optimizer state was restored cannot be checked; {fix}",
+            Kind.OPTIMIZER_IN_USE,
+            ev.leg,
+        )
     steps = [e for _, e in ev.all("step")]
     begun = resume_step(ev) or 0
     if not steps or "opt_steps" not in steps[-1]:
         return missing(name, f"leg {ev.leg}'s step events carry no opt_steps", Kind.OPTIMIZER_IN_USE, ev.leg)
     trained, stepped = int(steps[-1]["step"]) - begun, int(steps[-1]["opt_steps"])
     if trained > 0 and stepped == 0:
-        return Check(name, False, f"the loop steps an optimizer {tracker}: {trained} steps since the resume at step "
-                     f"{begun}, 0 steps of the tracked optimizer ({fix})",
-                     ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
+        return Check(
+            name,
+            False,
+            f"the loop steps an optimizer {tracker}: {trained} steps since the resume at step "
+            f"{begun}, 0 steps of the tracked optimizer ({fix})",
+            ev.pointer(ev.last("step")),
+            kind=Kind.OPTIMIZER_IN_USE,
+            leg=ev.leg,
+        )
     note = "" if stepped == trained else " (some steps skipped: a GradScaler's overflow?)"
-    return Check(name, True, f"{stepped} steps of the tracked optimizer in {trained} steps since the resume at "
-                 f"step {begun}{note}", ev.pointer(ev.last("step")), kind=Kind.OPTIMIZER_IN_USE, leg=ev.leg)
+    return Check(
+        name,
+        True,
+        f"{stepped} steps of the tracked optimizer in {trained} steps since the resume at step {begun}{note}",
+        ev.pointer(ev.last("step")),
+        kind=Kind.OPTIMIZER_IN_USE,
+        leg=ev.leg,
+    )
 
 
 # --- state digests ----------------------------------------------------------------------
+
 
 def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Check | None:
     """Resumed leg i: each object (of `kinds`) as loaded has the digest saved at that step."""
     ev = legs[i]
     resume = ev.first("resume")
     tracked = tracked_kinds(legs) or {}
-    loaded = {k: v for k, v in ((resume[1].get("digests") or {}) if resume else {}).items()
-              if kind_of(k, tracked) in kinds}
+    loaded = {
+        k: v for k, v in ((resume[1].get("digests") or {}) if resume else {}).items() if kind_of(k, tracked) in kinds
+    }
     if resume is None or not loaded:
         return None
     step = int(resume[1]["from_step"])
@@ -167,11 +223,23 @@ def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Chec
         return missing(name, f"no earlier leg printed the state digests of step {step}", Kind.STATE_RESTORED, ev.leg)
     wrong = [k for k in sorted(loaded) if k in saved[1]["digests"] and saved[1]["digests"][k] != loaded[k]]
     if wrong:
-        return Check(name, False, f"{wrong[0]} as loaded at step {step} differs from what was saved there "
-                     f"({loaded[wrong[0]][:12]} vs {saved[1]['digests'][wrong[0]][:12]}): the restore changed it",
-                     ev.pointer(resume), kind=Kind.STATE_RESTORED, leg=ev.leg)
-    return Check(name, True, f"{len(loaded)} objects at step {step}: each as loaded = as saved", ev.pointer(resume),
-                 kind=Kind.STATE_RESTORED, leg=ev.leg)
+        return Check(
+            name,
+            False,
+            f"{wrong[0]} as loaded at step {step} differs from what was saved there "
+            f"({loaded[wrong[0]][:12]} vs {saved[1]['digests'][wrong[0]][:12]}): the restore changed it",
+            ev.pointer(resume),
+            kind=Kind.STATE_RESTORED,
+            leg=ev.leg,
+        )
+    return Check(
+        name,
+        True,
+        f"{len(loaded)} objects at step {step}: each as loaded = as saved",
+        ev.pointer(resume),
+        kind=Kind.STATE_RESTORED,
+        leg=ev.leg,
+    )
 
 
 def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: frozenset[str]) -> Check | None:
@@ -186,10 +254,21 @@ def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: froz
         for s, item in _digests_at(ev, resume_step(nxt) if nxt is not None else None).items():
             got[s] = (ev, item)
     first_resume = resume_step(legs[1]) if len(legs) > 1 else None
-    unstable = {k for s, (ev, (_, e)) in got.items() if ev.leg == legs[0].leg and (first_resume is None or s <= first_resume)
-                and s in ref for k, v in e["digests"].items() if ref[s][1]["digests"].get(k) not in (None, v)}
-    names = sorted({k for _, (_, (_, e)) in got.items() for k in e["digests"]
-                    if kind_of(k, tracked) in kinds - FLOAT_STATE and k not in unstable})
+    unstable = {
+        k
+        for s, (ev, (_, e)) in got.items()
+        if ev.leg == legs[0].leg and (first_resume is None or s <= first_resume) and s in ref
+        for k, v in e["digests"].items()
+        if ref[s][1]["digests"].get(k) not in (None, v)
+    }
+    names = sorted(
+        {
+            k
+            for _, (_, (_, e)) in got.items()
+            for k in e["digests"]
+            if kind_of(k, tracked) in kinds - FLOAT_STATE and k not in unstable
+        }
+    )
     label = ", ".join(sorted({kind_of(k, tracked) for k in names})) or "/".join(sorted(kinds))
     name = f"state digests = straight-through run ({label})"
     if not names:
@@ -200,17 +279,29 @@ def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: froz
         for k in names:
             a, b = e["digests"].get(k), ref[s][1]["digests"].get(k)
             if a is not None and b is not None and a != b:
-                return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {k}'s state {a[:12]} vs "
-                             f"{b[:12]} in the straight-through run{left}", ev.pointer((n, e)) + straight.pointer(ref[s]),
-                             kind=Kind.STATE_STRAIGHT)
+                return Check(
+                    name,
+                    False,
+                    f"first difference at step {s} (leg {ev.leg}): {k}'s state {a[:12]} vs "
+                    f"{b[:12]} in the straight-through run{left}",
+                    ev.pointer((n, e)) + straight.pointer(ref[s]),
+                    kind=Kind.STATE_STRAIGHT,
+                )
     both = sorted(set(got) & set(ref))
     if not both:
         return missing(name, "no checkpoint step in common with the straight-through run", Kind.STATE_STRAIGHT)
-    return Check(name, True, f"{len(names)} objects ({', '.join(names)}) identical at {len(both)} checkpoint steps "
-                 f"{both[0]}..{both[-1]}{left}", straight.pointer(ref[both[-1]]), kind=Kind.STATE_STRAIGHT)
+    return Check(
+        name,
+        True,
+        f"{len(names)} objects ({', '.join(names)}) identical at {len(both)} checkpoint steps "
+        f"{both[0]}..{both[-1]}{left}",
+        straight.pointer(ref[both[-1]]),
+        kind=Kind.STATE_STRAIGHT,
+    )
 
 
 # --- every printed field -----------------------------------------------------------------
+
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
@@ -218,7 +309,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check_fields_straight(legs: list[LegEvents], straight: LegEvents, vary: frozenset[str] = frozenset()) -> Check | None:
+def check_fields_straight(
+    legs: list[LegEvents], straight: LegEvents, vary: frozenset[str] = frozenset()
+) -> Check | None:
     """Every field both a resumed step and the straight run's same step print, beyond the
     timings and the ones compare_straight compares, agrees. None: no such field."""
     ref = steps_of(straight)
@@ -235,14 +328,24 @@ def check_fields_straight(legs: list[LegEvents], straight: LegEvents, vary: froz
             continue
         for key in sorted(fields):
             if key in e and key in ref[s][1] and not _same(e[key], ref[s][1][key]):
-                return Check(name, False, f"first difference at step {s} (leg {ev.leg}): {key} {e[key]!r} vs "
-                             f"{ref[s][1][key]!r} in the straight-through run", ev.pointer((n, e)) + straight.pointer(ref[s]),
-                             kind=Kind.FIELDS_STRAIGHT)
-    return Check(name, True, f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)",
-                 kind=Kind.FIELDS_STRAIGHT)
+                return Check(
+                    name,
+                    False,
+                    f"first difference at step {s} (leg {ev.leg}): {key} {e[key]!r} vs "
+                    f"{ref[s][1][key]!r} in the straight-through run",
+                    ev.pointer((n, e)) + straight.pointer(ref[s]),
+                    kind=Kind.FIELDS_STRAIGHT,
+                )
+    return Check(
+        name,
+        True,
+        f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)",
+        kind=Kind.FIELDS_STRAIGHT,
+    )
 
 
 # --- every resume check of one run ------------------------------------------------------
+
 
 def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:
     """The data, LR and loss checks of every resume of one run, plus the whole timeline's."""
@@ -252,8 +355,12 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
         in_use = check_optimizer_in_use(legs, i)
         checks.append(None if in_use is None or in_use.missing else in_use)  # MISSING is the report's to say (proof 3)
         checks += [check_restored(legs, i, kinds) for kinds in PROOF_KINDS.values()]
-    checks += [check_no_repeat(legs, straight), check_every_rank(legs, straight), check_sample_index(legs),
-               check_fed_batch(legs)]
+    checks += [
+        check_no_repeat(legs, straight),
+        check_every_rank(legs, straight),
+        check_sample_index(legs),
+        check_fed_batch(legs),
+    ]
     if straight is not None:
         checks += [compare_straight(legs, straight, exact), check_batches_straight(legs, straight)]
         if exact:
@@ -278,19 +385,37 @@ def check_determinism(legs: list[LegEvents], on_gpu: bool) -> Check | None:
     if named:
         ev, n, e = named[0]
         ops = sorted({op for _, _, e2 in named for op in e2["nondeterministic"]})
-        return Check(BAND_ON_GPU, True, f"{', '.join(ops)} ran without a deterministic kernel (first: leg {ev.leg} "
-                     f"step {e['step']}): " + ("the re-run steps are compared within the run's own noise band, "
-                                               "not exactly" if on_gpu else "said; the CPU comparisons stay exact"),
-                     ev.pointer((n, e)), kind=Kind.GPU_BAND)
+        return Check(
+            BAND_ON_GPU,
+            True,
+            f"{', '.join(ops)} ran without a deterministic kernel (first: leg {ev.leg} "
+            f"step {e['step']}): "
+            + (
+                "the re-run steps are compared within the run's own noise band, not exactly"
+                if on_gpu
+                else "said; the CPU comparisons stay exact"
+            ),
+            ev.pointer((n, e)),
+            kind=Kind.GPU_BAND,
+        )
     if not on_gpu:
         return None
     starts = [ev.first("start") for ev in legs]
-    off = [ev.leg for ev, st in zip(legs, starts) if st is None or not (st[1].get("deterministic") or {}).get("algorithms")]
+    off = [
+        ev.leg for ev, st in zip(legs, starts) if st is None or not (st[1].get("deterministic") or {}).get("algorithms")
+    ]
     if off:
-        return Check("deterministic mode", True, f"legs {off} did not start with torch's deterministic algorithms on "
-                     "(a trainer outside the session?): the re-run steps are compared within the band",
-                     kind=Kind.GPU_BAND)
-    return Check(EXACT_ON_GPU, True, f"all {len(legs)} legs ran with deterministic algorithms, cudnn deterministic, no "
-                 "TF32, and no op without a deterministic kernel: the re-run steps are compared exactly",
-                 kind=Kind.GPU_EXACT)
-
+        return Check(
+            "deterministic mode",
+            True,
+            f"legs {off} did not start with torch's deterministic algorithms on "
+            "(a trainer outside the session?): the re-run steps are compared within the band",
+            kind=Kind.GPU_BAND,
+        )
+    return Check(
+        EXACT_ON_GPU,
+        True,
+        f"all {len(legs)} legs ran with deterministic algorithms, cudnn deterministic, no "
+        "TF32, and no op without a deterministic kernel: the re-run steps are compared exactly",
+        kind=Kind.GPU_EXACT,
+    )

@@ -29,8 +29,10 @@ def legs_line(plan: Plan) -> str:
     straight = [leg for leg in plan.legs if leg.role == "straight"]
     if not straight:
         return f"{len(plan.legs)} legs"
-    return (f"{len(plan.legs)} legs: {rung.legs} of the rung, then leg {straight[0].index} straight through "
-            "on the CPU (the oracle its resumes are compared with)")
+    return (
+        f"{len(plan.legs)} legs: {rung.legs} of the rung, then leg {straight[0].index} straight through "
+        "on the CPU (the oracle its resumes are compared with)"
+    )
 
 
 def describe(plan: Plan) -> str:
@@ -62,9 +64,12 @@ def describe(plan: Plan) -> str:
         out.append(f"$ cd <fresh empty dir> && {assigns} {shlex.join(resolve_command(cfg.trainer.command))}")
     if plan.preflight is not None:
         gate = plan.preflight
-        out.append("preflight: skipped, reason recorded: " + str(gate["reason"]) if gate["gate"] == "skipped"
-                   else f"preflight: report {Path(gate['report']).name} passes (proofs "
-                   f"{', '.join(map(str, gate['proofs']))} PASS)")
+        out.append(
+            "preflight: skipped, reason recorded: " + str(gate["reason"])
+            if gate["gate"] == "skipped"
+            else f"preflight: report {Path(gate['report']).name} passes (proofs "
+            f"{', '.join(map(str, gate['proofs']))} PASS)"
+        )
     out += plan.warnings()
     out.append("quota: " + plan.projection.describe())
     if plan.price is not None:
@@ -72,8 +77,10 @@ def describe(plan: Plan) -> str:
         out.append(f"price: ${plan.price:.4f} per GPU-hour ({source}): this rung ${plan.quota.usd:.2f} at most")
         if plan.pick is not None and plan.pick.candidates:
             tried = ", ".join(f"{label} ${usd:.2f}/h" for label, usd in plan.pick.candidates)
-            out.append(f"price: SkyPilot tries {tried}, in that order (the next when one has no capacity): the "
-                       f"quota guard reserves the dearest, ${plan.pick.hourly_usd:.2f}/h")
+            out.append(
+                f"price: SkyPilot tries {tried}, in that order (the next when one has no capacity): the "
+                f"quota guard reserves the dearest, ${plan.pick.hourly_usd:.2f}/h"
+            )
     out.append("guard: " + plan.quota.arithmetic)
     out += [f"{d.guard}: refused: {d.refusal.message}" for d in plan.decisions if d.refusal is not None]
     return "\n".join(out)
@@ -89,8 +96,11 @@ def _local_nodes(plan: Plan, env: dict[str, str]) -> list[str]:
     script = leg_script(cfg, request.rung.name)
     ips = [LOOPBACK] * request.nodes
     gpus = request.gpus.count if request.gpus else 0
-    out = [f"# leg 0: {request.nodes} nodes, each a fresh empty dir on this host running this run: script under "
-           f"bash (sha256 {plan.run_sha256}, the bytes `--backend sky` renders):", script.rstrip()]
+    out = [
+        f"# leg 0: {request.nodes} nodes, each a fresh empty dir on this host running this run: script under "
+        f"bash (sha256 {plan.run_sha256}, the bytes `--backend sky` renders):",
+        script.rstrip(),
+    ]
     shared = task_envs(cfg, request.rung.name, env)
     out.append("# every node: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shared.items()))
     for rank in range(request.nodes):
@@ -106,32 +116,46 @@ def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
     from launcher.legs import exported_secrets
 
     cfg, rung, backend = plan.cfg, plan.request.rung, plan.backend
-    spec = LegSpec(PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, exported_secrets(cfg),
-                   gpus=plan.request.gpus)
+    spec = LegSpec(
+        PLACEHOLDER_RUN, 0, rung.name, tuple(cfg.trainer.command), env, exported_secrets(cfg), gpus=plan.request.gpus
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if rung.name == "run":  # one managed job; its first attempt's deadline stands for the job's
             from launcher.backends.skyjob import dry_run
 
             run_cfg = cfg.rungs.run
             deadline = float(env["LAUNCHER_DEADLINE"])
-            task, pick, why = dry_run(backend, spec, Path(tmp) / "job-0.sky.yaml", deadline,
-                                      run_cfg.budget_minutes * 60.0, run_cfg.max_restarts_on_errors)
+            task, pick, why = dry_run(
+                backend,
+                spec,
+                Path(tmp) / "job-0.sky.yaml",
+                deadline,
+                run_cfg.budget_minutes * 60.0,
+                run_cfg.max_restarts_on_errors,
+            )
         else:
             task, pick, why = backend.dry_launch(spec, Path(tmp) / "leg-0.sky.yaml")  # type: ignore[union-attr]
     what = "managed job" if rung.name == "run" else "leg 0"
-    out = [f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]}; its run: script, "
-           f"which every node executes, sha256 {task.run_sha256})", task.yaml_text]
+    out = [
+        f"# {what} task YAML (accepted by sky.Task.from_yaml; sha256 {task.sha256[:16]}; its run: script, "
+        f"which every node executes, sha256 {task.run_sha256})",
+        task.yaml_text,
+    ]
     if pick is None:
         out.append(f"skypilot: no pick or price ({why}); the costs below use launcher.yaml prices")
     else:
         hours = rung.legs * cfg.rung(rung.name).budget_minutes / 60.0
-        out.append(f"skypilot: picks {pick.describe()} (SkyPilot's optimizer, host VM included); "
-                   f"{rung.legs} legs x {hours / rung.legs:g} h budget = ${pick.hourly_usd * hours:.2f} at most")
+        out.append(
+            f"skypilot: picks {pick.describe()} (SkyPilot's optimizer, host VM included); "
+            f"{rung.legs} legs x {hours / rung.legs:g} h budget = ${pick.hourly_usd * hours:.2f} at most"
+        )
     if rung.name == "run":
         out.append(_controller_line(backend, pick))
     if not env["LAUNCHER_STORE"].startswith("hf://"):
-        out.append(f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
-                   "(set store: hf://owner/repo)")
+        out.append(
+            f"note: a real sky launch is refused: {env['LAUNCHER_STORE']} exists only on this machine "
+            "(set store: hf://owner/repo)"
+        )
     return out
 
 
@@ -140,6 +164,8 @@ def _controller_line(backend: Any, pick: Any) -> str:
     the cloud, which the quota does not count (it serves every managed job of the user's)."""
     controller = backend.controller_quote(pick.cloud if pick is not None else None)
     what = controller.describe() if controller is not None else "its price unknown here"
-    return (f"jobs controller: SkyPilot follows the managed job from a VM of its own (cpus 4+, memory 4x, disk 50 GB: "
-            f"{what}), up while any managed job of yours runs and 10 idle minutes after; your cloud bills it, "
-            "this quota does not count it (one controller serves all your managed jobs)")
+    return (
+        f"jobs controller: SkyPilot follows the managed job from a VM of its own (cpus 4+, memory 4x, disk 50 GB: "
+        f"{what}), up while any managed job of yours runs and 10 idle minutes after; your cloud bills it, "
+        "this quota does not count it (one controller serves all your managed jobs)"
+    )

@@ -29,16 +29,20 @@ def init_project(directory: Path, force: bool = False) -> list[Path]:
     config_path, trainer_path = directory / CONFIG_NAME, directory / "train.py"
     links = [p for p in (config_path, trainer_path) if p.is_symlink()]
     if links:
-        raise BadInput(f"{links[0]} is a symlink: init writes only plain files inside the project",
-                       hint="remove the link, or choose another DIR")
+        raise BadInput(
+            f"{links[0]} is a symlink: init writes only plain files inside the project",
+            hint="remove the link, or choose another DIR",
+        )
     existing = [p for p in (config_path, trainer_path) if p.exists()]
     if existing and not force:
         raise BadInput(f"{existing[0]} already exists", hint="pass --force to overwrite, or choose another DIR")
     if directory.exists() and not directory.is_dir():
         raise BadInput(f"{directory} is not a directory")
     directory.mkdir(parents=True, exist_ok=True)
-    texts = {config_path: TEMPLATE.read_text().replace("__PROJECT__", project_name(directory)).encode(),
-             trainer_path: reference_trainer().read_bytes()}
+    texts = {
+        config_path: TEMPLATE.read_text().replace("__PROJECT__", project_name(directory)).encode(),
+        trainer_path: reference_trainer().read_bytes(),
+    }
     for path, data in texts.items():
         _write_plain(path, data)
     return [config_path, trainer_path]

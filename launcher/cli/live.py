@@ -19,8 +19,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.events import DAMAGED, parse_line
 
-QUIET = {"session", "step", "save", "serialized", "state_digest", "trains_from", "flops", "push", "verify",
-         "delete_local", "prune", "memory", "rate", "health"}
+QUIET = {
+    "session",
+    "step",
+    "save",
+    "serialized",
+    "state_digest",
+    "trains_from",
+    "flops",
+    "push",
+    "verify",
+    "delete_local",
+    "prune",
+    "memory",
+    "rate",
+    "health",
+}
 PUSH_WAIT_SHOWN_S = 0.5
 
 
@@ -45,10 +59,12 @@ def _step(e: dict[str, Any]) -> str:
 
 
 def _resume(e: dict[str, Any]) -> str:
-    parts = [f"sample {e['sample_index']}" if "sample_index" in e else None,
-             f"batch {e['batch_hash'][:12]}" if "batch_hash" in e else None,
-             f"lr {e['lr']:.3e}" if "lr" in e else None,
-             f"schedule says {e['lr_expected']:.3e}" if "lr_expected" in e else None]
+    parts = [
+        f"sample {e['sample_index']}" if "sample_index" in e else None,
+        f"batch {e['batch_hash'][:12]}" if "batch_hash" in e else None,
+        f"lr {e['lr']:.3e}" if "lr" in e else None,
+        f"schedule says {e['lr_expected']:.3e}" if "lr_expected" in e else None,
+    ]
     return f"resumed from {e.get('checkpoint', '?')} at step {e['from_step']}: " + ", ".join(p for p in parts if p)
 
 
@@ -67,10 +83,13 @@ def _serialized(e: dict[str, Any]) -> str:
 def _flops(e: dict[str, Any]) -> str:
     if not e.get("flops_per_token"):
         return f"FLOPs not counted: {e.get('note', 'no count')}"
-    formula = (f"; 6N + 12LdT gives {e['formula_flops_per_token'] / 1e6:,.2f}"
-               if e.get("formula_flops_per_token") else "")
-    return (f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
-            f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})")
+    formula = (
+        f"; 6N + 12LdT gives {e['formula_flops_per_token'] / 1e6:,.2f}" if e.get("formula_flops_per_token") else ""
+    )
+    return (
+        f"counted {e['flops_per_token'] / 1e6:,.2f} MFLOP/token on step {e['step']} "
+        f"({e.get('dtype', '?')} products on {e.get('device_name', '?')}{formula})"
+    )
 
 
 def _state_digest(e: dict[str, Any]) -> str:
@@ -97,8 +116,10 @@ def _prune(e: dict[str, Any]) -> str:
 
 
 def _start(e: dict[str, Any]) -> str:
-    return (f"started on {e.get('device')}: {e.get('params', 0):,} params, {e.get('world_size', 1)} rank(s), "
-            f"to step {e.get('max_steps')}")
+    return (
+        f"started on {e.get('device')}: {e.get('params', 0):,} params, {e.get('world_size', 1)} rank(s), "
+        f"to step {e.get('max_steps')}"
+    )
 
 
 def _memory(e: dict[str, Any]) -> str:
@@ -108,20 +129,32 @@ def _memory(e: dict[str, Any]) -> str:
 
 def _rate(e: dict[str, Any]) -> str:
     err = "" if e.get("rel_err") is None else f" +-{100 * e['rel_err']:.1f} %"
-    mfu = (f"; MFU {100 * e['mfu']:.1f} %" if e.get("mfu") is not None else
-           f"; {e['flop_s'] / 1e12:,.3g} TFLOP/s" if e.get("flop_s") else "")
-    return (f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}{mfu}; "
-            f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}")
+    mfu = (
+        f"; MFU {100 * e['mfu']:.1f} %"
+        if e.get("mfu") is not None
+        else f"; {e['flop_s'] / 1e12:,.3g} TFLOP/s"
+        if e.get("flop_s")
+        else ""
+    )
+    return (
+        f"rate {e['tok_s']:,.0f} tok/s{err} over steps {e['window_first']}..{e['window_last']}{mfu}; "
+        f"ETA to step {e.get('total_steps', '?')}: {_duration(e.get('eta_s'))}"
+    )
 
 
 def _health(e: dict[str, Any]) -> str:
-    gpu = f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free" \
-        if e.get("gpu_total_bytes") else ""
+    gpu = (
+        f", GPU {_gib(e.get('gpu_free_bytes'))} of {_gib(e.get('gpu_total_bytes'))} free"
+        if e.get("gpu_total_bytes")
+        else ""
+    )
     util = e.get("gpu_util")
     if isinstance(util, dict) and util.get("mean") is not None:
         gpu += f", GPU busy {util['mean']:.0f} % ({util.get('source', '?')})"
-    return (f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
-            f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}")
+    return (
+        f"instance: disk {_gib(e.get('disk_free_bytes'))} of {_gib(e.get('disk_total_bytes'))} free, "
+        f"RAM {_gib(e.get('ram_available_bytes'))} of {_gib(e.get('ram_total_bytes'))} available{gpu}"
+    )
 
 
 def _push_wait(e: dict[str, Any]) -> str:
@@ -202,9 +235,15 @@ class LegView:
         self.progress: Progress | None = None
         self.tasks: dict[int, Any] = {}
         if out.is_terminal and not verbose:
-            self.progress = Progress(TextColumn("[cyan]leg {task.fields[leg]}[/cyan]"), BarColumn(),
-                                     MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                                     console=out, transient=True)
+            self.progress = Progress(
+                TextColumn("[cyan]leg {task.fields[leg]}[/cyan]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                console=out,
+                transient=True,
+            )
 
     def __enter__(self) -> "LegView":
         if self.progress is not None:
@@ -259,7 +298,8 @@ class LegView:
         elif kind == "resume" and leg in self.tasks:
             self.progress.update(self.tasks[leg], completed=e["from_step"])
         elif kind == "step" and leg in self.tasks:
-            self.progress.update(self.tasks[leg], completed=e["step"],
-                                 stats=f"loss {e['loss']:.4f}  {e.get('tok_s', 0):,.0f} tok/s")
+            self.progress.update(
+                self.tasks[leg], completed=e["step"], stats=f"loss {e['loss']:.4f}  {e.get('tok_s', 0):,.0f} tok/s"
+            )
         elif kind in ("done", "stop") and leg in self.tasks:
             self.progress.remove_task(self.tasks.pop(leg))

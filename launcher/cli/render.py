@@ -58,26 +58,43 @@ def print_ledger(out: Console, runs: list[dict[str, Any]]) -> None:
         table.add_column(col, overflow="fold")
     for run in runs:
         verdict = run["verdict"] or "running"
-        table.add_row(f"[bold]{run['id']}[/bold]", run["rung"], run["backend"], verdict, _when(run["started_at"]),
-                      _wall(run),
-                      _num(run["billed_gpu_hours"]), _num(run["cost_usd"]),
-                      f"files {run['files_digest'][:16]}", end_section=not run["legs"])
+        table.add_row(
+            f"[bold]{run['id']}[/bold]",
+            run["rung"],
+            run["backend"],
+            verdict,
+            _when(run["started_at"]),
+            _wall(run),
+            _num(run["billed_gpu_hours"]),
+            _num(run["cost_usd"]),
+            f"files {run['files_digest'][:16]}",
+            end_section=not run["legs"],
+        )
         for i, leg in enumerate(run["legs"]):
             exit_code = "-" if leg["exit_code"] is None else f"exit {leg['exit_code']}"
             if leg["killed"]:
                 exit_code += f" (killed: {leg['end_reason']})"
-            table.add_row(f"  leg {leg['leg']}", "", leg["backend"], exit_code, _when(leg["started_at"]),
-                          _wall(leg),
-                          _num(leg["billed_gpu_hours"]), _num(leg["cost_usd"]), escape(" ".join(leg["command"])),
-                          end_section=i == len(run["legs"]) - 1)
+            table.add_row(
+                f"  leg {leg['leg']}",
+                "",
+                leg["backend"],
+                exit_code,
+                _when(leg["started_at"]),
+                _wall(leg),
+                _num(leg["billed_gpu_hours"]),
+                _num(leg["cost_usd"]),
+                escape(" ".join(leg["command"])),
+                end_section=i == len(run["legs"]) - 1,
+            )
     out.print(table)
     digests: dict[str, dict[str, Any]] = {}
     for run in runs:
         entry = digests.setdefault(run["files_digest"], {"files": run["files"], "runs": []})
         entry["runs"].append(run["id"])
     for digest, entry in digests.items():
-        files = Table(title=f"files {digest[:16]}: sha256 at launch (runs: {', '.join(entry['runs'])})",
-                      title_justify="left")
+        files = Table(
+            title=f"files {digest[:16]}: sha256 at launch (runs: {', '.join(entry['runs'])})", title_justify="left"
+        )
         files.add_column("file")
         files.add_column("sha256")
         for path, sha in entry["files"].items():
@@ -105,8 +122,15 @@ def print_images(out: Console, rows: list[dict[str, Any]]) -> None:
     for col in ("tag", "image id", "built (UTC)", "build s", "files", "base", "pushed"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["tag"], r["image_id"][:19], _when(r["built_at"]), f"{r['seconds']:.0f}",
-                      f"{len(r['files'])} ({r['files_digest'][:12]})", r["base"], r["pushed_ref"] or "-")
+        table.add_row(
+            r["tag"],
+            r["image_id"][:19],
+            _when(r["built_at"]),
+            f"{r['seconds']:.0f}",
+            f"{len(r['files'])} ({r['files_digest'][:12]})",
+            r["base"],
+            r["pushed_ref"] or "-",
+        )
     out.print(table)
 
 
@@ -114,9 +138,11 @@ def print_spend(out: Console, d: dict[str, Any]) -> None:
     quota = "no quota" if d["quota_gpu_hours"] is None else f"quota {d['quota_gpu_hours']:g} GPU-h"
     since = d["period_from"][:10] if d["period_from"] else "all time"
     remaining = "-" if d["remaining_gpu_hours"] is None else f"{d['remaining_gpu_hours']:.2f}"
-    out.print(f"period: {d['period']} from {since}; {quota}: used {d['used_gpu_hours']:.2f}, reserved "
-              f"{d['reserved_gpu_hours']:.2f}, remaining {remaining} GPU-h; USD used {d['used_usd']:.2f}"
-              + (f" of {d['budget_usd']:g}" if d["budget_usd"] is not None else ""))
+    out.print(
+        f"period: {d['period']} from {since}; {quota}: used {d['used_gpu_hours']:.2f}, reserved "
+        f"{d['reserved_gpu_hours']:.2f}, remaining {remaining} GPU-h; USD used {d['used_usd']:.2f}"
+        + (f" of {d['budget_usd']:g}" if d["budget_usd"] is not None else "")
+    )
     if d["reconciled_now"]:
         out.print(f"reconciled {d['reconciled_now']} reservation(s) left by a launcher that died")
     table = Table(title="this period, by rung", title_justify="left")
@@ -129,8 +155,13 @@ def print_spend(out: Console, d: dict[str, Any]) -> None:
     for col in ("rung", "GPU-h at most", "USD", "fits", "arithmetic"):
         nxt.add_column(col, overflow="fold")
     for row in d["next"]:
-        nxt.add_row(row["rung"], f"{row['gpu_hours']:.2f}", "-" if row["usd"] is None else f"{row['usd']:.2f}",
-                    "yes" if row["fits"] else "[red]no[/red]", escape(row["arithmetic"]))
+        nxt.add_row(
+            row["rung"],
+            f"{row['gpu_hours']:.2f}",
+            "-" if row["usd"] is None else f"{row['usd']:.2f}",
+            "yes" if row["fits"] else "[red]no[/red]",
+            escape(row["arithmetic"]),
+        )
     out.print(nxt)
 
 
@@ -150,34 +181,54 @@ def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
     if "eta_hours" in plan:
         fits = "fits" if plan.get("fits", True) else "does NOT fit"
         provisional = "" if plan.get("rate_status") == "PASS" else " (provisional: proof 5 not PASS)"
-        out.print(f"plan{provisional}: {plan['tok_s']:,.0f} tok/s on {plan['gpus']} -> ETA {plan['eta_hours']:,.1f} h, "
-                  f"{plan['gpu_hours']:,.1f} GPU-h; quota remaining {plan['quota']['remaining_gpu_hours']}: {fits}")
+        out.print(
+            f"plan{provisional}: {plan['tok_s']:,.0f} tok/s on {plan['gpus']} -> ETA {plan['eta_hours']:,.1f} h, "
+            f"{plan['gpu_hours']:,.1f} GPU-h; quota remaining {plan['quota']['remaining_gpu_hours']}: {fits}"
+        )
     else:
         out.print("plan: no rate on the target GPU yet, so no ETA (proof 5 MISSING)")
-    out.print(f"written: {folder}/preflight.md (+ preflight.json, {len(report.get('plots', []))} plots, evidence/, "
-              f"signature.json); check it with `launcher report --check {folder}`")
+    out.print(
+        f"written: {folder}/preflight.md (+ preflight.json, {len(report.get('plots', []))} plots, evidence/, "
+        f"signature.json); check it with `launcher report --check {folder}`"
+    )
 
 
 def print_run_progress(out: Console, r: dict[str, Any]) -> None:
     """The run against its plan: progress, restarts, rate, ETA, spend, projection."""
     width = 30
     filled = int(width * (r["percent"] or 0) / 100)
-    out.print(f"  progress: {escape('[' + '#' * filled + '.' * (width - filled) + ']')} step {r['step']:,} of "
-              f"{r['steps'] or '?':,} ({r['percent']} %); {r['legs']} legs, {r['restarts']} restarts")
+    out.print(
+        f"  progress: {escape('[' + '#' * filled + '.' * (width - filled) + ']')} step {r['step']:,} of "
+        f"{r['steps'] or '?':,} ({r['percent']} %); {r['legs']} legs, {r['restarts']} restarts"
+    )
     plan = r.get("plan") or {}
     rate = r.get("rate")
     if rate:
         vs = f" ({100 * rate['vs_plan']:.0f} % of the probe's {plan['tok_s']:,.0f})" if "vs_plan" in rate else ""
-        out.print(f"  rate now: {rate['tok_s']:,.0f} tok/s, {rate['step_s']:.3g} s/step over steps "
-                  f"{rate['window'][0]}..{rate['window'][1]}{vs}")
+        out.print(
+            f"  rate now: {rate['tok_s']:,.0f} tok/s, {rate['step_s']:.3g} s/step over steps "
+            f"{rate['window'][0]}..{rate['window'][1]}{vs}"
+        )
     if "eta_s" in r:
-        out.print(f"  ETA: {r['eta_s'] / 3600:,.2f} h; projected total {r['projected_gpu_hours']:,.2f} GPU-h"
-                  + (f" of the {r['quota_gpu_hours_for_run']:,.2f} the quota leaves this run"
-                     if "quota_gpu_hours_for_run" in r else ""))
+        out.print(
+            f"  ETA: {r['eta_s'] / 3600:,.2f} h; projected total {r['projected_gpu_hours']:,.2f} GPU-h"
+            + (
+                f" of the {r['quota_gpu_hours_for_run']:,.2f} the quota leaves this run"
+                if "quota_gpu_hours_for_run" in r
+                else ""
+            )
+        )
     sp = r["spent"]
     usd = "" if sp["usd"] is None else f", ${sp['usd']:,.2f}"
-    est = (f" (report's estimate: {plan['gpu_hours']:,.2f} GPU-h" + (f", ${plan['usd']:,.2f}" if plan.get("usd") else "")
-           + ")") if plan.get("gpu_hours") else ""
+    est = (
+        (
+            f" (report's estimate: {plan['gpu_hours']:,.2f} GPU-h"
+            + (f", ${plan['usd']:,.2f}" if plan.get("usd") else "")
+            + ")"
+        )
+        if plan.get("gpu_hours")
+        else ""
+    )
     out.print(f"  spent: {sp['gpu_hours']:,.3f} GPU-h{usd}{est}")
     for w in r["warnings"]:
         out.print(f"  [yellow]warning[/yellow]: {escape(w)}")
@@ -200,14 +251,22 @@ def _print_checkpoints(out: Console, ck: dict[str, Any]) -> None:
 
 def _print_health(out: Console, h: dict[str, Any]) -> None:
     gib = 2**30
-    ram = f"{h['ram_available_bytes'] / gib:,.1f} of {h['ram_total_bytes'] / gib:,.1f} GiB RAM available" \
-        if h.get("ram_available_bytes") else "RAM unknown"
-    out.print(f"  instance ({h['age_s']} s ago): disk {h['disk_free_bytes'] / gib:,.1f} of "
-              f"{h['disk_total_bytes'] / gib:,.1f} GiB free; {ram}")
+    ram = (
+        f"{h['ram_available_bytes'] / gib:,.1f} of {h['ram_total_bytes'] / gib:,.1f} GiB RAM available"
+        if h.get("ram_available_bytes")
+        else "RAM unknown"
+    )
+    out.print(
+        f"  instance ({h['age_s']} s ago): disk {h['disk_free_bytes'] / gib:,.1f} of "
+        f"{h['disk_total_bytes'] / gib:,.1f} GiB free; {ram}"
+    )
     if h.get("gpu_total_bytes"):
         procs = h.get("gpu_processes")
-        per = ", ".join(f"pid {p['pid']} {p['used_bytes'] / gib:,.2f} GiB" for p in procs) if procs else \
-            "per-process list unavailable (no nvidia-smi)"
+        per = (
+            ", ".join(f"pid {p['pid']} {p['used_bytes'] / gib:,.2f} GiB" for p in procs)
+            if procs
+            else "per-process list unavailable (no nvidia-smi)"
+        )
         out.print(f"  GPU: {h['gpu_free_bytes'] / gib:,.1f} of {h['gpu_total_bytes'] / gib:,.1f} GiB free; {per}")
     else:
         out.print("  GPU: no GPU")
@@ -218,9 +277,14 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     out.print(f"[bold]{s['run']}[/bold]  rung {s['rung']}  backend {s['backend']}  on {s['gpus']}  {s['state']}")
     gate = s.get("preflight")
     if gate:
-        out.print("  preflight: " + (f"[yellow]skipped[/yellow] ({escape(str(gate.get('reason')))})"
-                                     if gate.get("gate") == "skipped" else
-                                     f"report {escape(str(gate.get('report')))} (digest {str(gate.get('digest'))[:16]})"))
+        out.print(
+            "  preflight: "
+            + (
+                f"[yellow]skipped[/yellow] ({escape(str(gate.get('reason')))})"
+                if gate.get("gate") == "skipped"
+                else f"report {escape(str(gate.get('report')))} (digest {str(gate.get('digest'))[:16]})"
+            )
+        )
     if s.get("run_progress"):
         print_run_progress(out, s["run_progress"])
     leg = s.get("leg")
@@ -229,8 +293,10 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         return
     total = f" / {leg['leg_max_steps']} this leg" if leg["leg_max_steps"] else ""
     alive = {True: ", process alive", False: ", process GONE"}.get(leg["process_alive"], "")
-    out.print(f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
-              f"step {leg['step']}{total} (run length {leg['total_steps']})")
+    out.print(
+        f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
+        f"step {leg['step']}{total} (run length {leg['total_steps']})"
+    )
     for node in leg.get("nodes", []):
         state = {True: "process alive", False: "process GONE"}.get(node["alive"], f"exit {node['exit_code']}")
         out.print(f"    node {node['node']}: {state}, step {node['step']}, pid {node['pid']}, log {node['log']}")
@@ -241,8 +307,10 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     if rate:
         err = "" if rate["rel_err"] is None else f" +-{100 * rate['rel_err']:.1f} %"
         eta = rate["eta_s"] / 3600 if rate["eta_s"] is not None else None
-        out.print(f"  rate: {rate['tok_s']:,.0f} tok/s{err} over steps {rate['window'][0]}..{rate['window'][1]}; "
-                  f"ETA to step {rate['eta_to_step']}: " + ("-" if eta is None else f"{eta:,.2f} h"))
+        out.print(
+            f"  rate: {rate['tok_s']:,.0f} tok/s{err} over steps {rate['window'][0]}..{rate['window'][1]}; "
+            f"ETA to step {rate['eta_to_step']}: " + ("-" if eta is None else f"{eta:,.2f} h")
+        )
     _print_checkpoints(out, s.get("checkpoints", {}))
     if s.get("health"):
         _print_health(out, s["health"])
@@ -263,5 +331,7 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         for d in damaged[:5]:
             out.print(f"    line {d['line']}: {escape(d['reason'][:160])}")
     for st in s.get("stops", []):
-        out.print(f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
-                  + (f" - {escape(st['detail'])}" if st["detail"] else ""))
+        out.print(
+            f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
+            + (f" - {escape(st['detail'])}" if st["detail"] else "")
+        )

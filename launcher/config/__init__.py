@@ -1,6 +1,6 @@
 """launcher.yaml, read and checked before anything is launched.
 
-  schema.py  the config's frozen dataclasses, `load_config`, `parse_gpus`, `store_uri`
-  parse.py   a YAML mapping -> a frozen dataclass, checked against its field annotations
-  hub.py     the `hub:` section: the Hugging Face Hub's limits an hf:// store keeps to
+schema.py  the config's frozen dataclasses, `load_config`, `parse_gpus`, `store_uri`
+parse.py   a YAML mapping -> a frozen dataclass, checked against its field annotations
+hub.py     the `hub:` section: the Hugging Face Hub's limits an hf:// store keeps to
 """

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 
 from launcher.errors import ConfigError
 from runtime import contract
-from runtime.store.hub_limits import (GB, HUB_COMMITS_PER_HOUR, HUB_FILES_PER_COMMIT, HUB_MAX_FILE_BYTES,
-                                      MIN_COMMITS_PER_HOUR, MIN_FILES_PER_COMMIT)
+from runtime.store.hub_limits import (
+    GB,
+    HUB_COMMITS_PER_HOUR,
+    HUB_FILES_PER_COMMIT,
+    HUB_MAX_FILE_BYTES,
+    MIN_COMMITS_PER_HOUR,
+    MIN_FILES_PER_COMMIT,
+)
 
 HUB_MAX_FILE_GB = HUB_MAX_FILE_BYTES // GB
 
@@ -36,25 +42,37 @@ class HubConfig:
         if gb > HUB_MAX_FILE_GB:
             raise ConfigError("hub.max_file_gb", f"{gb:g} is above the Hub's {HUB_MAX_FILE_GB} GB limit per file")
         if not gb * GB >= 1:
-            raise ConfigError("hub.max_file_gb", f"{gb:g} is not above 0 (files above it go in parts; the Hub "
-                              f"takes up to {HUB_MAX_FILE_GB} GB per file)")
+            raise ConfigError(
+                "hub.max_file_gb",
+                f"{gb:g} is not above 0 (files above it go in parts; the Hub "
+                f"takes up to {HUB_MAX_FILE_GB} GB per file)",
+            )
         per = self.files_per_commit
         if per > HUB_FILES_PER_COMMIT:
-            raise ConfigError("hub.files_per_commit", f"{per} is above the Hub's {HUB_FILES_PER_COMMIT} files per "
-                              "commit")
+            raise ConfigError(
+                "hub.files_per_commit", f"{per} is above the Hub's {HUB_FILES_PER_COMMIT} files per commit"
+            )
         if per < MIN_FILES_PER_COMMIT:
-            raise ConfigError("hub.files_per_commit", f"{per} is below {MIN_FILES_PER_COMMIT}: the last commit "
-                              "holds the manifest and at least one file")
+            raise ConfigError(
+                "hub.files_per_commit",
+                f"{per} is below {MIN_FILES_PER_COMMIT}: the last commit holds the manifest and at least one file",
+            )
         rate = self.commits_per_hour
         if rate > HUB_COMMITS_PER_HOUR:
-            raise ConfigError("hub.commits_per_hour", f"{rate} is above the Hub's {HUB_COMMITS_PER_HOUR} commits per "
-                              "hour to one repo")
+            raise ConfigError(
+                "hub.commits_per_hour", f"{rate} is above the Hub's {HUB_COMMITS_PER_HOUR} commits per hour to one repo"
+            )
         if rate < MIN_COMMITS_PER_HOUR:
-            raise ConfigError("hub.commits_per_hour", f"{rate} is below {MIN_COMMITS_PER_HOUR}, the commits of one "
-                              "checkpoint (its push, its verified mark, a prune's delete)")
+            raise ConfigError(
+                "hub.commits_per_hour",
+                f"{rate} is below {MIN_COMMITS_PER_HOUR}, the commits of one "
+                "checkpoint (its push, its verified mark, a prune's delete)",
+            )
 
     def env(self) -> dict[str, str]:
         """The LAUNCHER_HUB_* a leg with an hf:// store gets."""
-        return {contract.HUB_MAX_FILE_BYTES: str(int(self.max_file_gb * GB)),
-                contract.HUB_FILES_PER_COMMIT: str(self.files_per_commit),
-                contract.HUB_COMMITS_PER_HOUR: str(self.commits_per_hour)}
+        return {
+            contract.HUB_MAX_FILE_BYTES: str(int(self.max_file_gb * GB)),
+            contract.HUB_FILES_PER_COMMIT: str(self.files_per_commit),
+            contract.HUB_COMMITS_PER_HOUR: str(self.commits_per_hour),
+        }

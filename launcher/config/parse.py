@@ -151,8 +151,10 @@ class StrictLoader:
                         continue
                     if duplicate:
                         raise yaml.constructor.ConstructorError(
-                            None, None, f"key {show(key)} is given twice", key_node.start_mark)
+                            None, None, f"key {show(key)} is given twice", key_node.start_mark
+                        )
                 return super().construct_mapping(node, deep=deep)
+
         return Loader
 
 
@@ -168,8 +170,9 @@ def read_text(cfg_path: Path) -> str:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError("(file)", f"not UTF-8 text (byte {err.start}); save it as UTF-8",
-                          source=str(cfg_path)) from None
+        raise ConfigError(
+            "(file)", f"not UTF-8 text (byte {err.start}); save it as UTF-8", source=str(cfg_path)
+        ) from None
     if "\0" in text:
         raise ConfigError("(file)", "holds a NUL byte: not a text file", source=str(cfg_path))
     return text

@@ -24,8 +24,23 @@ CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@(?P<revision>[\w./-]{1,200}))?")
-SYSTEM_DIRS = ("/", "/bin", "/boot", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/root", "/sbin", "/srv",
-               "/tmp", "/usr", "/var")
+SYSTEM_DIRS = (
+    "/",
+    "/bin",
+    "/boot",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/opt",
+    "/root",
+    "/sbin",
+    "/srv",
+    "/tmp",
+    "/usr",
+    "/var",
+)
 """Never a store themselves: a store is a folder of its own."""
 PSEUDO_DIRS = (Path("/dev"), Path("/proc"), Path("/run"), Path("/sys"))
 """Nor anything under these: devices and the kernel's views, not disks."""
@@ -57,12 +72,18 @@ def parse_gpus(text: str, key: str = "--gpus") -> GpuSpec:
     """Parse 'T4:2' / 'A100-80GB:8' / 'T4'. Refuse 'T4:two', ':2', 'T4:0'."""
     name, sep, count_text = text.partition(":")  # no strip: "T4\n" is a typo, not T4
     if not name or not GPU_NAME.fullmatch(name):
-        raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text!r} (missing or bad GPU name)", source="flag")
+        raise ConfigError(
+            key, f"expected NAME[:COUNT] such as T4:2, got {text!r} (missing or bad GPU name)", source="flag"
+        )
     if not sep:
         return GpuSpec(name, 1)
     if not re.fullmatch(r"[0-9]{1,6}", count_text):
-        raise ConfigError(key, f"expected NAME[:COUNT] such as T4:2, got {text[:40]!r} (count must be a whole "
-                          f"number from 1 to {MAX_GPUS_PER_NODE})", source="flag")
+        raise ConfigError(
+            key,
+            f"expected NAME[:COUNT] such as T4:2, got {text[:40]!r} (count must be a whole "
+            f"number from 1 to {MAX_GPUS_PER_NODE})",
+            source="flag",
+        )
     count = int(count_text)
     if not 1 <= count <= MAX_GPUS_PER_NODE:
         raise ConfigError(key, f"GPU count must be 1 to {MAX_GPUS_PER_NODE} per node, got {text!r}", source="flag")
@@ -98,8 +119,11 @@ class TrainerConfig:
     exactly; `false` compares within the loss band instead, and says so."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.events_grace_s, bool) or not isinstance(self.events_grace_s, (int, float)) or \
-                not 1 <= self.events_grace_s <= 86_400:
+        if (
+            isinstance(self.events_grace_s, bool)
+            or not isinstance(self.events_grace_s, (int, float))
+            or not 1 <= self.events_grace_s <= 86_400
+        ):
             raise ConfigError("trainer.events_grace_s", f"must be 1 to 86400 seconds, got {self.events_grace_s!r}")
         if not isinstance(self.deterministic, bool):
             raise ConfigError("trainer.deterministic", f"must be true or false, got {self.deterministic!r}")
@@ -127,8 +151,10 @@ class RungConfig:
         if not 2 <= self.steps <= MAX_STEPS:
             raise ConfigError("steps", f"must be 2 to {MAX_STEPS:,}, got {self.steps}")
         if not MIN_BUDGET_MINUTES <= self.budget_minutes <= MAX_BUDGET_MINUTES:
-            raise ConfigError("budget_minutes", f"must be {MIN_BUDGET_MINUTES} (0.6 s) to {MAX_BUDGET_MINUTES} "
-                              f"(a week), got {self.budget_minutes}")
+            raise ConfigError(
+                "budget_minutes",
+                f"must be {MIN_BUDGET_MINUTES} (0.6 s) to {MAX_BUDGET_MINUTES} (a week), got {self.budget_minutes}",
+            )
 
 
 MAX_RESTARTS_ON_ERRORS = 100
@@ -146,10 +172,15 @@ class RunConfig(RungConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.max_restarts_on_errors, bool) or not isinstance(self.max_restarts_on_errors, int) or \
-                not 0 <= self.max_restarts_on_errors <= MAX_RESTARTS_ON_ERRORS:
-            raise ConfigError("rungs.run.max_restarts_on_errors",
-                              f"must be a whole number 0 to {MAX_RESTARTS_ON_ERRORS}, got {self.max_restarts_on_errors!r}")
+        if (
+            isinstance(self.max_restarts_on_errors, bool)
+            or not isinstance(self.max_restarts_on_errors, int)
+            or not 0 <= self.max_restarts_on_errors <= MAX_RESTARTS_ON_ERRORS
+        ):
+            raise ConfigError(
+                "rungs.run.max_restarts_on_errors",
+                f"must be a whole number 0 to {MAX_RESTARTS_ON_ERRORS}, got {self.max_restarts_on_errors!r}",
+            )
 
 
 @dataclass(frozen=True)
@@ -194,10 +225,14 @@ class QuotaConfig:
             raise ConfigError("quota.reset_weekday", f"must be a weekday name, got {self.reset_weekday!r}")
         if self.budget_usd is not None and not 0 <= self.budget_usd <= MAX_USD:
             raise ConfigError("quota.budget_usd", f"must be 0 to {MAX_USD:g}, got {self.budget_usd}")
-        if self.session_hours is not None and not MIN_BUDGET_MINUTES / 60 <= self.session_hours <= \
-                MAX_BUDGET_MINUTES / 60:
-            raise ConfigError("quota.session_hours", f"must be {MIN_BUDGET_MINUTES / 60:g} (0.6 s) to "
-                              f"{MAX_BUDGET_MINUTES // 60}, got {self.session_hours}")
+        if (
+            self.session_hours is not None
+            and not MIN_BUDGET_MINUTES / 60 <= self.session_hours <= MAX_BUDGET_MINUTES / 60
+        ):
+            raise ConfigError(
+                "quota.session_hours",
+                f"must be {MIN_BUDGET_MINUTES / 60:g} (0.6 s) to {MAX_BUDGET_MINUTES // 60}, got {self.session_hours}",
+            )
 
 
 @dataclass(frozen=True)
@@ -313,6 +348,7 @@ class Config:
 def store_uri(cfg: Config, on_disk: bool = True) -> str:
     """The store URI as legs see it (absolute, with a scheme). `on_disk`: also refuse a
     local store path that exists and is not a folder."""
+
     def _store_dir(path: Path) -> Path:
         return _local_store(path) if on_disk else path.absolute()
 
@@ -321,7 +357,7 @@ def store_uri(cfg: Config, on_disk: bool = True) -> str:
     if not cfg.store.strip():
         raise ConfigError("store", "must not be empty (leave it out for the default store)")
     if cfg.store.startswith("file://"):
-        path = Path(cfg.store[len("file://"):])
+        path = Path(cfg.store[len("file://") :])
         if not path.is_absolute():
             raise ConfigError("store", f"file:// URIs must be absolute, got {cfg.store!r}")
         return _store_dir(path).as_uri()
@@ -330,16 +366,21 @@ def store_uri(cfg: Config, on_disk: bool = True) -> str:
         if not found:
             raise ConfigError("store", f"expected hf://owner/repo[@revision], got {cfg.store!r}")
         revision = found.group("revision")
-        if revision is not None and not all(part and not part.startswith(".") and not part.endswith(".lock")
-                                            for part in revision.split("/")):
-            raise ConfigError("store", f"{revision!r} is not a branch, tag or commit name (no empty, '.'-led or "
-                              f"'..' parts), in {cfg.store!r}")
+        if revision is not None and not all(
+            part and not part.startswith(".") and not part.endswith(".lock") for part in revision.split("/")
+        ):
+            raise ConfigError(
+                "store",
+                f"{revision!r} is not a branch, tag or commit name (no empty, '.'-led or '..' parts), in {cfg.store!r}",
+            )
         return cfg.store
     if "://" in cfg.store:
         raise ConfigError("store", f"unknown scheme in {cfg.store!r} (expected file:// or a path)")
     if cfg.store.startswith("~"):
-        raise ConfigError("store", f"{cfg.store!r}: the launcher does not expand ~ (a leg's home is not yours); "
-                          "write the absolute path")
+        raise ConfigError(
+            "store",
+            f"{cfg.store!r}: the launcher does not expand ~ (a leg's home is not yours); write the absolute path",
+        )
     return _store_dir(cfg.root / cfg.store).as_uri()
 
 
@@ -358,12 +399,12 @@ def _local_store(path: Path) -> Path:
         raise ConfigError("store", f"{resolved} is a system folder: give the store a folder of its own")
     ancestor = next(p for p in (resolved, *resolved.parents) if p.exists())
     if not os.access(ancestor, os.W_OK | os.X_OK):  # read-only file system or no permission: said now, not mid-leg
-        raise ConfigError("store", f"{resolved} cannot be created or written by this user ({ancestor} is not "
-                          "writable)")
+        raise ConfigError("store", f"{resolved} cannot be created or written by this user ({ancestor} is not writable)")
     return resolved
 
 
 # --- loading ---------------------------------------------------------------
+
 
 def load_config(path: str | Path | None = None) -> Config:
     """Load and validate launcher.yaml (default: ./launcher.yaml)."""

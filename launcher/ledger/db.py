@@ -23,9 +23,22 @@ from typing import Any, Iterator
 
 from launcher.errors import Refused
 from launcher.ledger.holders import OPENED, describe_holders
-from launcher.ledger.rows import (LEG_NUMBERS, RUN_NUMBERS, ImageRow, LegBilling, LegRecord, LegRow,
-                                  PeriodTotals, ReservationRow, Review, RungSpend, RunRow, StopRow, clean,
-                                  json_or_none)
+from launcher.ledger.rows import (
+    LEG_NUMBERS,
+    RUN_NUMBERS,
+    ImageRow,
+    LegBilling,
+    LegRecord,
+    LegRow,
+    PeriodTotals,
+    ReservationRow,
+    Review,
+    RungSpend,
+    RunRow,
+    StopRow,
+    clean,
+    json_or_none,
+)
 from launcher.ledger.schema import SCHEMA_VERSION, create_or_migrate
 
 LOCK_WAIT_S = 5.0
@@ -38,7 +51,9 @@ def period_totals(db: sqlite3.Connection, since: datetime | None) -> PeriodTotal
     start = since.timestamp() if since else 0.0
     used, used_usd = db.execute(
         "SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM runs "
-        "WHERE started_at >= ? AND billed_gpu_hours IS NOT NULL", (start,)).fetchone()  # ended or reconciled
+        "WHERE started_at >= ? AND billed_gpu_hours IS NOT NULL",
+        (start,),
+    ).fetchone()  # ended or reconciled
     held, held_usd = db.execute(
         "SELECT COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(usd), 0) FROM reservations WHERE settled_at IS NULL"
     ).fetchone()
@@ -57,8 +72,10 @@ class Ledger:
         self._db.row_factory = sqlite3.Row
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise Refused(f"ledger {path} has schema v{version}; this launcher reads up to v{SCHEMA_VERSION}",
-                          hint="upgrade preflight-launcher")
+            raise Refused(
+                f"ledger {path} has schema v{version}; this launcher reads up to v{SCHEMA_VERSION}",
+                hint="upgrade preflight-launcher",
+            )
         self._db.execute("PRAGMA foreign_keys=ON")
         if version == SCHEMA_VERSION:
             return  # nothing to write: a reader never waits on another launcher's write lock
@@ -80,8 +97,7 @@ class Ledger:
     def __enter__(self) -> "Ledger":
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     @property
@@ -110,9 +126,10 @@ class Ledger:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as err:
             if "locked" in str(err) or "busy" in str(err):
-                raise Refused(f"the ledger {self.path} is locked{describe_holders(self.path)} "
-                              f"(waited {LOCK_WAIT_S:g} s)",
-                              hint="wait for it to finish, or stop it, then run this again") from None
+                raise Refused(
+                    f"the ledger {self.path} is locked{describe_holders(self.path)} (waited {LOCK_WAIT_S:g} s)",
+                    hint="wait for it to finish, or stop it, then run this again",
+                ) from None
             raise
 
     @contextmanager
@@ -132,8 +149,10 @@ class Ledger:
 
     def record_review(self, digest: str, files: dict[str, str]) -> int:
         with self.transaction() as db:
-            cur = db.execute("INSERT INTO reviews (created_at, digest, files) VALUES (?, ?, ?)",
-                             (time.time(), digest, json.dumps(files, sort_keys=True)))
+            cur = db.execute(
+                "INSERT INTO reviews (created_at, digest, files) VALUES (?, ?, ?)",
+                (time.time(), digest, json.dumps(files, sort_keys=True)),
+            )
             return int(cur.lastrowid)
 
     def latest_review(self) -> Review | None:
@@ -150,8 +169,10 @@ class Ledger:
         marks = ", ".join("?" for _ in run)
         with self.transaction() as db:
             db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(run.values()))
-            db.executemany("INSERT INTO run_files (run_id, path, sha256) VALUES (?, ?, ?)",
-                           [(run["id"], p, h) for p, h in sorted(files.items())])
+            db.executemany(
+                "INSERT INTO run_files (run_id, path, sha256) VALUES (?, ?, ?)",
+                [(run["id"], p, h) for p, h in sorted(files.items())],
+            )
 
     def begin_leg(self, leg: dict[str, Any]) -> None:
         row = dict(leg, command=json.dumps(leg["command"]), env=json.dumps(leg["env"], sort_keys=True))
@@ -173,17 +194,40 @@ class Ledger:
         with self.transaction() as db:
             db.execute(f"UPDATE legs SET {sets} WHERE run_id=? AND leg=?", (*fields.values(), run_id, leg))
 
-    def end_leg(self, run_id: str, leg: int, *, ended_at: float, exit_code: int | None, killed: bool,
-                end_reason: str, billed_gpu_hours: float, cost_usd: float | None, cost_source: str | None = None,
-                placement: dict[str, str] | None = None, nodes: list[dict[str, Any]] | None = None) -> None:
+    def end_leg(
+        self,
+        run_id: str,
+        leg: int,
+        *,
+        ended_at: float,
+        exit_code: int | None,
+        killed: bool,
+        end_reason: str,
+        billed_gpu_hours: float,
+        cost_usd: float | None,
+        cost_source: str | None = None,
+        placement: dict[str, str] | None = None,
+        nodes: list[dict[str, Any]] | None = None,
+    ) -> None:
         with self.transaction() as db:
             db.execute(
                 "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?,"
                 " cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement),"
                 " nodes=COALESCE(?, nodes) WHERE run_id=? AND leg=?",
-                (ended_at, exit_code, int(killed), end_reason, billed_gpu_hours, cost_usd, cost_source,
-                 json.dumps(placement, sort_keys=True) if placement else None,
-                 json.dumps(nodes) if nodes else None, run_id, leg))
+                (
+                    ended_at,
+                    exit_code,
+                    int(killed),
+                    end_reason,
+                    billed_gpu_hours,
+                    cost_usd,
+                    cost_source,
+                    json.dumps(placement, sort_keys=True) if placement else None,
+                    json.dumps(nodes) if nodes else None,
+                    run_id,
+                    leg,
+                ),
+            )
 
     def add_checks(self, run_id: str, checks: list[dict[str, Any]]) -> None:
         with self.transaction() as db:
@@ -191,22 +235,43 @@ class Ledger:
             db.executemany(
                 "INSERT INTO checks (run_id, seq, name, ok, detail, evidence, kind, leg, facts) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(run_id, start + i, c["name"], int(c["ok"]), c["detail"], json.dumps(c.get("evidence", [])),
-                  c.get("kind"), c.get("leg"), json.dumps(c.get("facts") or {})) for i, c in enumerate(checks)])
+                [
+                    (
+                        run_id,
+                        start + i,
+                        c["name"],
+                        int(c["ok"]),
+                        c["detail"],
+                        json.dumps(c.get("evidence", [])),
+                        c.get("kind"),
+                        c.get("leg"),
+                        json.dumps(c.get("facts") or {}),
+                    )
+                    for i, c in enumerate(checks)
+                ],
+            )
 
     def end_run(self, run_id: str, *, ended_at: float, exit_code: int, verdict: str, cost_source: str) -> None:
         """Close the run; its billed GPU-hours and cost are the sum of its legs'."""
         with self.transaction() as db:
             billed, cost = db.execute(
-                "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?",
-                (run_id,)).fetchone()
-            legs = sorted({r[0] for r in db.execute("SELECT DISTINCT cost_source FROM legs WHERE run_id=? AND "
-                                                    "cost_source IS NOT NULL", (run_id,))})
+                "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?", (run_id,)
+            ).fetchone()
+            legs = sorted(
+                {
+                    r[0]
+                    for r in db.execute(
+                        "SELECT DISTINCT cost_source FROM legs WHERE run_id=? AND cost_source IS NOT NULL", (run_id,)
+                    )
+                }
+            )
             if legs:  # what the legs were priced by, where they say
                 cost_source = " + ".join(legs)
-            db.execute("UPDATE runs SET ended_at=?, exit_code=?, verdict=?, billed_gpu_hours=?, cost_usd=?,"
-                       " cost_source=? WHERE id=?",
-                       (ended_at, exit_code, verdict, billed, cost, cost_source, run_id))
+            db.execute(
+                "UPDATE runs SET ended_at=?, exit_code=?, verdict=?, billed_gpu_hours=?, cost_usd=?,"
+                " cost_source=? WHERE id=?",
+                (ended_at, exit_code, verdict, billed, cost, cost_source, run_id),
+            )
 
     # --- reading -------------------------------------------------------------
 
@@ -225,13 +290,18 @@ class Ledger:
             run = clean(dict(row), RUN_NUMBERS, {})
             run["preflight"] = json_or_none(run.get("preflight"))
             rid = row["id"]
-            run["files"] = {str(r["path"]): str(r["sha256"]) for r in
-                            self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))}
-            run["legs"] = [self._leg_row(dict(r))
-                           for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))]
-            run["checks"] = [clean(dict(r, ok=bool(r["ok"]), facts=r["facts"] or "{}"), ("leg",),
-                                   {"evidence": list, "facts": dict})
-                             for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))]
+            run["files"] = {
+                str(r["path"]): str(r["sha256"])
+                for r in self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))
+            }
+            run["legs"] = [
+                self._leg_row(dict(r))
+                for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))
+            ]
+            run["checks"] = [
+                clean(dict(r, ok=bool(r["ok"]), facts=r["facts"] or "{}"), ("leg",), {"evidence": list, "facts": dict})
+                for r in self._db.execute("SELECT * FROM checks WHERE run_id=? ORDER BY seq", (rid,))
+            ]
             out.append(run)
         return out
 
@@ -251,8 +321,12 @@ class Ledger:
 
     def request_stop(self, run_id: str, leg: int | None, timeout_s: float) -> int:
         with self.transaction() as db:
-            return int(db.execute("INSERT INTO stops (run_id, leg, requested_at, timeout_s) VALUES (?, ?, ?, ?)",
-                                  (run_id, leg, time.time(), timeout_s)).lastrowid)
+            return int(
+                db.execute(
+                    "INSERT INTO stops (run_id, leg, requested_at, timeout_s) VALUES (?, ?, ?, ?)",
+                    (run_id, leg, time.time(), timeout_s),
+                ).lastrowid
+            )
 
     def stop_requested(self, run_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM stops WHERE run_id=? LIMIT 1", (run_id,)).fetchone() is not None
@@ -298,21 +372,28 @@ class Ledger:
     def spend_by_rung(self, since: datetime | None) -> dict[str, RungSpend]:
         """Each rung's bills and run count since `since` (None: all time)."""
         start = since.timestamp() if since else 0.0
-        return {r["rung"]: {"gpu_hours": r["h"], "usd": r["usd"], "runs": r["n"]} for r in self._db.execute(
-            "SELECT rung, COALESCE(SUM(billed_gpu_hours), 0) AS h, COALESCE(SUM(cost_usd), 0) AS usd, COUNT(*) AS n "
-            "FROM runs WHERE started_at >= ? GROUP BY rung ORDER BY rung", (start,)).fetchall()}
+        return {
+            r["rung"]: {"gpu_hours": r["h"], "usd": r["usd"], "runs": r["n"]}
+            for r in self._db.execute(
+                "SELECT rung, COALESCE(SUM(billed_gpu_hours), 0) AS h, COALESCE(SUM(cost_usd), 0) AS usd, COUNT(*) AS n "
+                "FROM runs WHERE started_at >= ? GROUP BY rung ORDER BY rung",
+                (start,),
+            ).fetchall()
+        }
 
     def run_holds(self, run_id: str) -> tuple[float, float]:
         """(GPU-hours the run's unsettled reservations hold, GPU-hours its run row billed)."""
-        held = self._db.execute("SELECT COALESCE(SUM(gpu_hours), 0) FROM reservations WHERE run_id=? AND "
-                                "settled_at IS NULL", (run_id,)).fetchone()[0]
+        held = self._db.execute(
+            "SELECT COALESCE(SUM(gpu_hours), 0) FROM reservations WHERE run_id=? AND settled_at IS NULL", (run_id,)
+        ).fetchone()[0]
         own = self._db.execute("SELECT COALESCE(billed_gpu_hours, 0) FROM runs WHERE id=?", (run_id,)).fetchone()
         return held, (own[0] if own else 0.0)
 
     def legs_billed(self, run_id: str) -> tuple[float, float]:
         """(GPU-hours, USD) the run's legs billed so far."""
-        billed, usd = self._db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) "
-                                       "FROM legs WHERE run_id=?", (run_id,)).fetchone()
+        billed, usd = self._db.execute(
+            "SELECT COALESCE(SUM(billed_gpu_hours), 0), COALESCE(SUM(cost_usd), 0) FROM legs WHERE run_id=?", (run_id,)
+        ).fetchone()
         return billed, usd
 
     def any_unsettled(self) -> bool:
@@ -325,15 +406,27 @@ class Ledger:
     def reservation(self, reservation_id: int) -> ReservationRow:
         return dict(self._db.execute("SELECT * FROM reservations WHERE id=?", (reservation_id,)).fetchone())
 
-    def reserve(self, run_id: str, rung: str, host: str, pid: int, pid_start: int | None, gpu_hours: float,
-                usd: float, overdraft: bool, arithmetic: str) -> int:
+    def reserve(
+        self,
+        run_id: str,
+        rung: str,
+        host: str,
+        pid: int,
+        pid_start: int | None,
+        gpu_hours: float,
+        usd: float,
+        overdraft: bool,
+        arithmetic: str,
+    ) -> int:
         """Hold GPU-hours and USD for a run; returns the reservation's id."""
         with self.transaction() as db:
-            return int(db.execute(
-                "INSERT INTO reservations (run_id, rung, created_at, host, pid, pid_start, gpu_hours, usd, overdraft, "
-                "arithmetic) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, rung, time.time(), host, pid, pid_start, gpu_hours, usd, int(overdraft),
-                 arithmetic)).lastrowid)
+            return int(
+                db.execute(
+                    "INSERT INTO reservations (run_id, rung, created_at, host, pid, pid_start, gpu_hours, usd, overdraft, "
+                    "arithmetic) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, rung, time.time(), host, pid, pid_start, gpu_hours, usd, int(overdraft), arithmetic),
+                ).lastrowid
+            )
 
     def set_hold(self, reservation_id: int, gpu_hours: float, usd: float) -> None:
         with self.transaction() as db:
@@ -342,41 +435,59 @@ class Ledger:
     def settle_reservation(self, reservation_id: int, gpu_hours: float, usd: float, how: str) -> None:
         """Replace the hold with what was spent; `how`: billed | reconciled (...)."""
         with self.transaction() as db:
-            db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
-                       "WHERE id=?", (time.time(), gpu_hours, usd, how, reservation_id))
+            db.execute(
+                "UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? WHERE id=?",
+                (time.time(), gpu_hours, usd, how, reservation_id),
+            )
 
     def settle_run_reservations(self, run_id: str, gpu_hours: float, usd: float, how: str) -> None:
         with self.transaction() as db:
-            db.execute("UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
-                       "WHERE run_id=?", (time.time(), gpu_hours, usd, how, run_id))
+            db.execute(
+                "UPDATE reservations SET settled_at=?, settled_gpu_hours=?, settled_usd=?, settled_how=? "
+                "WHERE run_id=?",
+                (time.time(), gpu_hours, usd, how, run_id),
+            )
 
     # --- what a dead launcher left -------------------------------------------------
 
     def end_orphan_leg(self, run_id: str, leg: int, ended_at: float) -> None:
         """A leg whose launcher died before recording its end: killed, "launcher died"."""
         with self.transaction() as db:
-            db.execute("UPDATE legs SET ended_at=?, killed=1, end_reason='launcher died' WHERE run_id=? AND leg=?",
-                       (ended_at, run_id, leg))
+            db.execute(
+                "UPDATE legs SET ended_at=?, killed=1, end_reason='launcher died' WHERE run_id=? AND leg=?",
+                (ended_at, run_id, leg),
+            )
 
     def end_orphan_run(self, run_id: str, gpu_hours: float, usd: float, ended_at: float) -> None:
         """End a dead launcher's run where it is still open; what it recorded stays."""
         with self.transaction() as db:
-            db.execute("UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), "
-                       "cost_usd=COALESCE(cost_usd, ?), ended_at=COALESCE(ended_at, ?), "
-                       "verdict=COALESCE(verdict, 'launcher died') WHERE id=?", (gpu_hours, usd, ended_at, run_id))
+            db.execute(
+                "UPDATE runs SET billed_gpu_hours=COALESCE(billed_gpu_hours, ?), "
+                "cost_usd=COALESCE(cost_usd, ?), ended_at=COALESCE(ended_at, ?), "
+                "verdict=COALESCE(verdict, 'launcher died') WHERE id=?",
+                (gpu_hours, usd, ended_at, run_id),
+            )
 
     def leg_billing(self, run_id: str, leg: int) -> LegBilling | None:
-        row = self._db.execute("SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes FROM legs l "
-                               "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?", (run_id, leg)).fetchone()
+        row = self._db.execute(
+            "SELECT l.started_at, l.hourly_usd, r.gpu_count, r.nodes FROM legs l "
+            "JOIN runs r ON r.id = l.run_id WHERE l.run_id=? AND l.leg=?",
+            (run_id, leg),
+        ).fetchone()
         return None if row is None else dict(row)
 
-    def rebill_leg(self, run_id: str, leg: int, ended_at: float, gpu_hours: float, usd: float | None,
-                   reason: str) -> tuple[float, float | None]:
+    def rebill_leg(
+        self, run_id: str, leg: int, ended_at: float, gpu_hours: float, usd: float | None, reason: str
+    ) -> tuple[float, float | None]:
         """Bill a leg to `ended_at` and the run to the sum of its legs; returns (GPU-h, USD) of the run."""
         with self.transaction() as db:
-            db.execute("UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), "
-                       "end_reason=? WHERE run_id=? AND leg=?", (ended_at, gpu_hours, usd, reason, run_id, leg))
-            billed, cost = db.execute("SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs "
-                                      "WHERE run_id=?", (run_id,)).fetchone()
+            db.execute(
+                "UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), "
+                "end_reason=? WHERE run_id=? AND leg=?",
+                (ended_at, gpu_hours, usd, reason, run_id, leg),
+            )
+            billed, cost = db.execute(
+                "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?", (run_id,)
+            ).fetchone()
             db.execute("UPDATE runs SET billed_gpu_hours=?, cost_usd=? WHERE id=?", (billed, cost, run_id))
         return billed, cost

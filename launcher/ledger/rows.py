@@ -205,8 +205,17 @@ class PeriodTotals(NamedTuple):
 
 
 RUN_NUMBERS = ("gpu_count", "nodes", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd")
-LEG_NUMBERS = ("leg", "started_at", "ended_at", "exit_code", "billed_gpu_hours", "cost_usd", "pid", "killed",
-               "hourly_usd")
+LEG_NUMBERS = (
+    "leg",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "billed_gpu_hours",
+    "cost_usd",
+    "pid",
+    "killed",
+    "hourly_usd",
+)
 
 
 def clean(row: dict[str, Any], numbers: tuple[str, ...], json_cols: dict[str, type]) -> dict[str, Any]:

@@ -14,11 +14,17 @@ MIGRATIONS = {
     4: ["ALTER TABLE legs ADD COLUMN pid INTEGER"],  # the stops table is created whole by SCHEMA
     5: ["ALTER TABLE reservations ADD COLUMN pid_start INTEGER"],
     6: ["ALTER TABLE legs ADD COLUMN role TEXT"],
-    7: ["ALTER TABLE legs ADD COLUMN hourly_usd REAL", "ALTER TABLE legs ADD COLUMN cost_source TEXT",
-        "ALTER TABLE legs ADD COLUMN placement TEXT"],
+    7: [
+        "ALTER TABLE legs ADD COLUMN hourly_usd REAL",
+        "ALTER TABLE legs ADD COLUMN cost_source TEXT",
+        "ALTER TABLE legs ADD COLUMN placement TEXT",
+    ],
     8: ["ALTER TABLE runs ADD COLUMN preflight TEXT"],
-    9: ["ALTER TABLE checks ADD COLUMN kind TEXT", "ALTER TABLE checks ADD COLUMN leg INTEGER",
-        "ALTER TABLE checks ADD COLUMN facts TEXT"],
+    9: [
+        "ALTER TABLE checks ADD COLUMN kind TEXT",
+        "ALTER TABLE checks ADD COLUMN leg INTEGER",
+        "ALTER TABLE checks ADD COLUMN facts TEXT",
+    ],
     10: ["ALTER TABLE legs ADD COLUMN run_sha256 TEXT", "ALTER TABLE legs ADD COLUMN nodes TEXT"],
     11: ["ALTER TABLE legs ADD COLUMN request_id TEXT"],
 }

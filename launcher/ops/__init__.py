@@ -1,8 +1,8 @@
 """Operating runs: what is live, what it costs, and ending it.
 
-  status.py     `launcher status`: the check before a kill
-  stop.py       `launcher stop`: a graceful stop, confirmed
-  watch.py      a run watched against its plan (rate, ETA, spend)
-  spend.py      quota periods and the pre-launch arithmetic; `launcher spend`
-  reconcile.py  runs a dead launcher left open: ended, their reservations released
+status.py     `launcher status`: the check before a kill
+stop.py       `launcher stop`: a graceful stop, confirmed
+watch.py      a run watched against its plan (rate, ETA, spend)
+spend.py      quota periods and the pre-launch arithmetic; `launcher spend`
+reconcile.py  runs a dead launcher left open: ended, their reservations released
 """

@@ -83,8 +83,11 @@ def settle_dead(ledger: Ledger) -> list[DeadRun]:
             if open_legs:  # a leg never recorded its end: assume it ran to its budget
                 billed, usd = max(billed, r["gpu_hours"]), max(usd, r["usd"])
             ledger.settle_reservation(r["id"], billed, usd, "reconciled (launcher died)")
-            last_sign = max([r["created_at"]] + [leg["ended_at"] or leg["started_at"] for leg in legs]
-                            + [os.path.getmtime(leg["log_path"]) for leg in legs if os.path.isfile(leg["log_path"])])
+            last_sign = max(
+                [r["created_at"]]
+                + [leg["ended_at"] or leg["started_at"] for leg in legs]
+                + [os.path.getmtime(leg["log_path"]) for leg in legs if os.path.isfile(leg["log_path"])]
+            )
             for leg in open_legs:
                 ledger.end_orphan_leg(r["run_id"], leg["leg"], last_sign)
             ledger.end_orphan_run(r["run_id"], billed, usd, last_sign)
@@ -120,14 +123,20 @@ def clean_up(dead: list[DeadRun], ledger: Ledger) -> None:
             elif leg["backend"] == "docker":
                 docker = shutil.which("docker")
                 if docker:
-                    subprocess.run([docker, "rm", "-f", leg["instance"]], capture_output=True, check=False,
-                                   timeout=60)
+                    subprocess.run([docker, "rm", "-f", leg["instance"]], capture_output=True, check=False, timeout=60)
             elif leg["backend"] == "sky":
                 _reap_cluster(ledger, run.run_id, leg)
 
 
-def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: str,
-               granularity_s: float = 60.0, nothing_billed: bool = False) -> None:
+def settle_leg(
+    ledger: Ledger,
+    run_id: str,
+    leg: int,
+    ended_at: float,
+    reason: str,
+    granularity_s: float = 60.0,
+    nothing_billed: bool = False,
+) -> None:
     """A dead launcher's leg, once its end is known (its cluster downed now, or SkyPilot's
     record): billed from its start to then, at the price it was launched at (nothing, where
     SkyPilot confirms nothing was provisioned); the run and its reservation settled again with
@@ -138,13 +147,17 @@ def settle_leg(ledger: Ledger, run_id: str, leg: int, ended_at: float, reason: s
         row = ledger.leg_billing(run_id, leg)
         if row is None:
             return
-        seconds = 0.0 if nothing_billed else \
-            billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
+        seconds = (
+            0.0
+            if nothing_billed
+            else billed_seconds(max(0.0, ended_at - row["started_at"]), granularity_s) * row["nodes"]
+        )
         hours = seconds / 3600.0 * row["gpu_count"]
         usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
         billed, cost = ledger.rebill_leg(run_id, leg, ended_at, hours, usd if not nothing_billed else 0.0, reason)
-        ledger.settle_run_reservations(run_id, billed, cost or 0.0,
-                                       "reconciled (launcher died; billed to the cluster's end)")
+        ledger.settle_run_reservations(
+            run_id, billed, cost or 0.0, "reconciled (launcher died; billed to the cluster's end)"
+        )
 
 
 def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
@@ -157,27 +170,39 @@ def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
     try:
         job = job_id_of(instance)
         if instance.startswith(PENDING_JOB_PREFIX):
-            reaped = reap_submit(instance[len(PENDING_JOB_PREFIX):], leg.get("request_id"))
+            reaped = reap_submit(instance[len(PENDING_JOB_PREFIX) :], leg.get("request_id"))
         elif job is not None:
             reaped = reap_job(job)
         else:
             reaped = reap(instance, leg.get("request_id"))
     except LauncherError as err:  # skypilot not installed here: say what to check
         reaped = None
-        sys.stderr.write(f"note: run {run_id} leg {leg['leg']} ran on cluster {instance}: {err.message}; "
-                         f"check `sky api status`, `sky status` and `sky down {instance}`\n")
+        sys.stderr.write(
+            f"note: run {run_id} leg {leg['leg']} ran on cluster {instance}: {err.message}; "
+            f"check `sky api status`, `sky status` and `sky down {instance}`\n"
+        )
     if reaped is None:
         return
     sys.stderr.write(f"note: run {run_id} leg {leg['leg']} (launcher died): {reaped.detail}\n")
     if reaped.ended_at is not None:
-        settle_leg(ledger, run_id, leg["leg"], reaped.ended_at, f"launcher died; {reaped.detail}",
-                   nothing_billed=reaped.nothing_billed)
+        settle_leg(
+            ledger,
+            run_id,
+            leg["leg"],
+            reaped.ended_at,
+            f"launcher died; {reaped.detail}",
+            nothing_billed=reaped.nothing_billed,
+        )
 
 
 def _remove_leg_dir(path: Path, run_id: str) -> None:
     """Only a leg dir this launcher made: <tmp>/preflight-legs/<run id>-leg<N>-*."""
     from launcher.backends.leash import LEGS_ROOT
 
-    if path.parent.name == LEGS_ROOT and path.name.startswith(f"{run_id}-leg") and path.is_dir() \
-            and not path.is_symlink():
+    if (
+        path.parent.name == LEGS_ROOT
+        and path.name.startswith(f"{run_id}-leg")
+        and path.is_dir()
+        and not path.is_symlink()
+    ):
         shutil.rmtree(path, ignore_errors=True)

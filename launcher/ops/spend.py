@@ -53,14 +53,18 @@ class Projection:
         return self.remaining is None or self.rung_gpu_hours <= self.remaining
 
     def describe(self) -> str:
-        cost = (f"{self.legs} legs x {self.budget_minutes:g} min x {self.gpus} GPUs x {self.nodes} nodes = "
-                f"{self.rung_gpu_hours:.2f} GPU-h at most")
+        cost = (
+            f"{self.legs} legs x {self.budget_minutes:g} min x {self.gpus} GPUs x {self.nodes} nodes = "
+            f"{self.rung_gpu_hours:.2f} GPU-h at most"
+        )
         if self.quota_gpu_hours is None:
             return cost + "; no GPU-hour quota configured"
         since = self.period_from.strftime("%Y-%m-%d") if self.period_from else "ever"
         verdict = "fits" if self.fits else "does NOT fit"
-        return (f"{cost}; quota {self.quota_gpu_hours:g} GPU-h, used {self.used_gpu_hours:.2f} since {since}, "
-                f"remaining {self.remaining:.2f}: {verdict}")
+        return (
+            f"{cost}; quota {self.quota_gpu_hours:g} GPU-h, used {self.used_gpu_hours:.2f} since {since}, "
+            f"remaining {self.remaining:.2f}: {verdict}"
+        )
 
 
 def used_gpu_hours(ledger: Ledger | None, since: datetime | None) -> float:
@@ -77,11 +81,13 @@ def project(cfg: Config, ledger: Ledger | None, rung: Rung, gpus: GpuSpec | None
     count = gpus.count if gpus else 0
     hours = rung.legs * minutes / 60.0 * count * nodes
     since = period_start(cfg)
-    return Projection(hours, used_gpu_hours(ledger, since), cfg.quota.gpu_hours, since, rung.legs, minutes, count,
-                      nodes)
+    return Projection(
+        hours, used_gpu_hours(ledger, since), cfg.quota.gpu_hours, since, rung.legs, minutes, count, nodes
+    )
 
 
 # --- the guard: check and reserve in one transaction ---------------------------
+
 
 @dataclass(frozen=True)
 class Reservation:
@@ -115,8 +121,14 @@ def _free(cfg: Config, used: float, used_usd: float, held: float, held_usd: floa
     return free
 
 
-def decide(cfg: Config, totals: tuple[float, float, float, float], proj: Projection, price: float | None,
-           allow_overdraft: bool, at_least: float | None = None) -> QuotaDecision:
+def decide(
+    cfg: Config,
+    totals: tuple[float, float, float, float],
+    proj: Projection,
+    price: float | None,
+    allow_overdraft: bool,
+    at_least: float | None = None,
+) -> QuotaDecision:
     """The guard's arithmetic on the period's (used, used USD, held, held USD): used + reserved
     + this rung against the quota and the USD budget. The one place it is decided: `reserve`
     applies it inside its transaction, `preview` (the launch plan, the dry run) in one rolled back.
@@ -131,22 +143,27 @@ def decide(cfg: Config, totals: tuple[float, float, float, float], proj: Project
     usd = proj.rung_gpu_hours * (price or 0.0)
     total = used + held + proj.rung_gpu_hours
     since = proj.period_from.strftime("%Y-%m-%d") if proj.period_from else "all time"
-    line = (f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
-            f"({proj.legs} legs x {proj.budget_minutes:g} min x {proj.gpus} GPUs x {proj.nodes} nodes) "
-            f"= {total:.2f} GPU-h")
+    line = (
+        f"used {used:.2f} + reserved {held:.2f} + this rung {proj.rung_gpu_hours:.2f} "
+        f"({proj.legs} legs x {proj.budget_minutes:g} min x {proj.gpus} GPUs x {proj.nodes} nodes) "
+        f"= {total:.2f} GPU-h"
+    )
     quota = cfg.quota.gpu_hours
     over = []
     if quota is not None and total > quota + 1e-9:
         over.append(f"{line} > quota {quota:g} GPU-h (period from {since})")
     budget = cfg.quota.budget_usd
     if budget is not None and used_usd + held_usd + usd > budget + 1e-9:
-        over.append(f"${used_usd:.2f} + ${held_usd:.2f} + ${usd:.2f} = ${used_usd + held_usd + usd:.2f} "
-                    f"> budget ${budget:g}")
+        over.append(
+            f"${used_usd:.2f} + ${held_usd:.2f} + ${usd:.2f} = ${used_usd + held_usd + usd:.2f} > budget ${budget:g}"
+        )
     refusal = None
     if over and not allow_overdraft:
-        refusal = Refused("quota: " + "; ".join(over), hint="wait for the next period, lower the rung's budget, "
-                          "or pass --allow-overdraft (recorded)")
-    arithmetic = (f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota")
+        refusal = Refused(
+            "quota: " + "; ".join(over),
+            hint="wait for the next period, lower the rung's budget, or pass --allow-overdraft (recorded)",
+        )
+    arithmetic = f"{line} <= quota {quota:g} GPU-h" if quota is not None else f"{line}; no GPU-hour quota"
     if capped:
         arithmetic += "; the run holds what is left: its legs stop at the quota with a final checkpoint"
     if over:  # recorded as an overdraft when --allow-overdraft lets it through; else what the refusal says
@@ -155,8 +172,16 @@ def decide(cfg: Config, totals: tuple[float, float, float, float], proj: Project
     return QuotaDecision(proj.rung_gpu_hours, usd, arithmetic, bool(over), remaining, refusal)
 
 
-def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projection, price: float | None,
-            allow_overdraft: bool, at_least: float | None = None) -> Reservation:
+def reserve(
+    cfg: Config,
+    ledger: Ledger,
+    run_id: str,
+    rung: str,
+    proj: Projection,
+    price: float | None,
+    allow_overdraft: bool,
+    at_least: float | None = None,
+) -> Reservation:
     """The guard. Reconcile, decide (`decide`) and reserve — one BEGIN IMMEDIATE transaction,
     so concurrent launchers never reserve more than the quota. Refuses with exit 3,
     arithmetic in one line."""
@@ -165,14 +190,29 @@ def reserve(cfg: Config, ledger: Ledger, run_id: str, rung: str, proj: Projectio
         got = decide(cfg, ledger.period_totals(proj.period_from), proj, price, allow_overdraft, at_least)
         if got.refusal is not None:
             raise got.refusal
-        rid = ledger.reserve(run_id, rung, socket.gethostname(), os.getpid(), process_start(os.getpid()),
-                             got.gpu_hours, got.usd, got.overdraft, got.arithmetic)
+        rid = ledger.reserve(
+            run_id,
+            rung,
+            socket.gethostname(),
+            os.getpid(),
+            process_start(os.getpid()),
+            got.gpu_hours,
+            got.usd,
+            got.overdraft,
+            got.arithmetic,
+        )
     clean_up(dead, ledger)
     return Reservation(int(rid), got.gpu_hours, got.usd, got.arithmetic, got.remaining_gpu_hours)
 
 
-def preview(cfg: Config, ledger: Ledger | None, proj: Projection, price: float | None, allow_overdraft: bool,
-            at_least: float | None = None) -> QuotaDecision:
+def preview(
+    cfg: Config,
+    ledger: Ledger | None,
+    proj: Projection,
+    price: float | None,
+    allow_overdraft: bool,
+    at_least: float | None = None,
+) -> QuotaDecision:
     """What `reserve` would decide now, written nowhere: the reconciliation and the totals in a
     transaction that is rolled back (no ledger: nothing used or held yet)."""
     if ledger is None:
@@ -194,8 +234,15 @@ class LegGrant:
     """What the quota and budget still allow in the period, this run's bills counted (inf: no cap)."""
 
 
-def hold_leg(cfg: Config, ledger: Ledger, reservation_id: int, run_id: str, want_gpu_hours: float,
-             price: float | None, allow_overdraft: bool = False) -> LegGrant:
+def hold_leg(
+    cfg: Config,
+    ledger: Ledger,
+    reservation_id: int,
+    run_id: str,
+    want_gpu_hours: float,
+    price: float | None,
+    allow_overdraft: bool = False,
+) -> LegGrant:
     """Before each leg of the run: the run's reservation becomes what its legs billed plus
     this leg's share, at most what the quota and budget still allow once every other
     launcher's bills and holds are counted (one transaction, like `reserve`)."""
@@ -208,8 +255,7 @@ def hold_leg(cfg: Config, ledger: Ledger, reservation_id: int, run_id: str, want
         left = _free(cfg, used + billed, used_usd + billed_usd, others, others_usd, price)
         grant = want_gpu_hours if allow_overdraft else max(0.0, min(want_gpu_hours, left))
         hold = billed + (grant if math.isfinite(grant) else 0.0)
-        ledger.set_hold(reservation_id, hold,
-                        billed_usd + (grant * (price or 0.0) if math.isfinite(grant) else 0.0))
+        ledger.set_hold(reservation_id, hold, billed_usd + (grant * (price or 0.0) if math.isfinite(grant) else 0.0))
     return LegGrant(grant, float(billed), left)
 
 
@@ -235,12 +281,26 @@ def summary(cfg: Config, ledger: Ledger, gpus: GpuSpec | None, nodes: int = 1) -
     for rung in RUNGS[1:]:
         spec = gpus if rung.needs_gpu else None
         proj = project(cfg, ledger, rung, spec, nodes if rung.needs_gpu else 1)
-        next_rungs.append({"rung": rung.name, "gpu_hours": round(proj.rung_gpu_hours, 4),
-                           "usd": None if price is None else round(proj.rung_gpu_hours * price, 4),
-                           "fits": remaining is None or proj.rung_gpu_hours <= remaining + 1e-9,
-                           "arithmetic": proj.describe()})
-    return {"period": cfg.quota.period, "period_from": since.isoformat() if since else None,
-            "quota_gpu_hours": quota, "used_gpu_hours": round(used, 4), "reserved_gpu_hours": round(held, 4),
-            "remaining_gpu_hours": None if remaining is None else round(remaining, 4),
-            "budget_usd": cfg.quota.budget_usd, "used_usd": round(used_usd, 4), "reserved_usd": round(held_usd, 4),
-            "by_rung": by_rung, "next": next_rungs, "reconciled_now": reconciled}
+        next_rungs.append(
+            {
+                "rung": rung.name,
+                "gpu_hours": round(proj.rung_gpu_hours, 4),
+                "usd": None if price is None else round(proj.rung_gpu_hours * price, 4),
+                "fits": remaining is None or proj.rung_gpu_hours <= remaining + 1e-9,
+                "arithmetic": proj.describe(),
+            }
+        )
+    return {
+        "period": cfg.quota.period,
+        "period_from": since.isoformat() if since else None,
+        "quota_gpu_hours": quota,
+        "used_gpu_hours": round(used, 4),
+        "reserved_gpu_hours": round(held, 4),
+        "remaining_gpu_hours": None if remaining is None else round(remaining, 4),
+        "budget_usd": cfg.quota.budget_usd,
+        "used_usd": round(used_usd, 4),
+        "reserved_usd": round(held_usd, 4),
+        "by_rung": by_rung,
+        "next": next_rungs,
+        "reconciled_now": reconciled,
+    }

@@ -15,19 +15,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config.schema import Config
-from launcher.errors import BadInput
 from launcher.checks.evidence import LegEvents
-from launcher.ledger.db import Ledger
+from launcher.checks.measure import describe_breakdown, step_breakdown
+from launcher.config.schema import Config
 from launcher.efficiency import describe as describe_efficiency
 from launcher.efficiency import describe_idle, efficiency, idle_breakdown
-from launcher.checks.measure import describe_breakdown, step_breakdown
+from launcher.errors import BadInput
+from launcher.ledger.db import Ledger
 from launcher.ops.reconcile import end_dead_runs, pid_alive
 from launcher.storekey import project_key
 from runtime import contract
 
-WARNING = re.compile(r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
-                     r"nan\b|inf\b|killed|timed? ?out", re.IGNORECASE)
+WARNING = re.compile(
+    r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
+    r"nan\b|inf\b|killed|timed? ?out",
+    re.IGNORECASE,
+)
 
 
 def pick_run(ledger: Ledger, run_id: str | None) -> dict[str, Any]:
@@ -74,14 +77,23 @@ def checkpoints(run: dict[str, Any], legs: list[LegEvents], step: int | None, ke
         if c is None:
             return None
         t = pushed_at.get(c.step)
-        return {"name": c.name, "step": c.step, "state": "verified" if c.verified else "pushed, not verified",
-                "bytes": c.manifest.total_bytes, "age_steps": None if step is None else step - c.step,
-                "age_minutes": None if t is None else round((time.time() - t) / 60.0, 1)}
+        return {
+            "name": c.name,
+            "step": c.step,
+            "state": "verified" if c.verified else "pushed, not verified",
+            "bytes": c.manifest.total_bytes,
+            "age_steps": None if step is None else step - c.step,
+            "age_minutes": None if t is None else round((time.time() - t) / 60.0, 1),
+        }
 
     newest = max(listed, key=lambda c: c.step, default=None)
     verified = max((c for c in listed if c.verified), key=lambda c: c.step, default=None)
-    return {"count": len(listed), "newest": describe(newest), "newest_verified": describe(verified),
-            "damaged": [{"name": d.name, "step": d.step, "reason": d.reason} for d in scan.damaged]}
+    return {
+        "count": len(listed),
+        "newest": describe(newest),
+        "newest_verified": describe(verified),
+        "damaged": [{"name": d.name, "step": d.step, "reason": d.reason} for d in scan.damaged],
+    }
 
 
 def _read_run(cfg: Config, run_id: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
@@ -105,10 +117,15 @@ def _read_run(cfg: Config, run_id: str | None) -> tuple[dict[str, Any], list[dic
 def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     run, stops, left = _read_run(cfg, run_id)
     legs = [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in run["legs"]]
-    out: dict[str, Any] = {"run": run["id"], "rung": run["rung"], "backend": run["backend"],
-                           "gpus": f"{run['gpu_name']}:{run['gpu_count']}" if run["gpu_count"] else "CPU",
-                           "state": "running" if run["ended_at"] is None else f"ended: {run['verdict']}",
-                           "legs": len(run["legs"]), "stops": stops}
+    out: dict[str, Any] = {
+        "run": run["id"],
+        "rung": run["rung"],
+        "backend": run["backend"],
+        "gpus": f"{run['gpu_name']}:{run['gpu_count']}" if run["gpu_count"] else "CPU",
+        "state": "running" if run["ended_at"] is None else f"ended: {run['verdict']}",
+        "legs": len(run["legs"]),
+        "stops": stops,
+    }
     if run.get("preflight"):
         out["preflight"] = run["preflight"]
     if not run["legs"]:
@@ -121,13 +138,22 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     out["leg"] = _leg_state(row, ev)
     if ev.items:
         n, e = ev.items[-1]
-        out["last_event"] = {"event": e["event"], "line": n, "step": e.get("step"),
-                             "age_s": round(time.time() - e["t"], 1) if "t" in e else None}
+        out["last_event"] = {
+            "event": e["event"],
+            "line": n,
+            "step": e.get("step"),
+            "age_s": round(time.time() - e["t"], 1) if "t" in e else None,
+        }
     rate = ev.last("rate")
     if rate:
         r = rate[1]
-        out["rate"] = {"tok_s": r["tok_s"], "rel_err": r.get("rel_err"), "window": [r["window_first"], r["window_last"]],
-                       "eta_s": r.get("eta_s"), "eta_to_step": r.get("total_steps")}
+        out["rate"] = {
+            "tok_s": r["tok_s"],
+            "rel_err": r.get("rel_err"),
+            "window": [r["window_first"], r["window_last"]],
+            "eta_s": r.get("eta_s"),
+            "eta_to_step": r.get("total_steps"),
+        }
     out["checkpoints"] = checkpoints(run, legs, out["leg"]["step"], project_key(cfg.state_path, create=False))
     out.update(_measures(run, ev))
     out["warnings"] = warnings_in(Path(row["log_path"]))
@@ -140,18 +166,29 @@ def _leg_state(row: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
     start = ev.first("start")
     last_step = ev.last("step")
     leg_running = row["ended_at"] is None
-    return {"leg": row["leg"], "instance": row["instance"], "log": row["log_path"],
-            "state": "running" if leg_running else f"ended: exit {row['exit_code']}"
-            + (f" ({row['end_reason']})" if row["end_reason"] else ""),
-            "process_alive": pid_alive(row["pid"]) if leg_running and row["backend"] == "local" and row.get("pid")
-            else None,
-            "step": int(last_step[1]["step"]) if last_step else None,
-            "leg_max_steps": int(row["env"].get(contract.MAX_STEPS, 0)) or None,
-            "total_steps": start[1].get("total_steps") if start else None,
-            "device": start[1].get("device") if start else None,
-            "nodes": [{**node, "step": _node_step(ev, node["node"]),
-                       "alive": pid_alive(node["pid"]) if leg_running and node.get("pid") else None}
-                      for node in row.get("nodes") or []]}
+    return {
+        "leg": row["leg"],
+        "instance": row["instance"],
+        "log": row["log_path"],
+        "state": "running"
+        if leg_running
+        else f"ended: exit {row['exit_code']}" + (f" ({row['end_reason']})" if row["end_reason"] else ""),
+        "process_alive": pid_alive(row["pid"])
+        if leg_running and row["backend"] == "local" and row.get("pid")
+        else None,
+        "step": int(last_step[1]["step"]) if last_step else None,
+        "leg_max_steps": int(row["env"].get(contract.MAX_STEPS, 0)) or None,
+        "total_steps": start[1].get("total_steps") if start else None,
+        "device": start[1].get("device") if start else None,
+        "nodes": [
+            {
+                **node,
+                "step": _node_step(ev, node["node"]),
+                "alive": pid_alive(node["pid"]) if leg_running and node.get("pid") else None,
+            }
+            for node in row.get("nodes") or []
+        ],
+    }
 
 
 def _node_step(ev: LegEvents, node: int) -> int | None:
@@ -171,14 +208,26 @@ def _measures(run: dict[str, Any], ev: LegEvents) -> dict[str, Any]:
         out["health"] = {k: v for k, v in h.items() if k not in ("event", "rank", "t")}
     breakdown = step_breakdown(ev)
     if breakdown:
-        out["breakdown"] = {"summary": describe_breakdown(breakdown), "largest": breakdown["largest"],
-                            "shares": breakdown["shares"], "per_step_s": breakdown["per_step_s"]}
+        out["breakdown"] = {
+            "summary": describe_breakdown(breakdown),
+            "largest": breakdown["largest"],
+            "shares": breakdown["shares"],
+            "per_step_s": breakdown["per_step_s"],
+        }
     on_gpu = bool(run.get("gpu_name")) and int(run.get("gpu_count") or 0) > 0
-    eff = efficiency(ev, run.get("gpu_name") if on_gpu else None,
-                     int(run.get("gpu_count") or 0) * int(run.get("nodes") or 1) if on_gpu else 0)
+    eff = efficiency(
+        ev,
+        run.get("gpu_name") if on_gpu else None,
+        int(run.get("gpu_count") or 0) * int(run.get("nodes") or 1) if on_gpu else 0,
+    )
     if eff:
-        out["efficiency"] = {"summary": describe_efficiency(eff), "mfu": eff.get("mfu"), "mfu_note": eff.get("mfu_note"),
-                             "flop_s": eff.get("flop_s"), "flops_per_token": eff["flops_per_token"]}
+        out["efficiency"] = {
+            "summary": describe_efficiency(eff),
+            "mfu": eff.get("mfu"),
+            "mfu_note": eff.get("mfu_note"),
+            "flop_s": eff.get("flop_s"),
+            "flops_per_token": eff["flops_per_token"],
+        }
     idle = idle_breakdown(ev)
     if idle:
         out["gpu_idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.backends import backend_class
+from launcher.checks.evidence import LegEvents
 from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.checks.evidence import LegEvents
 from launcher.ledger.db import Ledger
 from launcher.storekey import project_key
 from runtime.store.seal import KEY_ENV
@@ -55,8 +55,13 @@ def loadcheck(store_uri: str, run_id: str, name: str, key: bytes | None, python:
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     if key is not None:
         env[KEY_ENV] = key.hex()
-    proc = subprocess.run([python or sys.executable, "-m", "runtime.loadcheck", store_uri, f"runs/{run_id}", name],
-                          capture_output=True, text=True, timeout=1800, env=env)
+    proc = subprocess.run(
+        [python or sys.executable, "-m", "runtime.loadcheck", store_uri, f"runs/{run_id}", name],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -104,16 +109,25 @@ def _stoppable(ledger: Ledger, run_id: str) -> tuple[dict[str, Any], dict[str, A
         raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
     run = found[0]
     if run["ended_at"] is not None:
-        raise BadInput(f"run {run_id} is not running: it ended ({run['verdict']})",
-                       hint=f"`launcher status {run_id}` shows where it stopped")
+        raise BadInput(
+            f"run {run_id} is not running: it ended ({run['verdict']})",
+            hint=f"`launcher status {run_id}` shows where it stopped",
+        )
     live = [leg for leg in run["legs"] if leg["ended_at"] is None]
     leg = live[-1] if live else None
     backend_class(run["backend"]).check_signal(run, leg)
     return run, leg
 
 
-def _confirm(cfg: Config, ledger: Ledger, run: dict[str, Any], leg: dict[str, Any], stop_id: int,
-             graceful: bool, timeout_s: float) -> dict[str, Any]:
+def _confirm(
+    cfg: Config,
+    ledger: Ledger,
+    run: dict[str, Any],
+    leg: dict[str, Any],
+    stop_id: int,
+    graceful: bool,
+    timeout_s: float,
+) -> dict[str, Any]:
     """After the leg ended: its final events, the newest verified checkpoint and whether it
     loads; the outcome, recorded against the stop request and returned."""
     from runtime.cycle import newest_verified
@@ -125,22 +139,48 @@ def _confirm(cfg: Config, ledger: Ledger, run: dict[str, Any], leg: dict[str, An
     final_step = int(done[1]["step"]) if done else (int(stop_ev[1]["step"]) if stop_ev else None)
     key = project_key(cfg.state_path, create=False)
     newest = newest_verified(open_store(run["store_uri"], f"runs/{run_id}", key=key))
-    load = loadcheck(run["store_uri"], run_id, newest.name, key) if newest else \
-        {"ok": False, "error": "nothing verified"}
-    clean = (graceful and stop_ev is not None and stop_ev[1].get("reason") == "sigterm" and done is not None
-             and bool(done[1].get("final_checkpoint_verified")) and newest is not None
-             and newest.step == final_step and load.get("ok"))
-    outcome = ("graceful" if clean else "graceful, but not clean" if graceful
-               else f"killed after {timeout_s:g} s timeout")
+    load = (
+        loadcheck(run["store_uri"], run_id, newest.name, key) if newest else {"ok": False, "error": "nothing verified"}
+    )
+    clean = (
+        graceful
+        and stop_ev is not None
+        and stop_ev[1].get("reason") == "sigterm"
+        and done is not None
+        and bool(done[1].get("final_checkpoint_verified"))
+        and newest is not None
+        and newest.step == final_step
+        and load.get("ok")
+    )
+    outcome = (
+        "graceful" if clean else "graceful, but not clean" if graceful else f"killed after {timeout_s:g} s timeout"
+    )
     if clean:
         detail = f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
     elif newest is not None:
-        detail = (f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
-                  f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else ""))
+        detail = (
+            f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
+            f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else "")
+        )
     else:
         detail = "no verified checkpoint in the store: a resume starts from scratch"
-    ledger.end_stop(stop_id, outcome=outcome, final_step=final_step, checkpoint=newest.name if newest else None,
-                    verified=int(newest is not None), loadable=int(bool(load.get("ok"))), detail=detail)
-    return {"run": run_id, "leg": leg["leg"], "outcome": outcome, "clean": bool(clean), "final_step": final_step,
-            "checkpoint": newest.name if newest else None, "checkpoint_step": newest.step if newest else None,
-            "loadable": load, "detail": detail}
+    ledger.end_stop(
+        stop_id,
+        outcome=outcome,
+        final_step=final_step,
+        checkpoint=newest.name if newest else None,
+        verified=int(newest is not None),
+        loadable=int(bool(load.get("ok"))),
+        detail=detail,
+    )
+    return {
+        "run": run_id,
+        "leg": leg["leg"],
+        "outcome": outcome,
+        "clean": bool(clean),
+        "final_step": final_step,
+        "checkpoint": newest.name if newest else None,
+        "checkpoint_step": newest.step if newest else None,
+        "loadable": load,
+        "detail": detail,
+    }

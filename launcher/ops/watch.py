@@ -29,8 +29,12 @@ def rate_now(legs: list[LegEvents]) -> dict[str, float] | None:
         if len(steps) >= 3:
             span = (steps[-1]["t"] - steps[0]["t"]) / (int(steps[-1]["step"]) - int(steps[0]["step"]) or 1)
             tok = [float(e["tok_s"]) for e in steps[1:] if e.get("tok_s")]
-            return {"step_s": span, "tok_s": statistics.median(tok) if tok else 0.0,
-                    "window": [int(steps[0]["step"]), int(steps[-1]["step"])], "leg": ev.leg}
+            return {
+                "step_s": span,
+                "tok_s": statistics.median(tok) if tok else 0.0,
+                "window": [int(steps[0]["step"]), int(steps[-1]["step"])],
+                "leg": ev.leg,
+            }
     return None
 
 
@@ -54,8 +58,9 @@ def spent(run: dict[str, Any], now: float) -> tuple[float, float | None]:
     return hours, (usd if priced else None)
 
 
-def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | None,
-          price: float | None = None) -> dict[str, Any]:
+def watch(
+    run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | None, price: float | None = None
+) -> dict[str, Any]:
     """Progress, restarts, the rate now vs the plan's, ETA, spend vs plan, projection vs quota."""
     now = time.time()
     env = run["legs"][0]["env"] if run["legs"] else {}
@@ -64,11 +69,16 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
     step = max(done_steps, default=0)
     gpus = int(run["gpu_count"] or 0) * int(run["nodes"] or 1)
     plan = (run.get("preflight") or {}).get("plan") or {}
-    out: dict[str, Any] = {"steps": steps, "step": step,
-                           "percent": round(100.0 * step / steps, 1) if steps else None,
-                           "legs": len(run["legs"]), "restarts": max(0, len(run["legs"]) - 1),
-                           "leg_ends": [leg["end_reason"] for leg in run["legs"] if leg["ended_at"] is not None],
-                           "preflight": run.get("preflight"), "warnings": []}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "step": step,
+        "percent": round(100.0 * step / steps, 1) if steps else None,
+        "legs": len(run["legs"]),
+        "restarts": max(0, len(run["legs"]) - 1),
+        "leg_ends": [leg["end_reason"] for leg in run["legs"] if leg["ended_at"] is not None],
+        "preflight": run.get("preflight"),
+        "warnings": [],
+    }
     rate = rate_now(legs)
     hours, usd = spent(run, now)
     if usd is None and price is not None:
@@ -81,8 +91,10 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
             ratio = rate["tok_s"] / float(plan["tok_s"])
             out["rate"]["vs_plan"] = round(ratio, 3)
             if ratio < 1.0 - SLOW_FRACTION:
-                out["warnings"].append(f"rate {rate['tok_s']:,.0f} tok/s is {100 * (1 - ratio):.0f} % under the "
-                                       f"probe's {float(plan['tok_s']):,.0f} tok/s")
+                out["warnings"].append(
+                    f"rate {rate['tok_s']:,.0f} tok/s is {100 * (1 - ratio):.0f} % under the "
+                    f"probe's {float(plan['tok_s']):,.0f} tok/s"
+                )
         if steps and run["ended_at"] is None:
             eta_s = max(0, steps - step) * rate["step_s"]
             out["eta_s"] = round(eta_s, 1)
@@ -91,12 +103,15 @@ def watch(run: dict[str, Any], legs: list[LegEvents], quota_for_run: float | Non
             if quota_for_run is not None and gpus:
                 out["quota_gpu_hours_for_run"] = round(quota_for_run, 4)
                 if projected > quota_for_run + 1e-9:
-                    out["warnings"].append(f"projected {projected:,.2f} GPU-h crosses what the quota leaves this run "
-                                           f"({quota_for_run:,.2f} GPU-h): it will stop at the quota with a final "
-                                           "checkpoint")
+                    out["warnings"].append(
+                        f"projected {projected:,.2f} GPU-h crosses what the quota leaves this run "
+                        f"({quota_for_run:,.2f} GPU-h): it will stop at the quota with a final "
+                        "checkpoint"
+                    )
     if plan.get("gpu_hours") and hours > float(plan["gpu_hours"]) * (1 + SLOW_FRACTION):
-        out["warnings"].append(f"spent {hours:,.2f} GPU-h, over the report's estimate of "
-                               f"{float(plan['gpu_hours']):,.2f} for the whole run")
+        out["warnings"].append(
+            f"spent {hours:,.2f} GPU-h, over the report's estimate of {float(plan['gpu_hours']):,.2f} for the whole run"
+        )
     return out
 
 

@@ -21,5 +21,17 @@ from launcher.report.folder import SIGNATURE, build, check, sign
 from launcher.report.proofs import PROOFS, TITLES, derive
 from launcher.report.runs import FAIL, MISSING, PASS, Evidence, load_run
 
-__all__ = ["FAIL", "MISSING", "PASS", "PROOFS", "SIGNATURE", "TITLES", "Evidence", "build", "check", "derive",
-           "load_run", "sign"]
+__all__ = [
+    "FAIL",
+    "MISSING",
+    "PASS",
+    "PROOFS",
+    "SIGNATURE",
+    "TITLES",
+    "Evidence",
+    "build",
+    "check",
+    "derive",
+    "load_run",
+    "sign",
+]

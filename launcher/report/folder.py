@@ -58,12 +58,14 @@ def build(cfg: Config, run_ids: list[str], out_dir: Path | None) -> tuple[Path, 
         ledger.close()
 
 
-def _report_json(cfg: Config, rows: list[dict[str, Any]], runs: list[RunData], proofs: dict[int, Proof],
-                 numbers: dict[str, Any]) -> dict[str, Any]:
+def _report_json(
+    cfg: Config, rows: list[dict[str, Any]], runs: list[RunData], proofs: dict[int, Proof], numbers: dict[str, Any]
+) -> dict[str, Any]:
     """preflight.json: what ran, the proofs, the damaged log lines, the plan."""
     images = {r.id: r.row.get("image") for r in runs if r.row.get("image")}
     return {
-        "project": cfg.project, "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "project": cfg.project,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "launcher_version": __version__,
         "runs": [_run_json(r) for r in runs],
         "reviewed_files": rows[0]["files"],
@@ -76,15 +78,32 @@ def _report_json(cfg: Config, rows: list[dict[str, Any]], runs: list[RunData], p
 
 
 def _run_json(r: RunData) -> dict[str, Any]:
-    return {"id": r.id, "rung": r.rung, "backend": r.row["backend"], "gpus": r.gpus, "on_gpu": r.on_gpu,
-            "verdict": r.row["verdict"], "exit_code": r.row["exit_code"],
-            "billed_gpu_hours": r.row["billed_gpu_hours"], "cost_usd": r.row["cost_usd"],
-            "image": r.row.get("image"), "files_digest": r.row["files_digest"],
-            "config_sha256": r.row["config_sha256"],
-            "legs": [{"leg": leg["leg"], "instance": leg["instance"], "exit_code": leg["exit_code"],
-                      "killed": leg["killed"], "end_reason": leg["end_reason"],
-                      "task_sha256": leg.get("task_sha256"),
-                      "log": f"evidence/{r.id}/leg-{leg['leg']}.log"} for leg in r.row["legs"]]}
+    return {
+        "id": r.id,
+        "rung": r.rung,
+        "backend": r.row["backend"],
+        "gpus": r.gpus,
+        "on_gpu": r.on_gpu,
+        "verdict": r.row["verdict"],
+        "exit_code": r.row["exit_code"],
+        "billed_gpu_hours": r.row["billed_gpu_hours"],
+        "cost_usd": r.row["cost_usd"],
+        "image": r.row.get("image"),
+        "files_digest": r.row["files_digest"],
+        "config_sha256": r.row["config_sha256"],
+        "legs": [
+            {
+                "leg": leg["leg"],
+                "instance": leg["instance"],
+                "exit_code": leg["exit_code"],
+                "killed": leg["killed"],
+                "end_reason": leg["end_reason"],
+                "task_sha256": leg.get("task_sha256"),
+                "log": f"evidence/{r.id}/leg-{leg['leg']}.log",
+            }
+            for leg in r.row["legs"]
+        ],
+    }
 
 
 def _default_dir(cfg: Config) -> Path:
@@ -103,8 +122,9 @@ def check_out_dir(out: Path) -> None:
         raise BadInput(f"--out {out}: exists and is not empty (a report folder is written once)")
 
 
-def _write(report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path,
-           again: Callable[[], Path] | None = None) -> Path:
+def _write(
+    report: dict[str, Any], runs: list[RunData], cite: Evidence, out: Path, again: Callable[[], Path] | None = None
+) -> Path:
     """`again`: the default folder's namer, asked for another name if a report running beside
     this one took `out` first (else --out's folder, checked empty, is replaced)."""
     check_out_dir(out)
@@ -148,9 +168,13 @@ def _place(tmp: Path, out: Path, again: Callable[[], Path] | None) -> Path:
 
 # --- signature ----------------------------------------------------------------------
 
+
 def _hash_tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != SIGNATURE}
+    return {
+        str(p.relative_to(folder)): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != SIGNATURE
+    }
 
 
 def _digest(files: dict[str, str]) -> str:
@@ -161,10 +185,19 @@ def sign(folder: Path) -> str:
     """Write signature.json: every file's sha256 and one digest over them all; returns the digest."""
     files = _hash_tree(folder)
     digest = _digest(files)
-    (folder / SIGNATURE).write_text(json.dumps(
-        {"algorithm": "sha256", "digest": digest, "files": files,
-         "how": "digest = sha256 of the lines '<sha256>  <path>\\n' of every file but this one, sorted by path"},
-        indent=1, sort_keys=True) + "\n")
+    (folder / SIGNATURE).write_text(
+        json.dumps(
+            {
+                "algorithm": "sha256",
+                "digest": digest,
+                "files": files,
+                "how": "digest = sha256 of the lines '<sha256>  <path>\\n' of every file but this one, sorted by path",
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return digest
 
 
@@ -179,8 +212,11 @@ def check(folder: Path) -> list[str]:
         digest = sig["digest"]
     except (ValueError, KeyError, TypeError) as err:
         return [f"{SIGNATURE} is unreadable ({err.__class__.__name__}): edited"]
-    if not (isinstance(signed, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in signed.items())
-            and isinstance(digest, str)):
+    if not (
+        isinstance(signed, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in signed.items())
+        and isinstance(digest, str)
+    ):
         return [f"{SIGNATURE} is malformed (files must map paths to sha256 strings, digest must be a string): edited"]
     now = _hash_tree(folder)
     problems = [f"edited: {rel}" for rel in sorted(signed) if rel in now and now[rel] != signed[rel]]

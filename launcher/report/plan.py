@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.config.schema import Config, GpuSpec
 from launcher.checks.evidence import LegEvents
+from launcher.checks.measure import (
+    check_cadence,
+    check_memory,
+    cycle_cost,
+    describe_breakdown,
+    memory_trend,
+    step_breakdown,
+    sustained,
+)
+from launcher.config.schema import Config, GpuSpec
 from launcher.ledger.db import Ledger
-from launcher.checks.measure import (check_cadence, check_memory, cycle_cost, describe_breakdown, memory_trend,
-                              step_breakdown, sustained)
 from launcher.report.notice import notice_plan, preempt_drills
 from launcher.report.runs import Evidence, Proof, RunData, rate_leg
 
@@ -32,8 +39,19 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
         gpus = GpuSpec(run.row["gpu_name"], int(run.row["gpu_count"]))
         out.update(_run_cost(cfg, run, gpus, p5))
     spend = summary(cfg, ledger, gpus)
-    out["quota"] = {k: spend[k] for k in ("period", "period_from", "quota_gpu_hours", "used_gpu_hours",
-                                          "reserved_gpu_hours", "remaining_gpu_hours", "budget_usd", "used_usd")}
+    out["quota"] = {
+        k: spend[k]
+        for k in (
+            "period",
+            "period_from",
+            "quota_gpu_hours",
+            "used_gpu_hours",
+            "reserved_gpu_hours",
+            "remaining_gpu_hours",
+            "budget_usd",
+            "used_usd",
+        )
+    }
     if "gpu_hours" in out:
         remaining = spend["remaining_gpu_hours"]
         out["fits"] = remaining is None or out["gpu_hours"] <= remaining
@@ -59,11 +77,18 @@ def _run_cost(cfg: Config, run: RunData, gpus: GpuSpec, p5: Proof) -> dict[str, 
     hours = p5.numbers["eta_s"] / 3600.0
     gpu_hours = hours * gpu_n
     price = cfg.prices.get(gpus.name)
-    return {"rate_source": "target", "rate_status": p5.status, "tok_s": p5.numbers["tok_s"], "eta_hours": hours,
-            "gpus": run.gpus, "gpu_hours": gpu_hours, "usd": None if price is None else gpu_hours * price,
-            "price_per_gpu_hour": price,
-            "run_leg_budget_hours": cfg.rungs.run.budget_minutes / 60.0,
-            "legs_needed": max(1, -int(-hours // (cfg.rungs.run.budget_minutes / 60.0)))}
+    return {
+        "rate_source": "target",
+        "rate_status": p5.status,
+        "tok_s": p5.numbers["tok_s"],
+        "eta_hours": hours,
+        "gpus": run.gpus,
+        "gpu_hours": gpu_hours,
+        "usd": None if price is None else gpu_hours * price,
+        "price_per_gpu_hour": price,
+        "run_leg_budget_hours": cfg.rungs.run.budget_minutes / 60.0,
+        "legs_needed": max(1, -int(-hours // (cfg.rungs.run.budget_minutes / 60.0))),
+    }
 
 
 def _leg_costs(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, cite: Evidence) -> dict[str, Any]:
@@ -73,27 +98,49 @@ def _leg_costs(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, cite:
     if m:
         check = check_memory(ev, cfg.rungs.run.steps)
         out["memory"] = {k: v for k, v in m.items() if k not in ("evidence", "series")}
-        out["memory"].update({"run": run.id, "leg": ev.leg, "on": run.gpus, "verdict": check.detail,
-                              "evidence": cite.cite(run, m["evidence"])})
+        out["memory"].update(
+            {
+                "run": run.id,
+                "leg": ev.leg,
+                "on": run.gpus,
+                "verdict": check.detail,
+                "evidence": cite.cite(run, m["evidence"]),
+            }
+        )
     b = step_breakdown(ev)
     if b:
-        out["breakdown"] = {"run": run.id, "leg": ev.leg, "on": run.gpus, "summary": describe_breakdown(b),
-                            "largest": b["largest"], "shares": b["shares"],
-                            "evidence": cite.cite(run, b["evidence"])}
+        out["breakdown"] = {
+            "run": run.id,
+            "leg": ev.leg,
+            "on": run.gpus,
+            "summary": describe_breakdown(b),
+            "largest": b["largest"],
+            "shares": b["shares"],
+            "evidence": cite.cite(run, b["evidence"]),
+        }
     c = cycle_cost(ev)
     if c:
         check = check_cadence(ev)
         out["checkpoint"] = {k: v for k, v in c.items() if k != "evidence"}
-        out["checkpoint"].update({"run": run.id, "leg": ev.leg, "on": run.gpus, "ok": check.ok,
-                                  "verdict": check.detail, "evidence": cite.cite(run, c["evidence"])})
+        out["checkpoint"].update(
+            {
+                "run": run.id,
+                "leg": ev.leg,
+                "on": run.gpus,
+                "ok": check.ok,
+                "verdict": check.detail,
+                "evidence": cite.cite(run, c["evidence"]),
+            }
+        )
     eff = efficiency_plan(cfg, run, ev, p5, cite, c)
     if eff:
         out["efficiency"] = eff
     return out
 
 
-def efficiency_plan(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, cite: Evidence,
-                    checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+def efficiency_plan(
+    cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, cite: Evidence, checkpoint: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """MFU, GPU idle and why, and the run's ETA/GPU-hours at the measured and a reachable MFU."""
     from launcher.efficiency import describe, describe_idle, efficiency, idle_breakdown, levers, what_if
 
@@ -101,10 +148,27 @@ def efficiency_plan(cfg: Config, run: RunData, ev: LegEvents, p5: Proof | None, 
     e = efficiency(ev, run.row["gpu_name"] if run.on_gpu else None, gpu_n)
     if e is None:
         return None
-    out: dict[str, Any] = {"run": run.id, "leg": ev.leg, "on": run.gpus, "summary": describe(e),
-                           **{k: e.get(k) for k in ("flops_per_token", "formula_flops_per_token", "flop_s", "mfu",
-                                                     "mfu_note", "dtype", "gpu", "peak_flop_s", "compiled")},
-                           "evidence": cite.cite(run, e["evidence"])}
+    out: dict[str, Any] = {
+        "run": run.id,
+        "leg": ev.leg,
+        "on": run.gpus,
+        "summary": describe(e),
+        **{
+            k: e.get(k)
+            for k in (
+                "flops_per_token",
+                "formula_flops_per_token",
+                "flop_s",
+                "mfu",
+                "mfu_note",
+                "dtype",
+                "gpu",
+                "peak_flop_s",
+                "compiled",
+            )
+        },
+        "evidence": cite.cite(run, e["evidence"]),
+    }
     idle = idle_breakdown(ev)
     if idle:
         out["idle"] = {"share": idle["idle"], "causes": idle["causes"], "summary": describe_idle(idle)}
@@ -126,12 +190,20 @@ def run_actuals(run: RunData) -> dict[str, Any]:
     gate = row.get("preflight") or {}
     plan = gate.get("plan") or {}
     hours = (row["ended_at"] - row["started_at"]) / 3600.0
-    out = {"run": run.id, "gpus": run.gpus, "verdict": row["verdict"], "legs": len(row["legs"]),
-           "restarts": max(0, len(row["legs"]) - 1), "last_step": max(steps, default=0),
-           "wall_hours": hours, "billed_gpu_hours": row["billed_gpu_hours"], "usd": row["cost_usd"],
-           "tok_s": rate["tok_s"] if rate else None,
-           "preflight": {"gate": gate.get("gate"), "reason": gate.get("reason"), "report": gate.get("report")},
-           "plan": {k: plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd")}}
+    out = {
+        "run": run.id,
+        "gpus": run.gpus,
+        "verdict": row["verdict"],
+        "legs": len(row["legs"]),
+        "restarts": max(0, len(row["legs"]) - 1),
+        "last_step": max(steps, default=0),
+        "wall_hours": hours,
+        "billed_gpu_hours": row["billed_gpu_hours"],
+        "usd": row["cost_usd"],
+        "tok_s": rate["tok_s"] if rate else None,
+        "preflight": {"gate": gate.get("gate"), "reason": gate.get("reason"), "report": gate.get("report")},
+        "plan": {k: plan.get(k) for k in ("tok_s", "eta_hours", "gpu_hours", "usd")},
+    }
     return out | goodput_actual(run)
 
 
@@ -142,13 +214,20 @@ def goodput_actual(run: RunData) -> dict[str, Any]:
     computed = sum(len({int(e["step"]) for _, e in ev.all("step")}) for ev in run.legs)
     kept = max((int(e["step"]) for ev in run.legs for _, e in ev.all("step")), default=0)
     training = sum(float(e.get("step_s") or 0.0) for ev in run.legs for _, e in ev.all("step"))
-    billed = sum(float(leg["ended_at"]) - float(leg["started_at"]) for leg in run.row["legs"]
-                 if leg.get("role") is None and all(isinstance(leg.get(k), (int, float))
-                                                     for k in ("started_at", "ended_at")))
+    billed = sum(
+        float(leg["ended_at"]) - float(leg["started_at"])
+        for leg in run.row["legs"]
+        if leg.get("role") is None and all(isinstance(leg.get(k), (int, float)) for k in ("started_at", "ended_at"))
+    )
     lost = []
     for before, after in zip(run.legs, run.legs[1:]):
         resume = after.first("resume")
         last = max((int(e["step"]) for _, e in before.all("step")), default=0)
         lost.append(max(0, last - (int(resume[1]["from_step"]) if resume else 0)))
-    return {"steps_computed": computed, "steps_kept": kept, "training_s": round(training, 3),
-            "billed_s": round(billed, 3), "lost_per_recovery": lost}
+    return {
+        "steps_computed": computed,
+        "steps_kept": kept,
+        "training_s": round(training, 3),
+        "billed_s": round(billed, 3),
+        "lost_per_recovery": lost,
+    }

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.checks.evidence import NO_EVENTS, Kind, LegEvents, Pointer, find, last_line, silent
+from launcher.checks.measure import sustained
 from launcher.config.schema import Config
 from launcher.errors import BadInput
-from launcher.checks.evidence import NO_EVENTS, Kind, LegEvents, Pointer, find, last_line, silent
 from launcher.ladder import resume_rungs, rung_order
 from launcher.ledger.db import Ledger
-from launcher.checks.measure import sustained
 
 PASS, FAIL, MISSING = "PASS", "FAIL", "MISSING"
 RUNG_ORDER = rung_order()
@@ -33,8 +33,14 @@ class Proof:
     evidence: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, title: str) -> dict[str, Any]:
-        return {"number": self.number, "title": title, "status": self.status,
-                "summary": self.summary, "numbers": self.numbers, "evidence": self.evidence}
+        return {
+            "number": self.number,
+            "title": title,
+            "status": self.status,
+            "summary": self.summary,
+            "numbers": self.numbers,
+            "evidence": self.evidence,
+        }
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Evidence:
 
 # --- choosing and loading runs -------------------------------------------------
 
+
 def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
     """The named runs, or: the newest run of each rung that ran the newest run's reviewed files."""
     if run_ids:
@@ -106,13 +113,13 @@ def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
         if row["files_digest"] == digest and row["ended_at"] is not None:
             preempt = bool(find(row.get("checks", []), Kind.PREEMPT_NOTICE))
             newest.setdefault((row["rung"], bool(row["gpu_count"]), preempt), row)
-    return [newest[(r, g, p)] for r in RUNG_ORDER for g in (True, False) for p in (False, True)
-            if (r, g, p) in newest]
+    return [newest[(r, g, p)] for r in RUNG_ORDER for g in (True, False) for p in (False, True) if (r, g, p) in newest]
 
 
 def load_run(row: dict[str, Any]) -> RunData:
     def read(role: str | None) -> list[LegEvents]:
         return [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in row["legs"] if leg.get("role") == role]
+
     return RunData(row, read(None), read("straight"))
 
 
@@ -147,6 +154,7 @@ def rate_leg(runs: list[RunData], gpu: bool) -> tuple[RunData, LegEvents, dict[s
 
 
 # --- resumes: the pairs proofs 1-4 rest on -----------------------------------
+
 
 @dataclass
 class Resume:
@@ -188,8 +196,9 @@ def resumes(run: RunData) -> list[Resume]:
         if i == 0 or resume is None:
             continue
         step = int(resume[1]["from_step"])
-        before = next((b for b in reversed(run.legs[:i]) if any(e["step"] == step for _, e in b.all("step"))),
-                      run.legs[i - 1])
+        before = next(
+            (b for b in reversed(run.legs[:i]) if any(e["step"] == step for _, e in b.all("step"))), run.legs[i - 1]
+        )
         verify = None
         for b in reversed(run.legs[:i]):
             found = [(n, e) for n, e in b.all("verify") if e.get("ok") and e.get("step") == step]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
-FONT = "font-family=\"DejaVu Sans, Arial, sans-serif\""
+FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
 DASHES = {"-": "", "--": "6,4", ":": "2,3"}
 CHAR_W = 0.6
 """A character's mean width, in units of the font size (for laying out titles and legends)."""
@@ -33,6 +33,7 @@ class Line:
 @dataclass
 class Panel:
     """One set of axes: what is drawn on it, in data units."""
+
     ylabel: str = ""
     lines: list[Line] = field(default_factory=list)
     spans: list[tuple[float, float, str, str | None]] = field(default_factory=list)
@@ -94,8 +95,15 @@ def _data_range(values: list[float], from_zero: bool, top: float | None) -> tupl
 class Chart:
     """Panels stacked one above the other, sharing the x axis; `render()` is the SVG text."""
 
-    def __init__(self, title: str, xlabel: str, panels: list[Panel], width: int = 1100,
-                 panel_height: int = 420, integer_x: bool = False) -> None:
+    def __init__(
+        self,
+        title: str,
+        xlabel: str,
+        panels: list[Panel],
+        width: int = 1100,
+        panel_height: int = 420,
+        integer_x: bool = False,
+    ) -> None:
         self.title, self.xlabel, self.panels = title, xlabel, panels
         self.width, self.panel_height, self.integer_x = width, panel_height, integer_x
         self.left, self.right, self.top_pad, self.gap, self.bottom = 90, 30, 22 + 18 * len(title.splitlines()), 40, 60
@@ -110,12 +118,16 @@ class Chart:
 
     def render(self) -> str:
         height = self.top_pad + len(self.panels) * self.panel_height + (len(self.panels) - 1) * self.gap + self.bottom
-        self.out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{height}" '
-                    f'viewBox="0 0 {self.width} {height}" {FONT} font-size="12">',
-                    f'<rect width="{self.width}" height="{height}" fill="white"/>']
+        self.out = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{height}" '
+            f'viewBox="0 0 {self.width} {height}" {FONT} font-size="12">',
+            f'<rect width="{self.width}" height="{height}" fill="white"/>',
+        ]
         for i, line in enumerate(self.title.splitlines()):
-            self.out.append(f'<text x="{self.width / 2:.0f}" y="{20 + 18 * i}" text-anchor="middle" '
-                            f'font-size="14">{escape(line)}</text>')
+            self.out.append(
+                f'<text x="{self.width / 2:.0f}" y="{20 + 18 * i}" text-anchor="middle" '
+                f'font-size="14">{escape(line)}</text>'
+            )
         xlo, xhi = self._x_range()
         for i, panel in enumerate(self.panels):
             top = self.top_pad + i * (self.panel_height + self.gap)
@@ -134,10 +146,13 @@ class Chart:
 
         def py(y: float) -> float:
             return y0 - (y - ylo) / (yhi - ylo) * (y0 - y1)
+
         self._axes(p, (x0, y0, x1, y1), xr, (ylo, yhi), px, py, last)
         for a, b, color, _ in p.spans:
-            self.out.append(f'<rect x="{px(a):.1f}" y="{y1}" width="{max(0.5, px(b) - px(a)):.1f}" '
-                            f'height="{y0 - y1}" fill="{color}" fill-opacity="0.12"/>')
+            self.out.append(
+                f'<rect x="{px(a):.1f}" y="{y1}" width="{max(0.5, px(b) - px(a)):.1f}" '
+                f'height="{y0 - y1}" fill="{color}" fill-opacity="0.12"/>'
+            )
         for ln in p.vlines:
             self.out.append(self._seg(px(ln.xs[0]), y0, px(ln.xs[0]), y1, ln))
         for ln in p.hlines:
@@ -145,52 +160,74 @@ class Chart:
         for ln in p.lines:
             self._series(ln, px, py)
         for x, text, color in p.notes:
-            self.out.append(f'<text transform="translate({px(x) - 4:.1f},{y1 + 6}) rotate(-90)" text-anchor="end" '
-                            f'font-size="10" fill="{color}">{escape(text)}</text>')  # reads upwards, left of the line
+            self.out.append(
+                f'<text transform="translate({px(x) - 4:.1f},{y1 + 6}) rotate(-90)" text-anchor="end" '
+                f'font-size="10" fill="{color}">{escape(text)}</text>'
+            )  # reads upwards, left of the line
         self._legend(p, (x0, y0, x1, y1))
 
-    def _axes(self, p: Panel, box: tuple[float, float, float, float], xr: tuple[float, float],
-              yr: tuple[float, float], px, py, last: bool) -> None:  # noqa: ANN001 - the panel's mappings
+    def _axes(
+        self,
+        p: Panel,
+        box: tuple[float, float, float, float],
+        xr: tuple[float, float],
+        yr: tuple[float, float],
+        px,
+        py,
+        last: bool,
+    ) -> None:  # noqa: ANN001 - the panel's mappings
         x0, y0, x1, y1 = box
         for t in nice_ticks(*yr):
             if yr[0] <= t <= yr[1]:
-                self.out.append(f'<line x1="{x0}" y1="{py(t):.1f}" x2="{x1}" y2="{py(t):.1f}" stroke="#000" '
-                                f'stroke-opacity="0.12"/>')
+                self.out.append(
+                    f'<line x1="{x0}" y1="{py(t):.1f}" x2="{x1}" y2="{py(t):.1f}" stroke="#000" stroke-opacity="0.12"/>'
+                )
                 self.out.append(f'<text x="{x0 - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
         xt = [t for t in nice_ticks(*xr) if xr[0] <= t <= xr[1] and (not self.integer_x or float(t).is_integer())]
         for t in xt:
-            self.out.append(f'<line x1="{px(t):.1f}" y1="{y0}" x2="{px(t):.1f}" y2="{y1}" stroke="#000" '
-                            f'stroke-opacity="0.12"/>')
+            self.out.append(
+                f'<line x1="{px(t):.1f}" y1="{y0}" x2="{px(t):.1f}" y2="{y1}" stroke="#000" stroke-opacity="0.12"/>'
+            )
             if last:
                 self.out.append(f'<text x="{px(t):.1f}" y="{y0 + 18}" text-anchor="middle">{_fmt(t)}</text>')
         self.out.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="none" stroke="#000"/>')
         cy = (y0 + y1) / 2
-        self.out.append(f'<text transform="translate({x0 - 62},{cy:.0f}) rotate(-90)" text-anchor="middle">'
-                        f'{escape(p.ylabel)}</text>')
+        self.out.append(
+            f'<text transform="translate({x0 - 62},{cy:.0f}) rotate(-90)" text-anchor="middle">'
+            f"{escape(p.ylabel)}</text>"
+        )
         if last:
-            self.out.append(f'<text x="{(x0 + x1) / 2:.0f}" y="{y0 + 42}" text-anchor="middle">'
-                            f'{escape(self.xlabel)}</text>')
+            self.out.append(
+                f'<text x="{(x0 + x1) / 2:.0f}" y="{y0 + 42}" text-anchor="middle">{escape(self.xlabel)}</text>'
+            )
 
     @staticmethod
     def _seg(xa: float, ya: float, xb: float, yb: float, ln: Line) -> str:
         dash = DASHES.get(ln.style, "")
-        return (f'<line x1="{xa:.1f}" y1="{ya:.1f}" x2="{xb:.1f}" y2="{yb:.1f}" stroke="{ln.color}" '
-                f'stroke-width="{ln.width}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+        return (
+            f'<line x1="{xa:.1f}" y1="{ya:.1f}" x2="{xb:.1f}" y2="{yb:.1f}" stroke="{ln.color}" '
+            f'stroke-width="{ln.width}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>"
+        )
 
     def _series(self, ln: Line, px, py) -> None:  # noqa: ANN001 - the panel's mappings
         pts = [(px(x), py(y)) for x, y in zip(ln.xs, ln.ys) if math.isfinite(x) and math.isfinite(y)]
         if not pts:
             return
         dash = DASHES.get(ln.style, "")
-        self.out.append(f'<polyline fill="none" stroke="{ln.color}" stroke-width="{ln.width}"'
-                        + (f' stroke-dasharray="{dash}"' if dash else "")
-                        + ' points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+        self.out.append(
+            f'<polyline fill="none" stroke="{ln.color}" stroke-width="{ln.width}"'
+            + (f' stroke-dasharray="{dash}"' if dash else "")
+            + ' points="'
+            + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            + '"/>'
+        )
         if ln.marker:
             self.out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{ln.color}"/>' for x, y in pts]
 
     def _legend(self, p: Panel, box: tuple[float, float, float, float]) -> None:
-        entries: list[tuple[str, str, str]] = [(ln.color, ln.style, ln.label) for ln in p.lines + p.hlines + p.vlines
-                                               if ln.label]
+        entries: list[tuple[str, str, str]] = [
+            (ln.color, ln.style, ln.label) for ln in p.lines + p.hlines + p.vlines if ln.label
+        ]
         entries += [(color, "span", label) for _, _, color, label in p.spans if label]
         if not entries:
             return
@@ -200,13 +237,17 @@ class Chart:
         h = 8 + 15 * n_lines
         lx = x1 - w - 8 if p.legend.endswith("right") else x0 + 8
         ly = y0 - h - 8 if p.legend.startswith("lower") else y1 + 8
-        self.out.append(f'<rect x="{lx:.1f}" y="{ly:.1f}" width="{w:.1f}" height="{h}" fill="white" '
-                        f'fill-opacity="0.85" stroke="#ccc"/>')
+        self.out.append(
+            f'<rect x="{lx:.1f}" y="{ly:.1f}" width="{w:.1f}" height="{h}" fill="white" '
+            f'fill-opacity="0.85" stroke="#ccc"/>'
+        )
         y = ly + 15
         for color, style, text in entries:
             if style == "span":
-                self.out.append(f'<rect x="{lx + 6:.1f}" y="{y - 9:.1f}" width="24" height="10" fill="{color}" '
-                                f'fill-opacity="0.25"/>')
+                self.out.append(
+                    f'<rect x="{lx + 6:.1f}" y="{y - 9:.1f}" width="24" height="10" fill="{color}" '
+                    f'fill-opacity="0.25"/>'
+                )
             else:
                 self.out.append(self._seg(lx + 6, y - 4, lx + 30, y - 4, Line([], [], color, style=style, width=1.5)))
             for line in text.splitlines():

@@ -37,14 +37,15 @@ from typing import Any, Callable
 
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
-from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.checks.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.checks.leg import check_leg_exit
-from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
+from launcher.checks.readback import StateReader, check_leg_store, read_checkpoint
 from launcher.checks.state import tracked_kinds
+from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
 from runtime.cycle import newest_verified
 from runtime.events import parse_line
 from runtime.store.seal import KEY_ENV
+
 
 @dataclass
 class Kill:
@@ -63,8 +64,12 @@ class Kill:
     from the newest verified one on (newer ones never verified), by step (`read_states`)."""
 
 
-def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  # noqa: ANN001
-                           when: str = "the kill") -> Check:
+def check_store_after_kill(
+    store,
+    outs: list[LegOutcome],
+    newest: int | None,  # noqa: ANN001
+    when: str = "the kill",
+) -> Check:
     """The resume point must not come only from the store as found: every checkpoint the
     legs' logs call verified may be pruned, never lost, so the newest one the store holds
     is at least the newest the logs verified; and the launcher reads it back itself."""
@@ -73,19 +78,34 @@ def check_store_after_kill(store, outs: list[LegOutcome], newest: int | None,  #
     newest_claimed = max(claimed) if claimed else None
     name = f"leg {leg}: the store after {when} holds the newest verified checkpoint"
     if newest_claimed is not None and (newest is None or newest < newest_claimed):
-        return Check(name, False, f"the logs say step {newest_claimed} was verified, but the newest verified "
-                     f"checkpoint in the store after {when} is {newest}: the store lost checkpoints",
-                     kind=Kind.STORE_AFTER_KILL, leg=leg)
+        return Check(
+            name,
+            False,
+            f"the logs say step {newest_claimed} was verified, but the newest verified "
+            f"checkpoint in the store after {when} is {newest}: the store lost checkpoints",
+            kind=Kind.STORE_AFTER_KILL,
+            leg=leg,
+        )
     if newest is None:
-        return Check(name, True, "nothing verified yet, in the logs or the store: a fresh start is right",
-                     kind=Kind.STORE_AFTER_KILL, leg=leg)
+        return Check(
+            name,
+            True,
+            "nothing verified yet, in the logs or the store: a fresh start is right",
+            kind=Kind.STORE_AFTER_KILL,
+            leg=leg,
+        )
     ok, detail, _ = read_checkpoint(store, newest)
-    return Check(name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})",
-                 kind=Kind.STORE_AFTER_KILL, leg=leg)
+    return Check(
+        name, ok, f"{detail} (newest verified in the logs: step {newest_claimed})", kind=Kind.STORE_AFTER_KILL, leg=leg
+    )
 
 
-def read_states(reader: StateReader, store, outs: list[LegOutcome], newest: int | None  # noqa: ANN001
-                ) -> dict[int, dict[str, Any]]:
+def read_states(
+    reader: StateReader,
+    store,
+    outs: list[LegOutcome],
+    newest: int | None,  # noqa: ANN001
+) -> dict[int, dict[str, Any]]:
     """The state the next leg must train from, as the launcher reads it: the store's newest
     verified checkpoint, and each newer one that never verified (to name it if a leg trains
     from one), digested by `runtime.loadcheck` (StateReader)."""
@@ -94,8 +114,9 @@ def read_states(reader: StateReader, store, outs: list[LegOutcome], newest: int 
     return {c.step: reader.read(c.name, kinds) for c in found}
 
 
-def climb(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
-          kills_at: list[int] | None = None) -> list[Check]:
+def climb(
+    ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0, kills_at: list[int] | None = None
+) -> list[Check]:
     """Kill and relaunch `kills` times (with `kills_at`, one kill at each of its steps: the
     caller passes their count), then let the last leg finish; return the checks. On a CPU the
     straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
@@ -107,8 +128,9 @@ def climb(ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0,
         reader.close()
 
 
-def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kills_at: list[int] | None,
-           reader: StateReader) -> list[Check]:
+def _drill(
+    ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kills_at: list[int] | None, reader: StateReader
+) -> list[Check]:
     rng = random.Random(seed)
     store = ctx.open_store()
     outs: list[LegOutcome] = []
@@ -142,8 +164,16 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
             record.append(Kill(leg, chosen, seen[0] if seen else "", None))
             return f"drill kill {chosen} at {_brief(seen[0]) if seen else '?'}"
 
-        outs.append(run_leg(ctx, leg, steps, kill_when=kill_when, at_kill=at_kill,
-                            lose_node=ctx.nodes - 1 if chosen == NODE_LOST else None))
+        outs.append(
+            run_leg(
+                ctx,
+                leg,
+                steps,
+                kill_when=kill_when,
+                at_kill=at_kill,
+                lose_node=ctx.nodes - 1 if chosen == NODE_LOST else None,
+            )
+        )
         if record and record[-1].leg == leg:
             # Read after the kill: the instance is gone, so this is the store the next leg will find
             # (a backend that cannot freeze a leg may have let it verify once more before dying).
@@ -154,45 +184,79 @@ def _drill(ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kill
         if not record or record[-1].leg != leg:  # the leg ended before the moment came
             if silent(outs[-1].events):
                 return [check_leg_exit(o) for o in outs]  # the leg said nothing: that is the answer
-            return [check_leg_exit(o) for o in outs] + [Check(
-                f"leg {leg}: reached the kill moment {chosen}", False,
-                f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
-                "steps or lower the checkpoint cadence", kind=Kind.KILL_MOMENT, leg=leg)]
+            return [check_leg_exit(o) for o in outs] + [
+                Check(
+                    f"leg {leg}: reached the kill moment {chosen}",
+                    False,
+                    f"leg {leg} exited {outs[-1].result.exit_code} before any `{chosen}` moment: raise the drill's "
+                    "steps or lower the checkpoint cadence",
+                    kind=Kind.KILL_MOMENT,
+                    leg=leg,
+                )
+            ]
     from launcher.rungs.resume_legs import exact_checks, under_torchrun
 
-    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + \
-        [check_leg_store(store, outs[-1].events)]
-    return checks + exact_checks(ctx, [o.events for o in outs], straight.events if straight else None,
-                                 bool(ctx.gpu_count), steps)
+    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + [
+        check_leg_store(store, outs[-1].events)
+    ]
+    return checks + exact_checks(
+        ctx, [o.events for o in outs], straight.events if straight else None, bool(ctx.gpu_count), steps
+    )
 
 
 def no_room(kills: int, room: int, steps: int) -> Check:
-    return Check("the drill's kills fit its steps", False,
-                 f"{kills} kills planned, room for {room} between the first storage cycle and step {steps}: "
-                 "raise rungs.drill.steps or lower the checkpoint cadence", kind=Kind.KILLS_FIT)
+    return Check(
+        "the drill's kills fit its steps",
+        False,
+        f"{kills} kills planned, room for {room} between the first storage cycle and step {steps}: "
+        "raise rungs.drill.steps or lower the checkpoint cadence",
+        kind=Kind.KILLS_FIT,
+    )
 
 
-def sigterm_leg(ctx: RunContext, store, outs: list[LegOutcome], leg: int, steps: int,  # noqa: ANN001
-                planned: Planned) -> Kill:
+def sigterm_leg(
+    ctx: RunContext,
+    store,
+    outs: list[LegOutcome],
+    leg: int,
+    steps: int,  # noqa: ANN001
+    planned: Planned,
+) -> Kill:
     """A graceful stop in place of a kill: SIGTERM when rank 0 prints the planned step; then
     the store as the next leg will find it."""
     out = run_leg(ctx, leg, steps, ending=Ending(sigterm_at=planned.step))
     outs.append(out)
     newest = newest_verified(store)
     stop = out.events.last("stop")
-    return Kill(leg, planned.name, json.dumps(stop[1]) if stop else "", newest.step if newest else None,
-                check_store_after_kill(store, outs, newest.step if newest else None, "the SIGTERM"),
-                sigterm_at=planned.step)
+    return Kill(
+        leg,
+        planned.name,
+        json.dumps(stop[1]) if stop else "",
+        newest.step if newest else None,
+        check_store_after_kill(store, outs, newest.step if newest else None, "the SIGTERM"),
+        sigterm_at=planned.step,
+    )
 
 
-def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
-                 straight: LegOutcome | None = None, torchrun: bool = False) -> list[Check]:
+def drill_checks(
+    outs: list[LegOutcome], kills: list[Kill], steps: int, straight: LegOutcome | None = None, torchrun: bool = False
+) -> list[Check]:
     """The kill and store checks (the timeline's come from rehearsal.oracle_checks)."""
     from launcher.rungs.resume_legs import check_ending
 
-    checks = [Check(f"leg {k.leg} killed {k.moment}", True,
-                    f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
-                    (), kind=Kind.KILLED, leg=k.leg, facts={"moment": k.moment, "expected": k.expected}) for k in kills if k.sigterm_at is None]
+    checks = [
+        Check(
+            f"leg {k.leg} killed {k.moment}",
+            True,
+            f"killed at {_brief(k.at_line)}; newest verified in store after the kill: step {k.expected}",
+            (),
+            kind=Kind.KILLED,
+            leg=k.leg,
+            facts={"moment": k.moment, "expected": k.expected},
+        )
+        for k in kills
+        if k.sigterm_at is None
+    ]
     for k in kills:
         if k.sigterm_at is None:
             continue
@@ -203,26 +267,49 @@ def drill_checks(outs: list[LegOutcome], kills: list[Kill], steps: int,
         checks.append(check_leg_exit(out, sigterm=torchrun))
         stop = out.events.last("stop")
         stopped = int(stop[1]["step"]) if stop and isinstance(stop[1].get("step"), int) else None
-        checks.append(Check(f"leg {k.leg}: its final checkpoint on SIGTERM is the store's newest verified",
-                            stopped is not None and k.expected == stopped,
-                            f"stopped at step {stopped} on the SIGTERM sent at step {step}; the newest verified "
-                            f"checkpoint in the store after it: step {k.expected}" +
-                            ("" if stopped is None or k.expected == stopped else
-                             " (no final push on SIGTERM: a spot notice loses every step since the last one)"),
-                            out.events.pointer(stop), kind=Kind.SIGTERM_FINAL, leg=k.leg))
+        checks.append(
+            Check(
+                f"leg {k.leg}: its final checkpoint on SIGTERM is the store's newest verified",
+                stopped is not None and k.expected == stopped,
+                f"stopped at step {stopped} on the SIGTERM sent at step {step}; the newest verified "
+                f"checkpoint in the store after it: step {k.expected}"
+                + (
+                    ""
+                    if stopped is None or k.expected == stopped
+                    else " (no final push on SIGTERM: a spot notice loses every step since the last one)"
+                ),
+                out.events.pointer(stop),
+                kind=Kind.SIGTERM_FINAL,
+                leg=k.leg,
+            )
+        )
     checks += [check_nothing_left(outs[k.leg]) for k in kills if k.sigterm_at is None]
     checks += [k.store_check for k in kills if k.store_check is not None]
     for kill, out in zip(kills, outs[1:]):
         checks.append(check_resumed_newest(out.events, kill))
     checks.append(check_leg_exit(outs[-1]))
     done = outs[-1].events.last("done")
-    checks.append(Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
-                        f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
-                        outs[-1].events.pointer(done), kind=Kind.RUN_LENGTH))
+    checks.append(
+        Check(
+            "the run ended at exactly its step count",
+            bool(done and done[1]["step"] == steps),
+            f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
+            outs[-1].events.pointer(done),
+            kind=Kind.RUN_LENGTH,
+        )
+    )
     if straight is not None:
         ran = check_leg_exit(straight)
-        checks.append(Check(f"straight-through run (leg {straight.events.leg}, no restart) finished", ran.ok,
-                            ran.detail, ran.evidence, kind=Kind.STRAIGHT_FINISHED, leg=straight.events.leg))
+        checks.append(
+            Check(
+                f"straight-through run (leg {straight.events.leg}, no restart) finished",
+                ran.ok,
+                ran.detail,
+                ran.evidence,
+                kind=Kind.STRAIGHT_FINISHED,
+                leg=straight.events.leg,
+            )
+        )
     return checks
 
 
@@ -232,11 +319,21 @@ def check_nothing_left(out: LegOutcome) -> Check:
     r = out.result
     name = f"leg {out.events.leg}: no process outlived the kill"
     if r.survivors is None:
-        return Check(name, True, "this backend's kill ends the whole instance; nothing is counted",
-                     kind=Kind.NOTHING_LEFT, leg=out.events.leg)
+        return Check(
+            name,
+            True,
+            "this backend's kill ends the whole instance; nothing is counted",
+            kind=Kind.NOTHING_LEFT,
+            leg=out.events.leg,
+        )
     found = "" if r.killed_processes is None else f"{r.killed_processes} processes of the leg killed; "
-    return Check(name, r.survivors == 0, f"{found}{r.survivors} left once the kill returned",
-                 kind=Kind.NOTHING_LEFT, leg=out.events.leg)
+    return Check(
+        name,
+        r.survivors == 0,
+        f"{found}{r.survivors} left once the kill returned",
+        kind=Kind.NOTHING_LEFT,
+        leg=out.events.leg,
+    )
 
 
 def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:
@@ -249,11 +346,19 @@ def check_resumed_newest(ev: LegEvents, kill: Kill) -> Check:
     detail = f"resumed at step {got}; the newest verified checkpoint when leg {kill.leg} died was step {kill.expected}"
     facts = {"resumed_at": got, "expected": kill.expected}
     if got != kill.expected or kill.expected is None:
-        return Check(name, got == kill.expected, detail, ev.pointer(resume), kind=Kind.RESUMED_NEWEST, leg=ev.leg,
-                     facts=facts)
+        return Check(
+            name, got == kill.expected, detail, ev.pointer(resume), kind=Kind.RESUMED_NEWEST, leg=ev.leg, facts=facts
+        )
     ok, said, pointer = trained_from(ev, kill)
-    return Check(name, ok, f"{detail}; {said}", ev.pointer(pointer or resume), kind=Kind.RESUMED_NEWEST, leg=ev.leg,
-                 facts={**facts, "state": said})
+    return Check(
+        name,
+        ok,
+        f"{detail}; {said}",
+        ev.pointer(pointer or resume),
+        kind=Kind.RESUMED_NEWEST,
+        leg=ev.leg,
+        facts={**facts, "state": said},
+    )
 
 
 def trained_from(ev: LegEvents, kill: Kill) -> tuple[bool, str, Any]:
@@ -265,24 +370,45 @@ def trained_from(ev: LegEvents, kill: Kill) -> tuple[bool, str, Any]:
         why = read.get("error") if read else "not in the store when the launcher read it"
         return False, f"the launcher's read of step {kill.expected}'s state failed: {why}", None
     first, resume = ev.first("trains_from"), ev.first("resume")
-    item, key, what = ((first, "trains_from", "the state its first training forward used") if first is not None
-                       else (resume, "digests", "each object as loaded"))
+    item, key, what = (
+        (first, "trains_from", "the state its first training forward used")
+        if first is not None
+        else (resume, "digests", "each object as loaded")
+    )
     printed = (item[1].get("digests") if item else None) or {}
     mine = read.get(key) or {}
     shared = sorted(set(printed) & set(mine))
     if not shared:
-        return True, ("the leg printed no state digests: the state it trained from was not compared with the "
-                      "store's"), None
+        return (
+            True,
+            ("the leg printed no state digests: the state it trained from was not compared with the store's"),
+            None,
+        )
     wrong = [k for k in shared if printed[k] != mine[k]]
     if not wrong:
         return True, f"{what} ({', '.join(shared)}) = the launcher's read of that checkpoint in the store", item
-    other = next((s for s, r in sorted(kill.reads.items()) if s != kill.expected and r.get("ok")
-                  and all((r.get(key) or {}).get(k) == printed[k] for k in wrong)), None)
-    where = ("a copy from elsewhere (a host-local cache? it matches no checkpoint the store held)" if other is None
-             else f"the store's step-{other} checkpoint" + ("" if kill.reads[other].get("verified")
-                                                           else ", which never verified"))
-    return False, (f"but {what} is not that checkpoint's: {', '.join(wrong)} "
-                   f"{printed[wrong[0]][:12]} vs {mine[wrong[0]][:12]} in the store; it is {where}"), item
+    other = next(
+        (
+            s
+            for s, r in sorted(kill.reads.items())
+            if s != kill.expected and r.get("ok") and all((r.get(key) or {}).get(k) == printed[k] for k in wrong)
+        ),
+        None,
+    )
+    where = (
+        "a copy from elsewhere (a host-local cache? it matches no checkpoint the store held)"
+        if other is None
+        else f"the store's step-{other} checkpoint"
+        + ("" if kill.reads[other].get("verified") else ", which never verified")
+    )
+    return (
+        False,
+        (
+            f"but {what} is not that checkpoint's: {', '.join(wrong)} "
+            f"{printed[wrong[0]][:12]} vs {mine[wrong[0]][:12]} in the store; it is {where}"
+        ),
+        item,
+    )
 
 
 def _brief(line: str) -> str:

@@ -39,9 +39,13 @@ def kill_predicate(moment: str) -> Callable[[str], bool]:
         if kind == "step":
             seen["steps_after"] += 1
         background = kind == "save" and event.get("async_save") is True
-        return {"mid-save": background,
-                "mid-push": kind == "serialized" or (kind == "save" and not background), "mid-verify": kind == "push",
-                "mid-step": kind == "step" and seen["steps_after"] == 2}.get(moment, False)
+        return {
+            "mid-save": background,
+            "mid-push": kind == "serialized" or (kind == "save" and not background),
+            "mid-verify": kind == "push",
+            "mid-step": kind == "step" and seen["steps_after"] == 2,
+        }.get(moment, False)
+
     return at
 
 
@@ -107,13 +111,13 @@ def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planne
     # the steps left free go evenly into the gaps, each at least one step from the others
     spots = [s for s in range(first + 2, steps) if all(abs(s - f) > 1 for f in fixed)]
     chosen = [spots[(i + 1) * len(spots) // (len(free) + 1)] for i in range(len(free))] if spots else []
-    placed = [m for m in marks if m.step is not None] + [
-        Planned(m.how, step) for m, step in zip(free, chosen)]
+    placed = [m for m in marks if m.step is not None] + [Planned(m.how, step) for m, step in zip(free, chosen)]
     return sorted(placed, key=lambda m: m.step or 0)
 
 
-def planned_kills(kills: int, moment: str, kills_at: list[int] | None, steps: int,
-                  straight: LegEvents | None, rng: random.Random) -> list[Planned]:
+def planned_kills(
+    kills: int, moment: str, kills_at: list[int] | None, steps: int, straight: LegEvents | None, rng: random.Random
+) -> list[Planned]:
     if kills_at:
         return [Planned("step", s) for s in kills_at]
     if moment == AUTO:
@@ -123,8 +127,11 @@ def planned_kills(kills: int, moment: str, kills_at: list[int] | None, steps: in
 
 def step_predicate(step: int) -> Callable[[str], bool]:
     """True on rank 0's step event for `step` (or a later one)."""
+
     def at(line: str) -> bool:
         event = parse_line(line)
-        return event is not None and event["event"] == "step" and event.get("rank", 0) == 0 and \
-            int(event["step"]) >= step
+        return (
+            event is not None and event["event"] == "step" and event.get("rank", 0) == 0 and int(event["step"]) >= step
+        )
+
     return at

@@ -17,9 +17,9 @@ from typing import Any
 
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import Check, Kind, LegEvents
-from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.checks.readback import StateReader
 from launcher.checks.leg import check_leg_exit
+from launcher.checks.readback import StateReader
+from launcher.legs import Ending, LegOutcome, RunContext, run_leg
 from launcher.rungs.drill import Kill, check_resumed_newest, check_store_after_kill, read_states
 from runtime.cycle import newest_verified
 from runtime.store.seal import KEY_ENV
@@ -34,19 +34,32 @@ def climb(ctx: RunContext, steps: int, notice_s: float, at_step: int) -> list[Ch
         first = run_leg(ctx, 0, steps, ending=Ending(sigterm_at=at_step, notice_s=notice_s))
         newest = newest_verified(store)
         expected = newest.step if newest else None
-        kill = Kill(0, f"preempt with {notice_s:g} s notice", "", expected,
-                    check_store_after_kill(store, [first], expected, "the preemption"))
+        kill = Kill(
+            0,
+            f"preempt with {notice_s:g} s notice",
+            "",
+            expected,
+            check_store_after_kill(store, [first], expected, "the preemption"),
+        )
         kill.reads = read_states(reader, store, [first], expected)
         last = run_leg(ctx, 1, steps)
     finally:
         reader.close()
     done = last.events.last("done")
-    return [check_notice(first, notice_s, at_step, expected), *([kill.store_check] if kill.store_check else []),
-            check_resumed_newest(last.events, kill), check_work_lost(first.events, last.events, notice_s),
-            check_leg_exit(last),
-            Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
-                  f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
-                  last.events.pointer(done), kind=Kind.RUN_LENGTH)]
+    return [
+        check_notice(first, notice_s, at_step, expected),
+        *([kill.store_check] if kill.store_check else []),
+        check_resumed_newest(last.events, kill),
+        check_work_lost(first.events, last.events, notice_s),
+        check_leg_exit(last),
+        Check(
+            "the run ended at exactly its step count",
+            bool(done and done[1]["step"] == steps),
+            f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
+            last.events.pointer(done),
+            kind=Kind.RUN_LENGTH,
+        ),
+    ]
 
 
 def _seconds_after(ev: LegEvents, kind: str, t0: float, step: int | None) -> float | None:
@@ -75,25 +88,53 @@ def check_notice(out: LegOutcome, notice_s: float, at_step: int, expected: int |
     name = f"leg {leg}: the final checkpoint within the {notice_s:g} s notice"
     sent = out.acted_at
     if sent is None:
-        return Check(name, False, f"leg {leg} ended ({out.result.end_reason}) before step {at_step}: the preemption "
-                     "never came; raise the drill's steps or lower --at-step", kind=Kind.PREEMPT_NOTICE, leg=leg)
+        return Check(
+            name,
+            False,
+            f"leg {leg} ended ({out.result.end_reason}) before step {at_step}: the preemption "
+            "never came; raise the drill's steps or lower --at-step",
+            kind=Kind.PREEMPT_NOTICE,
+            leg=leg,
+        )
     if notice_s == 0:
-        return Check(name, True, f"no notice: killed at step {at_step}; the store's newest verified checkpoint was "
-                     f"step {expected}", kind=Kind.PREEMPT_NOTICE, leg=leg, facts={"expected": expected})
+        return Check(
+            name,
+            True,
+            f"no notice: killed at step {at_step}; the store's newest verified checkpoint was step {expected}",
+            kind=Kind.PREEMPT_NOTICE,
+            leg=leg,
+            facts={"expected": expected},
+        )
     t = notice_timeline(ev, sent)
     facts = {**t, "notice_s": notice_s, "expected": expected, "killed": out.result.killed}
     steps = f"stop {t['stop_s']} s, save {t['save_s']} s, push {t['push_s']} s, verify {t['verify_s']} s"
     ok = t["stop_step"] is not None and t["verify_s"] is not None and expected == t["stop_step"]
     if ok:
-        return Check(name, True, f"SIGTERM at step {at_step}; stopped at step {t['stop_step']} and its checkpoint "
-                     f"verified {t['verify_s']} s into the notice ({steps}): margin "
-                     f"{notice_s - t['verify_s']:.1f} s", ev.pointer(ev.last("verify")), kind=Kind.PREEMPT_NOTICE,
-                     leg=leg, facts=facts)
-    why = ("the leg never stopped on the SIGTERM" if t["stop_step"] is None else
-           f"it stopped at step {t['stop_step']}, but that checkpoint did not verify before the kill")
-    return Check(name, False, f"SIGTERM at step {at_step}, killed {notice_s:g} s later ({out.result.end_reason}): "
-                 f"{why} ({steps}); the store's newest verified checkpoint is step {expected}",
-                 kind=Kind.PREEMPT_NOTICE, leg=leg, facts=facts)
+        return Check(
+            name,
+            True,
+            f"SIGTERM at step {at_step}; stopped at step {t['stop_step']} and its checkpoint "
+            f"verified {t['verify_s']} s into the notice ({steps}): margin "
+            f"{notice_s - t['verify_s']:.1f} s",
+            ev.pointer(ev.last("verify")),
+            kind=Kind.PREEMPT_NOTICE,
+            leg=leg,
+            facts=facts,
+        )
+    why = (
+        "the leg never stopped on the SIGTERM"
+        if t["stop_step"] is None
+        else f"it stopped at step {t['stop_step']}, but that checkpoint did not verify before the kill"
+    )
+    return Check(
+        name,
+        False,
+        f"SIGTERM at step {at_step}, killed {notice_s:g} s later ({out.result.end_reason}): "
+        f"{why} ({steps}); the store's newest verified checkpoint is step {expected}",
+        kind=Kind.PREEMPT_NOTICE,
+        leg=leg,
+        facts=facts,
+    )
 
 
 def check_work_lost(killed: LegEvents, resumed: LegEvents, notice_s: float) -> Check:
@@ -106,7 +147,12 @@ def check_work_lost(killed: LegEvents, resumed: LegEvents, notice_s: float) -> C
     lost = max(0, last - at)
     start = trained.get(at) if at in trained else (min(trained.values()) if trained else None)
     seconds = round(trained[last] - start, 2) if lost and start is not None else 0.0
-    return Check(f"leg {killed.leg}: work lost to the preemption", True,
-                 f"{lost} steps ({seconds} s of training): leg {killed.leg} trained to step {last}, leg "
-                 f"{resumed.leg} resumed at step {at}" + (f" ({notice_s:g} s of notice)" if notice_s else " (no notice)"),
-                 kind=Kind.WORK_LOST, leg=killed.leg, facts={"steps": lost, "seconds": seconds, "resumed_at": at})
+    return Check(
+        f"leg {killed.leg}: work lost to the preemption",
+        True,
+        f"{lost} steps ({seconds} s of training): leg {killed.leg} trained to step {last}, leg "
+        f"{resumed.leg} resumed at step {at}" + (f" ({notice_s:g} s of notice)" if notice_s else " (no notice)"),
+        kind=Kind.WORK_LOST,
+        leg=killed.leg,
+        facts={"steps": lost, "seconds": seconds, "resumed_at": at},
+    )

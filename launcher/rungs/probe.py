@@ -11,13 +11,13 @@ through, and the resumed run must equal it, as in the rehearsal.
 
 from __future__ import annotations
 
-from launcher.efficiency import check_efficiency, check_utilisation
 from launcher.checks.evidence import Check, silent
-from launcher.ladder import leg_steps
-from launcher.legs import LegOutcome, RunContext, run_leg
+from launcher.checks.leg import check_device, check_leg_exit
 from launcher.checks.measure import check_breakdown, check_cadence, check_memory, check_sustained
 from launcher.checks.resume import check_pushed, check_resumed
-from launcher.checks.leg import check_device, check_leg_exit
+from launcher.efficiency import check_efficiency, check_utilisation
+from launcher.ladder import leg_steps
+from launcher.legs import LegOutcome, RunContext, run_leg
 
 
 def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
@@ -36,8 +36,11 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
         checks.append(check_device(first))
     checks += [check_sustained(first.events), check_memory(first.events, run_steps), check_cadence(first.events)]
     gpu_name, gpu_total = (ctx.gpus.name if ctx.gpus else None), ctx.gpus_total
-    for extra in (check_breakdown(first.events), check_efficiency(first.events, gpu_name, gpu_total, run_steps),
-                  check_utilisation(first.events)):
+    for extra in (
+        check_breakdown(first.events),
+        check_efficiency(first.events, gpu_name, gpu_total, run_steps),
+        check_utilisation(first.events),
+    ):
         if extra is not None:
             checks.append(extra)
     pushed, pushed_step = check_pushed(first.events)
@@ -52,8 +55,12 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
     from launcher.rungs.resume_legs import check_run_length, straight_and_exact
 
     store = ctx.open_store()
-    checks += [check_resumed(second.events, pushed_step), check_pushed(second.events)[0],
-               check_leg_store(store, second.events), check_run_length(second, steps)]
+    checks += [
+        check_resumed(second.events, pushed_step),
+        check_pushed(second.events)[0],
+        check_leg_store(store, second.events),
+        check_run_length(second, steps),
+    ]
     # With --cpu, the rehearsal's oracle: a straight-through run and exact comparisons. On a GPU
     # the band: the probe keeps the user's settings (it measures speed), so no deterministic mode.
     return checks + straight_and_exact(ctx, [first, second], steps, need_gpu)

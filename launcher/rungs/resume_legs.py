@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
+from launcher.checks.leg import check_device, check_leg_exit
+from launcher.checks.resume import check_resumed
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import leg_steps, resume_leg0_hold, resume_plan
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.checks.resume import check_resumed
-from launcher.checks.leg import check_device, check_leg_exit
 
 
 def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | None, leg: int) -> tuple[int, Ending]:
@@ -78,8 +78,15 @@ def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
     detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
     if got != want:
         detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")
-    return Check(f"leg {out.events.leg} stopped on {want}", got == want, detail, out.events.pointer(stop),
-                 kind=Kind.STOPPED_AS_ASKED, leg=out.events.leg, facts={"want": want, "got": got})
+    return Check(
+        f"leg {out.events.leg} stopped on {want}",
+        got == want,
+        detail,
+        out.events.pointer(stop),
+        kind=Kind.STOPPED_AS_ASKED,
+        leg=out.events.leg,
+        facts={"want": want, "got": got},
+    )
 
 
 def _outran(out: LegOutcome, action: str) -> str:
@@ -88,18 +95,25 @@ def _outran(out: LegOutcome, action: str) -> str:
     exercised, and the rung needs more steps, not a fix in the trainer)."""
     if out.acted_at is None:
         if action == "the hold":
-            return ("; the trainer never held at the planned step (rank 0 printed no `hold` event: a trainer "
-                    "off the runtime ignores LAUNCHER_HOLD_AT_STEP, and its deadline lands where its speed puts it)")
+            return (
+                "; the trainer never held at the planned step (rank 0 printed no `hold` event: a trainer "
+                "off the runtime ignores LAUNCHER_HOLD_AT_STEP, and its deadline lands where its speed puts it)"
+            )
         return f"; the launcher never sent {action} (rank 0 never printed the step it waits for)"
-    steps = [(int(e["step"]), float(e["t"])) for _, e in out.events.all("step")
-             if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)]
+    steps = [
+        (int(e["step"]), float(e["t"]))
+        for _, e in out.events.all("step")
+        if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)
+    ]
     before = [s for s, t in steps if t <= out.acted_at]
     if not before:
         return ""
     at, last = max(before), max(s for s, _ in steps)
     if at >= last:
-        return (f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
-                f"outran the launcher, so the stop was never exercised; give the rung more steps")
+        return (
+            f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
+            f"outran the launcher, so the stop was never exercised; give the rung more steps"
+        )
     return f"; {action} went out at step {at}, and the trainer went on to step {last}"
 
 
@@ -107,6 +121,7 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
     """Leg 0 trains and pushes; every later leg resumes on a fresh disk; on a CPU rung the
     same trainer then runs straight through once, as the oracle. Returns the checks."""
     from launcher.checks.readback import check_leg_store
+
     checks: list[Check] = []
     outs: list[LegOutcome] = []
     store = ctx.open_store()
@@ -139,9 +154,13 @@ def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEG
 def check_run_length(last: LegOutcome, steps: int) -> Check:
     """The last leg finished at the rung's step count: not short of it, not past it."""
     done = last.events.last("done")
-    return Check("the run ended at exactly its step count", bool(done and done[1]["step"] == steps),
-                 f"last leg finished at step {done[1]['step'] if done else None} of {steps}", last.events.pointer(done),
-                 kind=Kind.RUN_LENGTH)
+    return Check(
+        "the run ended at exactly its step count",
+        bool(done and done[1]["step"] == steps),
+        f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
+        last.events.pointer(done),
+        kind=Kind.RUN_LENGTH,
+    )
 
 
 def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need_gpu: bool) -> list[Check]:
@@ -152,14 +171,23 @@ def straight_and_exact(ctx: RunContext, outs: list[LegOutcome], steps: int, need
     if ctx.rung.straight_leg:
         s_out = run_leg(ctx, len(outs), steps, ending=Ending(straight=True))
         ran = check_leg_exit(s_out)
-        checks.append(Check(f"straight-through run (leg {len(outs)}, no restart) finished", ran.ok, ran.detail,
-                            ran.evidence, kind=Kind.STRAIGHT_FINISHED, leg=len(outs)))
+        checks.append(
+            Check(
+                f"straight-through run (leg {len(outs)}, no restart) finished",
+                ran.ok,
+                ran.detail,
+                ran.evidence,
+                kind=Kind.STRAIGHT_FINISHED,
+                leg=len(outs),
+            )
+        )
         straight = s_out.events
     return checks + exact_checks(ctx, [o.events for o in outs], straight, need_gpu, steps)
 
 
-def exact_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, on_gpu: bool,
-                 steps: int) -> list[Check]:
+def exact_checks(
+    ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, on_gpu: bool, steps: int
+) -> list[Check]:
     """The timeline's checks, exact where they can be: on a CPU for a deterministic trainer,
     on a GPU when the legs' deterministic mode held (launcher.checks.state.check_determinism)."""
     from launcher.checks.state import check_determinism
@@ -174,8 +202,9 @@ PREFIX_STEPS = 3
 straight-through run (oracle_checks)."""
 
 
-def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool,
-                  steps: int) -> list[Check]:
+def oracle_checks(
+    ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, exact: bool, steps: int
+) -> list[Check]:
     """The timeline's checks; if an exact comparison fails, first ask whether the trainer
     reproduces itself. Leg 0 and the straight-through run are two fresh starts already: where
     leg 0's steps (at least PREFIX_STEPS) agree with the straight run's in every field, the
@@ -189,15 +218,25 @@ def oracle_checks(ctx: RunContext, legs: list[LegEvents], straight: LegEvents | 
 
     found = timeline_checks(legs, straight, exact)
     if exact and straight is not None and not all(c.ok for c in found):
-        if legs and resume_step(legs[0]) is None and len(steps_of(legs[0])) >= PREFIX_STEPS \
-                and check_deterministic(straight, legs[0]).ok:
+        if (
+            legs
+            and resume_step(legs[0]) is None
+            and len(steps_of(legs[0])) >= PREFIX_STEPS
+            and check_deterministic(straight, legs[0]).ok
+        ):
             return found
         repeat = run_leg(ctx, straight.leg + 1, steps, ending=Ending(straight=True))
         same = check_deterministic(straight, repeat.events)
         if not same.ok:
-            found = [Check("CPU determinism", False, same.detail + ": an exact comparison cannot prove this "
-                           "trainer's resumes (seed everything before building the model and drawing data, or set "
-                           "trainer.deterministic: false to compare within a band)", same.evidence,
-                           kind=Kind.CPU_DETERMINISM)] + \
-                timeline_checks(legs, straight, exact=False)
+            found = [
+                Check(
+                    "CPU determinism",
+                    False,
+                    same.detail + ": an exact comparison cannot prove this "
+                    "trainer's resumes (seed everything before building the model and drawing data, or set "
+                    "trainer.deterministic: false to compare within a band)",
+                    same.evidence,
+                    kind=Kind.CPU_DETERMINISM,
+                )
+            ] + timeline_checks(legs, straight, exact=False)
     return found

@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.errors import Refused
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
-from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.checks.leg import check_leg_exit
+from launcher.errors import Refused
+from launcher.legs import LegOutcome, RunContext, run_leg
 
 MIN_LEG_S = 30.0
 """The shortest leg worth launching before the run has measured one (the quota's floor for
@@ -41,6 +41,8 @@ MIN_MEASURED_LEG_S = 10.0
 def first_leg_gpu_hours(gpus: int) -> float:
     """The least the quota must leave a run on `gpus` GPUs (all nodes) for it to launch at all."""
     return MIN_LEG_S / 3600.0 * gpus
+
+
 MAX_LEGS = 10_000
 
 
@@ -72,9 +74,8 @@ def newest_in_store(store: Any) -> tuple[int | None, str | None]:
 def describe_end(out: LegOutcome) -> str:
     r, ev = out.result, out.events
     stop, last = ev.last("stop"), ev.last("step")
-    how = (f"stopped on {stop[1]['reason']}" if stop else "killed" if r.killed else f"exited {r.exit_code}")
-    return (f"{how} ({r.end_reason}) after {r.wall_seconds:.0f} s at step "
-            f"{int(last[1]['step']) if last else '-'}")
+    how = f"stopped on {stop[1]['reason']}" if stop else "killed" if r.killed else f"exited {r.exit_code}"
+    return f"{how} ({r.end_reason}) after {r.wall_seconds:.0f} s at step {int(last[1]['step']) if last else '-'}"
 
 
 def check_resume_point(ev: LegEvents, expected: int | None) -> Check:
@@ -84,17 +85,24 @@ def check_resume_point(ev: LegEvents, expected: int | None) -> Check:
     got = int(resume[1]["from_step"]) if resume else None
     name = f"leg {ev.leg} resumed from the newest verified checkpoint"
     where = "a fresh start" if got is None else f"step {got}"
-    return Check(name, got == expected, f"{where}; the newest verified checkpoint in the store before leg {ev.leg} "
-                 f"was {'none' if expected is None else f'step {expected}'}", ev.pointer(resume),
-                 kind=Kind.RESUMED_NEWEST, leg=ev.leg)
+    return Check(
+        name,
+        got == expected,
+        f"{where}; the newest verified checkpoint in the store before leg {ev.leg} "
+        f"was {'none' if expected is None else f'step {expected}'}",
+        ev.pointer(resume),
+        kind=Kind.RESUMED_NEWEST,
+        leg=ev.leg,
+    )
 
 
-def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int | None, after: int | None,
-               exact: bool) -> list[Check]:
+def leg_checks(
+    ctx: RunContext, store: Any, outs: list[LegOutcome], before: int | None, after: int | None, exact: bool
+) -> list[Check]:
     """What the launcher checks after leg i: the store kept what the logs verified, and the
     leg's resume (if it resumed and trained) was exact."""
-    from launcher.rungs.drill import check_store_after_kill
     from launcher.checks.resume import check_batches, check_loss, check_lr
+    from launcher.rungs.drill import check_store_after_kill
 
     checks = [check_store_after_kill(store, outs, after, when="its end")]
     i = len(outs) - 1
@@ -107,8 +115,15 @@ def leg_checks(ctx: RunContext, store: Any, outs: list[LegOutcome], before: int 
     return checks
 
 
-def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple[int | None, str | None],
-              steps: int, checks: list[Check], shortest: float) -> QuotaOut:
+def quota_out(
+    ctx: RunContext,
+    outs: list[LegOutcome],
+    grant: Any,
+    newest: tuple[int | None, str | None],
+    steps: int,
+    checks: list[Check],
+    shortest: float,
+) -> QuotaOut:
     from launcher.ops.watch import rate_now
 
     rate = rate_now([o.events for o in outs])
@@ -116,15 +131,24 @@ def quota_out(ctx: RunContext, outs: list[LegOutcome], grant: Any, newest: tuple
     left = newest[0] or 0
     gpus = ctx.gpus_total
     need = (steps - left) * step_s * gpus / 3600.0 if step_s else None
-    rest = (f"the rest (steps {left + 1}..{steps}) needs about {need:,.2f} GPU-h at the measured {step_s:.3g} s/step"
-            if need is not None else f"the rest is steps {left + 1}..{steps}")
+    rest = (
+        f"the rest (steps {left + 1}..{steps}) needs about {need:,.2f} GPU-h at the measured {step_s:.3g} s/step"
+        if need is not None
+        else f"the rest is steps {left + 1}..{steps}"
+    )
     where = f"{newest[1]} (step {left})" if newest[1] else "no verified checkpoint"
-    msg = (f"quota: {max(0.0, grant.left_gpu_hours):.3f} GPU-h left in the period, less than one "
-           f"{shortest:.0f} s leg on {gpus} GPUs; {rest}; the run stopped at {where}, verified in the store")
+    msg = (
+        f"quota: {max(0.0, grant.left_gpu_hours):.3f} GPU-h left in the period, less than one "
+        f"{shortest:.0f} s leg on {gpus} GPUs; {rest}; the run stopped at {where}, verified in the store"
+    )
     checks = checks + [Check("the quota allows another leg", False, msg, kind=Kind.QUOTA_LEG)]
-    return QuotaOut(msg, checks, hint=f"the checkpoint stays in the store under runs/{ctx.run_id}; raise "
-                    "quota.gpu_hours or wait for the next period (continuing this run id is not in this version: "
-                    "a new `launcher up run` starts from step 0)")
+    return QuotaOut(
+        msg,
+        checks,
+        hint=f"the checkpoint stays in the store under runs/{ctx.run_id}; raise "
+        "quota.gpu_hours or wait for the next period (continuing this run id is not in this version: "
+        "a new `launcher up run` starts from step 0)",
+    )
 
 
 @dataclass
@@ -141,8 +165,9 @@ def reached_end(out: LegOutcome, steps: int) -> bool:
     return bool(done and int(done[1]["step"]) == steps and out.result.exit_code == 0)
 
 
-def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Progress, exact: bool,
-              checks: list[Check]) -> str | None:
+def judge_leg(
+    ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Progress, exact: bool, checks: list[Check]
+) -> str | None:
     """After a leg ended: read the store, check the leg (its resume, what it verified) and the
     crash-loop rule; the checks go into `checks`. Returns why the run must stop, or None."""
     run_cfg = ctx.cfg.rungs.run
@@ -151,9 +176,16 @@ def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Pro
     progress.newest = newest_in_store(store)
     after, name = progress.newest
     found = leg_checks(ctx, store, outs, before, after, exact)
-    checks.append(Check(f"leg {ended.events.leg} ended", True, describe_end(ended) + "; newest verified in the "
-                        "store: " + (f"step {after}" if after is not None else "none"),
-                        kind=Kind.LEG_ENDED, leg=ended.events.leg))
+    checks.append(
+        Check(
+            f"leg {ended.events.leg} ended",
+            True,
+            describe_end(ended) + "; newest verified in the "
+            "store: " + (f"step {after}" if after is not None else "none"),
+            kind=Kind.LEG_ENDED,
+            leg=ended.events.leg,
+        )
+    )
     checks.extend(found)
     if not all(c.ok or c.missing for c in found):
         return "a resume check failed"  # or a store that lost a checkpoint: the run must not go on
@@ -164,11 +196,17 @@ def judge_leg(ctx: RunContext, store: Any, outs: list[LegOutcome], progress: Pro
     if progress.stalled < max(1, run_cfg.max_restarts_on_errors):
         return None
     where = f"{name} (step {after})" if name else "none (nothing was ever verified)"
-    checks.append(Check("the run makes progress", False,
-                        f"crash loop: {progress.stalled} leg(s) in a row left no newer verified checkpoint "
-                        f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest verified "
-                        f"checkpoint is {where}; the last leg {describe_end(ended)}",
-                        ended.events.pointer(ended.events.last("stop")), kind=Kind.PROGRESS))
+    checks.append(
+        Check(
+            "the run makes progress",
+            False,
+            f"crash loop: {progress.stalled} leg(s) in a row left no newer verified checkpoint "
+            f"(rungs.run.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest verified "
+            f"checkpoint is {where}; the last leg {describe_end(ended)}",
+            ended.events.pointer(ended.events.last("stop")),
+            kind=Kind.PROGRESS,
+        )
+    )
     return "crash loop"
 
 
@@ -179,10 +217,17 @@ def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
     last = outs[-1].events
     legs = [o.events for o in outs]
     witness = check_sample_index(legs)
-    return [Check("the run ended at exactly its step count", True, f"leg {last.leg} finished at step {steps} of "
-                  f"{steps} after {len(outs) - 1} restarts", last.pointer(last.last("done")),
-                  kind=Kind.RUN_LENGTH, leg=last.leg),
-            check_no_repeat(legs)] + ([witness] if witness else [])
+    return [
+        Check(
+            "the run ended at exactly its step count",
+            True,
+            f"leg {last.leg} finished at step {steps} of {steps} after {len(outs) - 1} restarts",
+            last.pointer(last.last("done")),
+            kind=Kind.RUN_LENGTH,
+            leg=last.leg,
+        ),
+        check_no_repeat(legs),
+    ] + ([witness] if witness else [])
 
 
 def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
@@ -203,8 +248,11 @@ def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
                 raise quota_out(ctx, outs, grant, progress.newest, steps, checks, shortest)
             ctx.quota_left_hours = grant.gpu_hours if math.isfinite(grant.gpu_hours) else None
         if leg:
-            ctx.show(leg, f"launcher: leg {leg} (restart {leg}) resumes from "
-                     f"{progress.newest[1] or 'nothing verified: a fresh start'}\n")
+            ctx.show(
+                leg,
+                f"launcher: leg {leg} (restart {leg}) resumes from "
+                f"{progress.newest[1] or 'nothing verified: a fresh start'}\n",
+            )
         out = run_leg(ctx, leg, steps)
         outs.append(out)
         if silent(out.events):

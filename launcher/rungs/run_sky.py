@@ -18,9 +18,9 @@ from typing import Any, Callable
 from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
 from launcher.backends.skyapi import cancel, record
-from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.legs import LegOutcome, RunContext, redact
+from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 
 MAX_JOB_S = 7 * 24 * 3600.0
 """A job's deadline when no quota bounds it: a week (the longest leg budget there is)."""
@@ -40,12 +40,23 @@ class _Legs:
 
     def begin(self, leg: int, started_at: float) -> None:
         ctx, job = self.ctx, self.job
-        ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": leg, "backend": "sky", "instance": job.instance,
-                              "command": list(job.command), "env": redact(dict(job.spec.env), ctx.cfg.secrets),
-                              "log_path": str(self.log(leg)), "started_at": started_at,
-                              "task_sha256": job.rendered.sha256, "pid": None, "role": None,
-                              "hourly_usd": job.pick.instance_hourly_usd if job.pick else None,
-                              "cost_source": job.cost_source})
+        ctx.ledger.begin_leg(
+            {
+                "run_id": ctx.run_id,
+                "leg": leg,
+                "backend": "sky",
+                "instance": job.instance,
+                "command": list(job.command),
+                "env": redact(dict(job.spec.env), ctx.cfg.secrets),
+                "log_path": str(self.log(leg)),
+                "started_at": started_at,
+                "task_sha256": job.rendered.sha256,
+                "pid": None,
+                "role": None,
+                "hourly_usd": job.pick.instance_hourly_usd if job.pick else None,
+                "cost_source": job.cost_source,
+            }
+        )
         self.open[leg] = started_at
 
     def priced(self, leg: int) -> None:
@@ -62,8 +73,11 @@ class _Legs:
         if pick is not None:
             self.picks[leg] = pick
             self.ctx.ledger.note_leg(self.ctx.run_id, leg, hourly_usd=pick.instance_hourly_usd)
-            self.ctx.show(leg, f"launcher: attempt runs on {shown} ({rec.get('cloud')} {rec.get('region')}): "
-                               f"billed at ${pick.hourly_usd:.2f}/h\n")
+            self.ctx.show(
+                leg,
+                f"launcher: attempt runs on {shown} ({rec.get('cloud')} {rec.get('region')}): "
+                f"billed at ${pick.hourly_usd:.2f}/h\n",
+            )
 
     def end(self, leg: int, ended_at: float, reason: str, killed: bool, nothing: bool = False) -> LegOutcome:
         """Close the leg, billed from its start to `ended_at` (nothing: SkyPilot confirmed its submit
@@ -73,15 +87,32 @@ class _Legs:
         started = self.open.pop(leg)
         events = LegEvents.read(leg, self.log(leg))
         code = exit_code_from_events(events)
-        seconds = 0.0 if nothing else billed_seconds(max(0.0, ended_at - started),
-                                                     self.ctx.backend.billing_granularity_s)
+        seconds = (
+            0.0 if nothing else billed_seconds(max(0.0, ended_at - started), self.ctx.backend.billing_granularity_s)
+        )
         pick = self.picks.get(leg, self.job.pick)
-        result = LegResult(code, started, ended_at, killed, reason, billed_seconds=seconds * self.ctx.nodes,
-                           instance_hourly_usd=pick.instance_hourly_usd if pick else None,
-                           cost_source=self.job.cost_source)
+        result = LegResult(
+            code,
+            started,
+            ended_at,
+            killed,
+            reason,
+            billed_seconds=seconds * self.ctx.nodes,
+            instance_hourly_usd=pick.instance_hourly_usd if pick else None,
+            cost_source=self.job.cost_source,
+        )
         hours, cost, source = self.ctx.billed(result)
-        self.ctx.ledger.end_leg(self.ctx.run_id, leg, ended_at=ended_at, exit_code=code, killed=killed,
-                                end_reason=reason, billed_gpu_hours=hours, cost_usd=cost, cost_source=source)
+        self.ctx.ledger.end_leg(
+            self.ctx.run_id,
+            leg,
+            ended_at=ended_at,
+            exit_code=code,
+            killed=killed,
+            end_reason=reason,
+            billed_gpu_hours=hours,
+            cost_usd=cost,
+            cost_source=source,
+        )
         out = LegOutcome(result, events)
         self.outs.append(out)
         return out
@@ -118,16 +149,23 @@ def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
         if ctx.ledger.stop_requested(ctx.run_id):
             return checks
         if rec.get("status") not in ("SUCCEEDED",):
-            checks.append(Check("the run makes progress", False,
-                                f"SkyPilot ended the job {rec.get('status')}: {rec.get('failure_reason') or ''} "
-                                f"(job_recovery.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
-                                f"verified checkpoint is {progress.newest[1] or 'none'}", kind=Kind.PROGRESS))
+            checks.append(
+                Check(
+                    "the run makes progress",
+                    False,
+                    f"SkyPilot ended the job {rec.get('status')}: {rec.get('failure_reason') or ''} "
+                    f"(job_recovery.max_restarts_on_errors: {run_cfg.max_restarts_on_errors}); the newest "
+                    f"verified checkpoint is {progress.newest[1] or 'none'}",
+                    kind=Kind.PROGRESS,
+                )
+            )
             return checks
         leg += 1  # the job stopped at its deadline before the last step: the next job resumes from the store
 
 
-def _prepare_job(ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Progress,
-                 checks: list[Check]) -> tuple[skyjob.ManagedJob, Any]:
+def _prepare_job(
+    ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Progress, checks: list[Check]
+) -> tuple[skyjob.ManagedJob, Any]:
     """The next managed job, its first leg `leg`, rendered and priced: its deadline is what
     the quota grants it (a week where nothing bounds it); a quota that no longer fits one
     leg ends the run (launcher.rungs.run.quota_out)."""
@@ -139,14 +177,36 @@ def _prepare_job(ctx: RunContext, leg: int, outs: list[LegOutcome], progress: Pr
         raise quota_out(ctx, outs, grant, progress.newest, run_cfg.steps, checks, min_leg_s(outs))
     now = time.time()
     env = ctx.leg_env(leg, run_cfg.steps, now + job_s)
-    spec = LegSpec(ctx.run_id, leg, "run", tuple(ctx.cfg.trainer.command), env, ctx.secrets(), ctx.files,
-                   ctx.run_dir / f"leg-{leg}.log", ctx.gpus)
-    return skyjob.prepare(ctx.backend, spec, ctx.run_dir / f"job-{leg}.sky.yaml", now + job_s,
-                          min(run_cfg.budget_minutes * 60.0, job_s), run_cfg.max_restarts_on_errors)
+    spec = LegSpec(
+        ctx.run_id,
+        leg,
+        "run",
+        tuple(ctx.cfg.trainer.command),
+        env,
+        ctx.secrets(),
+        ctx.files,
+        ctx.run_dir / f"leg-{leg}.log",
+        ctx.gpus,
+    )
+    return skyjob.prepare(
+        ctx.backend,
+        spec,
+        ctx.run_dir / f"job-{leg}.sky.yaml",
+        now + job_s,
+        min(run_cfg.budget_minutes * 60.0, job_s),
+        run_cfg.max_restarts_on_errors,
+    )
 
 
-def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs, leg: int,
-                judge: Callable[[], str | None], stopping: list[str]) -> tuple[int, int | None]:
+def _follow_job(
+    ctx: RunContext,
+    job: skyjob.ManagedJob,
+    task: Any,
+    legs: _Legs,
+    leg: int,
+    judge: Callable[[], str | None],
+    stopping: list[str],
+) -> tuple[int, int | None]:
     """Submit the job and follow its log to its end, each recovery a new leg: the leg before
     is closed and judged, and a failed judgement cancels the job (its reason kept in
     `stopping`). (The job's last leg, tail_logs' exit code.) Interrupted or failed, the job
@@ -160,8 +220,13 @@ def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs,
 
         def on_new_leg(new: int) -> None:
             now = time.time()
-            legs.end(new - 1, now, f"SkyPilot recovered the job (attempt {new - first + 1} started): "
-                             "the attempt before was preempted or its run failed", killed=True)
+            legs.end(
+                new - 1,
+                now,
+                f"SkyPilot recovered the job (attempt {new - first + 1} started): "
+                "the attempt before was preempted or its run failed",
+                killed=True,
+            )
             legs.begin(new, now)
             stop = judge()
             if stop and not stopping:
@@ -181,8 +246,15 @@ def _follow_job(ctx: RunContext, job: skyjob.ManagedJob, task: Any, legs: _Legs,
         else:  # the submit itself: its request cancelled, and a job it made after all
             nothing = skyjob.abandon(job)
         for open_leg in list(legs.open):
-            legs.end(open_leg, time.time(), "launcher interrupted: job cancelled" if job.job_id is not None
-                     else "launcher interrupted during the submit: request cancelled", killed=True, nothing=nothing)
+            legs.end(
+                open_leg,
+                time.time(),
+                "launcher interrupted: job cancelled"
+                if job.job_id is not None
+                else "launcher interrupted during the submit: request cancelled",
+                killed=True,
+                nothing=nothing,
+            )
         raise
 
 
@@ -190,7 +262,10 @@ def _job_check(job: Any, rec: dict[str, Any], attempts: int) -> Check:
     """What the stream showed, against SkyPilot's own record of the job."""
     recoveries = rec.get("recovery_count")
     ok = recoveries is not None and int(recoveries) + 1 == attempts
-    return Check(f"managed job {job.job_id}: every recovery became a leg", ok,
-                 f"SkyPilot's record: {rec.get('status')}, recovery_count {recoveries}, job_duration "
-                 f"{rec.get('job_duration')} s; the launcher saw {attempts} attempt(s) in the job's log",
-                 kind=Kind.RECOVERIES)
+    return Check(
+        f"managed job {job.job_id}: every recovery became a leg",
+        ok,
+        f"SkyPilot's record: {rec.get('status')}, recovery_count {recoveries}, job_duration "
+        f"{rec.get('job_duration')} s; the launcher saw {attempts} attempt(s) in the job's log",
+        kind=Kind.RECOVERIES,
+    )

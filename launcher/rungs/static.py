@@ -34,9 +34,14 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     """The rung-0 checks, each with its evidence; writes the check log as leg 0's log."""
     log_path = ctx.run_dir / "leg-0.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    checks = [Check("hashes match review", True,
-                    f"{len(cmp.current)} files match review #{cmp.review.id} "
-                    f"(digest {cmp.review.digest[:16]})", kind=Kind.HASHES)]
+    checks = [
+        Check(
+            "hashes match review",
+            True,
+            f"{len(cmp.current)} files match review #{cmp.review.id} (digest {cmp.review.digest[:16]})",
+            kind=Kind.HASHES,
+        )
+    ]
     command_line = leg_command_line(ctx)
     checks.append(Check("command line", True, command_line, kind=Kind.COMMAND_LINE))
 
@@ -48,27 +53,48 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         argv += ["--module", module]
     argv += ["--", *leg_argv]
     started = time.time()
-    ctx.ledger.begin_leg({"run_id": ctx.run_id, "leg": 0, "backend": "host", "instance": "host",
-                          "command": argv, "env": {}, "log_path": str(log_path), "started_at": started})
+    ctx.ledger.begin_leg(
+        {
+            "run_id": ctx.run_id,
+            "leg": 0,
+            "backend": "host",
+            "instance": "host",
+            "command": argv,
+            "env": {},
+            "log_path": str(log_path),
+            "started_at": started,
+        }
+    )
     with tempfile.TemporaryDirectory(prefix=f"{ctx.run_id}-static-") as tmp:
-        stage_files({rel: f.source for rel, f in ctx.files.items()},
-                    {rel: f.sha256 for rel, f in ctx.files.items()}, Path(tmp))
+        stage_files(
+            {rel: f.source for rel, f in ctx.files.items()}, {rel: f.sha256 for rel, f in ctx.files.items()}, Path(tmp)
+        )
         try:
-            proc = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=STATIC_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                argv, cwd=tmp, capture_output=True, text=True, timeout=STATIC_TIMEOUT_S, stdin=subprocess.DEVNULL
+            )
             out, err, rc = proc.stdout, proc.stderr, proc.returncode
         except subprocess.TimeoutExpired:
             out, err, rc = "", f"static check timed out after {STATIC_TIMEOUT_S} s", 124
     log_path.write_text(f"$ {shlex.join(argv)}\n{err}{out}")
-    ctx.ledger.end_leg(ctx.run_id, 0, ended_at=time.time(), exit_code=rc, killed=False,
-                       end_reason="timed out" if rc == 124 else "exited", billed_gpu_hours=0.0, cost_usd=0.0)
+    ctx.ledger.end_leg(
+        ctx.run_id,
+        0,
+        ended_at=time.time(),
+        exit_code=rc,
+        killed=False,
+        end_reason="timed out" if rc == 124 else "exited",
+        billed_gpu_hours=0.0,
+        cost_usd=0.0,
+    )
     result_line = len(log_path.read_text().splitlines())
     try:
         reported = json.loads(out.strip().splitlines()[-1])["checks"]
     except (IndexError, KeyError, json.JSONDecodeError):
         tail = (err.strip().splitlines() or ["no output"])[-1]
-        return checks + [Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}",
-                               kind=Kind.IMPORT_PARSE)]
+        return checks + [
+            Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}", kind=Kind.IMPORT_PARSE)
+        ]
     pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
     checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
     return checks

@@ -55,9 +55,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import FedInputs
-from runtime.evidence import state_digest
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
+from runtime.evidence import state_digest
 from runtime.leg import local_stop
 from runtime.store.base import MANIFEST, checkpoint_name
 
@@ -75,8 +75,7 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
 class Preflight(LegAdapter):
     """The leg contract around a prepared `accelerate.Accelerator`. See the module docstring."""
 
-    def __init__(self, accelerator: Any, workdir: str | Path = ".", keep: int = 2,
-                 verify_bytes: int = 2 << 20) -> None:
+    def __init__(self, accelerator: Any, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         env = os.environ
         self.acc = accelerator
         self.read_leg(workdir, "accelerate")
@@ -89,21 +88,33 @@ class Preflight(LegAdapter):
         self._sigterm: list[bool] = []
         self._opt_steps = 0
         self._step_s, self._last = 0.0, time.perf_counter()
-        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if accelerator.is_main_process \
-            else None
+        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if accelerator.is_main_process else None
         self._wrap(accelerator)
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
         params = sum(p.numel() for m in accelerator._models for p in m.parameters())
-        events.emit("start", run_id=self.run_id, leg=self.leg, rung=env.get(contract.RUNG, "none"),
-                    device=str(accelerator.device), params=params, max_steps=self.max_steps,
-                    world_size=accelerator.num_processes, store=self.store.uri, adapter="accelerate",
-                    tracked=self._tracked())
+        events.emit(
+            "start",
+            run_id=self.run_id,
+            leg=self.leg,
+            rung=env.get(contract.RUNG, "none"),
+            device=str(accelerator.device),
+            params=params,
+            max_steps=self.max_steps,
+            world_size=accelerator.num_processes,
+            store=self.store.uri,
+            adapter="accelerate",
+            tracked=self._tracked(),
+        )
 
     def _tracked(self) -> dict[str, str]:
         """What `prepare` registered, by kind: what save_state saves and load_state restores."""
         names = {}
-        for kind, objs in (("model", self.acc._models), ("optimizer", self.acc._optimizers),
-                           ("scheduler", self.acc._schedulers), ("data", self.acc._dataloaders)):
+        for kind, objs in (
+            ("model", self.acc._models),
+            ("optimizer", self.acc._optimizers),
+            ("scheduler", self.acc._schedulers),
+            ("data", self.acc._dataloaders),
+        ):
             names.update({(kind if i == 0 else f"{kind}_{i}"): kind for i in range(len(objs))})
         # None prepared: still the slot, so that an optimizer stepping outside `prepare` (seen by the
         # global step hook: `opt_steps` 0 while it steps) is named, not left unasked.
@@ -176,11 +187,21 @@ class Preflight(LegAdapter):
         moments are left to the loss comparison (and would cost a pass over them at every save)."""
         out = {name: state_digest(s.state_dict()) for name, s in zip(self._names("scheduler"), self.acc._schedulers)}
         if not loaded:
-            out.update({name: state_digest(dl.state_dict()) for name, dl in zip(self._names("data"), self.acc._dataloaders)
-                        if getattr(dl, "use_stateful_dataloader", False)})
+            out.update(
+                {
+                    name: state_digest(dl.state_dict())
+                    for name, dl in zip(self._names("data"), self.acc._dataloaders)
+                    if getattr(dl, "use_stateful_dataloader", False)
+                }
+            )
         torch_rng, np_rng, py_rng = _rng_states()
-        out.update({"rng.torch": state_digest(torch_rng), "rng.numpy": state_digest(list(np_rng)),
-                    "rng.python": state_digest(list(py_rng))})
+        out.update(
+            {
+                "rng.torch": state_digest(torch_rng),
+                "rng.numpy": state_digest(list(np_rng)),
+                "rng.python": state_digest(list(py_rng)),
+            }
+        )
         return out
 
     def _names(self, kind: str) -> list[str]:
@@ -200,11 +221,26 @@ class Preflight(LegAdapter):
             if self.acc._optimizers or self._any_opt_steps:  # 0 while one steps: not the prepared one
                 fields["opt_steps"] = self._opt_steps
             value = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else float(loss or 0.0)
-            events.emit("step", step=self.global_step, loss=value, lr=self._lr(), step_s=round(self._step_s, 4),
-                        **fields, **self._epoch())
-        code = 0 if self.global_step >= self.max_steps else local_stop(
-            self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s, self._sigterm,
-            self.global_step)
+            events.emit(
+                "step",
+                step=self.global_step,
+                loss=value,
+                lr=self._lr(),
+                step_s=round(self._step_s, 4),
+                **fields,
+                **self._epoch(),
+            )
+        code = (
+            0
+            if self.global_step >= self.max_steps
+            else local_stop(
+                self.deadline,
+                self.pusher.last_cycle_s if self.pusher else 0.0,
+                self._step_s,
+                self._sigterm,
+                self.global_step,
+            )
+        )
         if self.acc.num_processes > 1:  # every rank stops at the same step, for the same reason
             code = int(self.acc.reduce(torch.tensor([code], device=self.acc.device), reduction="max").item())
         if code or self.global_step >= self.max_steps:
@@ -212,8 +248,9 @@ class Preflight(LegAdapter):
 
     def _lr(self) -> float:
         """The prepared optimizer's LR; with none prepared, the LR of the optimizer the scheduler drives."""
-        opts = list(self.acc._optimizers) or [getattr(getattr(s, "scheduler", s), "optimizer", None)
-                                               for s in self.acc._schedulers]
+        opts = list(self.acc._optimizers) or [
+            getattr(getattr(s, "scheduler", s), "optimizer", None) for s in self.acc._schedulers
+        ]
         groups = getattr(opts[0], "param_groups", None) if opts else None
         return float(groups[0]["lr"]) if groups else 0.0
 

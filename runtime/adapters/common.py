@@ -49,14 +49,18 @@ class LegAdapter:
             events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
             sys.exit(EXIT_REFUSED)
 
-
     def push(self, folder: Path, step: int, fmt: str, began: float) -> None:
         """A framework's checkpoint folder of `step` into the storage cycle: its manifest, the
         background push, the `save` event (seconds since `began`)."""
         manifest = write_manifest(folder, step, {"run_id": self.run_id, "format": fmt})
         blocked = self.pusher.submit(folder, manifest)
-        events.emit("save", step=step, bytes=manifest.total_bytes, seconds=round(time.perf_counter() - began, 4),
-                    blocked_s=round(blocked, 4))
+        events.emit(
+            "save",
+            step=step,
+            bytes=manifest.total_bytes,
+            seconds=round(time.perf_counter() - began, 4),
+            blocked_s=round(blocked, 4),
+        )
 
     def end(self, reason: str, step: int) -> bool:
         """`stop`, the storage cycle drained, `done`: whether the final checkpoint verified (a leg

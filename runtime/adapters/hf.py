@@ -36,10 +36,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from runtime import events
+from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.batches import batch_digest
-from runtime import contract
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.leg import local_stop
@@ -82,13 +81,25 @@ class Preflight(TrainerCallback, LegAdapter):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
-        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())  # the checkpoint is loaded
+        self.deadline = contract.resumed_deadline(
+            self.deadline, dict(os.environ), time.time()
+        )  # the checkpoint is loaded
         if model is not None:
             model.register_forward_pre_hook(self._hash_inputs, with_kwargs=True)
         params = sum(p.numel() for p in model.parameters()) if model is not None else 0
-        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get(contract.RUNG, "none"),
-                    device=str(args.device), params=params, max_steps=self.max_steps, total_steps=state.max_steps,
-                    world_size=args.world_size, store=self.store.uri, adapter="transformers")
+        events.emit(
+            "start",
+            run_id=self.run_id,
+            leg=self.leg,
+            rung=os.environ.get(contract.RUNG, "none"),
+            device=str(args.device),
+            params=params,
+            max_steps=self.max_steps,
+            total_steps=state.max_steps,
+            world_size=args.world_size,
+            store=self.store.uri,
+            adapter="transformers",
+        )
         self._last = time.perf_counter()
         return control
 
@@ -101,9 +112,19 @@ class Preflight(TrainerCallback, LegAdapter):
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
-        stop = "max_steps" if state.global_step >= min(self.max_steps, state.max_steps) else STOP_CODES.get(
-            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, self._step_s,
-                       self._sigterm, state.global_step))
+        stop = (
+            "max_steps"
+            if state.global_step >= min(self.max_steps, state.max_steps)
+            else STOP_CODES.get(
+                local_stop(
+                    self.deadline,
+                    self.pusher.last_cycle_s if self.pusher else 0.0,
+                    self._step_s,
+                    self._sigterm,
+                    state.global_step,
+                )
+            )
+        )
         if stop:
             self.reason = stop
             control.should_training_stop = True
@@ -117,8 +138,15 @@ class Preflight(TrainerCallback, LegAdapter):
         digest = hashlib.sha256("".join(self._digests).encode()).hexdigest()[:32] if self._digests else None
         self._digests = []
         fields = {"batch_hash": digest} if digest else {}
-        events.emit("step", step=state.global_step, loss=float(logs["loss"]), lr=float(logs.get("learning_rate", 0.0)),
-                    step_s=round(self._step_s, 4), epoch=int(state.epoch or 0), **fields)
+        events.emit(
+            "step",
+            step=state.global_step,
+            loss=float(logs["loss"]),
+            lr=float(logs.get("learning_rate", 0.0)),
+            step_s=round(self._step_s, 4),
+            epoch=int(state.epoch or 0),
+            **fields,
+        )
         return control
 
     def on_save(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201

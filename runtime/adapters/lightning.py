@@ -63,8 +63,8 @@ from runtime.batches import batch_digest
 from runtime.contract import EXIT_FAILED, STOP_CODES
 from runtime.cycle import Pusher
 from runtime.evidence import state_digests
-from runtime.loaders import quiet_sigchld, shield_workers
 from runtime.leg import local_stop
+from runtime.loaders import quiet_sigchld, shield_workers
 from runtime.resume import as_loaded
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
@@ -83,15 +83,20 @@ def _check(folder: Path, seal: dict[str, Any] | None) -> None:
     named = re.search(r"(\d+)$", folder.name)  # checkpoint_name(step): the step, last
     step = int(named.group(1)) if named else None
     if not isinstance(ckpt, dict) or ckpt.get("global_step") != step:
-        raise CheckpointDamaged(f"{CKPT_FILE} says global_step {ckpt.get('global_step') if isinstance(ckpt, dict) else None}")
+        raise CheckpointDamaged(
+            f"{CKPT_FILE} says global_step {ckpt.get('global_step') if isinstance(ckpt, dict) else None}"
+        )
 
 
 def rng_state() -> dict[str, Any]:
     """The global RNG streams, in types torch.load(weights_only=True) reads back."""
     version, words, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": [version, list(words), gauss],
-            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(words), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -103,8 +108,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def digests_of(model: Any, optimizers: Any, schedulers: Any, loader: Any, rng: Any) -> dict[str, str]:
-    return state_digests({"model": model, "optimizer": optimizers, "scheduler": schedulers, "data": loader,
-                          "rng": [rng]}, list(TRACKED))
+    return state_digests(
+        {"model": model, "optimizer": optimizers, "scheduler": schedulers, "data": loader, "rng": [rng]}, list(TRACKED)
+    )
 
 
 def _epoch_before_iter(loop: Any) -> None:
@@ -206,16 +212,32 @@ class Preflight(Callback, LegAdapter):
         self._rng = state_dict.get("rng")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())  # the checkpoint is loaded
+        self.deadline = contract.resumed_deadline(
+            self.deadline, dict(os.environ), time.time()
+        )  # the checkpoint is loaded
         for opt in trainer.optimizers:
             opt.register_step_post_hook(lambda *_: setattr(self, "_opt_steps", self._opt_steps + 1))
         if self.resumed_from is not None:
-            events.emit("resume", from_step=self.resumed_at, checkpoint=self.resumed_from,
-                        digests=digests_of(*self._live_state(trainer, pl_module), self._rng or rng_state()))
-        events.emit("start", run_id=self.run_id, leg=self.leg, rung=os.environ.get(contract.RUNG, "none"),
-                    device=str(pl_module.device), params=sum(p.numel() for p in pl_module.parameters()),
-                    max_steps=self.max_steps, total_steps=int(trainer.max_steps), world_size=trainer.world_size,
-                    store=self.store.uri, adapter="lightning", tracked=TRACKED)
+            events.emit(
+                "resume",
+                from_step=self.resumed_at,
+                checkpoint=self.resumed_from,
+                digests=digests_of(*self._live_state(trainer, pl_module), self._rng or rng_state()),
+            )
+        events.emit(
+            "start",
+            run_id=self.run_id,
+            leg=self.leg,
+            rung=os.environ.get(contract.RUNG, "none"),
+            device=str(pl_module.device),
+            params=sum(p.numel() for p in pl_module.parameters()),
+            max_steps=self.max_steps,
+            total_steps=int(trainer.max_steps),
+            world_size=trainer.world_size,
+            store=self.store.uri,
+            adapter="lightning",
+            tracked=TRACKED,
+        )
         self._last = time.perf_counter()
 
     @staticmethod
@@ -223,8 +245,12 @@ class Preflight(Callback, LegAdapter):
         """Each object as Lightning holds it now, in the shapes its checkpoint stores them."""
         loader = trainer.train_dataloader
         loader_state = [as_loaded(loader)] if hasattr(loader, "state_dict") else []
-        return (pl_module.state_dict(), [o.state_dict() for o in trainer.optimizers],
-                [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs], loader_state)
+        return (
+            pl_module.state_dict(),
+            [o.state_dict() for o in trainer.optimizers],
+            [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+            loader_state,
+        )
 
     # --- every step --------------------------------------------------------------
 
@@ -241,11 +267,24 @@ class Preflight(Callback, LegAdapter):
         if self.rank == 0 and loss is not None:
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
             fields = {"batch_hash": self._batch} if self._batch else {}
-            events.emit("step", step=step, loss=float(loss), lr=float(lr), step_s=round(step_s, 4),
-                        epoch=int(trainer.current_epoch), opt_steps=self._opt_steps, **fields)
+            events.emit(
+                "step",
+                step=step,
+                loss=float(loss),
+                lr=float(lr),
+                step_s=round(step_s, 4),
+                epoch=int(trainer.current_epoch),
+                opt_steps=self._opt_steps,
+                **fields,
+            )
         limit = min(self.max_steps, trainer.max_steps) if trainer.max_steps > 0 else self.max_steps
-        stop = "max_steps" if step >= limit else STOP_CODES.get(
-            local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, self._sigterm, step))
+        stop = (
+            "max_steps"
+            if step >= limit
+            else STOP_CODES.get(
+                local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, self._sigterm, step)
+            )
+        )
         if stop:
             self.reason = stop
             if step > self.pushed_at:
@@ -270,9 +309,17 @@ class Preflight(Callback, LegAdapter):
         self.push(dest, step, "lightning", began)
         loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         rng = (checkpoint.get("callbacks", {}).get(self.state_key) or {}).get("rng")
-        events.emit("state_digest", step=step, digests=digests_of(
-            checkpoint["state_dict"], checkpoint.get("optimizer_states", []), checkpoint.get("lr_schedulers", []),
-            loops.get("combined_loader", []), rng))
+        events.emit(
+            "state_digest",
+            step=step,
+            digests=digests_of(
+                checkpoint["state_dict"],
+                checkpoint.get("optimizer_states", []),
+                checkpoint.get("lr_schedulers", []),
+                loops.get("combined_loader", []),
+                rng,
+            ),
+        )
 
     # --- the end -------------------------------------------------------------------
 

@@ -5,12 +5,38 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from runtime.store.base import (CheckpointDamaged, CheckpointInfo, Damaged, FileEntry, Manifest, RemoteFile, Store,
-                                StoreAuthError, StoreError, StoreScan, TransientStoreError, checkpoint_name, step_of)
+from runtime.store.base import (
+    CheckpointDamaged,
+    CheckpointInfo,
+    Damaged,
+    FileEntry,
+    Manifest,
+    RemoteFile,
+    Store,
+    StoreAuthError,
+    StoreError,
+    StoreScan,
+    TransientStoreError,
+    checkpoint_name,
+    step_of,
+)
 
-__all__ = ["CheckpointDamaged", "CheckpointInfo", "Damaged", "FileEntry", "Manifest", "RemoteFile", "Store",
-           "StoreAuthError", "StoreError", "StoreScan", "TransientStoreError", "checkpoint_name", "open_store",
-           "step_of"]
+__all__ = [
+    "CheckpointDamaged",
+    "CheckpointInfo",
+    "Damaged",
+    "FileEntry",
+    "Manifest",
+    "RemoteFile",
+    "Store",
+    "StoreAuthError",
+    "StoreError",
+    "StoreScan",
+    "TransientStoreError",
+    "checkpoint_name",
+    "open_store",
+    "step_of",
+]
 
 _FROM_ENV = b"from-env"
 
@@ -34,6 +60,12 @@ def open_store(uri: str, namespace: str = "", key: bytes | None = _FROM_ENV) -> 
         from runtime.store.hub_limits import limits_from_env
 
         limits = limits_from_env()  # launcher.yaml `hub:`, passed in LAUNCHER_HUB_*
-        return HubStore(uri, namespace, key=key, max_file_bytes=limits.max_file_bytes,
-                        files_per_commit=limits.files_per_commit, commits_per_hour=limits.commits_per_hour)
+        return HubStore(
+            uri,
+            namespace,
+            key=key,
+            max_file_bytes=limits.max_file_bytes,
+            files_per_commit=limits.files_per_commit,
+            commits_per_hour=limits.commits_per_hour,
+        )
     raise StoreError(f"unsupported store URI {uri!r} (expected file:///abs/dir or hf://owner/repo[@revision])")

@@ -32,8 +32,8 @@ NAME_RE = re.compile(r"^step-(\d{8,18})$")
 PATH_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$|^\.[A-Za-z0-9_][A-Za-z0-9._-]{0,126}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_FILES = 10_000
-MAX_FILE_BYTES = 1 << 44          # 16 TiB: no real checkpoint file is larger
-MAX_SMALL_JSON = 1 << 20          # manifest.json / verified.json are read up to this size
+MAX_FILE_BYTES = 1 << 44  # 16 TiB: no real checkpoint file is larger
+MAX_SMALL_JSON = 1 << 20  # manifest.json / verified.json are read up to this size
 
 
 def checkpoint_name(step: int) -> str:
@@ -105,8 +105,13 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "name": self.name, "step": self.step, "meta": self.meta,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]}
+        return {
+            "version": self.version,
+            "name": self.name,
+            "step": self.step,
+            "meta": self.meta,
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+        }
 
     def digest(self) -> str:
         """sha256 of the manifest's canonical JSON: what a verified mark binds."""
@@ -130,8 +135,9 @@ class Manifest:
         for f in raw_files:
             if not isinstance(f, dict) or not isinstance(f.get("sha256"), str) or not SHA256_RE.match(f["sha256"]):
                 raise CheckpointDamaged("manifest file entry without a sha256 hex digest")
-            files.append(FileEntry(safe_relpath(f.get("path")), _whole(f.get("size"), "size", MAX_FILE_BYTES),
-                                   f["sha256"]))
+            files.append(
+                FileEntry(safe_relpath(f.get("path")), _whole(f.get("size"), "size", MAX_FILE_BYTES), f["sha256"])
+            )
         paths = [f.path for f in files]
         folders = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
         folders |= {f.rsplit("/", i)[0] for f in list(folders) for i in range(1, f.count("/") + 1)}

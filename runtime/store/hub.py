@@ -41,14 +41,41 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, ge
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers
 
-from runtime.store.base import (MANIFEST, MAX_SMALL_JSON, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged,
-                                Manifest, RemoteFile, StoreError, StoreScan, TransientStoreError,
-                                canonical_json, step_of)
+from runtime.store.base import (
+    MANIFEST,
+    MAX_SMALL_JSON,
+    VERIFIED,
+    CheckpointDamaged,
+    CheckpointInfo,
+    Damaged,
+    Manifest,
+    RemoteFile,
+    StoreError,
+    StoreScan,
+    TransientStoreError,
+    canonical_json,
+    step_of,
+)
 from runtime.store.hub_errors import classify, classify_status
-from runtime.store.hub_limits import (CYCLE_EXTRA_COMMITS, DEFAULT_MAX_FILE_BYTES, HUB_COMMITS_PER_HOUR,
-                                      HUB_FILES_PER_COMMIT, CommitBudget)
-from runtime.store.hub_parts import (MAX_INDEX_BYTES, PARTS_INDEX, FileWindow, PartsIndex, batches, close_windows,
-                                     joined_size, parse_index, plan, upload_items)
+from runtime.store.hub_limits import (
+    CYCLE_EXTRA_COMMITS,
+    DEFAULT_MAX_FILE_BYTES,
+    HUB_COMMITS_PER_HOUR,
+    HUB_FILES_PER_COMMIT,
+    CommitBudget,
+)
+from runtime.store.hub_parts import (
+    MAX_INDEX_BYTES,
+    PARTS_INDEX,
+    FileWindow,
+    PartsIndex,
+    batches,
+    close_windows,
+    joined_size,
+    parse_index,
+    plan,
+    upload_items,
+)
 from runtime.store.retry import RetryPolicy, with_retry
 from runtime.store.safeio import create_inside
 from runtime.store.seal import classify_folder
@@ -76,14 +103,17 @@ def configure_session(timeout_s: float) -> None:
         if _session_timeout == timeout_s:
             return
         timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        set_client_factory(lambda: httpx.Client(event_hooks={"request": [hf_request_event_hook]},
-                                                follow_redirects=True, timeout=timeout))
+        set_client_factory(
+            lambda: httpx.Client(
+                event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True, timeout=timeout
+            )
+        )
         _session_timeout = timeout_s
 
 
 def parse_hf_uri(uri: str) -> tuple[str, str]:
     """hf://owner/repo[@revision] -> (repo_id, revision)."""
-    rest = uri[len("hf://"):]
+    rest = uri[len("hf://") :]
     repo_id, _, revision = rest.partition("@")
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
@@ -94,11 +124,21 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
 class HubStore:
     """Checkpoints as folders `<namespace>/step-<N>/` in a Hub model repo."""
 
-    def __init__(self, uri: str, namespace: str = "", *, token: str | None = None, endpoint: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 key: bytes | None = None, files_per_commit: int = FILES_PER_COMMIT,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, commits_per_hour: int = HUB_COMMITS_PER_HOUR,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        uri: str,
+        namespace: str = "",
+        *,
+        token: str | None = None,
+        endpoint: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
+        key: bytes | None = None,
+        files_per_commit: int = FILES_PER_COMMIT,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        commits_per_hour: int = HUB_COMMITS_PER_HOUR,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.repo_id, self.revision = parse_hf_uri(uri)
         self.files_per_commit = max(2, files_per_commit)
         self.max_file_bytes = max(1, max_file_bytes)
@@ -129,6 +169,7 @@ class HubStore:
                 return fn()
             except (HfHubHTTPError, httpx.HTTPError) as err:
                 raise classify(err, what) from err
+
         return with_retry(attempt, policy=self.retry)
 
     def _path(self, name: str, path: str = "") -> str:
@@ -144,8 +185,9 @@ class HubStore:
 
     def _get_small(self, path_in_repo: str, limit: int = MAX_SMALL_JSON) -> bytes:
         def get() -> bytes:
-            with get_session().stream("GET", self._url(path_in_repo), headers=self._headers(),
-                                      follow_redirects=True, timeout=self.timeout_s) as resp:
+            with get_session().stream(
+                "GET", self._url(path_in_repo), headers=self._headers(), follow_redirects=True, timeout=self.timeout_s
+            ) as resp:
                 if resp.status_code != 200:
                     raise classify_status(resp.status_code, f"GET {path_in_repo}")
                 body = b""
@@ -154,6 +196,7 @@ class HubStore:
                     if len(body) > limit:
                         raise CheckpointDamaged(f"GET {path_in_repo}: larger than {limit} bytes")
                 return body
+
         return self._call(f"GET {path_in_repo}", get)
 
     def _commit(self, what: str, make_ops: Callable[[], list[Any]]) -> None:
@@ -171,6 +214,7 @@ class HubStore:
                 return self.api.create_commit(self.repo_id, ops, commit_message=what, revision=self.revision)
             finally:
                 close_windows(ops)
+
         self._call(what, attempt)
 
     def _add(self, name: str, local_dir: Path, item: Any, blobs: dict[str, bytes]) -> Any:
@@ -179,8 +223,9 @@ class HubStore:
             return CommitOperationAdd(self._path(name, item), blobs[item])
         dest, src, start, length = item
         whole = dest == src
-        return CommitOperationAdd(self._path(name, dest), str(local_dir / src) if whole else
-                                  FileWindow(local_dir / src, start, length))
+        return CommitOperationAdd(
+            self._path(name, dest), str(local_dir / src) if whole else FileWindow(local_dir / src, start, length)
+        )
 
     def _parts(self, name: str) -> PartsIndex | None:
         """The checkpoint's parts index (None: no file is split); untrusted, checked on read."""
@@ -198,15 +243,19 @@ class HubStore:
 
     def scan(self) -> StoreScan:
         def tree() -> list[Any]:
-            return list(self.api.list_repo_tree(self.repo_id, path_in_repo=self.prefix.rstrip("/") or None,
-                                                recursive=True, revision=self.revision))
+            return list(
+                self.api.list_repo_tree(
+                    self.repo_id, path_in_repo=self.prefix.rstrip("/") or None, recursive=True, revision=self.revision
+                )
+            )
+
         try:
             entries = self._call("list checkpoints", tree)
         except FileNotFoundError:
             return StoreScan([], [])  # no repo, no revision or no folder yet: nothing here
         present: dict[str, set[str]] = {}
         for entry in entries:
-            rel = entry.path[len(self.prefix):] if entry.path.startswith(self.prefix) else None
+            rel = entry.path[len(self.prefix) :] if entry.path.startswith(self.prefix) else None
             if rel and rel.count("/") == 1:
                 folder, leaf = rel.split("/")
                 if step_of(folder) is not None:
@@ -240,11 +289,18 @@ class HubStore:
 
     def commit(self, manifest: Manifest) -> None:
         """The manifest (with the parts index), in a commit of its own: the checkpoint exists from here."""
-        self._push(Path(), manifest.name, {}, manifest, plan({f.path: f.size for f in manifest.files},
-                                                             self.max_file_bytes))
+        self._push(
+            Path(), manifest.name, {}, manifest, plan({f.path: f.size for f in manifest.files}, self.max_file_bytes)
+        )
 
-    def _push(self, local_dir: Path, name: str, sizes: dict[str, int], manifest: Manifest | None,
-              index: PartsIndex | None = None) -> None:
+    def _push(
+        self,
+        local_dir: Path,
+        name: str,
+        sizes: dict[str, int],
+        manifest: Manifest | None,
+        index: PartsIndex | None = None,
+    ) -> None:
         """Commit `sizes`' files (split where above `max_file_bytes`), then the manifest and the
         parts index together in the last commit; refused up front if the commits, and for a
         checkpoint its verified mark and a prune's delete, do not fit in the hour's budget."""
@@ -256,8 +312,11 @@ class HubStore:
             tail.append(MANIFEST)
         chunks = batches(upload_items(sizes, index), tail, self.files_per_commit)
         extra = CYCLE_EXTRA_COMMITS if manifest else 0
-        self.budget.check(len(chunks) + extra, f"pushing {name} ({len(chunks)} commit(s)"
-                          + (", then its verified mark and a prune's delete)" if extra else ")"))
+        self.budget.check(
+            len(chunks) + extra,
+            f"pushing {name} ({len(chunks)} commit(s)"
+            + (", then its verified mark and a prune's delete)" if extra else ")"),
+        )
         self._indexes.pop(name, None)
         for n, chunk in enumerate(chunks, 1):
             suffix = f" ({n}/{len(chunks)})" if len(chunks) > 1 else ""
@@ -276,8 +335,9 @@ class HubStore:
         if set(paths) & {part for parts in split.values() for part in parts}:
             raise CheckpointDamaged(f"{name}/{PARTS_INDEX}: a part name is a file of the checkpoint")
         full = {self._path(name, q): q for p in paths for q in split.get(p, [p])}
-        infos = self._call(f"paths-info {name}", lambda: self.api.get_paths_info(
-            self.repo_id, list(full), revision=self.revision))
+        infos = self._call(
+            f"paths-info {name}", lambda: self.api.get_paths_info(self.repo_id, list(full), revision=self.revision)
+        )
         found = {full[i.path]: i for i in infos if i.path in full and hasattr(i, "size")}
         out = {}
         for path in paths:
@@ -308,8 +368,9 @@ class HubStore:
 
         def get() -> bytes:
             headers = self._headers({"Range": f"bytes={start}-{end}"})
-            with get_session().stream("GET", self._url(where), headers=headers, follow_redirects=True,
-                                      timeout=self.timeout_s) as resp:
+            with get_session().stream(
+                "GET", self._url(where), headers=headers, follow_redirects=True, timeout=self.timeout_s
+            ) as resp:
                 if resp.status_code != 206:
                     if resp.status_code in (401, 403, 404, 429) or resp.status_code >= 500:
                         raise classify_status(resp.status_code, f"range GET {where}")
@@ -324,6 +385,7 @@ class HubStore:
                     if len(body) > length:  # never read past what was asked (+1 to know it was more)
                         break
                 return body
+
         return self._call(f"range GET {where}", get)
 
     def mark_verified(self, name: str, record: dict[str, Any]) -> None:
@@ -341,8 +403,11 @@ class HubStore:
         target.mkdir(parents=True)
         for entry in info.manifest.files:
             if index is not None and entry.path in index.files:
-                sources = list(zip((self._path(name, p) for p in index.parts(entry.path)),
-                                   index.part_sizes(entry.path, entry.size)))
+                sources = list(
+                    zip(
+                        (self._path(name, p) for p in index.parts(entry.path)), index.part_sizes(entry.path, entry.size)
+                    )
+                )
             else:
                 sources = [(self._path(name, entry.path), entry.size)]
             self._download(sources, target, entry.path, entry.sha256, self._path(name, entry.path))
@@ -352,14 +417,16 @@ class HubStore:
     def _download(self, sources: list[tuple[str, int]], root: Path, rel: str, sha256: str, label: str) -> None:
         """GET one file into root/rel from its `sources` (the file, or its parts in order, each with
         its size): never more bytes than a source's size + 1, the whole checked against `sha256`."""
+
         def get() -> None:
             (root / rel).unlink(missing_ok=True)  # a retry starts over
             digest, fh = hashlib.sha256(), None
             try:
                 for where, size in sources:
                     got = 0
-                    with get_session().stream("GET", self._url(where), headers=self._headers(),
-                                              follow_redirects=True, timeout=self.timeout_s) as resp:
+                    with get_session().stream(
+                        "GET", self._url(where), headers=self._headers(), follow_redirects=True, timeout=self.timeout_s
+                    ) as resp:
                         if resp.status_code != 200:
                             raise classify_status(resp.status_code, f"GET {where}")
                         fh = fh or os.fdopen(create_inside(root, rel), "wb")
@@ -376,6 +443,7 @@ class HubStore:
                     fh.close()
             if digest.hexdigest() != sha256:
                 raise CheckpointDamaged(f"{label} does not match its manifest's sha256")
+
         self._call(f"download {label}", get)
 
     def delete(self, name: str) -> None:

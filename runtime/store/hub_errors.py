@@ -5,8 +5,7 @@
 from __future__ import annotations
 
 import httpx
-from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
 from runtime.store.base import StoreAuthError, StoreError, TransientStoreError
 

@@ -74,8 +74,11 @@ def limits_from_env(env: Mapping[str, str] | None = None) -> HubLimits:
             values[field] = int(text)
         else:
             default = getattr(HubLimits, field)
-            print(f"store: {name}={text[:40]!r} is not a whole number from {low} to {high}: using {default}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"store: {name}={text[:40]!r} is not a whole number from {low} to {high}: using {default}",
+                file=sys.stderr,
+                flush=True,
+            )
     return HubLimits(**values)
 
 
@@ -101,7 +104,8 @@ class CommitBudget:
             raise CommitBudgetExceeded(
                 f"{what} needs {need} commit(s), but only {max(0, left)} of hub.commits_per_hour={self.per_hour} "
                 f"are left in this hour (the Hub allows {HUB_COMMITS_PER_HOUR} per repo; the next frees in "
-                f"{frees:.0f} s): refused before its first commit, the store keeps what it had")
+                f"{frees:.0f} s): refused before its first commit, the store keeps what it had"
+            )
 
     def spend(self) -> None:
         """One commit request made (a retry counts again: the Hub may have made the first)."""

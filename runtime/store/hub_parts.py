@@ -78,8 +78,9 @@ class PartsIndex:
             if path not in sizes:
                 raise CheckpointDamaged(f"{what} names {path[:80]!r}, which the manifest does not list")
             if n != count_parts(sizes[path], self.part_bytes):
-                raise CheckpointDamaged(f"{what}: {path} in {n} parts of {self.part_bytes} bytes, but the manifest "
-                                        f"says {sizes[path]} bytes")
+                raise CheckpointDamaged(
+                    f"{what}: {path} in {n} parts of {self.part_bytes} bytes, but the manifest says {sizes[path]} bytes"
+                )
             if any(p in sizes for p in self.parts(path)):
                 raise CheckpointDamaged(f"{what}: a part name of {path} is a file of the checkpoint")
 
@@ -94,8 +95,10 @@ def plan(sizes: dict[str, int], part_bytes: int) -> PartsIndex | None:
     index = PartsIndex(part_bytes, files)
     for path, n in files.items():
         if n > MAX_PARTS:
-            raise StoreError(f"{path}: {sizes[path]} bytes would take {n} parts of {part_bytes} bytes (at most "
-                             f"{MAX_PARTS}): raise hub.max_file_gb")
+            raise StoreError(
+                f"{path}: {sizes[path]} bytes would take {n} parts of {part_bytes} bytes (at most "
+                f"{MAX_PARTS}): raise hub.max_file_gb"
+            )
     index.check_against(sizes, "the Hub store")
     return index
 
@@ -139,7 +142,7 @@ def upload_items(sizes: dict[str, int], index: PartsIndex | None) -> list[tuple[
 
 def batches(items: list[Any], tail: list[Any], per: int) -> list[list[Any]]:
     """`items` then `tail` in commits of at most `per` (>= 2), the whole tail in the last."""
-    chunks = [(items + tail)[i:i + per] for i in range(0, len(items) + len(tail), per)]
+    chunks = [(items + tail)[i : i + per] for i in range(0, len(items) + len(tail), per)]
     if len(chunks) > 1 and len(chunks[-1]) < len(tail):  # the tail split over two: move it together
         moved = len(tail) - len(chunks[-1])
         chunks[-1] = chunks[-2][-moved:] + chunks[-1]

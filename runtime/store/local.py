@@ -18,8 +18,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.store.base import (MANIFEST, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged, Manifest,
-                                RemoteFile, StoreError, StoreScan, canonical_json, step_of)
+from runtime.store.base import (
+    MANIFEST,
+    VERIFIED,
+    CheckpointDamaged,
+    CheckpointInfo,
+    Damaged,
+    Manifest,
+    RemoteFile,
+    StoreError,
+    StoreScan,
+    canonical_json,
+    step_of,
+)
 from runtime.store.safeio import create_inside, open_regular, read_exactly, read_small
 from runtime.store.seal import classify_folder
 

@@ -25,8 +25,7 @@ class RetryPolicy:
     """No new attempt starts later than this after the first."""
 
 
-def with_retry(fn: Callable[[], T], *, policy: RetryPolicy,
-               sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retry(fn: Callable[[], T], *, policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep) -> T:
     began = time.monotonic()
     for attempt in range(1, policy.attempts + 1):
         try:
@@ -35,9 +34,11 @@ def with_retry(fn: Callable[[], T], *, policy: RetryPolicy,
             backoff = min(policy.max_backoff_s, policy.base_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
             out_of_time = time.monotonic() - began + backoff > policy.deadline_s
             if attempt == policy.attempts or out_of_time:
-                raise TransientStoreError(f"{err} (gave up after {attempt} attempts, "
-                                          f"{time.monotonic() - began:.1f} s)") from err
-            print(f"store: {err}; retry {attempt}/{policy.attempts - 1} in {backoff:.1f} s",
-                  file=sys.stderr, flush=True)
+                raise TransientStoreError(
+                    f"{err} (gave up after {attempt} attempts, {time.monotonic() - began:.1f} s)"
+                ) from err
+            print(
+                f"store: {err}; retry {attempt}/{policy.attempts - 1} in {backoff:.1f} s", file=sys.stderr, flush=True
+            )
             sleep(backoff)
     raise AssertionError("unreachable")

@@ -35,7 +35,7 @@ def open_regular(folder: Path, rel: str) -> int:
             try:
                 nfd = os.open(part, _DIR_FLAGS, dir_fd=dfd)
             except OSError as err:
-                _raise(err, "/".join(parts[:i + 1]))
+                _raise(err, "/".join(parts[: i + 1]))
             os.close(dfd)
             dfd = nfd
         try:

@@ -27,8 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from runtime.contract import STORE_KEY
-from runtime.store.base import (MANIFEST, SHA256_RE, VERIFIED, CheckpointDamaged, CheckpointInfo, Damaged, Manifest,
-                                StoreError, canonical_json, parse_small_json, step_of)
+from runtime.store.base import (
+    MANIFEST,
+    SHA256_RE,
+    VERIFIED,
+    CheckpointDamaged,
+    CheckpointInfo,
+    Damaged,
+    Manifest,
+    StoreError,
+    canonical_json,
+    parse_small_json,
+    step_of,
+)
 
 KEY_ENV = STORE_KEY
 SEAL_VERSION = 1
@@ -58,9 +69,14 @@ def _mac(key: bytes, record: dict[str, Any]) -> str:
 
 def make_seal(manifest: Manifest, windows: list[Window], bytes_read: int, key: bytes | None) -> dict[str, Any]:
     """The verified mark for `manifest`, after a read-back that matched in `windows`."""
-    record: dict[str, Any] = {"version": SEAL_VERSION, "name": manifest.name, "manifest_sha256": manifest.digest(),
-                              "windows": [list(w) for w in windows], "bytes_read": bytes_read,
-                              "verified_at": round(time.time(), 3)}
+    record: dict[str, Any] = {
+        "version": SEAL_VERSION,
+        "name": manifest.name,
+        "manifest_sha256": manifest.digest(),
+        "windows": [list(w) for w in windows],
+        "bytes_read": bytes_read,
+        "verified_at": round(time.time(), 3),
+    }
     if key is not None:
         record["mac"] = _mac(key, record)
     return record
@@ -78,9 +94,17 @@ def check_seal(manifest: Manifest, record: Any, key: bytes | None) -> dict[str, 
         raise CheckpointDamaged("verified.json records no read-back windows")
     covered = set()
     for w in windows:
-        if not (isinstance(w, list) and len(w) == 4 and w[0] in sizes and isinstance(w[3], str)
-                and SHA256_RE.match(w[3]) and all(isinstance(n, int) and not isinstance(n, bool) for n in w[1:3])
-                and w[1] >= 0 and w[2] > 0 and w[1] + w[2] <= sizes[w[0]]):
+        if not (
+            isinstance(w, list)
+            and len(w) == 4
+            and w[0] in sizes
+            and isinstance(w[3], str)
+            and SHA256_RE.match(w[3])
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in w[1:3])
+            and w[1] >= 0
+            and w[2] > 0
+            and w[1] + w[2] <= sizes[w[0]]
+        ):
             raise CheckpointDamaged(f"verified.json has a window that does not fit the manifest: {str(w)[:80]}")
         covered.add(w[0])
     unread = [p for p, size in sizes.items() if size and p not in covered]
@@ -93,8 +117,9 @@ def check_seal(manifest: Manifest, record: Any, key: bytes | None) -> dict[str, 
     return record
 
 
-def classify_folder(name: str, manifest_raw: bytes, seal_raw: bytes | None,
-                    key: bytes | None) -> tuple[CheckpointInfo | None, Damaged | None]:
+def classify_folder(
+    name: str, manifest_raw: bytes, seal_raw: bytes | None, key: bytes | None
+) -> tuple[CheckpointInfo | None, Damaged | None]:
     """One listed folder -> a checkpoint (verified only if its mark binds the manifest), or damage."""
     step = step_of(name)
     assert step is not None
