@@ -15,15 +15,15 @@ from xml.etree import ElementTree
 
 import pytest
 
-from launcher.config.schema import Config, RungConfig, RungsConfig
 from launcher.checks.evidence import LegEvents
+from launcher.config.schema import Config, RungConfig, RungsConfig
 from launcher.report import markdown as report_md
 from launcher.report.plan import efficiency_plan
-from launcher.report.proofs import proof_5, proof_7
+from launcher.report.proofs import proof_5
+from launcher.report.proofs_store import proof_7
 from launcher.report.runs import Evidence, RunData
 from runtime.events import parse_line
 from tests.helpers import assert_one_line_error, run_cli
-
 
 pytestmark = pytest.mark.xdist_group("report-ladder")  # the module's one ladder is walked once, on one worker
 
