@@ -160,8 +160,8 @@ def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> Non
 
 
 def test_a_trainer_without_batch_hashes_gets_missing_never_pass(tmp_path: Path) -> None:
+    from launcher.checks.data import NO_BATCH_HASH, check_batches, check_no_repeat, check_sample_index
     from launcher.checks.evidence import LegEvents
-    from launcher.checks.resume import NO_BATCH_HASH, check_batches, check_no_repeat, check_sample_index
 
     legs = []
     for leg, steps in enumerate(((1, 2, 3), (4, 5, 6))):

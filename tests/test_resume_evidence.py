@@ -11,9 +11,15 @@ import torch
 
 from launcher.checks.evidence import LegEvents
 from launcher.checks.readback import StateReader
+from launcher.checks.state import (
+    PROOF_KINDS,
+    check_fed_batch,
+    check_fields_straight,
+    check_optimizer_in_use,
+    check_restored,
+    check_state_straight,
+)
 from launcher.rungs.drill import Kill, check_resumed_newest
-from launcher.checks.state import (PROOF_KINDS, check_fed_batch, check_fields_straight, check_optimizer_in_use,
-                                   check_restored, check_state_straight)
 from runtime.contract import check_event
 from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
 
@@ -273,7 +279,7 @@ def test_a_first_batch_from_further_on_is_a_moved_position_and_an_unknown_one_is
     """The first batch after the resume is the straight run's batch of a later step: the
     position moved (skipped twice), by how many batches. One found nowhere in the straight run
     (a forward input that is not data, e.g. a recurrent state) is not called a data bug here."""
-    from launcher.checks.resume import check_batches
+    from launcher.checks.data import check_batches
 
     straight = leg(9, *(step(s, batch_hash=f"h{s}") for s in range(1, 9)))
     first = leg(0, *(step(s, batch_hash=f"h{s}") for s in range(1, 4)))

@@ -31,15 +31,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.checks.data import check_batches, check_every_rank, check_no_repeat, check_sample_index
 from launcher.checks.evidence import Check, Kind, LegEvents, surviving_timeline
 from launcher.checks.resume import (
     VARYING_FIELDS,
-    check_batches,
-    check_every_rank,
     check_loss,
     check_lr,
-    check_no_repeat,
-    check_sample_index,
     compare_straight,
     missing,
     resume_step,

@@ -55,7 +55,8 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
 
 def _data_position(legs: list[LegEvents], straight: LegEvents | None, measured: list[Any]) -> list[tuple[int, Check]]:
     """Proof 2's checks of one run (the batch each resumed leg fed, measured, joins `measured`)."""
-    from launcher.checks.resume import check_batches, check_sample_index, resumed_legs
+    from launcher.checks.data import check_batches, check_sample_index
+    from launcher.checks.resume import resumed_legs
     from launcher.checks.state import check_batches_straight, check_fed_batch
 
     found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
@@ -161,7 +162,8 @@ def proof_4(runs: list[RunData], cfg: Config, cite: Evidence) -> Proof:
 def proof_8(runs: list[RunData], cfg: Config, cite: Evidence) -> Proof:
     """Two sequential resumes on one run: the batch hashes on the surviving timeline never
     repeat, and (CPU) the whole timeline equals the straight-through run."""
-    from launcher.checks.resume import check_no_repeat, compare_straight
+    from launcher.checks.data import check_no_repeat
+    from launcher.checks.resume import compare_straight
 
     best: tuple[RunData, list[Check], int] | None = None
     for run in runs:

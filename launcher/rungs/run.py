@@ -101,7 +101,8 @@ def leg_checks(
 ) -> list[Check]:
     """What the launcher checks after leg i: the store kept what the logs verified, and the
     leg's resume (if it resumed and trained) was exact."""
-    from launcher.checks.resume import check_batches, check_loss, check_lr
+    from launcher.checks.data import check_batches
+    from launcher.checks.resume import check_loss, check_lr
     from launcher.rungs.drill import check_store_after_kill
 
     checks = [check_store_after_kill(store, outs, after, when="its end")]
@@ -212,7 +213,7 @@ def judge_leg(
 
 def finished(outs: list[LegOutcome], steps: int) -> list[Check]:
     """The checks of a run that reached its last step: the whole timeline's."""
-    from launcher.checks.resume import check_no_repeat, check_sample_index
+    from launcher.checks.data import check_no_repeat, check_sample_index
 
     last = outs[-1].events
     legs = [o.events for o in outs]
