@@ -1,6 +1,6 @@
 """The deterministic mode of the rungs that compare runs (runtime.determinism), on the CPU:
 the flags the session sets, an op without a deterministic kernel named on the step that ran
-it, and what the launcher makes of both (launcher.checks.state.check_determinism)."""
+it, and what the launcher makes of both (launcher.checks.determinism.check_determinism)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.checks.determinism import BAND_ON_GPU, EXACT_ON_GPU, check_determinism
 from launcher.checks.evidence import LegEvents
-from launcher.checks.state import BAND_ON_GPU, EXACT_ON_GPU, check_determinism
 from runtime import contract
 
 ROOT = Path(__file__).resolve().parents[1]

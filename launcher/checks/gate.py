@@ -103,16 +103,7 @@ def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None,
             f"report {folder.name} fails its signature ({problems[0]}): it was changed after it was signed",
             hint="run `launcher report` again to write a fresh one",
         )
-    runs = []
-    for entry in data.get("runs") or []:
-        rows = ledger.runs(run_id=str(entry.get("id")))
-        if not rows or rows[0]["files"] != files or rows[0]["ended_at"] is None:
-            raise Refused(
-                f"report {folder.name} names run {entry.get('id')!r}, which the ledger does not hold with these files",
-                hint="run `launcher report` again from this ledger",
-            )
-        runs.append(rep.load_run(rows[0]))
-    proofs = rep.derive(cfg, runs, rep.Evidence())
+    proofs = rep.derive(cfg, _ledger_runs(folder, data, ledger, files), rep.Evidence())
     signed = {p.get("number"): p.get("status") for p in data.get("proofs") or [] if isinstance(p, dict)}
     lies = [n for n in need if signed.get(n) == rep.PASS and proofs[n].status != rep.PASS]
     if lies:
@@ -128,6 +119,37 @@ def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None,
             f"report {folder.name}: not every proof PASS: {listed}",
             hint=_ladder_hint(bad, make) + '; or --skip-preflight "REASON" (recorded)',
         )
+    _same_gpu_and_image(folder, data, proofs, gpus, image)
+    digest = json.loads((folder / rep.SIGNATURE).read_text())["digest"]
+    return Passed(folder, digest, str(data.get("generated_at")), need, dict(data.get("plan") or {}))
+
+
+def _ladder_hint(numbers: tuple[int, ...] | list[int], make: dict[int, str]) -> str:
+    steps = list(dict.fromkeys(make[n] for n in numbers))
+    return "run " + ", ".join(f"`{s}`" for s in steps) + ", then `launcher report`"
+
+
+def _ledger_runs(folder: Path, data: dict[str, Any], ledger: Ledger, files: dict[str, str]) -> list[Any]:
+    """The report's runs as the ledger holds them (with these files, ended): Refused otherwise."""
+    from launcher import report as rep
+
+    runs = []
+    for entry in data.get("runs") or []:
+        rows = ledger.runs(run_id=str(entry.get("id")))
+        if not rows or rows[0]["files"] != files or rows[0]["ended_at"] is None:
+            raise Refused(
+                f"report {folder.name} names run {entry.get('id')!r}, which the ledger does not hold with these files",
+                hint="run `launcher report` again from this ledger",
+            )
+        runs.append(rep.load_run(rows[0]))
+    return runs
+
+
+def _same_gpu_and_image(
+    folder: Path, data: dict[str, Any], proofs: dict[int, Any], gpus: GpuSpec | None, image: str | None
+) -> None:
+    """Refused when the report measured its rate on another GPU, or ran on another image, than
+    the run would launch on."""
     if gpus is not None:
         measured = str(proofs[5].numbers.get("gpus", ""))
         if measured.split(":")[0].lower() != gpus.name.lower():
@@ -144,10 +166,3 @@ def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None,
                 f"its runs ran {', '.join(r[:40] for r in ran) or 'no image (local backend)'}",
                 hint="climb the ladder on this backend, then `launcher report`",
             )
-    digest = json.loads((folder / rep.SIGNATURE).read_text())["digest"]
-    return Passed(folder, digest, str(data.get("generated_at")), need, dict(data.get("plan") or {}))
-
-
-def _ladder_hint(numbers: tuple[int, ...] | list[int], make: dict[int, str]) -> str:
-    steps = list(dict.fromkeys(make[n] for n in numbers))
-    return "run " + ", ".join(f"`{s}`" for s in steps) + ", then `launcher report`"

@@ -125,7 +125,7 @@ def load_run(row: dict[str, Any]) -> RunData:
 
 def run_exact(run: RunData, cfg: Config) -> bool:
     """Comparisons are exact (bit-identical): a CPU run of a deterministic trainer, or a GPU run
-    whose legs' deterministic mode held (launcher.checks.state.check_determinism said so)."""
+    whose legs' deterministic mode held (launcher.checks.determinism.check_determinism said so)."""
     checks = run.row.get("checks", [])
     on_cpu = not run.row["gpu_count"] and not find(checks, Kind.CPU_DETERMINISM)
     return cfg.trainer.deterministic and (on_cpu or (bool(run.row["gpu_count"]) and bool(find(checks, Kind.GPU_EXACT))))

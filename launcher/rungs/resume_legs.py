@@ -189,8 +189,8 @@ def exact_checks(
     ctx: RunContext, legs: list[LegEvents], straight: LegEvents | None, on_gpu: bool, steps: int
 ) -> list[Check]:
     """The timeline's checks, exact where they can be: on a CPU for a deterministic trainer,
-    on a GPU when the legs' deterministic mode held (launcher.checks.state.check_determinism)."""
-    from launcher.checks.state import check_determinism
+    on a GPU when the legs' deterministic mode held (launcher.checks.determinism.check_determinism)."""
+    from launcher.checks.determinism import check_determinism
 
     mode = check_determinism(legs, on_gpu)
     exact = ctx.cfg.trainer.deterministic and (not on_gpu or (mode is not None and mode.kind == Kind.GPU_EXACT))
