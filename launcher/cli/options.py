@@ -1,0 +1,33 @@
+"""What the commands share: the options every project command takes, the config load, and how
+a rung's or a drill's outcome is shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
+JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="Every event of every leg, and every check with its evidence.")
+GPUS = typer.Option(None, "--gpus", help="Accelerators, SkyPilot style: T4:2.")
+OVERDRAFT = typer.Option(False, "--allow-overdraft", help="Launch over quota (recorded).")
+
+
+def load(config: Path) -> Any:
+    """The project's config (launcher.config.schema.Config, imported only when a command runs)."""
+    from launcher.config.schema import load_config
+
+    return load_config(config)
+
+
+def outcome_json(outcome: Any, **extra: Any) -> dict[str, Any]:
+    """A rung's or a drill's outcome as `--json` prints it."""
+    return {
+        "run_id": outcome.run_id,
+        **extra,
+        "ok": outcome.ok,
+        "seconds": round(outcome.seconds, 3),
+        "checks": [c.to_json() for c in outcome.checks],
+    }
