@@ -28,6 +28,17 @@ def render(r: dict[str, Any]) -> str:
     for p in proofs:
         out.append(f"| {p['number']} | {p['title']} | **{p['status']}** | {_cell(p['summary'])} |")
     out += ["", "## The plan", ""] + _plan(r["plan"]) + ["", "## Proofs, with evidence", ""]
+    out += _proof_sections(proofs)
+    out += ["## Plots", ""]
+    for name in r.get("plots", []):
+        out += [f"![{name}]({name})", ""]
+    out += _runs_section(r) + _what_ran(r)
+    return "\n".join(out)
+
+
+def _proof_sections(proofs: list[dict[str, Any]]) -> list[str]:
+    """Each proof: its summary, its checks (12 at most), and the event lines it rests on, quoted."""
+    out: list[str] = []
     for p in proofs:
         out += [f"### {p['number']}. {p['title']}: {p['status']}", "", p["summary"], ""]
         for line in p["numbers"].get("each", [])[:12]:
@@ -44,9 +55,12 @@ def render(r: dict[str, Any]) -> str:
                 "```",
                 "",
             ]
-    out += ["## Plots", ""]
-    for name in r.get("plots", []):
-        out += [f"![{name}]({name})", ""]
+    return out
+
+
+def _runs_section(r: dict[str, Any]) -> list[str]:
+    """The runs reported, their legs, and the log lines no proof could use."""
+    out: list[str] = []
     out += [
         "## Runs reported",
         "",
@@ -76,6 +90,12 @@ def render(r: dict[str, Any]) -> str:
             "",
         ] + [f"- {d['run']} leg {d['leg']} line {d['line']}: {d['reason']}" for d in damaged[:20]]
         out += ([f"- ... and {len(damaged) - 20} more (preflight.json)"] if len(damaged) > 20 else []) + [""]
+    return out
+
+
+def _what_ran(r: dict[str, Any]) -> list[str]:
+    """The reviewed files, config, images and task YAML every run above recorded at launch."""
+    out: list[str] = []
     out += [
         "## What ran",
         "",
@@ -91,7 +111,7 @@ def render(r: dict[str, Any]) -> str:
         f"Rendered SkyPilot task YAML sha256: {', '.join(r['task_yaml_sha256']) or 'none (no sky legs)'}",
         "",
     ]
-    return "\n".join(out)
+    return out
 
 
 def _plan(p: dict[str, Any]) -> list[str]:
