@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from launcher.checks.evidence import LegEvents
+from launcher.checks.kills import Kill, check_resumed_newest
 from launcher.checks.readback import StateReader
 from launcher.checks.state import (
     PROOF_KINDS,
@@ -19,7 +20,6 @@ from launcher.checks.state import (
     check_restored,
     check_state_straight,
 )
-from launcher.rungs.drill import Kill, check_resumed_newest
 from runtime.contract import check_event
 from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import Check, Kind, LegEvents
+from launcher.checks.kills import Kill, check_resumed_newest, check_store_after_kill, read_states
 from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader
 from launcher.legs import Ending, LegOutcome, RunContext, run_leg
-from launcher.rungs.drill import Kill, check_resumed_newest, check_store_after_kill, read_states
 from runtime.cycle import newest_verified
 from runtime.store.seal import KEY_ENV
 

@@ -102,8 +102,8 @@ def leg_checks(
     """What the launcher checks after leg i: the store kept what the logs verified, and the
     leg's resume (if it resumed and trained) was exact."""
     from launcher.checks.data import check_batches
+    from launcher.checks.kills import check_store_after_kill
     from launcher.checks.resume import check_loss, check_lr
-    from launcher.rungs.drill import check_store_after_kill
 
     checks = [check_store_after_kill(store, outs, after, when="its end")]
     i = len(outs) - 1

@@ -52,6 +52,23 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     for module in ctx.cfg.trainer.modules:
         argv += ["--module", module]
     argv += ["--", *leg_argv]
+    out, err, rc = _run_check(ctx, argv, log_path)
+    result_line = len(log_path.read_text().splitlines())
+    try:
+        reported = json.loads(out.strip().splitlines()[-1])["checks"]
+    except (IndexError, KeyError, json.JSONDecodeError):
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return checks + [
+            Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}", kind=Kind.IMPORT_PARSE)
+        ]
+    pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
+    checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
+    return checks
+
+
+def _run_check(ctx: RunContext, argv: list[str], log_path: Path) -> tuple[str, str, int]:
+    """Run the trainer's static check in a folder holding only the reviewed files, recorded in the
+    ledger as leg 0 on the host; (stdout, stderr, exit code), its log written to `log_path`."""
     started = time.time()
     ctx.ledger.begin_leg(
         {
@@ -87,14 +104,4 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         billed_gpu_hours=0.0,
         cost_usd=0.0,
     )
-    result_line = len(log_path.read_text().splitlines())
-    try:
-        reported = json.loads(out.strip().splitlines()[-1])["checks"]
-    except (IndexError, KeyError, json.JSONDecodeError):
-        tail = (err.strip().splitlines() or ["no output"])[-1]
-        return checks + [
-            Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}", kind=Kind.IMPORT_PARSE)
-        ]
-    pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
-    checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
-    return checks
+    return out, err, rc
