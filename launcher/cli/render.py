@@ -291,15 +291,7 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
     if leg is None:
         out.print("  no leg launched")
         return
-    total = f" / {leg['leg_max_steps']} this leg" if leg["leg_max_steps"] else ""
-    alive = {True: ", process alive", False: ", process GONE"}.get(leg["process_alive"], "")
-    out.print(
-        f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
-        f"step {leg['step']}{total} (run length {leg['total_steps']})"
-    )
-    for node in leg.get("nodes", []):
-        state = {True: "process alive", False: "process GONE"}.get(node["alive"], f"exit {node['exit_code']}")
-        out.print(f"    node {node['node']}: {state}, step {node['step']}, pid {node['pid']}, log {node['log']}")
+    _print_leg(out, leg)
     last = s.get("last_event")
     if last:
         out.print(f"  last event: {last['event']} (step {last['step']}, line {last['line']}) {last['age_s']} s ago")
@@ -321,6 +313,29 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         out.print(f"  efficiency: {escape(s['efficiency']['summary'])}")
     if s.get("gpu_idle"):
         out.print(f"  GPU utilisation: {escape(s['gpu_idle']['summary'])}")
+    _print_log_findings(out, s)
+    for st in s.get("stops", []):
+        out.print(
+            f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
+            + (f" - {escape(st['detail'])}" if st["detail"] else "")
+        )
+
+
+def _print_leg(out: Console, leg: dict[str, Any]) -> None:
+    """The leg running (or last run): where, on what, at which step; each node's process."""
+    total = f" / {leg['leg_max_steps']} this leg" if leg["leg_max_steps"] else ""
+    alive = {True: ", process alive", False: ", process GONE"}.get(leg["process_alive"], "")
+    out.print(
+        f"  leg {leg['leg']} ({leg['state']}{alive}) on {leg['instance']}, device {leg['device']}: "
+        f"step {leg['step']}{total} (run length {leg['total_steps']})"
+    )
+    for node in leg.get("nodes", []):
+        state = {True: "process alive", False: "process GONE"}.get(node["alive"], f"exit {node['exit_code']}")
+        out.print(f"    node {node['node']}: {state}, step {node['step']}, pid {node['pid']}, log {node['log']}")
+
+
+def _print_log_findings(out: Console, s: dict[str, Any]) -> None:
+    """What the leg's log says went wrong: its warnings and errors by kind, its damaged event lines."""
     warnings = s.get("warnings", [])
     out.print(f"  warnings/errors in this leg's log: {sum(w['count'] for w in warnings)} lines, {len(warnings)} kinds")
     for w in warnings:
@@ -330,8 +345,3 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         out.print(f"  [red]{len(damaged)} damaged event line(s)[/red] in this leg's log (not used as evidence):")
         for d in damaged[:5]:
             out.print(f"    line {d['line']}: {escape(d['reason'][:160])}")
-    for st in s.get("stops", []):
-        out.print(
-            f"  stop requested {_when(st['requested_at'])}: {st['outcome'] or 'in progress'}"
-            + (f" - {escape(st['detail'])}" if st["detail"] else "")
-        )

@@ -155,15 +155,7 @@ def _confirm(
     outcome = (
         "graceful" if clean else "graceful, but not clean" if graceful else f"killed after {timeout_s:g} s timeout"
     )
-    if clean:
-        detail = f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
-    elif newest is not None:
-        detail = (
-            f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
-            f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else "")
-        )
-    else:
-        detail = "no verified checkpoint in the store: a resume starts from scratch"
+    detail = _detail(clean, final_step, newest, load)
     ledger.end_stop(
         stop_id,
         outcome=outcome,
@@ -184,3 +176,15 @@ def _confirm(
         "loadable": load,
         "detail": detail,
     }
+
+
+def _detail(clean: bool, final_step: int | None, newest: Any, load: dict[str, Any]) -> str:
+    """The stop's outcome in a line: the final checkpoint, or what a resume falls back to."""
+    if clean:
+        return f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
+    if newest is not None:
+        return (
+            f"fell back to {newest.name} (step {newest.step}), the newest verified checkpoint left; "
+            f"loadable: {bool(load.get('ok'))}" + (f" ({load['error']})" if load.get("error") else "")
+        )
+    return "no verified checkpoint in the store: a resume starts from scratch"
