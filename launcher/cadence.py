@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.errors import ConfigError
 
@@ -135,3 +136,30 @@ def fits_notice(final_path_s: float, notice_s: float) -> tuple[bool, float]:
         raise ValueError("seconds must not be negative")
     margin = notice_s - final_path_s
     return margin >= 0, margin
+
+
+def notice_warning(request: Any, preflight: dict[str, Any] | None, pick: Any) -> list[str]:
+    """The run on sky is spot first: warn when the passing report's final checkpoint does not fit
+    a preemption notice (of the pick's cloud, where SkyPilot named one; else of any provider).
+    `request` is the launch's launcher.plan.Request; the dry run and the launch show the same line."""
+    notice = (preflight or {}).get("notice")
+    if request.rung.name != "run" or request.backend != "sky" or not notice:
+        return []
+    cloud = str(pick.cloud).lower() if pick is not None else None
+    short = [
+        f
+        for f in notice["per_provider"]
+        if f["notice_s"] > 0 and not f["fits"] and (cloud is None or f["provider"] == cloud)
+    ]
+    if not short:
+        return []
+    names = " or ".join(f"{f['label']}'s ({f['notice_s']:g} s)" for f in short)
+    lost = (
+        f"; a preemption there loses up to {notice['lost_steps_max']:,} steps at the current cadence"
+        if notice.get("lost_steps_max")
+        else ""
+    )
+    return [
+        f"warning: on spot, the final checkpoint needs {notice['needed_s']:.1f} s ({notice['run']} leg "
+        f"{notice['leg']}): it does not fit {names} notice{lost}"
+    ]

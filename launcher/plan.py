@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.backends import HOST, Backend, backend_class, make_backend
+from launcher.cadence import notice_warning
 from launcher.config.schema import Config, GpuSpec, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ladder import Rung, leg_steps
@@ -229,26 +230,30 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.quota = preview(cfg, plan.ledger, plan.projection, plan.price, request.allow_overdraft, plan.at_least)
     decide("quota", lambda: _raise(plan.quota.refusal) if plan.quota is not None else None)
     if dry_run:
-        from launcher.ladder import resume_leg0_hold
-        from launcher.legs import redact
+        plan.env = _dry_run_env(plan)
 
-        steps = plan.legs[0].max_steps if plan.legs else 0
-        hold0 = (
-            resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
-        )
-        plan.env = redact(
-            leg0_env(
-                cfg,
-                rung,
-                request.gpus,
-                request.gpus_total,
-                steps,
-                plan.quota.remaining_gpu_hours if plan.quota else None,
-                plan.reviewed,
-                hold0=hold0,
-            ),
-            cfg.secrets,
-        )
+
+def _dry_run_env(plan: Plan) -> dict[str, str]:
+    """Leg 0's environment as the launch would set it (secrets redacted), for the dry run to show."""
+    cfg, request, rung = plan.cfg, plan.request, plan.request.rung
+    from launcher.ladder import resume_leg0_hold
+    from launcher.legs import redact
+
+    steps = plan.legs[0].max_steps if plan.legs else 0
+    hold0 = resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
+    return redact(
+        leg0_env(
+            cfg,
+            rung,
+            request.gpus,
+            request.gpus_total,
+            steps,
+            plan.quota.remaining_gpu_hours if plan.quota else None,
+            plan.reviewed,
+            hold0=hold0,
+        ),
+        cfg.secrets,
+    )
 
 
 def _raise(err: LauncherError | None) -> None:
@@ -386,29 +391,3 @@ def _gpu_hour_price(plan: Plan) -> float | None:
     if plan.pick is not None:
         return float(plan.pick.hourly_usd) / plan.request.gpus_total
     return plan.cfg.prices.get(gpus.name)
-
-
-def notice_warning(request: Request, preflight: dict[str, Any] | None, pick: Any) -> list[str]:
-    """The run on sky is spot first: warn when the passing report's final checkpoint does not fit
-    a preemption notice (of the pick's cloud, where SkyPilot named one; else of any provider)."""
-    notice = (preflight or {}).get("notice")
-    if request.rung.name != "run" or request.backend != "sky" or not notice:
-        return []
-    cloud = str(pick.cloud).lower() if pick is not None else None
-    short = [
-        f
-        for f in notice["per_provider"]
-        if f["notice_s"] > 0 and not f["fits"] and (cloud is None or f["provider"] == cloud)
-    ]
-    if not short:
-        return []
-    names = " or ".join(f"{f['label']}'s ({f['notice_s']:g} s)" for f in short)
-    lost = (
-        f"; a preemption there loses up to {notice['lost_steps_max']:,} steps at the current cadence"
-        if notice.get("lost_steps_max")
-        else ""
-    )
-    return [
-        f"warning: on spot, the final checkpoint needs {notice['needed_s']:.1f} s ({notice['run']} leg "
-        f"{notice['leg']}): it does not fit {names} notice{lost}"
-    ]

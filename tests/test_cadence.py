@@ -139,10 +139,10 @@ def test_m_is_the_configured_figure_else_the_clouds_published_one() -> None:
 
 
 def test_up_run_on_spot_warns_when_the_final_checkpoint_does_not_fit() -> None:
-    """launcher.plan.notice_warning: the dry run and the launch show the same line (Plan.warnings)."""
+    """launcher.cadence.notice_warning: the dry run and the launch show the same line (Plan.warnings)."""
     from types import SimpleNamespace
 
-    from launcher.plan import notice_warning
+    from launcher.cadence import notice_warning
 
     per = [{"provider": p, "label": lab, "notice_s": NOTICE_S[p], "fits": ok}
            for p, lab, ok in (("gcp", "GCP", False), ("azure", "Azure", False), ("aws", "AWS", True), ("k8s", "Kubernetes", False))]
