@@ -237,7 +237,7 @@ def _dry_run_env(plan: Plan) -> dict[str, str]:
     """Leg 0's environment as the launch would set it (secrets redacted), for the dry run to show."""
     cfg, request, rung = plan.cfg, plan.request, plan.request.rung
     from launcher.ladder import resume_leg0_hold
-    from launcher.legs import redact
+    from launcher.leg_env import redact
 
     steps = plan.legs[0].max_steps if plan.legs else 0
     hold0 = resume_leg0_hold(rung.name, cfg.rung(rung.name).steps, plan.backend.can_terminate) if rung.legs else None
@@ -311,7 +311,7 @@ def leg0_env(
     the session cap and by what the quota still allows (`quota_left` GPU-hours, as the quota
     guard would leave it) over `gpus_total` GPUs (the plan's: every node counted), and where it
     holds for its SIGTERM (`hold0`, launcher.ladder.resume_leg0_hold: a resume rung's)."""
-    from launcher.legs import Ending, ending_env, leg_deadline, leg_env
+    from launcher.leg_env import Ending, ending_env, leg_deadline, leg_env
 
     if not rung.legs:
         return leg_env(cfg, rung.name, PLACEHOLDER_RUN, 0, store_uri(cfg), 0, now or time.time(), reviewed, gpus)

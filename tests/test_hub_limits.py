@@ -40,9 +40,8 @@ class Clock:
 @pytest.fixture
 def small_hub(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """A loopback Hub that refuses files above 64 KiB and counts commits on a clock the test moves."""
-    from huggingface_hub import constants
-
     from hub_server import HubServer
+    from huggingface_hub import constants
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
@@ -297,7 +296,7 @@ def test_limits_reach_the_store_from_the_leg_env(monkeypatch: pytest.MonkeyPatch
 
 def test_an_hf_stores_legs_get_the_hub_limits(project: Path) -> None:
     from launcher.config.schema import load_config
-    from launcher.legs import leg_env
+    from launcher.leg_env import leg_env
 
     edit_config(project, store="hf://tester/ckpts", hub={"max_file_gb": 0.5, "commits_per_hour": 60})
     cfg = load_config(project / "launcher.yaml")

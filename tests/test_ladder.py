@@ -44,10 +44,10 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     import dataclasses
 
     from launcher.backends.local import LocalBackend
-    from launcher.config.schema import load_config, parse_gpus, store_uri
-    from launcher.plan import PLACEHOLDER_RUN, leg0_env
     from launcher.cli.init import init_project
+    from launcher.config.schema import load_config, parse_gpus, store_uri
     from launcher.legs import RunContext
+    from launcher.plan import PLACEHOLDER_RUN, leg0_env
 
     init_project(tmp_path / "p")
     cfg = load_config(tmp_path / "p" / "launcher.yaml")
@@ -57,7 +57,7 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     now = 1_700_000_000.0
 
     from launcher.backends.base import StagedFile
-    from launcher.legs import leg_deadline
+    from launcher.leg_env import leg_deadline
 
     ctx = RunContext(cfg, rung_named(rung_name), LocalBackend(), None, PLACEHOLDER_RUN, store_uri(cfg),  # type: ignore[arg-type]
                      {"train.py": StagedFile(tmp_path / "p" / "train.py", "ab" * 32)}, spec, lambda leg, line: None)
@@ -135,7 +135,7 @@ def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(mon
     import json
     import time
 
-    from launcher.legs import Ending, ending_env
+    from launcher.leg_env import Ending, ending_env
     from runtime import leg as runtime_leg
     from runtime.contract import HOLD_AT, HOLD_DEADLINE_S, HOLD_UNTIL, deadline_after
 
@@ -175,7 +175,8 @@ def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_t
     last step before it did (the rung needs more steps)."""
     from launcher.backends.base import LegResult
     from launcher.checks.evidence import LegEvents
-    from launcher.legs import Ending, LegOutcome
+    from launcher.leg_env import Ending
+    from launcher.legs import LegOutcome
     from launcher.rungs.resume_legs import check_ending
 
     steps = [(n, {"event": "step", "step": n, "t": 100.0 + n}) for n in range(1, 13)]

@@ -14,7 +14,7 @@ import pytest
 from launcher.backends.base import LegSpec, StagedFile
 from launcher.backends.local import LocalBackend
 from launcher.errors import Refused
-from launcher.legs import redact
+from launcher.leg_env import redact
 
 PROBE = """
 import json, os, pathlib, sys

@@ -14,7 +14,8 @@ from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader, read_checkpoint
 from launcher.checks.state import tracked_kinds
-from launcher.legs import Ending, LegOutcome
+from launcher.leg_env import Ending
+from launcher.legs import LegOutcome
 from runtime.events import parse_line
 
 

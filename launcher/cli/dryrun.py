@@ -113,7 +113,7 @@ def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
     """Leg 0's task YAML, and SkyPilot's own dry run of it: the instance its optimizer
     picks and what that costs per hour, host VM included (with the rung's total at that price)."""
     from launcher.backends.base import LegSpec
-    from launcher.legs import exported_secrets
+    from launcher.leg_env import exported_secrets
 
     cfg, rung, backend = plan.cfg, plan.request.rung, plan.backend
     spec = LegSpec(

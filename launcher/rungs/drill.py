@@ -39,7 +39,8 @@ from launcher.checks.evidence import Check, Kind, silent
 from launcher.checks.kills import Kill, brief, check_store_after_kill, drill_checks, read_states
 from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader, check_leg_store
-from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.leg_env import Ending
+from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
 from runtime.cycle import newest_verified
 from runtime.store.seal import KEY_ENV

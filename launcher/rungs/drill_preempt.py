@@ -20,7 +20,8 @@ from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.checks.kills import Kill, check_resumed_newest, check_store_after_kill, read_states
 from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader
-from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.leg_env import Ending
+from launcher.legs import LegOutcome, RunContext, run_leg
 from runtime.cycle import newest_verified
 from runtime.store.seal import KEY_ENV
 

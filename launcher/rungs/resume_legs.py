@@ -19,7 +19,8 @@ from launcher.checks.leg import check_device, check_leg_exit
 from launcher.checks.resume import check_resumed
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import leg_steps, resume_leg0_hold, resume_plan
-from launcher.legs import Ending, LegOutcome, RunContext, run_leg
+from launcher.leg_env import Ending
+from launcher.legs import LegOutcome, RunContext, run_leg
 
 
 def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | None, leg: int) -> tuple[int, Ending]:

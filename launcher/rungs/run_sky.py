@@ -19,7 +19,8 @@ from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
 from launcher.backends.skyapi import cancel, record
 from launcher.checks.evidence import Check, Kind, LegEvents
-from launcher.legs import LegOutcome, RunContext, redact
+from launcher.leg_env import redact
+from launcher.legs import LegOutcome, RunContext
 from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 
 MAX_JOB_S = 7 * 24 * 3600.0
