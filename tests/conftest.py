@@ -69,7 +69,7 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
     edit_config(project, store="hf://tester/ckpts")
     monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     monkeypatch.setenv("HF_TOKEN", "hf_good")
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
     from launcher.ledger.db import Ledger
     from runtime.hashing import digest_lines as files_digest
 

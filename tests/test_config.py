@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import load_config, parse_gpus, store_uri
+from launcher.config.schema import parse_gpus, store_uri
+
+from launcher.config.load import load_config
 from launcher.errors import ConfigError
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 

@@ -295,7 +295,7 @@ def test_limits_reach_the_store_from_the_leg_env(monkeypatch: pytest.MonkeyPatch
 
 
 def test_an_hf_stores_legs_get_the_hub_limits(project: Path) -> None:
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
     from launcher.leg_env import leg_env
 
     edit_config(project, store="hf://tester/ckpts", hub={"max_file_gb": 0.5, "commits_per_hour": 60})

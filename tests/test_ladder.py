@@ -45,7 +45,8 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
 
     from launcher.backends.local import LocalBackend
     from launcher.cli.init import init_project
-    from launcher.config.schema import load_config, parse_gpus, store_uri
+    from launcher.config.schema import parse_gpus, store_uri
+    from launcher.config.load import load_config
     from launcher.legs import RunContext
     from launcher.plan import PLACEHOLDER_RUN, leg0_env
 

@@ -92,7 +92,7 @@ def test_a_node_lost_alone_ends_the_leg_and_the_cluster_with_it(project: Path, t
     from launcher.backends.base import LegSpec, StagedFile
     from launcher.backends.leash import leg_pids, leg_token
     from launcher.backends.local import LocalBackend
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
 
     script = project / "sleeper.py"
     script.write_text("import os, time\nprint('ready', os.environ['RANK'], flush=True)\ntime.sleep(600)\n")

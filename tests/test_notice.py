@@ -72,7 +72,7 @@ def test_the_rendered_run_script_stops_on_a_gcp_notice_and_exits_preempted(proje
     metadata flips at step 8; the trainer stops on the SIGTERM, its final checkpoint verifies
     within GCP's 25 s, and the script exits EXIT_PREEMPTED (the managed job then recovers)."""
     from launcher.backends.skytask import leg_script, train_args
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
 
     cfg = load_config(project / "launcher.yaml")
     app = tmp_path / "app"

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
 
 
 def configure(cfg, data_delay: float = 0.05, **run: object) -> object:  # noqa: ANN001
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
 
     edit_config(cfg.root, trainer__command=f"python train.py --ckpt-every 5 --data-delay {data_delay}",
                 rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run})

@@ -12,7 +12,8 @@ import sky
 import yaml
 
 from launcher import up as up_module
-from launcher.config.schema import load_config, parse_gpus
+from launcher.config.schema import parse_gpus
+from launcher.config.load import load_config
 from launcher.errors import BadInput
 from launcher.backends.skytask import render, sky_module
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows

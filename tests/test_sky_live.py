@@ -21,7 +21,7 @@ import yaml
 
 from launcher import up as up_module
 from launcher.backends.skyapi import optimizer_pick
-from launcher.config.schema import load_config
+from launcher.config.load import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger.db import Ledger
 from launcher.backends.skytask import task_for_launch

@@ -14,7 +14,8 @@ from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend
 from launcher.backends.skyreap import reap
 from launcher.backends.skyapi import down
-from launcher.config.schema import load_config, parse_gpus
+from launcher.config.schema import parse_gpus
+from launcher.config.load import load_config
 from tests.helpers import SKY_IMAGE_REF as REF
 from tests.helpers import assert_one_line_error, run_cli, sky_server_of
 from tests.test_sky_live import ledger_run

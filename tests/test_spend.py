@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import Config, QuotaConfig, load_config, parse_gpus
+from launcher.config.schema import Config, QuotaConfig, parse_gpus
+
+from launcher.config.load import load_config
 from launcher.ladder import rung_named
 from launcher.legs import RunContext
 from launcher.ops.spend import period_start
@@ -85,7 +87,8 @@ def test_allow_overdraft_launches_and_is_recorded(project: Path) -> None:
 RESERVE = """
 import sys, json
 from pathlib import Path
-from launcher.config.schema import load_config, parse_gpus
+from launcher.config.schema import parse_gpus
+from launcher.config.load import load_config
 from launcher.errors import Refused
 from launcher.ladder import rung_named
 from launcher.ledger.db import Ledger

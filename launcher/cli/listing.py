@@ -13,7 +13,7 @@ from launcher.errors import BadInput
 
 def show_ledger(config: Path, run_id: str | None, limit: int, json_out: bool) -> None:
     """Print the newest `limit` runs (or one run) as a table, or as JSON."""
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
     from launcher.ledger.db import Ledger
     from launcher.ops.reconcile import end_dead_runs
 

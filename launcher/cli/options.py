@@ -17,7 +17,7 @@ OVERDRAFT = typer.Option(False, "--allow-overdraft", help="Launch over quota (re
 
 def load(config: Path) -> Any:
     """The project's config (launcher.config.schema.Config, imported only when a command runs)."""
-    from launcher.config.schema import load_config
+    from launcher.config.load import load_config
 
     return load_config(config)
 

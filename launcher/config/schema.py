@@ -9,7 +9,6 @@ mapping is checked against them is `launcher.config.parse`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,30 +16,13 @@ from pathlib import Path
 
 from launcher.cadence import SpotConfig
 from launcher.config.hub import HubConfig
-from launcher.config.parse import StrictLoader, build, read_text
-from launcher.errors import BadInput, ConfigError
+from launcher.errors import ConfigError
 
 CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@(?P<revision>[\w./-]{1,200}))?")
-SYSTEM_DIRS = (
-    "/",
-    "/bin",
-    "/boot",
-    "/etc",
-    "/home",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/opt",
-    "/root",
-    "/sbin",
-    "/srv",
-    "/tmp",
-    "/usr",
-    "/var",
-)
+SYSTEM_DIRS = tuple("/ /bin /boot /etc /home /lib /lib32 /lib64 /opt /root /sbin /srv /tmp /usr /var".split())
 """Never a store themselves: a store is a folder of its own."""
 PSEUDO_DIRS = (Path("/dev"), Path("/proc"), Path("/run"), Path("/sys"))
 """Nor anything under these: devices and the kernel's views, not disks."""
@@ -401,39 +383,3 @@ def _local_store(path: Path) -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):  # read-only file system or no permission: said now, not mid-leg
         raise ConfigError("store", f"{resolved} cannot be created or written by this user ({ancestor} is not writable)")
     return resolved
-
-
-# --- loading ---------------------------------------------------------------
-
-
-def load_config(path: str | Path | None = None) -> Config:
-    """Load and validate launcher.yaml (default: ./launcher.yaml)."""
-    import yaml  # deferred: keeps `launcher --help` lean
-
-    cfg_path = Path(path) if path is not None else Path(CONFIG_NAME)
-    try:
-        is_file = cfg_path.is_file()
-    except OSError as err:  # a name too long, a loop of links
-        raise BadInput(f"cannot use --config {str(cfg_path)[:200]!r}: {err.strerror or err}") from None
-    if not is_file:
-        if cfg_path.exists():
-            raise BadInput(f"{cfg_path} is not a file", hint="--config takes the path of a launcher.yaml")
-        raise BadInput(f"no config at {cfg_path}", hint="run `launcher init` to write a starter launcher.yaml")
-    text = read_text(cfg_path)
-    try:
-        data = yaml.load(text, Loader=StrictLoader.make())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "?"
-        raise ConfigError(where, f"not valid YAML ({getattr(err, 'problem', err)})", source=str(cfg_path)) from None
-    except RecursionError:
-        raise ConfigError("(file)", "nested too deeply to be a launcher.yaml", source=str(cfg_path)) from None
-    try:
-        cfg = build(Config, data, "")
-        cfg = dataclasses.replace(cfg, root=cfg_path.resolve().parent)
-        cfg.check_paths()
-    except ConfigError as err:
-        raise ConfigError(err.key, err.detail, source=str(cfg_path)) from None
-    except RecursionError:
-        raise ConfigError("(file)", "nested too deeply to be a launcher.yaml", source=str(cfg_path)) from None
-    return cfg
