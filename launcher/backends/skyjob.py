@@ -24,16 +24,8 @@ from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend, dearest
-from launcher.backends.skyapi import (
-    JOB_PREFIX,
-    PENDING_JOB_PREFIX,
-    Capture,
-    Pick,
-    classify,
-    end_requests,
-    ended_unanswered,
-    one_line,
-)
+from launcher.backends.skyapi import JOB_PREFIX, Capture, Pick, classify, one_line
+from launcher.backends.skyrequests import PENDING_JOB_PREFIX, end_requests, ended_unanswered
 from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
 
 

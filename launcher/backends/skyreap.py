@@ -32,13 +32,10 @@ from launcher.backends.skyapi import (
     cluster_up,
     cost_row,
     down,
-    end_requests,
-    ended_unanswered,
-    live_requests,
     one_line,
     record,
-    request_state,
 )
+from launcher.backends.skyrequests import end_requests, ended_unanswered, live_requests, request_state
 from launcher.backends.skytask import sky_module
 
 JOB_END_WAIT_S = 90.0

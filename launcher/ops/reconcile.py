@@ -163,8 +163,9 @@ def settle_leg(
 def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
     """End what the dead leg left on SkyPilot (its request, its cluster or managed job) and bill
     the leg to when it stopped (launcher.backends.skyreap)."""
-    from launcher.backends.skyapi import PENDING_JOB_PREFIX, job_id_of
+    from launcher.backends.skyapi import job_id_of
     from launcher.backends.skyreap import reap, reap_job, reap_submit
+    from launcher.backends.skyrequests import PENDING_JOB_PREFIX
 
     instance = leg["instance"]
     try:
