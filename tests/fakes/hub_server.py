@@ -66,7 +66,8 @@ from email.message import Message
 from typing import Any, Callable, NamedTuple
 from urllib.parse import SplitResult, parse_qs, quote, unquote, urlencode, urlsplit
 
-from hub_server_faults import BODY_MODES, REQUEST_MODES, Fault, HubError, Origin, Reply, corrupt, serve_bytes
+from tests.fakes.hub_server_faults import (BODY_MODES, REQUEST_MODES, Fault, HubError, Origin, Reply, corrupt,
+                                      serve_bytes)
 
 
 class LoggedRequest(NamedTuple):

@@ -60,7 +60,7 @@ arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1
   attempt appends to ONE log (`jobs/<id>/job.log`, what `tail_logs` streams), in order, with a
   `stand-in: ...` line between attempts saying why the job recovered. An ended attempt's
   cluster is torn down: what still runs in its session is killed, its home/ and app/ removed.
-- `preempt_job(state_dir, job_id)` (or `python tests/sky_standin.py preempt <state_dir> <id>`)
+- `preempt_job(state_dir, job_id)` (or `python tests/fakes/sky_standin.py preempt <state_dir> <id>`)
   loses the current attempt's instance: every process of its session SIGKILLed. The controller
   sees the cluster gone: RECOVERING, then a new attempt; unlimited, as for real.
   `recovery_count` counts every recovery and restart, once the job is RUNNING again.
@@ -142,10 +142,10 @@ interpreter; a fresh interpreter (the payload on its stdin) is left for an execu
 be started or dies before it answers. Each child starts a session of its own and takes its
 caller's environment, working directory and output file, as a fresh interpreter would.
 
-Run as a script: `python tests/sky_standin.py serve-request <dir>` is the worker,
+Run as a script: `python tests/fakes/sky_standin.py serve-request <dir>` is the worker,
 `job-controller <job dir>` a managed job's controller, `executor <dir>` the executor,
 `preempt <state_dir> <job_id>` preempts a
-managed job; `python -m tests.sky_standin launcher <args...>` runs the real launcher CLI with
+managed job; `python -m tests.fakes.sky_standin launcher <args...>` runs the real launcher CLI with
 this stand-in installed from the environment (see `install_from_env`).
 """
 
