@@ -508,7 +508,7 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
     os.kill(orphan_rec["controller"]["pid"], signal.SIGKILL)
     # SIGKILL lands after os.kill returns: ask once the controller is gone (a worker forked from the
     # warm executor answers within milliseconds, sooner than the kernel ends the process)
-    from tests.fakes.sky_standin import _alive
+    from tests.fakes.sky_proc import _alive
 
     wait_until(lambda: not _alive(orphan_rec["controller"]["pid"], orphan_rec["controller"]["start"]))
     rows = fake.get(fake.jobs.queue_v2(refresh=False, fields=["details", "failure_reason"]))[0]
