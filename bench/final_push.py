@@ -7,7 +7,7 @@ notice does. The seconds are read from the leg's own events by the very function
 (launcher.report.notice.final_path): from the last step's event to its checkpoint's `verify`
 (snapshot, write, push, verify), and the report's "needed" = that + one median step. Each size
 runs `--repeats` times per store, interleaved; medians are printed. The loopback Hub
-(tests/hub_server.py) is in this process, over HTTP on 127.0.0.1, with LFS uploads (no xet).
+(tests/fakes/hub_server.py) is in this process, over HTTP on 127.0.0.1, with LFS uploads (no xet).
 
     .venv/bin/python bench/final_push.py [--sizes 16,64,256] [--repeats 2]
 """
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 TRAINER = '''
 import sys
@@ -69,7 +69,7 @@ def leg(work: Path, store: str, mib: int, tag: str, env_extra: dict[str, str]) -
 
 
 def main() -> int:
-    from hub_server import HubServer
+    from tests.fakes.hub_server import HubServer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="16,64,256", help="state sizes in MiB, comma-separated")

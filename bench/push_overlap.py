@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -74,7 +74,7 @@ def main() -> None:
         server = None
         if ns.store == "hub":
             os.environ["HF_HUB_DISABLE_XET"] = "1"
-            from hub_server import HubServer
+            from tests.fakes.hub_server import HubServer
 
             server = HubServer(token="hf_bench")
             server.start()

@@ -1,6 +1,6 @@
 """Bounded ranged verification vs whole-object read-back, side by side, in one run.
 
-Against the loopback Hub (tests/hub_server.py) and the real huggingface_hub
+Against the loopback Hub (tests/fakes/hub_server.py) and the real huggingface_hub
 client: a checkpoint of each size is pushed once, then verified both ways:
 
 - ranged: runtime.verify.verify_checkpoint (head + tail + K random windows per
@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 os.environ["HF_HUB_DISABLE_XET"] = "1"
 
 from huggingface_hub import get_session  # noqa: E402
-from hub_server import HubServer  # noqa: E402
+from tests.fakes.hub_server import HubServer  # noqa: E402
 
 from runtime.store import FileEntry, Manifest, checkpoint_name  # noqa: E402
 from runtime.store.hub import HubStore  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What SkyPilot's API server host needs that pip does not bring: rsync (it syncs
 # workdirs and runtime files). Used by `make test`, whose real-SkyPilot tier starts
-# SkyPilot's own API server offline (tests/sky_server.py).
+# SkyPilot's own API server offline (tests/fakes/sky_server.py).
 set -euo pipefail
 command -v rsync >/dev/null 2>&1 && exit 0
 if [ "$(id -u)" != 0 ]; then

@@ -52,10 +52,10 @@ def project(tmp_path: Path, leg_tmp: Path, reviewed_project: Path) -> Path:
 
 @pytest.fixture
 def hub_server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    """A loopback Hub (tests/hub_server.py) for the real huggingface_hub client."""
+    """A loopback Hub (tests/fakes/hub_server.py) for the real huggingface_hub client."""
     from huggingface_hub import constants
 
-    from hub_server import HubServer
+    from tests.fakes.hub_server import HubServer
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # uploads go through LFS, not xet
@@ -93,14 +93,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """SkyPilot's own API server for the whole session (tests/sky_server.py), started before
+    """SkyPilot's own API server for the whole session (tests/fakes/sky_server.py), started before
     any test module imports `sky`: the client reads SKY_RUNTIME_DIR (where the vendored
     catalog is) at import, and a client that finds no server starts one of its own in the
     real HOME. Every test and every launcher subprocess talks to this one."""
     import shutil
     import tempfile
 
-    from tests import sky_server
+    from tests.fakes import sky_server
 
     if config.getoption("markexpr", "") == "unit":
         return  # the fast tier (`make test-fast`) talks to no SkyPilot server

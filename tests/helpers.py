@@ -98,8 +98,8 @@ SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
 """A pushed image the sky tests' ledgers record (no registry is contacted)."""
 
 
-def sky_server_of():  # noqa: ANN201 - tests.sky_server.SkyServer
+def sky_server_of():  # noqa: ANN201 - tests.fakes.sky_server.SkyServer
     """The session's SkyPilot API server (to switch which clouds it has enabled)."""
-    from tests.sky_server import SESSION
+    from tests.fakes.sky_server import SESSION
 
     return SESSION[-1]

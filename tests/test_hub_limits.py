@@ -1,6 +1,6 @@
 """The Hub's limits (issue 31, item 2): files above `max_file_bytes` go in parts, no commit holds
 more than `files_per_commit` files, no more than `commits_per_hour` commits -- against a loopback
-Hub that is no more lenient than the real one (tests/hub_server.py enforces each limit), and
+Hub that is no more lenient than the real one (tests/fakes/hub_server.py enforces each limit), and
 launcher.yaml `hub:` values past the Hub's own refused with exit 2 and one line."""
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ class Clock:
 @pytest.fixture
 def small_hub(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """A loopback Hub that refuses files above 64 KiB and counts commits on a clock the test moves."""
-    from hub_server import HubServer
     from huggingface_hub import constants
+
+    from tests.fakes.hub_server import HubServer
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)

@@ -1,4 +1,4 @@
-"""The loopback Hub (tests/hub_server.py) driven by the real huggingface_hub client.
+"""The loopback Hub (tests/fakes/hub_server.py) driven by the real huggingface_hub client.
 
 Why: the Hub store's tests trust this server to answer where the client looks exactly as the Hub does,
 and to misbehave exactly as asked; these tests pin both, through the client's own code paths.
@@ -24,7 +24,7 @@ from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RemoteEn
 from huggingface_hub.hf_api import RepoFolder
 from huggingface_hub.utils.sha import git_hash
 
-from hub_server import HubServer
+from tests.fakes.hub_server import HubServer
 
 pytestmark = pytest.mark.unit
 

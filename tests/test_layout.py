@@ -179,3 +179,12 @@ def test_runtime_exports_session_without_loading_torch_for_the_wire_format() -> 
             "from runtime import Session; from runtime.session import Session as S; assert Session is S")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_fakes_keep_to_the_source_cap() -> None:
+    """The stand-ins are code the suite trusts as much as the product: the same 400-line cap."""
+    fakes = sorted((ROOT / "tests" / "fakes").glob("*.py"))
+    assert len(fakes) >= 10, fakes  # the stand-ins are here, not back in tests/
+    long = [f"{p.relative_to(ROOT)}: {p.read_text().count(chr(10))} lines" for p in fakes
+            if p.read_text().count("\n") > MAX_FILE_LINES]
+    assert not long, "\n".join(long)

@@ -1,5 +1,5 @@
 """The spot notice watcher (runtime/notice.py) against a loopback metadata service in each cloud's
-dialect (tests/metadata_server.py), and the rendered `run:` script carrying it: on a GCP notice
+dialect (tests/fakes/metadata_server.py), and the rendered `run:` script carrying it: on a GCP notice
 the trainer stops, its final checkpoint verifies, and the script exits EXIT_PREEMPTED."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from metadata_server import MetadataServer
+from tests.fakes.metadata_server import MetadataServer
 from runtime.contract import EXIT_PREEMPTED, leg_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -109,7 +109,7 @@ def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server
     """The store guard asks the store the launcher reads (tests/test_plan.py); a leg whose own
     store refuses its token (here `leg_env` sends the legs to another Hub, which knows another
     token) stops at its first push and says why."""
-    from hub_server import HubServer
+    from tests.fakes.hub_server import HubServer
 
     with HubServer(token="hf_other") as elsewhere:
         edit_config(project, store="hf://tester/ckpts", leg_env={"HF_ENDPOINT": elsewhere.url})

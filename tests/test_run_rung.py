@@ -70,7 +70,7 @@ def leg_row(root: Path, leg: int) -> dict | None:
     return dict(row) if row else None
 
 
-def kill_mid_push(root: Path, leg: int, hub) -> int:  # noqa: ANN001 - tests.hub_server.HubServer
+def kill_mid_push(root: Path, leg: int, hub) -> int:  # noqa: ANN001 - tests.fakes.hub_server.HubServer
     """Once leg `leg` completed a storage cycle, hang the Hub's next request and SIGKILL the leg
     the moment it hands its next checkpoint to the pusher. Returns the step being pushed."""
     row = wait_for(lambda: leg_row(root, leg))

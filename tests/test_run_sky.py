@@ -15,7 +15,7 @@ import pytest
 
 from launcher import up as up_module
 from tests.helpers import SKY_IMAGE_REF, edit_config, plant_crash_at_step_12
-from tests.sky_standin import job_record, preempt_job
+from tests.fakes.sky_standin import job_record, preempt_job
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
 SKIP = "the sky run's own test"
@@ -144,9 +144,9 @@ def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_
     log0 = wait_for(lambda: next(iter((cfg.state_path / "runs").glob("*/leg-0.log")), None))
     wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))
     run_id = log0.parent.name
-    stop = subprocess.run([sys.executable, "-m", "tests.sky_standin", "launcher", "stop", run_id, "--timeout", "120",
-                           "--json"], cwd=cfg.root, env={**os.environ, **cloud}, capture_output=True, text=True,
-                          timeout=300)
+    stop = subprocess.run([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "stop", run_id,
+                           "--timeout", "120", "--json"], cwd=cfg.root, env={**os.environ, **cloud},
+                          capture_output=True, text=True, timeout=300)
     thread.join(300)
     assert not thread.is_alive()
     st = json.loads(stop.stdout)

@@ -1,5 +1,5 @@
 """SkyPilot: rendered task YAMLs validated by the real `sky.Task.from_yaml`, and the sky
-backend's SDK call sequence against a recording stand-in (tests/sky_standin.py)."""
+backend's SDK call sequence against a recording stand-in (tests/fakes/sky_standin.py)."""
 
 from __future__ import annotations
 

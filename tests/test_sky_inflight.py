@@ -3,7 +3,7 @@ bringing up the jobs controller, a `--retry-until-up` launch between attempts, a
 queued before any cluster record. SkyPilot's API server carries each on without its client.
 The ledger named the leg (cluster or job name, then the request's id) before anything could
 bill; the next launcher command cancels the request, SkyPilot says it ended, and the leg is
-billed what ran: nothing, here. On the strict stand-in (tests/sky_standin.py) and on SkyPilot's
+billed what ran: nothing, here. On the strict stand-in (tests/fakes/sky_standin.py) and on SkyPilot's
 own API server (offline: its requests retry for ever against a cloud with no credentials)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ skyapi.end_requests). Either way it is no longer working; the stand-in always sa
 
 def start_launcher(args: list[str], cwd: Path, env: dict[str, str], standin: bool) -> subprocess.Popen[str]:
     """The real launcher CLI in a process of its own; its `sky` the stand-in, or SkyPilot's client."""
-    argv = [sys.executable, "-m", "tests.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
+    argv = [sys.executable, "-m", "tests.fakes.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
     return subprocess.Popen([*argv, *args], cwd=cwd, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -65,7 +65,7 @@ def kill9_then_next_command(cfg, proc, sky, request_id: str, env: dict[str, str]
     proc.wait(30)
     time.sleep(1.0)
     assert request_status(sky, request_id) in ACTIVE  # SkyPilot carries it on without its client
-    argv = [sys.executable, "-m", "tests.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
+    argv = [sys.executable, "-m", "tests.fakes.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
     return subprocess.run([*argv, "spend"], cwd=cfg.root, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
 

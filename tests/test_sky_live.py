@@ -1,4 +1,4 @@
-"""The sky backend's legs on live clusters: the strict stand-in (tests/sky_standin.py)
+"""The sky backend's legs on live clusters: the strict stand-in (tests/fakes/sky_standin.py)
 for the clusters (no cloud is reachable), SkyPilot's own API server for everything
 that needs none (the optimizer's pick and price). Each leg's job runs the rendered
 task's real setup and run, torchrun included, against the loopback Hub store."""
@@ -27,7 +27,7 @@ from launcher.ledger.db import Ledger
 from launcher.backends.skytask import task_for_launch
 from tests.helpers import SKY_IMAGE_REF as REF
 from tests.helpers import edit_config
-from tests.sky_standin import StrictSky
+from tests.fakes.sky_standin import StrictSky
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,7 @@ def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monk
 def launcher_with_standin(args: list[str], cwd: Path, cloud: dict[str, str]) -> subprocess.Popen[str]:
     """The real launcher CLI in a process of its own, its `sky` the stand-in."""
     env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "tests.sky_standin", "launcher", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -196,7 +196,7 @@ def test_a_killed_launchers_cluster_is_found_downed_and_billed_by_the_next_comma
     assert "timeout --foreground --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
     before = time.time()
     env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "tests.sky_standin", "launcher", "spend"], cwd=sky_project.root,
+    res = subprocess.run([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "spend"], cwd=sky_project.root,
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "was still up: taken down" in res.stderr

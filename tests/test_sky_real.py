@@ -1,4 +1,4 @@
-"""The real-SkyPilot tier: SkyPilot 0.14.1's own API server, offline (tests/sky_server.py,
+"""The real-SkyPilot tier: SkyPilot 0.14.1's own API server, offline (tests/fakes/sky_server.py,
 started for the session by conftest), its parser, optimizer, prices and exceptions, on
 the vendored public catalog. Everything goes through the sky backend's own code path;
 nothing here stands in for SkyPilot."""

@@ -1,4 +1,4 @@
-"""The sky stand-in (tests/sky_standin.py) is strict: SkyPilot's own signatures,
+"""The sky stand-in (tests/fakes/sky_standin.py) is strict: SkyPilot's own signatures,
 errors and secret handling, jobs that really run setup then run, and clusters and
 requests that outlive the process that asked for them. Small shell tasks only."""
 
@@ -18,8 +18,8 @@ import pydantic
 import pytest
 import sky
 
-from tests.sky_standin import (JOB_CANCELLED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_SUCCEEDED, StrictSky,
-                               job_record, preempt_job, shutdown_jobs)
+from tests.fakes.sky_standin import (JOB_CANCELLED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_SUCCEEDED,
+                                     StrictSky, job_record, preempt_job, shutdown_jobs)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,7 +148,7 @@ def test_a_request_survives_its_client(tmp_path: Path, app: Path) -> None:
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
         import sky
-        from tests.sky_standin import StrictSky
+        from tests.fakes.sky_standin import StrictSky
         fake = StrictSky(Path({str(state)!r}), Path({str(app)!r}))
         t = sky.Task.from_yaml_config({{"name": "t", "run": "echo survived"}})
         print(fake.launch(t, cluster_name="c-orphan"), flush=True)
@@ -386,8 +386,8 @@ def test_a_preempted_job_recovers_on_a_fresh_cluster_with_the_same_task_id_and_e
                         "ordered": [{"use_spot": True}, {"use_spot": False}]})
     job_id = launch_job(fake, t)
     wait_until(lambda: "attempt 1 marker" in job_log(fake, job_id))
-    subprocess.run([sys.executable, str(REPO / "tests" / "sky_standin.py"), "preempt", str(fake.state_dir),
-                    str(job_id)], check=True, timeout=60)
+    subprocess.run([sys.executable, str(REPO / "tests" / "fakes" / "sky_standin.py"), "preempt",
+                    str(fake.state_dir), str(job_id)], check=True, timeout=60)
     code, out = follow_job(fake, job_id)
     assert code == JOB_SUCCEEDED, out
     lines = [line for line in out.splitlines() if line.startswith("attempt ")]
@@ -466,7 +466,7 @@ def test_a_managed_job_outlives_the_client_that_launched_it(tmp_path: Path, app:
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
         import sky
-        from tests.sky_standin import StrictSky
+        from tests.fakes.sky_standin import StrictSky
         fake = StrictSky(Path({str(state)!r}), Path({str(app)!r}))
         t = sky.Task.from_yaml_config({{"name": "t", "run": "sleep 2; echo survived"}})
         print(fake.jobs.launch(t), flush=True)
@@ -508,7 +508,7 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
     os.kill(orphan_rec["controller"]["pid"], signal.SIGKILL)
     # SIGKILL lands after os.kill returns: ask once the controller is gone (a worker forked from the
     # warm executor answers within milliseconds, sooner than the kernel ends the process)
-    from tests.sky_standin import _alive
+    from tests.fakes.sky_proc import _alive
 
     wait_until(lambda: not _alive(orphan_rec["controller"]["pid"], orphan_rec["controller"]["start"]))
     rows = fake.get(fake.jobs.queue_v2(refresh=False, fields=["details", "failure_reason"]))[0]
@@ -534,7 +534,7 @@ def test_an_autostopped_jobs_controller_answers_only_a_refresh(fake: StrictSky) 
     without a refresh then raises ClusterNotUpError. The launcher's `record` asks again with
     refresh=True, so a dead launcher's ended job is still billed from SkyPilot's record."""
     from launcher.backends.skyapi import record
-    from tests.sky_standin import stop_controller
+    from tests.fakes.sky_standin import stop_controller
 
     job_id = launch_job(fake, task(run="echo done"), name="quick")
     assert follow_job(fake, job_id)[0] == JOB_SUCCEEDED

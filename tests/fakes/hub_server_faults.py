@@ -1,6 +1,6 @@
-"""The wire layer of the loopback Hub in tests/hub_server.py: HTTP plumbing, replies, ranges, faults.
+"""The wire layer of the loopback Hub in tests/fakes/hub_server.py: HTTP plumbing, replies, ranges, faults.
 
-Why apart: hub_server.py holds what the Hub means (repos, commits, LFS); this holds how bytes go out,
+Why apart: hub_server.py and hub_repos.py hold what the Hub means (repos, commits, LFS); this holds how bytes go out,
 what an honest server sends for a Range, and exactly what each fault changes in it, which is what the
 store's verifier is tested against.
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CATALOG = Path(__file__).parent / "assets" / "sky-catalog" / "v8"
+CATALOG = Path(__file__).parent.parent / "assets" / "sky-catalog" / "v8"
 ENABLED_CLOUD = "GCP"
 SESSION: list["SkyServer"] = []
 """The test session's server (conftest starts it before any test module imports sky)."""
