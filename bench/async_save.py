@@ -53,10 +53,12 @@ def build(n_embd: int, n_layer: int, device: str) -> tuple[torch.nn.Module, torc
     return model, opt
 
 
-def session(work: Path, name: str, model: torch.nn.Module, opt: torch.optim.Optimizer, device: str,
-            async_save: bool) -> Session:
-    os.environ.update(LAUNCHER_RUN_ID=f"bench-{name}", LAUNCHER_STORE=(work / f"store-{name}").as_uri(),
-                      LAUNCHER_MAX_STEPS=str(10**8))
+def session(
+    work: Path, name: str, model: torch.nn.Module, opt: torch.optim.Optimizer, device: str, async_save: bool
+) -> Session:
+    os.environ.update(
+        LAUNCHER_RUN_ID=f"bench-{name}", LAUNCHER_STORE=(work / f"store-{name}").as_uri(), LAUNCHER_MAX_STEPS=str(10**8)
+    )
     sess = Session(ckpt_every=10**9, keep=1, workdir=work / f"work-{name}", device=device, metrics_every=10**9)
     sess.async_save = async_save
     sess.track(model=model, optimizer=opt)
@@ -98,11 +100,13 @@ def main() -> int:
         log = work / "events.log"
         began = time.perf_counter()
         with open(log, "w") as sink, redirect_stdout(sink):
-            sessions = {"sync": session(work, "sync", model, opt, device, False),
-                        "async": session(work, "async", model, opt, device, True)}
+            sessions = {
+                "sync": session(work, "sync", model, opt, device, False),
+                "async": session(work, "async", model, opt, device, True),
+            }
             step = 0
             for r in range(1 + a.repeats):
-                for name in (("sync", "async") if r % 2 == 0 else ("async", "sync")):  # ABBA
+                for name in ("sync", "async") if r % 2 == 0 else ("async", "sync"):  # ABBA
                     step += 1
                     nudge(model)
                     checkpoint(sessions[name], step)
@@ -122,24 +126,36 @@ def main() -> int:
         ordered = {k: sorted(v, key=lambda e: e["step"]) for k, v in by_kind.items()}
         saves = [e["seconds"] for e in ordered["save"]]
         ser = [e["seconds"] for e in ordered.get("serialized", [])]
-        rows[name] = {"cold": saves[0], "warm": saves[1:], "ser": ser[1:] or [0.0],
-                      "push": statistics.median(e["seconds"] for e in ordered["push"][1:]),
-                      "verify": statistics.median(e["seconds"] for e in ordered["verify"][1:]),
-                      "bytes": ordered["push"][-1]["bytes"]}
-    print(f"{params / 1e6:.1f}M params + AdamW on {device}: checkpoint {rows['sync']['bytes'] / 2**20:,.0f} MiB; "
-          f"torch threads {torch.get_num_threads()}; {a.repeats} warm checkpoints per mode (+1 cold); {wall:.0f} s")
-    print(f"{'mode':<7}{'critical path s':>17}{'(cold)':>9}{'warm runs':>26}{'serialise s':>13}{'push s':>9}"
-          f"{'verify s':>10}")
+        rows[name] = {
+            "cold": saves[0],
+            "warm": saves[1:],
+            "ser": ser[1:] or [0.0],
+            "push": statistics.median(e["seconds"] for e in ordered["push"][1:]),
+            "verify": statistics.median(e["seconds"] for e in ordered["verify"][1:]),
+            "bytes": ordered["push"][-1]["bytes"],
+        }
+    print(
+        f"{params / 1e6:.1f}M params + AdamW on {device}: checkpoint {rows['sync']['bytes'] / 2**20:,.0f} MiB; "
+        f"torch threads {torch.get_num_threads()}; {a.repeats} warm checkpoints per mode (+1 cold); {wall:.0f} s"
+    )
+    print(
+        f"{'mode':<7}{'critical path s':>17}{'(cold)':>9}{'warm runs':>26}{'serialise s':>13}{'push s':>9}"
+        f"{'verify s':>10}"
+    )
     for name, r in rows.items():
         warm = ", ".join(f"{x:.3f}" for x in r["warm"])
         ser = f"{statistics.median(r['ser']):.3f}" if name == "async" else "(inline)"
-        print(f"{name:<7}{statistics.median(r['warm']):>17.3f}{r['cold']:>9.3f}{warm:>26}{ser:>13}"
-              f"{r['push']:>9.3f}{r['verify']:>10.3f}")
+        print(
+            f"{name:<7}{statistics.median(r['warm']):>17.3f}{r['cold']:>9.3f}{warm:>26}{ser:>13}"
+            f"{r['push']:>9.3f}{r['verify']:>10.3f}"
+        )
     sync, asyn = statistics.median(rows["sync"]["warm"]), statistics.median(rows["async"]["warm"])
-    print(f"critical path per checkpoint: {sync:.3f} s inline -> {asyn:.3f} s with a snapshot "
-          f"({sync / asyn:.1f}x less; {statistics.median(rows['async']['ser']):.3f} s of serialisation moved to the "
-          f"worker); {allocations} snapshot buffers allocated over {a.repeats + 1} checkpoints (one per state "
-          f"storage, reused)")
+    print(
+        f"critical path per checkpoint: {sync:.3f} s inline -> {asyn:.3f} s with a snapshot "
+        f"({sync / asyn:.1f}x less; {statistics.median(rows['async']['ser']):.3f} s of serialisation moved to the "
+        f"worker); {allocations} snapshot buffers allocated over {a.repeats + 1} checkpoints (one per state "
+        f"storage, reused)"
+    )
     return 0
 
 

@@ -95,8 +95,14 @@ def main() -> int:
         sessions = {}
         with redirect_stdout(sink):
             for name, cls, on in (("off", Session, False), ("events", Session, True), ("synced", SyncedSession, True)):
-                sess = cls(ckpt_every=10**9, workdir=work / name, device=a.device, metrics_every=10**9,
-                           breakdown=on, count_flops=False)
+                sess = cls(
+                    ckpt_every=10**9,
+                    workdir=work / name,
+                    device=a.device,
+                    metrics_every=10**9,
+                    breakdown=on,
+                    count_flops=False,
+                )
                 sess.track(model=model, optimizer=opt)
                 sess.resume()
                 sessions[name] = sess
@@ -104,20 +110,26 @@ def main() -> int:
             times: dict[str, list[float]] = {k: [] for k in sessions}
             names = list(sessions)
             for i in range(a.blocks):
-                for name in names[i % 3:] + names[:i % 3]:
+                for name in names[i % 3 :] + names[: i % 3]:
                     times[name].append(run_block(sessions[name], data, model, opt, a.steps))
         sink.close()
     base = statistics.median(times["off"])
-    print(f"device {a.device}, model {a.n_layer} x {a.n_embd}, block {a.block}, batch {a.batch}; "
-          f"steps per block {a.steps}, blocks {a.blocks}")
+    print(
+        f"device {a.device}, model {a.n_layer} x {a.n_embd}, block {a.block}, batch {a.batch}; "
+        f"steps per block {a.steps}, blocks {a.blocks}"
+    )
     print(f"{'breakdown':<10}{'median step':>14}{'vs off':>10}   blocks (ms)")
     for name, ts in times.items():
         m = statistics.median(ts)
-        print(f"{name:<10}{m * 1e3:>11.3f} ms{100 * (m - base) / base:>+9.2f} %   "
-              f"{', '.join(f'{t * 1e3:.2f}' for t in ts)}")
+        print(
+            f"{name:<10}{m * 1e3:>11.3f} ms{100 * (m - base) / base:>+9.2f} %   "
+            f"{', '.join(f'{t * 1e3:.2f}' for t in ts)}"
+        )
     ev, sy = statistics.median(times["events"]), statistics.median(times["synced"])
-    print(f"breakdown overhead now: {(ev - base) * 1e3:+.3f} ms per step ({100 * (ev - base) / base:+.2f} %); "
-          f"with a sync per lap: {(sy - base) * 1e3:+.3f} ms ({100 * (sy - base) / base:+.2f} %)")
+    print(
+        f"breakdown overhead now: {(ev - base) * 1e3:+.3f} ms per step ({100 * (ev - base) / base:+.2f} %); "
+        f"with a sync per lap: {(sy - base) * 1e3:+.3f} ms ({100 * (sy - base) / base:+.2f} %)"
+    )
     return 0
 
 

@@ -54,8 +54,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "proj"
         for args in (["init", str(project)], ["review"], ["up", "static"]):
-            subprocess.run([str(LAUNCHER), *args], cwd=project if args[0] != "init" else tmp,
-                           stdout=subprocess.DEVNULL, check=True)
+            subprocess.run(
+                [str(LAUNCHER), *args], cwd=project if args[0] != "init" else tmp, stdout=subprocess.DEVNULL, check=True
+            )
         cases = [
             ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
             ("launcher --help", [str(LAUNCHER), "--help"]),

@@ -103,11 +103,15 @@ def main() -> None:
         if server is not None:
             server.stop()
     ratio = statistics.median(busy) / statistics.median(idle)
-    print("| store | ckpt MiB | torch threads | idle step ms (median, n) | step ms during push (median, n) | ratio |"
-          " cycle s |")
+    print(
+        "| store | ckpt MiB | torch threads | idle step ms (median, n) | step ms during push (median, n) | ratio |"
+        " cycle s |"
+    )
     print("|---|---|---|---|---|---|---|")
-    print(f"| {ns.store} | {ns.ckpt_mib} | {ns.threads} | {statistics.median(idle) * 1e3:.1f} ({len(idle)}) | "
-          f"{statistics.median(busy) * 1e3:.1f} ({len(busy)}) | {ratio:.3f}x | {cycle_s:.1f} |")
+    print(
+        f"| {ns.store} | {ns.ckpt_mib} | {ns.threads} | {statistics.median(idle) * 1e3:.1f} ({len(idle)}) | "
+        f"{statistics.median(busy) * 1e3:.1f} ({len(busy)}) | {ratio:.3f}x | {cycle_s:.1f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -110,13 +110,17 @@ def main() -> None:
             same = all(np.array_equal(a, b) for a, b in zip(sought[:2], iterated[:2])) and sought[2] == iterated[2]
         reached = f"{iterated[2]:,}" if iterated is not None else "-"
         epoch = cursor["epoch"]
-        print(f"corpus {ns.tokens:,} tokens, block {ns.block}, batch {ns.batch}, seed {ns.seed}: "
-              f"{order.n_samples:,} samples/epoch; step {ns.step:,} = sample index {sought[2]:,} (epoch {epoch})")
+        print(
+            f"corpus {ns.tokens:,} tokens, block {ns.block}, batch {ns.batch}, seed {ns.seed}: "
+            f"{order.n_samples:,} samples/epoch; step {ns.step:,} = sample index {sought[2]:,} (epoch {epoch})"
+        )
         print()
         print("| method | seconds | how | step reached | sample index | same batch |")
         print("|---|---|---|---|---|---|")
-        print(f"| seek: check_cursor + batch_at (ours) | {seek_s:.6f} | median of {ns.repeats} | "
-              f"{ns.step:,} | {sought[2]:,} | {same} |")
+        print(
+            f"| seek: check_cursor + batch_at (ours) | {seek_s:.6f} | median of {ns.repeats} | "
+            f"{ns.step:,} | {sought[2]:,} | {same} |"
+        )
         print(f"| iterate-and-discard (baseline) | {base_s:.3f} | {how} | {base_step:,} | {reached} | {same} |")
         print(f"| ratio baseline/seek | {base_s / seek_s:,.0f}x | goal >= 1000x, seek < 10 ms | | | |")
 

@@ -62,8 +62,11 @@ def digest_cost(work: Path) -> tuple[float, float]:
     """(state digests, torch.save) seconds for one checkpoint of a 1 GB state."""
     from runtime.evidence import state_digests
 
-    state = {"model": {f"w{i}": torch.rand(64 << 20) for i in range(4)},  # 4 x 256 MB
-             "extra": {"step": 1}, "rng": [{"torch": torch.get_rng_state()}]}
+    state = {
+        "model": {f"w{i}": torch.rand(64 << 20) for i in range(4)},  # 4 x 256 MB
+        "extra": {"step": 1},
+        "rng": [{"torch": torch.get_rng_state()}],
+    }
     t = time.perf_counter()
     state_digests(state, list(state))
     digest_s = time.perf_counter() - t
@@ -122,7 +125,7 @@ def main() -> int:
         bare(parts, 30)  # warm-up
         b, s = [], []
         for i in range(a.blocks):  # ABBA order: neither loop always runs first
-            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+            for which in (0, 1) if i % 2 == 0 else (1, 0):
                 if which == 0:
                     b.append(bare(parts, a.steps))
                 else:
@@ -149,10 +152,14 @@ def main() -> int:
     t = time.perf_counter()
     hashlib.sha256(big.numpy().tobytes()).hexdigest()
     full = time.perf_counter() - t
-    print(f"batch_digest: reference batch (4 KiB) {small * 1e6:.1f} us; 154 MB image batch sampled "
-          f"{sampled * 1e3:.2f} ms vs full sha256 {full * 1e3:.1f} ms")
-    print(f"state digests of a 1 GB checkpoint: {digest_s:.2f} s on the pusher's thread, beside torch.save of it "
-          f"{save_s:.2f} s")
+    print(
+        f"batch_digest: reference batch (4 KiB) {small * 1e6:.1f} us; 154 MB image batch sampled "
+        f"{sampled * 1e3:.2f} ms vs full sha256 {full * 1e3:.1f} ms"
+    )
+    print(
+        f"state digests of a 1 GB checkpoint: {digest_s:.2f} s on the pusher's thread, beside torch.save of it "
+        f"{save_s:.2f} s"
+    )
     return 0
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
-TRAINER = '''
+TRAINER = """
 import sys
 import torch, torch.nn as nn
 from runtime.session import Session
@@ -57,7 +57,7 @@ while sess.running():
     opt.zero_grad()
     sess.step(loss=loss)
 sys.exit(sess.finish())
-'''
+"""
 
 
 def leg(work: Path, mode: str, width: int, layers: int, tag: str) -> list[dict]:
@@ -67,12 +67,32 @@ def leg(work: Path, mode: str, width: int, layers: int, tag: str) -> list[dict]:
     folder = work / tag
     folder.mkdir()
     (folder / "train.py").write_text(TRAINER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LAUNCHER_RUN_ID": tag,
-           "LAUNCHER_STORE": (work / "store").as_uri(), "LAUNCHER_MAX_STEPS": "8"}
-    proc = subprocess.run([str(TORCHRUN), "--standalone", f"--master_port={port}", "--nproc_per_node=2", "train.py",
-                           mode, str(width), str(layers)], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=1800)
-    events = [json.loads(line[line.find('{"event": '):]) for line in proc.stdout.splitlines() if '{"event": ' in line]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "LAUNCHER_RUN_ID": tag,
+        "LAUNCHER_STORE": (work / "store").as_uri(),
+        "LAUNCHER_MAX_STEPS": "8",
+    }
+    proc = subprocess.run(
+        [
+            str(TORCHRUN),
+            "--standalone",
+            f"--master_port={port}",
+            "--nproc_per_node=2",
+            "train.py",
+            mode,
+            str(width),
+            str(layers),
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    events = [json.loads(line[line.find('{"event": ') :]) for line in proc.stdout.splitlines() if '{"event": ' in line]
     if proc.returncode != 0:
         raise SystemExit(f"{mode} leg failed ({proc.returncode}): {proc.stderr[-1500:]}")
     return [e for e in events if e.get("rank", 0) == 0]
@@ -104,13 +124,17 @@ def main() -> int:
                 for key, values in got.items():
                     rows[name].setdefault(key, []).extend(values)
     params = args.layers * (args.width * args.width + args.width)
-    print(f"{params / 1e6:.1f}M params + AdamW, 2 gloo ranks on CPU, {args.repeats} legs per mode, "
-          f"checkpoint every 2 steps; medians over the warm checkpoints (n = count)")
+    print(
+        f"{params / 1e6:.1f}M params + AdamW, 2 gloo ranks on CPU, {args.repeats} legs per mode, "
+        f"checkpoint every 2 steps; medians over the warm checkpoints (n = count)"
+    )
     print(f"{'mode':<10}{'MiB':>8}{'save s':>9}{'serialise s':>13}{'push s':>9}{'verify s':>10}{'n':>4}")
     for name, r in rows.items():
         med = {k: (statistics.median(v) if v else float("nan")) for k, v in r.items()}
-        print(f"{name:<10}{med['bytes'] / 2**20:>8.0f}{med['save']:>9.3f}{med['serialized']:>13.3f}"
-              f"{med['push']:>9.3f}{med['verify']:>10.3f}{len(r['save']):>4}")
+        print(
+            f"{name:<10}{med['bytes'] / 2**20:>8.0f}{med['save']:>9.3f}{med['serialized']:>13.3f}"
+            f"{med['push']:>9.3f}{med['verify']:>10.3f}{len(r['save']):>4}"
+        )
     return 0
 
 

@@ -32,8 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from launcher.image import SKY_NODE_PACKAGES  # noqa: E402
 
-NODE_SETUP = ("export DEBIAN_FRONTEND=noninteractive; { apt-get -yq update || true; } && "
-              "apt-get -o DPkg::Options::=--force-confnew install -y " + " ".join(SKY_NODE_PACKAGES))
+NODE_SETUP = (
+    "export DEBIAN_FRONTEND=noninteractive; { apt-get -yq update || true; } && "
+    "apt-get -o DPkg::Options::=--force-confnew install -y " + " ".join(SKY_NODE_PACKAGES)
+)
 
 
 def prebake_step() -> str:
@@ -41,20 +43,28 @@ def prebake_step() -> str:
     lines = (ROOT / "Dockerfile").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("ARG SKY_NODE_PACKAGES"))
     end = next(i for i in range(start, len(lines)) if lines[i].strip() == "fi")
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 def build(base: str, tag: str, packages: str) -> None:
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "Dockerfile").write_text(f"FROM {base}\n{prebake_step()}\n")
-        subprocess.run(["docker", "build", "-q", "-t", tag, "--build-arg", f"SKY_NODE_PACKAGES={packages}", ctx],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["docker", "build", "-q", "-t", tag, "--build-arg", f"SKY_NODE_PACKAGES={packages}", ctx],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
 
 
 def time_setup(tag: str) -> float:
     began = time.perf_counter()
-    subprocess.run(["docker", "run", "--rm", "--network", "host", tag, "bash", "-c", NODE_SETUP], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["docker", "run", "--rm", "--network", "host", tag, "bash", "-c", NODE_SETUP],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return time.perf_counter() - began
 
 

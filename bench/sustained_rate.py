@@ -121,20 +121,40 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=0.30)
     p.add_argument("--noise", type=float, default=0.03)
     p.add_argument("--warmup-x", type=float, default=4.0, help="first step is this many times slower")
-    p.add_argument("--warmup-tau", type=float, nargs="+", default=[4.0, 0.5],
-                   help="decay constants of the transient, in steps: one table block each")
+    p.add_argument(
+        "--warmup-tau",
+        type=float,
+        nargs="+",
+        default=[4.0, 0.5],
+        help="decay constants of the transient, in steps: one table block each",
+    )
     p.add_argument("--pause-s", type=float, default=1.5)
     p.add_argument("--pause-every", type=int, default=50)
     p.add_argument("--stall-p", type=float, default=0.02)
     p.add_argument("--stall-lo", type=float, default=0.2)
     p.add_argument("--stall-hi", type=float, default=1.0)
     ns = p.parse_args()
-    gens = [Gen(ns.tokens_per_step, ns.step_s, ns.noise, ns.warmup_x, tau, ns.pause_s,
-                ns.pause_every, ns.stall_p, ns.stall_lo, ns.stall_hi) for tau in ns.warmup_tau]
+    gens = [
+        Gen(
+            ns.tokens_per_step,
+            ns.step_s,
+            ns.noise,
+            ns.warmup_x,
+            tau,
+            ns.pause_s,
+            ns.pause_every,
+            ns.stall_p,
+            ns.stall_lo,
+            ns.stall_hi,
+        )
+        for tau in ns.warmup_tau
+    ]
     g = gens[0]
-    print(f"truth {g.truth:,.0f} tok/s ({g.tokens_per_step:,.0f} tok/step; steady {g.step_s} s +-{g.noise:.0%} "
-          f"+ {g.pause_s} s every {g.pause_every} steps + stalls p={g.stall_p} x U({g.stall_lo}, {g.stall_hi}) s); "
-          f"first step {g.warmup_x:g}x slower; {ns.seeds} seeds per cell")
+    print(
+        f"truth {g.truth:,.0f} tok/s ({g.tokens_per_step:,.0f} tok/step; steady {g.step_s} s +-{g.noise:.0%} "
+        f"+ {g.pause_s} s every {g.pause_every} steps + stalls p={g.stall_p} x U({g.stall_lo}, {g.stall_hi}) s); "
+        f"first step {g.warmup_x:g}x slower; {ns.seeds} seeds per cell"
+    )
     print()
     print("| warm-up decay | estimator | " + " | ".join(f"{n} steps" for n in ns.lengths) + " |")
     print("|---|---|" + "---|" * len(ns.lengths))
@@ -151,9 +171,12 @@ def main() -> None:
                 errors[NOISE].append(100 * (counter(gen.trace(steady), warmup_steps(n), n - 1) / gen.truth - 1))
             for name, errs in errors.items():
                 e = np.array(errs)
-                cells.setdefault(name, []).append(f"{e.mean():+.2f} / {np.abs(e).mean():.2f} / {e[np.abs(e).argmax()]:+.2f}")
+                cells.setdefault(name, []).append(
+                    f"{e.mean():+.2f} / {np.abs(e).mean():.2f} / {e[np.abs(e).argmax()]:+.2f}"
+                )
         for name, row in cells.items():
             print(f"| tau {gen.warmup_tau:g} steps | {name} | " + " | ".join(row) + " |")
+
 
 if __name__ == "__main__":
     main()

@@ -52,8 +52,14 @@ def trainer_args() -> list[str]:
 
 
 def env_for(work: Path, steps: int, run: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LAUNCHER_RUN_ID": run,
-           "LAUNCHER_STORE": (work / "store").as_uri(), "LAUNCHER_MAX_STEPS": str(steps)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "LAUNCHER_RUN_ID": run,
+        "LAUNCHER_STORE": (work / "store").as_uri(),
+        "LAUNCHER_MAX_STEPS": str(steps),
+    }
     env.pop("WORLD_SIZE", None)
     return env
 
@@ -62,8 +68,14 @@ def single(work: Path, steps: int, i: int) -> tuple[list[int], str]:
     """One leg on one node of two ranks: (torchrun's exit code), its stderr."""
     cwd = work / f"single-{i}"
     cwd.mkdir()
-    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", *trainer_args()], cwd=cwd,
-                          env=env_for(cwd, steps, f"s{i}"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", *trainer_args()],
+        cwd=cwd,
+        env=env_for(cwd, steps, f"s{i}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return [proc.returncode], proc.stderr
 
 
@@ -75,10 +87,24 @@ def multi(work: Path, steps: int, i: int) -> tuple[list[int], str]:
         cwd = work / f"multi-{i}-node{rank}"
         cwd.mkdir()
         env = {**env_for(cwd, steps, f"m{i}"), "LAUNCHER_STORE": store.as_uri()}
-        procs.append(subprocess.Popen(
-            [str(TORCHRUN), "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-             f"--master_port={port}", *trainer_args()], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(TORCHRUN),
+                    "--nnodes=2",
+                    f"--node_rank={rank}",
+                    "--nproc_per_node=2",
+                    "--master_addr=127.0.0.1",
+                    f"--master_port={port}",
+                    *trainer_args(),
+                ],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     errs = [p.communicate(timeout=300)[1] for p in procs]
     return [p.returncode for p in procs], "\n".join(errs)
 
@@ -99,15 +125,23 @@ assert world.max(float(world.rank)) == world.world_size - 1
 
 def script(name: str, text: str) -> Callable[[Path, int, int], tuple[list[int], str]]:
     """A leg of one node of two ranks running `text` (written once into the work folder)."""
+
     def run(work: Path, steps: int, i: int) -> tuple[list[int], str]:
         path = work / f"{name}.py"
         if not path.exists():
             path.write_text(text)
         cwd = work / f"{name}-{i}"
         cwd.mkdir()
-        proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(path)], cwd=cwd,
-                              env=env_for(cwd, steps, f"{name}{i}"), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(path)],
+            cwd=cwd,
+            env=env_for(cwd, steps, f"{name}{i}"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         return [proc.returncode], proc.stderr
+
     return run
 
 
@@ -122,9 +156,12 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="teardown-"))
     print(f"torch under {TORCHRUN}; legs of {a.steps} steps; work in {work}")
-    shapes = (("1 node x 2 ranks", a.single, single), ("2 nodes x 2 ranks", a.multi, multi),
-              ("control: group held past destroy", a.held, script("held", HELD)),
-              ("runtime.dist, no close()", a.no_close, script("noclose", NO_CLOSE)))
+    shapes = (
+        ("1 node x 2 ranks", a.single, single),
+        ("2 nodes x 2 ranks", a.multi, multi),
+        ("control: group held past destroy", a.held, script("held", HELD)),
+        ("runtime.dist, no close()", a.no_close, script("noclose", NO_CLOSE)),
+    )
     for shape, count, run in shapes:
         if not count:
             continue

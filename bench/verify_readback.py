@@ -29,11 +29,11 @@ sys.path[:0] = [str(ROOT)]
 os.environ["HF_HUB_DISABLE_XET"] = "1"
 
 from huggingface_hub import get_session  # noqa: E402
-from tests.fakes.hub_server import HubServer  # noqa: E402
 
 from runtime.store import FileEntry, Manifest, checkpoint_name  # noqa: E402
 from runtime.store.hub import HubStore  # noqa: E402
 from runtime.verify import verify_checkpoint  # noqa: E402
+from tests.fakes.hub_server import HubServer  # noqa: E402
 
 
 def write_checkpoint(root: Path, step: int, mib: int) -> tuple[Path, Manifest]:
@@ -54,8 +54,9 @@ def whole_readback(store: HubStore, manifest: Manifest) -> tuple[bool, int, floa
     for entry in manifest.files:
         digest = hashlib.sha256()
         url = store._url(store._path(manifest.name, entry.path))
-        with get_session().stream("GET", url, headers=store._headers(), follow_redirects=True,
-                                  timeout=store.timeout_s) as resp:
+        with get_session().stream(
+            "GET", url, headers=store._headers(), follow_redirects=True, timeout=store.timeout_s
+        ) as resp:
             for chunk in resp.iter_bytes(1 << 20):
                 digest.update(chunk)
                 total += len(chunk)
@@ -77,11 +78,15 @@ def main() -> None:
             store.push(folder, manifest)
             ranged = verify_checkpoint(store, manifest, folder, budget_bytes=int(ns.budget_mib * (1 << 20)))
             ok, whole_bytes, whole_s = whole_readback(store, manifest)
-            print(f"| {mib} MiB | ranged ({ranged.windows} windows) | {ranged.bytes_read:,} | "
-                  f"{ranged.seconds:.3f} | {ranged.ok} |")
+            print(
+                f"| {mib} MiB | ranged ({ranged.windows} windows) | {ranged.bytes_read:,} | "
+                f"{ranged.seconds:.3f} | {ranged.ok} |"
+            )
             print(f"| {mib} MiB | whole object | {whole_bytes:,} | {whole_s:.3f} | {ok} |")
-            print(f"| {mib} MiB | ratio whole/ranged | {whole_bytes / ranged.bytes_read:.0f}x | "
-                  f"{whole_s / ranged.seconds:.0f}x | |")
+            print(
+                f"| {mib} MiB | ratio whole/ranged | {whole_bytes / ranged.bytes_read:.0f}x | "
+                f"{whole_s / ranged.seconds:.0f}x | |"
+            )
             store.delete(manifest.name)
             server.objects.clear()  # free the server's copy before the next size
             for path in folder.iterdir():

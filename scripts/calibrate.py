@@ -36,8 +36,10 @@ def main() -> int:
     runs = [one() for _ in range(3)]
     wall = statistics.median(w for w, _ in runs)
     cpu = statistics.median(c for _, c in runs)
-    print(f"calibration: a leg's start-up (import torch, build an optimizer: torch._dynamo) "
-          f"{wall:.2f} s wall, {cpu:.2f} s CPU (median of 3)")
+    print(
+        f"calibration: a leg's start-up (import torch, build an optimizer: torch._dynamo) "
+        f"{wall:.2f} s wall, {cpu:.2f} s CPU (median of 3)"
+    )
     return 0
 
 

@@ -76,13 +76,22 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
     cfg = load_config(project / "launcher.yaml")
     ledger = Ledger(cfg.state_path / "ledger.db")
     files = ledger.latest_review().files
-    row = ledger.record_image({"tag": "t", "image_id": "sha256:" + "0" * 64, "base": "b", "lock": "cpu.lock",
-                               "files_digest": files_digest(files), "files": files, "runtime_digest": "r",
-                               "built_at": 0.0, "seconds": 0.0})
+    row = ledger.record_image(
+        {
+            "tag": "t",
+            "image_id": "sha256:" + "0" * 64,
+            "base": "b",
+            "lock": "cpu.lock",
+            "files_digest": files_digest(files),
+            "files": files,
+            "runtime_digest": "r",
+            "built_at": 0.0,
+            "seconds": 0.0,
+        }
+    )
     ledger.set_pushed(row, SKY_IMAGE_REF)
     ledger.close()
     return cfg
-
 
 
 # One intra-op thread per torch process: the suite runs two workers, each running legs of two or

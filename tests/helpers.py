@@ -31,13 +31,21 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
     full_env = dict(os.environ)
     full_env.pop("LAUNCHER_DEBUG", None)
     full_env.update(env or {})
-    proc = subprocess.run([str(LAUNCHER), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [str(LAUNCHER), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def edit_config(root: Path, mutate: Callable[[dict[str, Any]], object] | None = None, /,
-                **changes: object) -> dict[str, Any]:
+def edit_config(
+    root: Path, mutate: Callable[[dict[str, Any]], object] | None = None, /, **changes: object
+) -> dict[str, Any]:
     """Edit a project's launcher.yaml in place: each `a__b=value` sets data["a"]["b"] (making
     the parents), then `mutate(data)` may change anything else. Returns the data written."""
     path = root / "launcher.yaml"
@@ -73,14 +81,28 @@ def assert_one_line_error(res: Result, code: int, *needles: str) -> None:
         assert needle in first, (needle, first)
 
 
-def hub_store(server, namespace: str = "runs/r1", *, token: str = "hf_good", timeout_s: float = 10.0,  # noqa: ANN001
-              repo: str = "tester/ckpts", key: bytes | None = None):
+def hub_store(
+    server,
+    namespace: str = "runs/r1",
+    *,
+    token: str = "hf_good",
+    timeout_s: float = 10.0,  # noqa: ANN001
+    repo: str = "tester/ckpts",
+    key: bytes | None = None,
+):
     """A HubStore on the loopback server, with retries short enough for tests."""
     from runtime.store.hub import HubStore
     from runtime.store.retry import RetryPolicy
 
-    return HubStore(f"hf://{repo}", namespace, token=token, endpoint=server.url, timeout_s=timeout_s,
-                    retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10), key=key)
+    return HubStore(
+        f"hf://{repo}",
+        namespace,
+        token=token,
+        endpoint=server.url,
+        timeout_s=timeout_s,
+        retry=RetryPolicy(attempts=4, base_s=0.01, max_backoff_s=0.05, deadline_s=10),
+        key=key,
+    )
 
 
 def plant_crash_at_step_12(train_py: str) -> str:
@@ -90,8 +112,11 @@ def plant_crash_at_step_12(train_py: str) -> str:
     cycle, not wherever a loaded machine happened to have it (else step 10 can be lost with it)."""
     hook = "        x, y, first_sample = data.next_batch()\n"
     assert train_py.count(hook) == 1, "the reference trainer's loop moved: update the planted crash"
-    return train_py.replace(hook, hook + "        if sess.step_count == 12:\n"
-                                         "            sess.pusher.queue.join()\n            raise SystemExit(7)\n")
+    return train_py.replace(
+        hook,
+        hook + "        if sess.step_count == 12:\n"
+        "            sess.pusher.queue.join()\n            raise SystemExit(7)\n",
+    )
 
 
 SKY_IMAGE_REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32

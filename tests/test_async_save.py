@@ -125,8 +125,9 @@ def test_a_snapshot_writes_and_loads_like_the_live_state(tmp_path: Path) -> None
     assert sorted(os.listdir(tmp_path / "a")) == [checkpoint_name(1)]  # the partial folder took its real name
 
 
-def test_a_write_that_fails_leaves_no_folder_with_the_checkpoints_name(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_that_fails_leaves_no_folder_with_the_checkpoints_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(state: Any, path: Path) -> None:
         path.write_bytes(b"half a state")
         raise OSError("disk full (the test)")
@@ -140,8 +141,15 @@ def test_a_write_that_fails_leaves_no_folder_with_the_checkpoints_name(tmp_path:
 # --- through a Session ----------------------------------------------------------------------
 
 
-def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *, async_save: bool = True,
-            max_steps: int = 6, ckpt_every: int = 2) -> tuple[Session, GPT, torch.optim.Optimizer]:
+def session(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    *,
+    async_save: bool = True,
+    max_steps: int = 6,
+    ckpt_every: int = 2,
+) -> tuple[Session, GPT, torch.optim.Optimizer]:
     monkeypatch.setenv("LAUNCHER_RUN_ID", RUN)
     monkeypatch.setenv("LAUNCHER_STORE", (tmp_path / f"store-{name}").as_uri())
     monkeypatch.setenv("LAUNCHER_MAX_STEPS", str(max_steps))
@@ -169,8 +177,9 @@ def stored_state(tmp_path: Path, name: str, step: int) -> dict[str, Any]:
     return load_local(tmp_path / f"fetched-{name}" / info.name, seal=info.seal, fetched=True)[0]
 
 
-def test_a_session_saves_the_state_at_the_checkpoint_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys) -> None:  # noqa: ANN001
+def test_a_session_saves_the_state_at_the_checkpoint_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # noqa: ANN001
     gate, writing = threading.Event(), threading.Event()
     real_write = ckpt.write_state
 
@@ -205,8 +214,7 @@ def test_a_session_saves_the_state_at_the_checkpoint_step(tmp_path: Path, monkey
     assert serialized["bytes"] == push["bytes"] and save["bytes"] <= serialized["bytes"]
 
 
-def test_async_and_sync_saves_hold_the_same_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys) -> None:  # noqa: ANN001
+def test_async_and_sync_saves_hold_the_same_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
     for name, mode in (("async", True), ("sync", False)):
         sess, model, opt = session(tmp_path, monkeypatch, name, async_save=mode, max_steps=4, ckpt_every=2)
         while sess.running():
@@ -221,8 +229,9 @@ def test_async_and_sync_saves_hold_the_same_state(tmp_path: Path, monkeypatch: p
         assert_same({k: v for k, v in s.items() if k != "rng"}, {k: v for k, v in a.items() if k != "rng"})
 
 
-def test_the_worker_keeps_the_cycle_order_and_two_snapshots_at_most(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys) -> None:  # noqa: ANN001
+def test_the_worker_keeps_the_cycle_order_and_two_snapshots_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # noqa: ANN001
     real_push = LocalDirStore.push
 
     def slow_push(self, local_dir, manifest) -> None:  # noqa: ANN001 - uploads slower than the steps
@@ -312,10 +321,20 @@ TRAINER_ARGS = ["--ckpt-every", "4", "--data-tokens", "20000", "--device", "cpu"
 
 
 def leg_env(store: Path, max_steps: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LAUNCHER_DEADLINE", "LAUNCHER_FILES_SHA256", "LAUNCHER_STORE_KEY", "LAUNCHER_LEG")}
-    env.update(LAUNCHER_RUN_ID=RUN, LAUNCHER_STORE=store.as_uri(), LAUNCHER_MAX_STEPS=str(max_steps),
-               PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", **extra)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LAUNCHER_DEADLINE", "LAUNCHER_FILES_SHA256", "LAUNCHER_STORE_KEY", "LAUNCHER_LEG")
+    }
+    env.update(
+        LAUNCHER_RUN_ID=RUN,
+        LAUNCHER_STORE=store.as_uri(),
+        LAUNCHER_MAX_STEPS=str(max_steps),
+        PYTHONPATH=str(ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
+        OMP_NUM_THREADS="1",
+        **extra,
+    )
     return env
 
 
@@ -326,9 +345,15 @@ def kill_mid_write(tmp_path: Path, mode: str, tear: int = 8) -> tuple[Path, Path
     store, work = tmp_path / "store", tmp_path / "work"
     wrapper = tmp_path / "torn_trainer.py"
     wrapper.write_text(WRAPPER)
-    proc = subprocess.Popen([sys.executable, str(wrapper), "--workdir", str(work), *TRAINER_ARGS], cwd=ROOT,
-                            env=leg_env(store, 40, TEAR_STEP=str(tear), TEAR_MODE=mode), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(wrapper), "--workdir", str(work), *TRAINER_ARGS],
+        cwd=ROOT,
+        env=leg_env(store, 40, TEAR_STEP=str(tear), TEAR_MODE=mode),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
     seen: list[str] = []
@@ -356,8 +381,14 @@ def kill_mid_write(tmp_path: Path, mode: str, tear: int = 8) -> tuple[Path, Path
 
 
 def plain_leg(store: Path, work: Path, max_steps: int) -> tuple[int, list[dict[str, Any]]]:
-    res = subprocess.run([sys.executable, "-m", "runtime.trainer", "--workdir", str(work), *TRAINER_ARGS], cwd=ROOT,
-                         env=leg_env(store, max_steps, LAUNCHER_LEG="1"), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "runtime.trainer", "--workdir", str(work), *TRAINER_ARGS],
+        cwd=ROOT,
+        env=leg_env(store, max_steps, LAUNCHER_LEG="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return res.returncode, events_of(res.stdout)
 
 

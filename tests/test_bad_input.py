@@ -28,8 +28,26 @@ from tests.helpers import run_cli
 NAN, INF = float("nan"), float("inf")
 SEED = 20261201
 
-BAD_GPUS = ["", ":", "T4:", ":2", "T4:0", "T4:-1", "T4:two", "T4:65", "T4:9223372036854775808", "T4:" + "9" * 5000,
-            "T 4", "T4:2:3", "T4\n", "💥:1", "A" * 100, "T4:1.5", "-T4", "T4:0x2"]
+BAD_GPUS = [
+    "",
+    ":",
+    "T4:",
+    ":2",
+    "T4:0",
+    "T4:-1",
+    "T4:two",
+    "T4:65",
+    "T4:9223372036854775808",
+    "T4:" + "9" * 5000,
+    "T 4",
+    "T4:2:3",
+    "T4\n",
+    "💥:1",
+    "A" * 100,
+    "T4:1.5",
+    "-T4",
+    "T4:0x2",
+]
 BAD_NODES = ["0", "-1", "65", str(10**20), "x", "1.5"]
 BAD_STEPS = ["0", "1", "-5", str(10**9), "99999999999999999999", "x"]
 BAD_BACKENDS = ["", "Local", "k8s", "local "]
@@ -99,10 +117,18 @@ def cli_cases(tmp: Path) -> Iterator[list[str]]:
 
 
 # flag -> (values that are wrong whatever else is given, values that are fine)
-UP_FLAGS = {"--gpus": (BAD_GPUS, ["T4:1", "A100:8"]), "--nodes": (BAD_NODES, ["1"]),
-            "--steps": (BAD_STEPS, ["20"]), "--backend": (BAD_BACKENDS, ["local"])}
-DRILL_FLAGS = {"--kills": (BAD_KILLS, ["2"]), "--at": (BAD_AT, ["mid-push", "random"]),
-               "--backend": (BAD_BACKENDS, ["local"]), "--gpus": (BAD_GPUS, ["T4:1"])}
+UP_FLAGS = {
+    "--gpus": (BAD_GPUS, ["T4:1", "A100:8"]),
+    "--nodes": (BAD_NODES, ["1"]),
+    "--steps": (BAD_STEPS, ["20"]),
+    "--backend": (BAD_BACKENDS, ["local"]),
+}
+DRILL_FLAGS = {
+    "--kills": (BAD_KILLS, ["2"]),
+    "--at": (BAD_AT, ["mid-push", "random"]),
+    "--backend": (BAD_BACKENDS, ["local"]),
+    "--gpus": (BAD_GPUS, ["T4:1"]),
+}
 SPEND_FLAGS = {"--gpus": (BAD_GPUS, ["T4:2"]), "--nodes": (BAD_NODES, ["1", "2"])}
 
 
@@ -113,8 +139,7 @@ def random_cli_cases(rng: random.Random, n: int) -> Iterator[list[str]]:
         table = {"up": UP_FLAGS, "drill": DRILL_FLAGS, "spend": SPEND_FLAGS}[cmd]
         flags = rng.sample(sorted(table), rng.randint(1, len(table)))
         wrong = rng.choice(flags)
-        args = [f for flag in flags
-                for f in (flag, rng.choice(table[flag][0] if flag == wrong else table[flag][1]))]
+        args = [f for flag in flags for f in (flag, rng.choice(table[flag][0] if flag == wrong else table[flag][1]))]
         head = {"up": ["up", rng.choice(GPU_RUNGS)], "drill": ["drill", "cold-resume"], "spend": ["spend"]}[cmd]
         tail = [x for x in ("--json", "--dry-run") if rng.random() < 0.4 and (x == "--json" or cmd == "up")]
         yield head + args + tail
@@ -127,17 +152,47 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
     ("trainer", "parser"): ["", "1abc", "a-b", None, 5],
     ("trainer", "modules"): ["x", [1], [None], [["x"]], [""], ["os;id"], ["a..b"], ["1mod"]],
     ("reviewed",): [[], [""], ["/etc/passwd"], ["../x"], "train.py", [None], ["a\0b"], [" "], ["x" * 5000]],
-    ("store",): ["", " ", "file:///dev/null", "file://relative/x", "s3://b/x", "hf://a", "hf://a/b\n", "hf://a/b c",
-                 5, [], "@FILE", "hf://a/b@../../x", "hf://a/b@main/", "hf://a/b@.hidden", "file:///proc/self",
-                 "file:///etc", "file:///", "file:///sys/x", "~/.store", "~"],
+    ("store",): [
+        "",
+        " ",
+        "file:///dev/null",
+        "file://relative/x",
+        "s3://b/x",
+        "hf://a",
+        "hf://a/b\n",
+        "hf://a/b c",
+        5,
+        [],
+        "@FILE",
+        "hf://a/b@../../x",
+        "hf://a/b@main/",
+        "hf://a/b@.hidden",
+        "file:///proc/self",
+        "file:///etc",
+        "file:///",
+        "file:///sys/x",
+        "~/.store",
+        "~",
+    ],
     ("state_dir",): ["", "\0", 5, "@FILE", [], "a\nb"],
     ("quota", "gpu_hours"): [NAN, INF, -INF, -1, 10**7, "30", True, 10**30, []],
     ("quota", "period"): ["day", "", 5, None, "WEEK"],
     ("quota", "reset_weekday"): ["funday", "", None, 1],
     ("quota", "budget_usd"): [NAN, INF, -1, 1e12, "x"],
     ("quota", "session_hours"): [NAN, 0, -1, INF, 1000, "9", 1.0e-300, 5e-324],
-    ("prices",): [{"T4": NAN}, {"T4": -1}, {"T4": INF}, {"T4": 1e6}, {"": 1}, {"T4\n": 1}, {"T4": "1"}, "x", [1],
-                  {1: 0.3}, {"T4": None}],
+    ("prices",): [
+        {"T4": NAN},
+        {"T4": -1},
+        {"T4": INF},
+        {"T4": 1e6},
+        {"": 1},
+        {"T4\n": 1},
+        {"T4": "1"},
+        "x",
+        [1],
+        {1: 0.3},
+        {"T4": None},
+    ],
     ("image", "repository"): ["UPPER/x", "", "a b", 5],
     ("image", "base"): [5, "\0", []],
     ("leg_env",): [{"LAUNCHER_X": "1"}, {"lower": "1"}, {"A": 1}, {"A": "\0"}, {"HF_TOKEN": "x"}, "x", {"A-B": "1"}],
@@ -146,8 +201,20 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
 }
 for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
     BAD_VALUES[("rungs", _rung, "steps")] = [0, 1, -1, 10**9, 1.5, "10", None, True, 10**30, NAN]
-    BAD_VALUES[("rungs", _rung, "budget_minutes")] = [NAN, INF, -INF, 0, -1, 10**6, "5", True, None, 1.0e-300,
-                                                      5e-324, 0.001]
+    BAD_VALUES[("rungs", _rung, "budget_minutes")] = [
+        NAN,
+        INF,
+        -INF,
+        0,
+        -1,
+        10**6,
+        "5",
+        True,
+        None,
+        1.0e-300,
+        5e-324,
+        0.001,
+    ]
     BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3, None]
 BAD_VALUES[("rungs", "run", "max_restarts_on_errors")] = [-1, 101, 1.5, "3", True, None, NAN]
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone
@@ -199,12 +266,17 @@ def config_cases(base: dict, tmp: Path, rng: random.Random, extra: int) -> Itera
     yield "tabs", "project:\tx\n\tbad: [\n"
     yield "1000-deep", "project: p\nprices: " + "[" * 1000 + "]" * 1000 + "\n"
     yield "deep mapping", "project: p\nleg_env: " + "{a: " * 300 + "1" + "}" * 300 + "\n"
-    yield "alias bomb", ("a: &a [x, x, x, x]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\n"
-                         "project: p\ntrainer: {modules: [*c, *c, *c]}\n")
+    yield (
+        "alias bomb",
+        (
+            "a: &a [x, x, x, x]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\n"
+            "project: p\ntrainer: {modules: [*c, *c, *c]}\n"
+        ),
+    )
     yield "over 1 MiB", text + "# " + "x" * (1 << 20) + "\n"
     for i in range(extra):
         mix = rng.sample(singles, rng.choice((2, 3)))
-        yield f"mix {i}: " + ", ".join('.'.join(p) for p, _ in mix), dump(with_values(mix))
+        yield f"mix {i}: " + ", ".join(".".join(p) for p, _ in mix), dump(with_values(mix))
 
 
 RAW_FILES = {
@@ -214,21 +286,33 @@ RAW_FILES = {
     "latin-1": lambda text: text.replace("project:", "# caf\xe9\nproject:", 1).encode("latin-1"),
 }
 
-CONFIG_COMMANDS = [["review"], ["up", "static"], ["up", "rehearsal", "--dry-run"], ["spend", "--json"],
-                   ["ledger", "--json"], ["status"], ["report"], ["drill", "cold-resume"]]
+CONFIG_COMMANDS = [
+    ["review"],
+    ["up", "static"],
+    ["up", "rehearsal", "--dry-run"],
+    ["spend", "--json"],
+    ["ledger", "--json"],
+    ["status"],
+    ["report"],
+    ["drill", "cold-resume"],
+]
 GLOB_COMMANDS = [["review"], ["up", "static"], ["up", "rehearsal", "--dry-run"], ["drill", "cold-resume"]]
 
 
 def snapshot(root: Path) -> tuple:
     """What a refusal must not change: every file (but the config we write and SQLite's
     WAL side files) and every table's row count."""
-    files = sorted((str(p.relative_to(root)), p.stat().st_size if p.name != "ledger.db" else 0)
-                   for p in root.rglob("*") if not p.name.endswith(("-wal", "-shm", "launcher.yaml"))
-                   and not p.is_dir())
+    files = sorted(
+        (str(p.relative_to(root)), p.stat().st_size if p.name != "ledger.db" else 0)
+        for p in root.rglob("*")
+        if not p.name.endswith(("-wal", "-shm", "launcher.yaml")) and not p.is_dir()
+    )
     db = root / "proj" / ".launcher" / "ledger.db"
     with sqlite3.connect(db) as conn:
-        counts = tuple(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                       for t in ("reviews", "runs", "legs", "reservations", "stops", "checks", "images"))
+        counts = tuple(
+            conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("reviews", "runs", "legs", "reservations", "stops", "checks", "images")
+        )
     return files, counts
 
 

@@ -86,15 +86,26 @@ def _events(tmp_path, events: list[dict]):  # noqa: ANN001, ANN202
 
 def _leg(final_verify_t: float) -> list[dict]:
     """Ten steps of 0.5 s from t = 100, checkpoints at 5 (verified 1.5 s after its step) and at 10."""
-    ev = [{"event": "step", "t": 100.0 + 0.5 * s, "step": s, "step_s": 0.5, "loss": 1.0, "lr": 0.1}
-          for s in range(1, 11)]
+    ev = [
+        {"event": "step", "t": 100.0 + 0.5 * s, "step": s, "step_s": 0.5, "loss": 1.0, "lr": 0.1} for s in range(1, 11)
+    ]
     for step, verified in ((5, 104.0), (10, final_verify_t)):
         t = 100.0 + 0.5 * step
-        ev += [{"event": "save", "t": t + 0.2, "step": step, "seconds": 0.2, "bytes": 1000},
-               {"event": "serialized", "t": t + 0.5, "step": step, "seconds": 0.3, "bytes": 1100, "name": "c"},
-               {"event": "push", "t": verified - 0.1, "step": step, "seconds": 0.4, "bytes": 1100, "name": "c"},
-               {"event": "verify", "t": verified, "step": step, "ok": True, "seconds": 0.1, "bytes_read": 1100,
-                "name": "c", "windows": 1}]
+        ev += [
+            {"event": "save", "t": t + 0.2, "step": step, "seconds": 0.2, "bytes": 1000},
+            {"event": "serialized", "t": t + 0.5, "step": step, "seconds": 0.3, "bytes": 1100, "name": "c"},
+            {"event": "push", "t": verified - 0.1, "step": step, "seconds": 0.4, "bytes": 1100, "name": "c"},
+            {
+                "event": "verify",
+                "t": verified,
+                "step": step,
+                "ok": True,
+                "seconds": 0.1,
+                "bytes_read": 1100,
+                "name": "c",
+                "windows": 1,
+            },
+        ]
     return sorted(ev, key=lambda e: e["t"])
 
 
@@ -132,7 +143,10 @@ def test_m_is_the_configured_figure_else_the_clouds_published_one() -> None:
     assert mtbf(Config(project="p"), on)[::2] == (3650.0, "aws")
     m, source, cloud = mtbf(Config(project="p"), nowhere)
     assert (m, cloud) == (160.0, None) and "no cloud recorded" in source
-    assert mtbf(Config(project="p", spot=SpotConfig(mtbf_hours=12.5)), on)[:2] == (12.5, "spot.mtbf_hours in launcher.yaml")
+    assert mtbf(Config(project="p", spot=SpotConfig(mtbf_hours=12.5)), on)[:2] == (
+        12.5,
+        "spot.mtbf_hours in launcher.yaml",
+    )
     for bad in (0, -1.0, float("nan"), True, 1e9):
         with pytest.raises(ConfigError, match="spot.mtbf_hours"):
             SpotConfig(mtbf_hours=bad)
@@ -144,14 +158,25 @@ def test_up_run_on_spot_warns_when_the_final_checkpoint_does_not_fit() -> None:
 
     from launcher.cadence import notice_warning
 
-    per = [{"provider": p, "label": lab, "notice_s": NOTICE_S[p], "fits": ok}
-           for p, lab, ok in (("gcp", "GCP", False), ("azure", "Azure", False), ("aws", "AWS", True), ("k8s", "Kubernetes", False))]
-    gate = {"gate": "passed", "notice": {"per_provider": per, "needed_s": 30.5, "lost_steps_max": 37, "run": "r-probe",
-                                         "leg": 0}}
+    per = [
+        {"provider": p, "label": lab, "notice_s": NOTICE_S[p], "fits": ok}
+        for p, lab, ok in (
+            ("gcp", "GCP", False),
+            ("azure", "Azure", False),
+            ("aws", "AWS", True),
+            ("k8s", "Kubernetes", False),
+        )
+    ]
+    gate = {
+        "gate": "passed",
+        "notice": {"per_provider": per, "needed_s": 30.5, "lost_steps_max": 37, "run": "r-probe", "leg": 0},
+    }
     run_sky = SimpleNamespace(rung=SimpleNamespace(name="run"), backend="sky")
     [line] = notice_warning(run_sky, gate, None)
-    assert line == ("warning: on spot, the final checkpoint needs 30.5 s (r-probe leg 0): it does not fit GCP's (25 s) "
-                    "or Azure's (25 s) notice; a preemption there loses up to 37 steps at the current cadence")
+    assert line == (
+        "warning: on spot, the final checkpoint needs 30.5 s (r-probe leg 0): it does not fit GCP's (25 s) "
+        "or Azure's (25 s) notice; a preemption there loses up to 37 steps at the current cadence"
+    )
     assert "it does not fit GCP's (25 s) notice;" in notice_warning(run_sky, gate, SimpleNamespace(cloud="GCP"))[0]
     assert notice_warning(run_sky, gate, SimpleNamespace(cloud="AWS")) == []  # it fits the pick's cloud
     assert notice_warning(SimpleNamespace(rung=run_sky.rung, backend="local"), gate, None) == []  # no spot

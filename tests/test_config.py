@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import parse_gpus, store_uri
-
 from launcher.config.load import load_config
+from launcher.config.schema import parse_gpus, store_uri
 from launcher.errors import ConfigError
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
@@ -75,22 +74,25 @@ def test_missing_config_names_next_step(tmp_path: Path) -> None:
     assert "launcher init" in res.err
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["up", "smoke", "--gpus", "T4:two"], "T4:two"),
-    (["up", "smoke", "--gpus", ":2"], ":2"),
-    (["up", "smoke", "--gpus", "T4:0"], "T4:0"),
-    (["up", "smoke"], "--gpus"),
-    (["up", "rehearsal", "--gpus", "T4:1"], "drop --gpus"),
-    (["up", "warmup"], "unknown rung"),
-    (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
-    (["up", "static", "--backend", "azure"], "unknown backend"),
-    (["drill", "cold-resume", "--at", "node-lost"], "loses one node of several"),
-    (["up", "rehearsal", "--nodes", "0"], "--nodes"),
-    (["up", "run"], "--gpus"),
-    (["up", "run", "--gpus", "T4:2", "--skip-preflight", ""], "--skip-preflight needs a reason"),
-    (["up"], "Missing argument"),
-    (["frobnicate"], "frobnicate"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["up", "smoke", "--gpus", "T4:two"], "T4:two"),
+        (["up", "smoke", "--gpus", ":2"], ":2"),
+        (["up", "smoke", "--gpus", "T4:0"], "T4:0"),
+        (["up", "smoke"], "--gpus"),
+        (["up", "rehearsal", "--gpus", "T4:1"], "drop --gpus"),
+        (["up", "warmup"], "unknown rung"),
+        (["up", "rehearsal", "--backend", "azure"], "unknown backend"),
+        (["up", "static", "--backend", "azure"], "unknown backend"),
+        (["drill", "cold-resume", "--at", "node-lost"], "loses one node of several"),
+        (["up", "rehearsal", "--nodes", "0"], "--nodes"),
+        (["up", "run"], "--gpus"),
+        (["up", "run", "--gpus", "T4:2", "--skip-preflight", ""], "--skip-preflight needs a reason"),
+        (["up"], "Missing argument"),
+        (["frobnicate"], "frobnicate"),
+    ],
+)
 def test_bad_flags_exit_2_no_row(project: Path, args: list[str], needle: str) -> None:
     res = run_cli(args, cwd=project)
     assert_one_line_error(res, 2, needle)

@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 def torchrun(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[dict]]:
     full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
     full.pop("WORLD_SIZE", None)
-    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     events = []
     for line in proc.stdout.splitlines():
         start = line.find('{"event": ')
@@ -30,10 +36,14 @@ def torchrun(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list
 def leg(tmp_path: Path, name: str, max_steps: int) -> tuple[int, list[dict]]:
     work = tmp_path / name
     work.mkdir()
-    env = {"LAUNCHER_RUN_ID": "ddp", "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
-           "LAUNCHER_MAX_STEPS": str(max_steps)}
-    return torchrun(["-m", "runtime.trainer", "--ckpt-every", "3", "--data-tokens", "20000",
-                     "--metrics-every", "3"], work, env)
+    env = {
+        "LAUNCHER_RUN_ID": "ddp",
+        "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
+        "LAUNCHER_MAX_STEPS": str(max_steps),
+    }
+    return torchrun(
+        ["-m", "runtime.trainer", "--ckpt-every", "3", "--data-tokens", "20000", "--metrics-every", "3"], work, env
+    )
 
 
 def test_two_ranks_resume_at_the_same_cursor(tmp_path: Path) -> None:
@@ -102,9 +112,15 @@ sys.stdout.flush()
 def test_a_barrier_timeout_names_what_was_waited_for(tmp_path: Path) -> None:
     (tmp_path / "waiter.py").write_text(WAITER)
     full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "waiter.py"], cwd=tmp_path,
-                          env=full, capture_output=True, text=True, timeout=120)
-    lines = [json.loads(ln[ln.find('{"event": '):]) for ln in proc.stdout.splitlines() if '{"event": ' in ln]
+    proc = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "waiter.py"],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [json.loads(ln[ln.find('{"event": ') :]) for ln in proc.stdout.splitlines() if '{"event": ' in ln]
     rank1 = next(e for e in lines if e["rank"] == 1)
     assert rank1["outcome"].startswith("rank 1 waited 2 s for rank 0 finishing its pushes"), rank1
 
@@ -112,9 +128,9 @@ def test_a_barrier_timeout_names_what_was_waited_for(tmp_path: Path) -> None:
 def test_closing_the_world_lets_go_of_its_process_group() -> None:
     """The group must die in close(), not at interpreter teardown (where gloo's destructor
     aborted a rank that had already exited cleanly: runtime.dist.World.close)."""
-    from runtime.dist import World
-
     import gc
+
+    from runtime.dist import World
 
     world = World(rank=0, world_size=2, ctrl=object())
     try:

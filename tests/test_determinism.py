@@ -48,8 +48,14 @@ def run_trainer(tmp_path: Path, deterministic: bool) -> list[dict]:
 def test_the_mode_sets_the_flags_and_names_an_op_without_a_deterministic_kernel(tmp_path: Path) -> None:
     events = run_trainer(tmp_path, deterministic=True)
     start = next(e for e in events if e["event"] == "start")
-    assert start["deterministic"] == {"algorithms": True, "warn_only": True, "cudnn_deterministic": True,
-                                      "cudnn_benchmark": False, "tf32": False, "cublas_workspace": ":4096:8"}
+    assert start["deterministic"] == {
+        "algorithms": True,
+        "warn_only": True,
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "tf32": False,
+        "cublas_workspace": ":4096:8",
+    }
     steps = [e for e in events if e["event"] == "step"]
     assert [e.get("nondeterministic") for e in steps] == [None, ["put_"], None]  # step 2 ran it, once
     assert next(e for e in events if e["event"] == "done")["step"] == 3  # warn-only: the leg is not killed
@@ -63,8 +69,10 @@ def test_without_the_mode_nothing_is_set_or_said(tmp_path: Path) -> None:
 
 def test_the_comparing_rungs_ask_for_it_and_the_measuring_ones_do_not() -> None:
     def env(rung: str) -> dict[str, str]:
-        return contract.leg_env(run_id="r", leg=0, rung=rung, store="file:///s", max_steps=5, deadline=1e9,
-                                files_sha256={}, on_gpu=True)
+        return contract.leg_env(
+            run_id="r", leg=0, rung=rung, store="file:///s", max_steps=5, deadline=1e9, files_sha256={}, on_gpu=True
+        )
+
     for rung in ("rehearsal", "smoke", "drill"):
         assert env(rung)[contract.DETERMINISTIC] == "1" and env(rung)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     for rung in ("probe", "run"):  # they measure speed: the trainer's own settings
@@ -74,8 +82,10 @@ def test_the_comparing_rungs_ask_for_it_and_the_measuring_ones_do_not() -> None:
 def legs(*specs: tuple[dict | None, list[str] | None]) -> list[LegEvents]:
     out = []
     for i, (settings, ops) in enumerate(specs):
-        items = [(1, {"event": "start", "deterministic": settings}),
-                 (2, {"event": "step", "step": 1, "loss": 1.0, "lr": 0.1, **({"nondeterministic": ops} if ops else {})})]
+        items = [
+            (1, {"event": "start", "deterministic": settings}),
+            (2, {"event": "step", "step": 1, "loss": 1.0, "lr": 0.1, **({"nondeterministic": ops} if ops else {})}),
+        ]
         out.append(LegEvents(i, Path(f"leg-{i}.log"), items))
     return out
 

@@ -63,8 +63,12 @@ def built(tmp_path_factory: pytest.TempPathFactory, engine: None) -> Path:
 
 
 def containers(prefix: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-a", "--filter", f"name={prefix}", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"name={prefix}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.split()
 
 
@@ -72,8 +76,13 @@ def test_image_is_labelled_with_the_reviewed_files(built: Path) -> None:
     [row] = run_cli(["image", "list", "--json"], cwd=built).json()
     review = run_cli(["review", "--json"], cwd=built).json()
     assert row["files"] == review["files"] and row["image_id"].startswith("sha256:")
-    labels = json.loads(subprocess.run(["docker", "image", "inspect", row["image_id"], "--format",
-                                        "{{json .Config.Labels}}"], capture_output=True, text=True).stdout)
+    labels = json.loads(
+        subprocess.run(
+            ["docker", "image", "inspect", row["image_id"], "--format", "{{json .Config.Labels}}"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert json.loads(labels["org.preflight.files"]) == review["files"]
     assert labels["org.preflight.base"] == BASE
 
@@ -100,11 +109,22 @@ def test_cold_resume_across_a_killed_container(built: Path, tmp_path: Path) -> N
     backend = DockerBackend(image)
 
     def spec(leg: int, max_steps: int) -> LegSpec:
-        env = {"LAUNCHER_RUN_ID": "cold", "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
-               "LAUNCHER_STORE": store.as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps),
-               "LAUNCHER_DEADLINE": str(int(time.time()) + 600)}
-        return LegSpec("cold", leg, "rehearsal", ("python", "train.py", "--ckpt-every", "5"), env,
-                       log_path=tmp_path / f"leg-{leg}.log")
+        env = {
+            "LAUNCHER_RUN_ID": "cold",
+            "LAUNCHER_LEG": str(leg),
+            "LAUNCHER_RUNG": "rehearsal",
+            "LAUNCHER_STORE": store.as_uri(),
+            "LAUNCHER_MAX_STEPS": str(max_steps),
+            "LAUNCHER_DEADLINE": str(int(time.time()) + 600),
+        }
+        return LegSpec(
+            "cold",
+            leg,
+            "rehearsal",
+            ("python", "train.py", "--ckpt-every", "5"),
+            env,
+            log_path=tmp_path / f"leg-{leg}.log",
+        )
 
     verified: list[int] = []
 
@@ -156,10 +176,13 @@ def registry(tmp_path: Path, engine: None):  # noqa: ANN201
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     config = tmp_path / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'blobs'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'blobs'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         for _ in range(100):
             try:
@@ -188,7 +211,11 @@ def test_push_without_a_repository_is_bad_input(built: Path) -> None:
 
 
 def test_drill_in_containers(built: Path) -> None:
-    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--at", "after-push", "--json"], cwd=built, timeout=900)
+    res = run_cli(
+        ["drill", "cold-resume", "--backend", "docker", "--kills", "2", "--at", "after-push", "--json"],
+        cwd=built,
+        timeout=900,
+    )
     out = res.json()
     assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
     resumed = [c["detail"] for c in out["checks"] if c["name"].endswith("resumed from the newest verified checkpoint")]
@@ -207,8 +234,11 @@ def test_status_and_graceful_stop_of_a_containerized_leg(built: Path, tmp_path: 
     root = tmp_path / "proj"
     shutil.copytree(built, root, ignore=shutil.ignore_patterns("runs", "store"))
     cfg = root / "launcher.yaml"
-    text = re.sub(r"(?m)^  command: .*$", "  command: python train.py --ckpt-every 5 --metrics-every 5 "
-                  "--health-every 0 --data-delay 0.15", cfg.read_text())
+    text = re.sub(
+        r"(?m)^  command: .*$",
+        "  command: python train.py --ckpt-every 5 --metrics-every 5 --health-every 0 --data-delay 0.15",
+        cfg.read_text(),
+    )
     cfg.write_text(re.sub(r"(?m)^  rehearsal: .*$", "  rehearsal: {steps: 300, budget_minutes: 10}", text))
     proc, out = start_up(root, "--backend", "docker")
     try:
@@ -241,7 +271,9 @@ def test_a_killed_launcher_leaves_no_container_running(built: Path, tmp_path: Pa
     root = tmp_path / "proj"
     shutil.copytree(built, root, ignore=shutil.ignore_patterns("runs", "store"))
     cfg = root / "launcher.yaml"
-    text = re.sub(r"(?m)^  command: .*$", "  command: python train.py --ckpt-every 5 --data-delay 0.15", cfg.read_text())
+    text = re.sub(
+        r"(?m)^  command: .*$", "  command: python train.py --ckpt-every 5 --data-delay 0.15", cfg.read_text()
+    )
     cfg.write_text(re.sub(r"(?m)^  rehearsal: .*$", "  rehearsal: {steps: 300, budget_minutes: 10}", text))
     proc, _ = start_up(root, "--backend", "docker")
     run_id, _ = wait_for_step(root, 3, timeout=300)
@@ -279,8 +311,13 @@ def test_a_run_in_containers_carried_across_a_killed_container(built: Path, tmp_
     assert run["legs"][0]["instance"] != run["legs"][1]["instance"]
     checks = {c["name"]: c for c in run["checks"]}
     assert all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
-    for name in ("leg 1 resumed from the newest verified checkpoint", "leg 1: exact data position (batch hashes)",
-                 "leg 1: LR follows the schedule", "leg 1: loss continuity", "the run ended at exactly its step count"):
+    for name in (
+        "leg 1 resumed from the newest verified checkpoint",
+        "leg 1: exact data position (batch hashes)",
+        "leg 1: LR follows the schedule",
+        "leg 1: loss continuity",
+        "the run ended at exactly its step count",
+    ):
         assert checks[name]["ok"], checks[name]
     assert containers(f"preflight-{run['id']}") == []
 
@@ -291,8 +328,11 @@ def test_two_nodes_in_containers_survive_a_node_lost_mid_push(built: Path) -> No
     cluster ends the leg, and the next leg (two fresh containers) resumes from the store."""
     edit_config(built, rungs__drill__steps=16)
     assert run_cli(["review"], cwd=built).code == 0
-    res = run_cli(["drill", "cold-resume", "--backend", "docker", "--nodes", "2", "--at", "node-lost", "--kills", "1",
-                   "--json"], cwd=built, timeout=900)
+    res = run_cli(
+        ["drill", "cold-resume", "--backend", "docker", "--nodes", "2", "--at", "node-lost", "--kills", "1", "--json"],
+        cwd=built,
+        timeout=900,
+    )
     assert res.code == 0, res.out + res.err
     checks = res.json()["checks"]
     assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]

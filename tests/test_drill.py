@@ -20,11 +20,16 @@ def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
 def fell_back(checks: dict[str, dict], leg: int, moment: str, at_event: str) -> None:
     """Leg `leg` of a passing drill was killed at `moment` (the line of `at_event` for step S): an
     older step V was the newest verified in the store, and the next leg resumed there, exactly."""
-    found = re.search(rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
-                      r"kill: step (\d+)", checks[f"leg {leg} killed {moment}"]["detail"])
+    found = re.search(
+        rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
+        r"kill: step (\d+)",
+        checks[f"leg {leg} killed {moment}"]["detail"],
+    )
     saving, verified = int(found.group(1)), int(found.group(3))
     assert verified < saving
-    assert f"resumed at step {verified};" in checks[f"leg {leg + 1} resumed from the newest verified checkpoint"]["detail"]
+    assert (
+        f"resumed at step {verified};" in checks[f"leg {leg + 1} resumed from the newest verified checkpoint"]["detail"]
+    )
     assert checks[f"leg {leg}: the store after the kill holds the newest verified checkpoint"]["ok"]
     assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
 
@@ -63,14 +68,17 @@ def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
     moments = {int(name.split()[1]): name.split("killed ")[1] for name in checks if " killed " in name}
     assert sorted(moments.values()) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each twice
     resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
-    assert len(resumed) == 8 and all(c["ok"] and "the launcher's read of that checkpoint" in c["detail"]
-                                     for c in resumed), resumed
+    assert len(resumed) == 8 and all(
+        c["ok"] and "the launcher's read of that checkpoint" in c["detail"] for c in resumed
+    ), resumed
     # the record: a leg per kill, each ended by its kill, then the last leg and the straight run
     assert run["rung"] == "drill" and run["verdict"] == "pass"
     assert [leg["role"] for leg in run["legs"]] == [None] * 9 + ["straight"]
     assert [leg["leg"] for leg in run["legs"] if leg["killed"]] == sorted(moments) == list(range(8))
     assert all(leg["end_reason"].startswith(f"drill kill {moments[leg['leg']]} at ") for leg in run["legs"][:8])
-    assert {c["name"] for c in run["checks"]} >= {f"leg {i} resumed from the newest verified checkpoint" for i in range(1, 9)}
+    assert {c["name"] for c in run["checks"]} >= {
+        f"leg {i} resumed from the newest verified checkpoint" for i in range(1, 9)
+    }
     # a kill mid-push (written, its upload in flight) falls back to the previous verified checkpoint
     leg = min(i for i, m in moments.items() if m == "mid-push")
     fell_back(checks, leg, "mid-push", "serialized")
@@ -91,11 +99,15 @@ def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) 
         # torchrun and its two workers (and whatever they started) all carried the leg's token
         found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
         assert left["ok"] and found and int(found.group(1)) >= 3, left
-    assert checks["the run ended at exactly its step count"]["ok"] and checks["no batch read twice (3 legs, 40 steps)"]["ok"]
+    assert (
+        checks["the run ended at exactly its step count"]["ok"]
+        and checks["no batch read twice (3 legs, 40 steps)"]["ok"]
+    )
 
 
 def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_boundary(
-        tmp_path: Path, leg_tmp: Path) -> None:
+    tmp_path: Path, leg_tmp: Path
+) -> None:
     """`--at auto`, the default: the straight-through run goes first and its events say where
     the rare state changes. plain_loop (8 batches an epoch, the LR halved on a plateau): the
     SIGTERM lands just after the first epoch boundary, the SIGKILL just after the LR's first
@@ -103,8 +115,11 @@ def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_
     from tests.test_planted_bugs import copy_example
 
     root = copy_example("plain_loop", tmp_path)
-    edit_config(root, trainer={"command": "python train.py --ckpt-every 5 --batch 32"},
-                rungs={"rehearsal": {"steps": 20, "budget_minutes": 5}, "drill": {"steps": 32, "budget_minutes": 5}})
+    edit_config(
+        root,
+        trainer={"command": "python train.py --ckpt-every 5 --batch 32"},
+        rungs={"rehearsal": {"steps": 20, "budget_minutes": 5}, "drill": {"steps": 32, "budget_minutes": 5}},
+    )
     assert run_cli(["review"], cwd=root).code == 0
     code, checks, run = drill(root)
     assert code == 0, [c for c in checks.values() if not c["ok"]]
@@ -120,7 +135,11 @@ def test_a_trainer_that_dies_on_sigterm_fails_the_default_drill(project: Path) -
     SIGTERM moment says so; no kill-only drill could."""
     from tests.test_planted_bugs import SIGTERM_DEFAULT, plant
 
-    plant(project, "    model.train()\n", "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()))
+    plant(
+        project,
+        "    model.train()\n",
+        "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()),
+    )
     code, checks, _ = drill(project)
     bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
     sigterm = next(n for n in checks if n.endswith("its final checkpoint on SIGTERM is the store's newest verified"))
@@ -131,7 +150,9 @@ def test_kills_at_the_users_own_steps(project: Path) -> None:
     code, checks, run = drill(project, "--kills-at", "13")
     assert code == 0, [c for c in checks.values() if not c["ok"]]
     assert "leg 0 killed at step 13" in checks and len(run["legs"]) == 3  # one kill, the last leg, the straight run
-    assert [leg["end_reason"] for leg in run["legs"] if leg["killed"]] == ['drill kill at step 13 at {"event": "step", "step": 13}']
+    assert [leg["end_reason"] for leg in run["legs"] if leg["killed"]] == [
+        'drill kill at step 13 at {"event": "step", "step": 13}'
+    ]
     for bad in ("17,8", "0,3", "3,x"):
         res = run_cli(["drill", "cold-resume", "--kills-at", bad], cwd=project)
         assert res.code == 2 and "--kills-at" in res.err and "Traceback" not in res.err, (bad, res.err)
@@ -146,8 +167,10 @@ def test_the_auto_plan_reads_the_straight_run_and_says_when_no_step_is_left() ->
     from launcher.rungs.drill_moments import Planned, auto_plan
 
     def straight(prune_at: int, lrs: list[float], epochs: list[int]) -> LegEvents:
-        items = [(s, {"event": "step", "step": s, "lr": lr, "epoch": ep})
-                 for s, (lr, ep) in enumerate(zip(lrs, epochs), start=1)]
+        items = [
+            (s, {"event": "step", "step": s, "lr": lr, "epoch": ep})
+            for s, (lr, ep) in enumerate(zip(lrs, epochs), start=1)
+        ]
         return LegEvents(9, Path("leg-9-straight.log"), items + [(99, {"event": "prune", "step": prune_at})])
 
     ev = straight(5, [2.0] * 16 + [1.0] * 8, [0] * 8 + [1] * 16)  # epoch 1 from step 9, the LR cut at 17

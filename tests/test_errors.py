@@ -49,20 +49,33 @@ def test_the_table_is_ordered_and_a_launcher_error_is_itself() -> None:
     assert (BadInput.exit_code, Refused.exit_code) == (Exit.BAD_INPUT, Exit.REFUSED)
 
 
-@pytest.mark.parametrize("make, code, needle, hint", [
-    (lambda tmp: _locked_ledger(tmp), 3, "the ledger is locked", "wait for the other launcher"),
-    (lambda tmp: _damaged_ledger(tmp), 3, "the ledger is damaged", "restore a backup"),
-    (lambda tmp: OSError(28, "No space left on device", str(tmp / "x")), 3, "no space left", "free some space"),
-    (lambda tmp: _raised(lambda: open(tmp / ("a" * 5000))), 2, "cannot use", "check the path"),
-    (lambda tmp: _raised(lambda: open(tmp / "missing" / "x")), 2, "cannot use", "check the path"),
-    (lambda tmp: _raised(lambda: open("a\0b")), 2, "NUL byte", "launcher.yaml"),
-    (lambda tmp: _raised(_nested), 2, "nested too deeply", "check the file"),
-    (lambda tmp: _raised(lambda: b"\xff\xfe".decode()), 2, "not valid text", "UTF-8"),
-    (lambda tmp: _raised(lambda: (_ for _ in ()).throw(ZeroDivisionError("a bug"))), 70, "internal error",
-     "LAUNCHER_DEBUG=1"),
-])
-def test_each_rule_maps_a_real_failure_to_one_line_and_its_code(make, code, needle, hint, tmp_path: Path,  # noqa: ANN001
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "make, code, needle, hint",
+    [
+        (lambda tmp: _locked_ledger(tmp), 3, "the ledger is locked", "wait for the other launcher"),
+        (lambda tmp: _damaged_ledger(tmp), 3, "the ledger is damaged", "restore a backup"),
+        (lambda tmp: OSError(28, "No space left on device", str(tmp / "x")), 3, "no space left", "free some space"),
+        (lambda tmp: _raised(lambda: open(tmp / ("a" * 5000))), 2, "cannot use", "check the path"),
+        (lambda tmp: _raised(lambda: open(tmp / "missing" / "x")), 2, "cannot use", "check the path"),
+        (lambda tmp: _raised(lambda: open("a\0b")), 2, "NUL byte", "launcher.yaml"),
+        (lambda tmp: _raised(_nested), 2, "nested too deeply", "check the file"),
+        (lambda tmp: _raised(lambda: b"\xff\xfe".decode()), 2, "not valid text", "UTF-8"),
+        (
+            lambda tmp: _raised(lambda: (_ for _ in ()).throw(ZeroDivisionError("a bug"))),
+            70,
+            "internal error",
+            "LAUNCHER_DEBUG=1",
+        ),
+    ],
+)
+def test_each_rule_maps_a_real_failure_to_one_line_and_its_code(
+    make,
+    code,
+    needle,
+    hint,
+    tmp_path: Path,  # noqa: ANN001
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     err = make(tmp_path)
     assert exit_code_for(err) == code
     lines = capsys.readouterr().err.splitlines()
@@ -70,12 +83,14 @@ def test_each_rule_maps_a_real_failure_to_one_line_and_its_code(make, code, need
     assert len(lines) == 2 and lines[1].startswith("  next: ") and hint in lines[1], lines
 
 
-def test_a_refused_token_during_stop_or_a_drill_is_exit_3_with_a_hint(hub_server, tmp_path: Path,  # noqa: ANN001
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_token_during_stop_or_a_drill_is_exit_3_with_a_hint(
+    hub_server,
+    tmp_path: Path,  # noqa: ANN001
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The store calls `stop` and a drill make (the newest verified checkpoint) through the real
     huggingface_hub client: a token the Hub refuses is the user's to fix (3), never a bug (70)."""
     from runtime.cycle import newest_verified
-
     from tests.helpers import hub_store
 
     assert newest_verified(hub_store(hub_server)) is None  # the good token reads (an empty store)

@@ -39,8 +39,11 @@ TRAINER_PYTHON = {"hf_trainer": hf_python, "accelerate": hf_python, "lightning":
 
 
 def changed_lines(diff: Path) -> int:
-    return sum(1 for line in diff.read_text().splitlines()
-               if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip())
+    return sum(
+        1
+        for line in diff.read_text().splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()
+    )
 
 
 def copy_example(name: str, dest: Path, original: bool = False) -> Path:
@@ -63,8 +66,9 @@ def drill_and_report(root: Path) -> None:
     assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
     report = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
-    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
-        {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
+    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, {
+        p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"
+    }
     assert report.code == 0
 
 
@@ -88,8 +92,9 @@ def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path)
 
 
 @pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer", "lightning", "accelerate"])
-def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(name: str, tmp_path: Path,
-                                                                           leg_tmp: Path) -> None:
+def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(
+    name: str, tmp_path: Path, leg_tmp: Path
+) -> None:
     root = copy_example(name, tmp_path, original=True)
     cfg = root / "launcher.yaml"
     # The grace period is what the answer waits for: the original never speaks the contract, so a
@@ -106,8 +111,7 @@ def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(name: 
     assert len(fails) == 1 and "printed no preflight events" in fails[0], rehearsal.out[-1500:]
 
 
-def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_path: Path,
-                                                                           leg_tmp: Path) -> None:
+def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_path: Path, leg_tmp: Path) -> None:
     """Weights drawn before any seed: every fresh start differs. The straight-through run
     disagrees with the resumed one from step 1; a second straight run disagrees with the
     first: that is a FAIL naming the step and the field, and the resumes are compared within
@@ -149,20 +153,23 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     ranks = checks["every rank's data position (4 ranks)"]
     assert ranks["ok"] and ranks["kind"] == "rank_data" and "80 batch hashes across the ranks" in ranks["detail"]
     each_node_ran_the_sky_script(root, rehearsal.json()["run_id"], planned, steps=20)
-    drill = run_cli(["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root,
-                    timeout=900)
+    drill = run_cli(
+        ["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
+    )
     assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
     drill_legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
     each_node_pushed_its_own_shards(drill_legs[-2])  # the last drill leg, after the two kills
     manifests = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
     stored = json.loads(manifests[-1].read_text())
     assert stored["meta"]["format"] == "dcp" and stored["meta"]["world_size"] == 4
-    assert sorted(f["path"] for f in stored["files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)] + \
-        [f"rank-0000{r}.pt" for r in range(4)]
+    assert sorted(f["path"] for f in stored["files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)] + [
+        f"rank-0000{r}.pt" for r in range(4)
+    ]
     report = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
-    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, \
-        {p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"}
+    assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, {
+        p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"
+    }
 
 
 def each_node_pushed_its_own_shards(leg: dict) -> None:
@@ -171,8 +178,11 @@ def each_node_pushed_its_own_shards(leg: dict) -> None:
     rank 0 sealed each checkpoint as verified over both nodes, and every rank ended verified."""
     import json
 
-    events = [json.loads(line[line.find('{"event": '):]) for line in Path(leg["log_path"]).read_text().splitlines()
-              if '{"event": ' in line]
+    events = [
+        json.loads(line[line.find('{"event": ') :])
+        for line in Path(leg["log_path"]).read_text().splitlines()
+        if '{"event": ' in line
+    ]
     resumed = [e for e in events if e["event"] == "resume"]
     assert sorted(e["rank"] for e in resumed) == [0, 1, 2, 3] and len({e["from_step"] for e in resumed}) == 1
     verify = [e for e in events if e["event"] == "verify"]
@@ -203,9 +213,11 @@ def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path
     both resumes exact on every rank."""
     root = copy_example("stateful_loader", tmp_path)
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("command: python train.py", "command: torchrun --standalone "
-                                           "--nproc_per_node=2 train.py").replace("--workers 2", "--workers 2 "
-                                                                                  "--persistent-workers"))
+    cfg.write_text(
+        cfg.read_text()
+        .replace("command: python train.py", "command: torchrun --standalone --nproc_per_node=2 train.py")
+        .replace("--workers 2", "--workers 2 --persistent-workers")
+    )
     assert run_cli(["review"], cwd=root).code == 0
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]

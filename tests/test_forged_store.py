@@ -82,12 +82,15 @@ class Forger:
         return hub_store(self.server, "runs/t1", repo="tester/ckpts", key=KEY)
 
 
-def forged_checkpoint(step: int, files: dict[str, bytes], key: bytes | None = KEY,
-                      paths: dict[str, str] | None = None) -> dict[str, bytes]:
+def forged_checkpoint(
+    step: int, files: dict[str, bytes], key: bytes | None = KEY, paths: dict[str, str] | None = None
+) -> dict[str, bytes]:
     """A checkpoint folder's files: the payload, a manifest that matches it, and a
     verified mark sealed with `key` (the worst case: the forger holds the key)."""
-    entries = [{"path": (paths or {}).get(rel, rel), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-               for rel, data in files.items()]
+    entries = [
+        {"path": (paths or {}).get(rel, rel), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        for rel, data in files.items()
+    ]
     manifest_json = {"version": 1, "name": checkpoint_name(step), "step": step, "meta": {}, "files": entries}
     out = dict(files)
     out["manifest.json"] = json.dumps(manifest_json).encode()
@@ -149,11 +152,15 @@ def test_a_pickle_payload_never_runs_in_the_leg_or_on_the_host(forger: Forger, m
 def test_a_manifest_path_outside_the_folder_is_never_fetched_or_written(forger: Forger, monkeypatch, capsys) -> None:  # noqa: ANN001
     leg(forger, "a", 8, monkeypatch, capsys)
     good = forger.read(checkpoint_name(8), "state.pt")
-    forger.write(checkpoint_name(12), forged_checkpoint(12, {"state.pt": good, "x.txt": b"escaped"},
-                                                        paths={"x.txt": "../../../ESCAPED.txt"}))
+    forger.write(
+        checkpoint_name(12),
+        forged_checkpoint(12, {"state.pt": good, "x.txt": b"escaped"}, paths={"x.txt": "../../../ESCAPED.txt"}),
+    )
     store = forger.store()
     scan = store.scan()
-    assert [d.name for d in scan.damaged] == [checkpoint_name(12)] and "not a plain relative path" in scan.damaged[0].reason
+    assert [d.name for d in scan.damaged] == [checkpoint_name(12)] and "not a plain relative path" in scan.damaged[
+        0
+    ].reason
     with pytest.raises(CheckpointDamaged):
         store.fetch(checkpoint_name(12), forger.tmp / "restore")
     code, events = leg(forger, "b", 16, monkeypatch, capsys)
@@ -176,8 +183,14 @@ def test_a_mark_that_does_not_bind_is_not_counted(forger: Forger, monkeypatch, c
     forger.write(checkpoint_name(24), copied)
 
     scan = forger.store().scan()
-    assert [(c.step, c.verified) for c in scan.checkpoints] == [(4, True), (8, True), (12, False), (16, False),
-                                                                 (20, False), (24, False)]
+    assert [(c.step, c.verified) for c in scan.checkpoints] == [
+        (4, True),
+        (8, True),
+        (12, False),
+        (16, False),
+        (20, False),
+        (24, False),
+    ]
     reasons = {d.step: d.reason for d in scan.damaged}
     assert "not sealed with this project's key" in reasons[12] and "not sealed" in reasons[16]
     assert "no read-back recorded" in reasons[20] and "not written for this manifest" in reasons[24]
@@ -217,12 +230,15 @@ def test_symlinks_devices_and_oversized_files_are_never_followed(tmp_path: Path,
     for step, (target, size) in cases.items():
         files = forged_checkpoint(step, {"state.pt": b"\0" * 8})
         manifest = json.loads(files["manifest.json"])
-        manifest["files"][0].update(size=size, sha256=hashlib.sha256(Path(target).read_bytes()[:size]).hexdigest()
-                                    if size < 1 << 20 else "0" * 64)
+        manifest["files"][0].update(
+            size=size,
+            sha256=hashlib.sha256(Path(target).read_bytes()[:size]).hexdigest() if size < 1 << 20 else "0" * 64,
+        )
         files["manifest.json"] = canonical_json(manifest)
         m = Manifest.from_json(manifest)
-        files["verified.json"] = json.dumps(make_seal(m, [("state.pt", 0, 8, hashlib.sha256(b"\0" * 8).hexdigest())],
-                                                      8, KEY)).encode()
+        files["verified.json"] = json.dumps(
+            make_seal(m, [("state.pt", 0, 8, hashlib.sha256(b"\0" * 8).hexdigest())], 8, KEY)
+        ).encode()
         del files["state.pt"]
         forger.write(checkpoint_name(step), files)
         os.symlink(target, forger.folder(checkpoint_name(step)) / "state.pt")

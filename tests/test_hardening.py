@@ -22,14 +22,18 @@ def reservations(project: Path) -> int:
 
 
 def test_the_quota_guard_cannot_be_switched_off(project: Path) -> None:
-    (project / "launcher.yaml").write_text((project / "launcher.yaml").read_text()
-                                           .replace("gpu_hours: 30", "gpu_hours: .nan"))
+    (project / "launcher.yaml").write_text(
+        (project / "launcher.yaml").read_text().replace("gpu_hours: 30", "gpu_hours: .nan")
+    )
     res = run_cli(["up", "smoke", "--gpus", "H100:8"], cwd=project)
     assert_one_line_error(res, 2, "quota.gpu_hours", "finite")
     edit_config(project, quota__gpu_hours=30)
     assert_one_line_error(run_cli(["spend", "--nodes", "-1"], cwd=project), 2, "--nodes")
-    assert_one_line_error(run_cli(["up", "smoke", "--gpus", "T4:9223372036854775808"], cwd=project), 2,
-                          "count must be a whole number from 1 to 64")
+    assert_one_line_error(
+        run_cli(["up", "smoke", "--gpus", "T4:9223372036854775808"], cwd=project),
+        2,
+        "count must be a whole number from 1 to 64",
+    )
     assert_one_line_error(run_cli(["up", "smoke", "--gpus", "T4:" + "9" * 5000], cwd=project), 2, "count")
     assert run_rows(project) == 0 and reservations(project) == 0  # nothing left behind, nothing held
 
@@ -37,8 +41,11 @@ def test_the_quota_guard_cannot_be_switched_off(project: Path) -> None:
 def test_a_dry_run_makes_nothing_and_redacts_like_the_ledger(tmp_path: Path, leg_tmp: Path) -> None:
     root = tmp_path / "fresh"
     assert run_cli(["init", str(root)], cwd=tmp_path).code == 0
-    edit_config(root, leg_env={"WANDB_API_KEY": "wandb-s3cr3t", "MY_TOKEN": "tok-s3cr3t", "HF_HUB_DISABLE_XET": "1"},
-         store=str(tmp_path / "ckpts"))
+    edit_config(
+        root,
+        leg_env={"WANDB_API_KEY": "wandb-s3cr3t", "MY_TOKEN": "tok-s3cr3t", "HF_HUB_DISABLE_XET": "1"},
+        store=str(tmp_path / "ckpts"),
+    )
     before = sorted(p.name for p in root.rglob("*"))
     res = run_cli(["up", "rehearsal", "--dry-run"], cwd=root)
     assert_one_line_error(res, 3, "a real launch would be refused", "no review")  # as the real one would
@@ -67,9 +74,17 @@ def test_init_never_writes_through_a_symlink(tmp_path: Path) -> None:
 
 def test_a_locked_ledger_names_its_holder_and_readers_are_not_blocked(project: Path) -> None:
     db = project / ".launcher" / "ledger.db"
-    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time; c = sqlite3.connect({str(db)!r}, "
-                               "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('held', flush=True); "
-                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sqlite3, time; c = sqlite3.connect({str(db)!r}, "
+            "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('held', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         began = time.monotonic()
@@ -93,11 +108,13 @@ def test_doctored_rows_log_lines_and_a_damaged_checkpoint_read_as_damaged(projec
     log = Path(run["legs"][1]["log_path"])
     lines = log.read_text().splitlines(keepends=True)
     step_at = next(i for i, line in enumerate(lines) if '"event": "step"' in line)
-    doctored = ['{"event": "step", "step": "7", "loss": 1.0, "lr": 0.1, "sample_index": 0}\n',
-                '{"event": "resume", "from_step": "5"}\n',
-                '{"event": "rate", "step": 10, "tok_s": "fast", "window_first": 1, "window_last": 2, '
-                '"seconds": 1, "rel_err": null}\n',
-                '{"event": "memory", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"]
+    doctored = [
+        '{"event": "step", "step": "7", "loss": 1.0, "lr": 0.1, "sample_index": 0}\n',
+        '{"event": "resume", "from_step": "5"}\n',
+        '{"event": "rate", "step": 10, "tok_s": "fast", "window_first": 1, "window_last": 2, '
+        '"seconds": 1, "rel_err": null}\n',
+        '{"event": "memory", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+    ]
     log.write_text("".join(lines[:step_at] + doctored + lines[step_at:]))
     with sqlite3.connect(project / ".launcher" / "ledger.db") as conn:
         conn.execute("UPDATE legs SET env='{not json', started_at='yesterday' WHERE leg=2")
@@ -148,11 +165,13 @@ def test_leg_events_that_do_not_parse_never_reach_a_check(tmp_path: Path) -> Non
     from launcher.checks.evidence import LegEvents
 
     log = tmp_path / "leg-0.log"
-    log.write_text('{"event": "step", "step": 1, "loss": 2.0, "lr": 0.1, "sample_index": 0}\n'
-                   '{"event": "step", "step": 2, "loss": "nan", "lr": 0.1, "sample_index": 8}\n'
-                   '{"event": "step", "step": 3, "loss": 1.9, "lr": 0.1, "sample_index": 16, "phases": {"data": "x"}}\n'
-                   '{"event": "damaged", "kind": "step", "reason": "forged"}\n'
-                   '{"event": "step", "step": 4, "lo')  # a line cut short by a kill: no damage, just the end
+    log.write_text(
+        '{"event": "step", "step": 1, "loss": 2.0, "lr": 0.1, "sample_index": 0}\n'
+        '{"event": "step", "step": 2, "loss": "nan", "lr": 0.1, "sample_index": 8}\n'
+        '{"event": "step", "step": 3, "loss": 1.9, "lr": 0.1, "sample_index": 16, "phases": {"data": "x"}}\n'
+        '{"event": "damaged", "kind": "step", "reason": "forged"}\n'
+        '{"event": "step", "step": 4, "lo'
+    )  # a line cut short by a kill: no damage, just the end
     ev = LegEvents.read(0, log)
     assert [e["step"] for _, e in ev.all("step")] == [1]
     assert [d["line"] for d in ev.damaged()] == [2, 3, 4]

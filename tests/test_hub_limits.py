@@ -62,8 +62,10 @@ def big_checkpoint(root: Path, step: int) -> tuple[Path, Manifest]:
     folder.mkdir(parents=True)
     (folder / "state.pt").write_bytes(os.urandom(BIG))
     (folder / "meta.json").write_bytes(b'{"small": true}')
-    files = tuple(FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-                  for p in sorted(folder.iterdir()))
+    files = tuple(
+        FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.iterdir())
+    )
     return folder, Manifest(checkpoint_name(step), step, files)
 
 
@@ -90,7 +92,7 @@ def test_a_file_above_the_limit_is_refused_whole_and_stored_in_parts(small_hub, 
 
     assert store.remote_files(manifest.name, ["state.pt"])["state.pt"].size == BIG
     for start, length in [(PART - 100, 300), (60_000, 80_000), (0, BIG), (BIG - 5, 5)]:  # across part boundaries
-        assert store.read_range(manifest.name, "state.pt", start, length) == data[start:start + length]
+        assert store.read_range(manifest.name, "state.pt", start, length) == data[start : start + length]
     result = verify_checkpoint(store, manifest, folder)
     assert result.ok, result.failures
 
@@ -195,8 +197,7 @@ def test_a_forged_parts_index_is_refused(small_hub, tmp_path: Path, label: str, 
     assert run_cycle(store, folder, manifest, keep=2).verified
     raw = forged.encode() if isinstance(forged, str) else json.dumps(forged).encode()
     small_hub.max_file_bytes = 50 * 10**9  # a forger writes what it likes
-    store.api.create_commit("tester/ckpts", [_add(f"runs/r1/step-00000010/{PARTS_INDEX}", raw)],
-                            commit_message="forge")
+    store.api.create_commit("tester/ckpts", [_add(f"runs/r1/step-00000010/{PARTS_INDEX}", raw)], commit_message="forge")
     reader = hub_store(small_hub)
     with pytest.raises(CheckpointDamaged, match=needle.replace("(", r"\(")):
         reader.fetch(manifest.name, tmp_path / "fetched")
@@ -222,7 +223,8 @@ def test_no_commit_holds_more_files_than_the_hub_takes(hub_server, tmp_path: Pat
 
 
 def test_the_parts_count_toward_files_per_commit_and_the_index_comes_with_the_manifest(
-        small_hub, tmp_path: Path) -> None:  # noqa: ANN001
+    small_hub, tmp_path: Path
+) -> None:  # noqa: ANN001
     items = [f"f{i}" for i in range(5)]
     assert batches(items, ["index", "manifest"], 3) == [["f0", "f1", "f2"], ["f3", "f4"], ["index", "manifest"]]
     assert batches(items[:1], ["index", "manifest"], 2) == [["f0"], ["index", "manifest"]]
@@ -280,12 +282,18 @@ def test_the_server_answers_commits_past_its_hourly_limit_with_429(hub_server) -
 
 
 def test_limits_reach_the_store_from_the_leg_env(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
-    env = {contract.HUB_MAX_FILE_BYTES: "65536", contract.HUB_FILES_PER_COMMIT: "7",
-           contract.HUB_COMMITS_PER_HOUR: "20"}
+    env = {
+        contract.HUB_MAX_FILE_BYTES: "65536",
+        contract.HUB_FILES_PER_COMMIT: "7",
+        contract.HUB_COMMITS_PER_HOUR: "20",
+    }
     assert limits_from_env(env) == HubLimits(65536, 7, 20)
     assert limits_from_env({}) == HubLimits()
-    bad = {contract.HUB_MAX_FILE_BYTES: "19e9", contract.HUB_FILES_PER_COMMIT: "500",
-           contract.HUB_COMMITS_PER_HOUR: "9" * 5000}
+    bad = {
+        contract.HUB_MAX_FILE_BYTES: "19e9",
+        contract.HUB_FILES_PER_COMMIT: "500",
+        contract.HUB_COMMITS_PER_HOUR: "9" * 5000,
+    }
     assert limits_from_env(bad) == HubLimits()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 3 and all("is not a whole number from" in line and "using" in line for line in lines)
@@ -319,8 +327,9 @@ BAD_HUB = [
 
 
 @pytest.mark.parametrize("key, value, needles", BAD_HUB, ids=[f"{k}={v}" for k, v, _ in BAD_HUB])
-def test_bad_hub_limits_exit_2_with_one_line_naming_both_numbers(project: Path, key: str, value: int,
-                                                                 needles: list[str]) -> None:
+def test_bad_hub_limits_exit_2_with_one_line_naming_both_numbers(
+    project: Path, key: str, value: int, needles: list[str]
+) -> None:
     edit_config(project, hub={key: value})
     res = run_cli(["up", "static"], cwd=project)
     assert_one_line_error(res, 2, f"hub.{key}", *needles)

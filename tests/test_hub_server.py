@@ -17,10 +17,23 @@ from pathlib import Path
 
 import httpx
 import pytest
-from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, constants, get_hf_file_metadata,
-                             get_session, hf_hub_download, hf_hub_url)
-from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                    RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationDelete,
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    get_session,
+    hf_hub_download,
+    hf_hub_url,
+)
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.hf_api import RepoFolder
 from huggingface_hub.utils.sha import git_hash
 
@@ -175,11 +188,16 @@ def test_commits_are_all_or_nothing(hub: HubServer, api: HfApi, seeded: str) -> 
     ops = [CommitOperationAdd("new.txt", b"x"), CommitOperationDelete("absent.txt")]
     with pytest.raises(RemoteEntryNotFoundError, match="doesn't exist"):
         api.create_commit(REPO, ops, commit_message="bad delete")
-    never_uploaded = ('{"key": "header", "value": {"summary": "raw"}}\n'
-                      '{"key": "file", "value": {"path": "new.txt", "content": "eA==", "encoding": "base64"}}\n'
-                      f'{{"key": "lfsFile", "value": {{"path": "x.bin", "algo": "sha256", "oid": "{"a" * 64}"}}}}\n')
-    resp = get_session().post(f"{hub.url}/api/models/{REPO}/commit/main", content=never_uploaded,
-                              headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"})
+    never_uploaded = (
+        '{"key": "header", "value": {"summary": "raw"}}\n'
+        '{"key": "file", "value": {"path": "new.txt", "content": "eA==", "encoding": "base64"}}\n'
+        f'{{"key": "lfsFile", "value": {{"path": "x.bin", "algo": "sha256", "oid": "{"a" * 64}"}}}}\n'
+    )
+    resp = get_session().post(
+        f"{hub.url}/api/models/{REPO}/commit/main",
+        content=never_uploaded,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-ndjson"},
+    )
     assert resp.status_code == 400 and "never uploaded" in resp.headers["X-Error-Message"]
     with pytest.raises(HfHubHTTPError) as err:
         api.create_commit(REPO, [CommitOperationAdd("new.txt", b"x")], commit_message="stale", parent_commit="0" * 40)
@@ -269,8 +287,7 @@ def test_body_faults_on_range_gets(hub: HubServer, seeded: str, path: str) -> No
     assert hub.faults == []
 
 
-def test_faults_target_paths_count_down_and_reach_whole_file_downloads(hub: HubServer, seeded: str,
-                                                                      tmp_path) -> None:
+def test_faults_target_paths_count_down_and_reach_whole_file_downloads(hub: HubServer, seeded: str, tmp_path) -> None:
     hub.inject("flip_byte", times=2, path="ckpt/weights*")
     assert get(hub, REG_PATH, "bytes=0-9").content == CONTENT[REG_PATH][:10]
     assert get_session().head(url(hub, LFS_PATH)).status_code == 200  # HEADs (both origins) carry no bytes
@@ -321,12 +338,21 @@ def test_hang_times_the_client_out_and_stop_releases_it(hub: HubServer, seeded: 
 
 
 def test_env_var_mode_in_a_subprocess(hub: HubServer, seeded: str, tmp_path) -> None:
-    script = ("import hashlib, sys\nfrom huggingface_hub import hf_hub_download\n"
-              "path = hf_hub_download(sys.argv[1], sys.argv[2])\n"
-              "print(hashlib.sha256(open(path, 'rb').read()).hexdigest())\n")
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf"),
-           "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    out = subprocess.run([sys.executable, "-c", script, REPO, LFS_PATH], env=env, capture_output=True, text=True,
-                         timeout=60)
+    script = (
+        "import hashlib, sys\nfrom huggingface_hub import hf_hub_download\n"
+        "path = hf_hub_download(sys.argv[1], sys.argv[2])\n"
+        "print(hashlib.sha256(open(path, 'rb').read()).hexdigest())\n"
+    )
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_TOKEN": TOKEN,
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script, REPO, LFS_PATH], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == sha256(CONTENT[LFS_PATH])

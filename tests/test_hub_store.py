@@ -140,8 +140,9 @@ def test_real_sized_checkpoint_cycles_reading_under_1_percent(hub_server, tmp_pa
     model(torch.randn(2, 1024)).sum().backward()
     opt.step()  # materializes both Adam moments
     n_params = sum(p.numel() for p in model.parameters())
-    folder, manifest = save_local({"model": model.state_dict(), "optimizer": opt.state_dict()},
-                                  tmp_path / "ckpt", 100, {"params": n_params})
+    folder, manifest = save_local(
+        {"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt", 100, {"params": n_params}
+    )
     del model, opt
     assert manifest.total_bytes >= 256 << 20
     assert 11.5 < manifest.total_bytes / n_params < 12.5
@@ -154,7 +155,8 @@ def test_real_sized_checkpoint_cycles_reading_under_1_percent(hub_server, tmp_pa
 
 
 def test_a_checkpoint_of_more_files_than_a_commit_holds_is_pushed_in_several_manifest_last(
-        hub_server, tmp_path: Path) -> None:  # noqa: ANN001
+    hub_server, tmp_path: Path
+) -> None:  # noqa: ANN001
     """No commit holds more than `files_per_commit` files (the Hub's advice is 100; 3 here); the
     manifest comes in the last, so the checkpoint is listed only once every file is there, and it
     then verifies and fetches whole."""
@@ -168,8 +170,10 @@ def test_a_checkpoint_of_more_files_than_a_commit_holds_is_pushed_in_several_man
     folder.mkdir()
     for rank in range(7):  # seven ranks' shards
         (folder / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * (5000 + rank))
-    files = tuple(FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-                  for p in sorted(folder.iterdir()))
+    files = tuple(
+        FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.iterdir())
+    )
     manifest = Manifest("step-00000005", 5, files)
     seen_before: list[list[str]] = []
     real_commit = store._commit
@@ -177,6 +181,7 @@ def test_a_checkpoint_of_more_files_than_a_commit_holds_is_pushed_in_several_man
     def commit(what, make_ops):  # noqa: ANN001, ANN202 - the listing between the commits
         seen_before.append([c.name for c in store.list()])
         real_commit(what, make_ops)
+
     store._commit = commit
     store.push(folder, manifest)
     pushed = [(t, n) for t, n in hub_server.commit_sizes if t.startswith("checkpoint step-00000005")]

@@ -36,17 +36,19 @@ def test_leg_0_steps_follow_the_rungs_plans() -> None:
     assert leg_steps("probe", 200, True, 2) == [180, 200] and leg_steps("run", 500, True, 1) == [500]
 
 
-@pytest.mark.parametrize("rung_name, gpus, session_hours, quota", [
-    ("rehearsal", None, None, None), ("smoke", "T4:2", 0.1, 30.0), ("probe", "T4:1", None, 0.05),
-])
-def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_name: str, gpus: str | None,
-                                                          session_hours: float | None, quota: float | None) -> None:
+@pytest.mark.parametrize(
+    "rung_name, gpus, session_hours, quota",
+    [("rehearsal", None, None, None), ("smoke", "T4:2", 0.1, 30.0), ("probe", "T4:1", None, 0.05)],
+)
+def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(
+    tmp_path: Path, rung_name: str, gpus: str | None, session_hours: float | None, quota: float | None
+) -> None:
     import dataclasses
 
     from launcher.backends.local import LocalBackend
     from launcher.cli.init import init_project
-    from launcher.config.schema import parse_gpus, store_uri
     from launcher.config.load import load_config
+    from launcher.config.schema import parse_gpus, store_uri
     from launcher.legs import RunContext
     from launcher.plan import PLACEHOLDER_RUN, leg0_env
 
@@ -60,19 +62,32 @@ def test_the_dry_run_builds_leg_0s_env_as_a_real_leg_does(tmp_path: Path, rung_n
     from launcher.backends.base import StagedFile
     from launcher.leg_env import leg_deadline
 
-    ctx = RunContext(cfg, rung_named(rung_name), LocalBackend(), None, PLACEHOLDER_RUN, store_uri(cfg),  # type: ignore[arg-type]
-                     {"train.py": StagedFile(tmp_path / "p" / "train.py", "ab" * 32)}, spec, lambda leg, line: None)
+    ctx = RunContext(
+        cfg,
+        rung_named(rung_name),
+        LocalBackend(),
+        None,
+        PLACEHOLDER_RUN,
+        store_uri(cfg),  # type: ignore[arg-type]
+        {"train.py": StagedFile(tmp_path / "p" / "train.py", "ab" * 32)},
+        spec,
+        lambda leg, line: None,
+    )
     ctx.quota_left_hours = quota  # what the guard leaves a run when nothing else is used or held
     steps = cfg.rung(rung_name).steps
-    first = {"rehearsal": resume_plan(steps)[1] - 1, "smoke": resume_plan(steps)[1] - 1,
-             "probe": probe_plan(steps)[0]}[rung_name]  # what launcher.rungs gives leg 0 on local
+    first = {"rehearsal": resume_plan(steps)[1] - 1, "smoke": resume_plan(steps)[1] - 1, "probe": probe_plan(steps)[0]}[
+        rung_name
+    ]  # what launcher.rungs gives leg 0 on local
     shown = leg0_env(cfg, rung_named(rung_name), spec, spec.count if spec else 0, first, quota, reviewed, now=now)
     budget_s = cfg.rung(rung_name).budget_minutes * 60.0
     real = ctx.leg_env(0, first, leg_deadline(cfg, budget_s, ctx.quota_left_hours, ctx.gpu_count, now))
     assert shown == real
     assert (shown.get("CUDA_VISIBLE_DEVICES") == "") == (gpus is None)
-    caps = [budget_s] + ([session_hours * 3600] if session_hours else []) + \
-        ([quota / spec.count * 3600] if quota is not None and spec else [])
+    caps = (
+        [budget_s]
+        + ([session_hours * 3600] if session_hours else [])
+        + ([quota / spec.count * 3600] if quota is not None and spec else [])
+    )
     assert int(shown["LAUNCHER_DEADLINE"]) == int(now + min(caps))
 
 
@@ -87,19 +102,30 @@ def test_a_deadline_after_the_resume_only_ever_brings_the_deadline_sooner() -> N
     """LAUNCHER_DEADLINE_AFTER_RESUME (sky's leg 1): counted from the resume, capped by LAUNCHER_DEADLINE."""
     from runtime.contract import DEADLINE_AFTER_RESUME, leg_env, resumed_deadline
 
-    env = leg_env(run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29, deadline=2000.0,
-                  files_sha256={}, on_gpu=True, deadline_after_resume=7.5)
+    env = leg_env(
+        run_id="r",
+        leg=1,
+        rung="smoke",
+        store="file:///s",
+        max_steps=29,
+        deadline=2000.0,
+        files_sha256={},
+        on_gpu=True,
+        deadline_after_resume=7.5,
+    )
     assert env[DEADLINE_AFTER_RESUME] == "7.50"
     assert resumed_deadline(2000.0, env, now=1000.0) == 1007.5  # 7.5 s after the resume
     assert resumed_deadline(1003.0, env, now=1000.0) == 1003.0  # never later than LAUNCHER_DEADLINE
     for bad in ("", "soon", "nan", "-1", "inf"):
         assert resumed_deadline(2000.0, {DEADLINE_AFTER_RESUME: bad}, now=1000.0) == 2000.0
-    assert DEADLINE_AFTER_RESUME not in leg_env(run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29,
-                                                deadline=2000.0, files_sha256={}, on_gpu=True)
+    assert DEADLINE_AFTER_RESUME not in leg_env(
+        run_id="r", leg=1, rung="smoke", store="file:///s", max_steps=29, deadline=2000.0, files_sha256={}, on_gpu=True
+    )
 
 
-def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(monkeypatch: pytest.MonkeyPatch,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """LAUNCHER_HOLD_AT_STEP: before the held step nothing waits; at it, one `hold` that sleeps
     until the deadline is within the stop margin, so the stop decision that follows is the
     deadline's; never twice, and never without a finite deadline or a number."""
@@ -128,8 +154,9 @@ def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(monkeypat
     assert len(slept) == 1
 
 
-def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(monkeypatch: pytest.MonkeyPatch,
-                                                                              capsys: pytest.CaptureFixture) -> None:
+def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """LAUNCHER_HOLD_DEADLINE_S: at the hold step the deadline is placed that long plus the stop
     margin ahead (never later than the one the leg has), the hold waits that long on the real
     clock, and the stop that follows is the deadline's; a SIGTERM hold places nothing."""

@@ -44,7 +44,7 @@ def imports(name: str, path: Path) -> list[tuple[str, int]]:
             base = node.module or ""
             if node.level:
                 package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()]
             if len(submodules) < len(node.names):  # a name from the package's own namespace
                 out.append((base, node.lineno))
@@ -56,8 +56,11 @@ def test_each_side_imports_only_what_it_may() -> None:
     bad = []
     for name, path in modules().items():
         banned = FORBIDDEN[name.split(".")[0]]
-        bad += [f"{path.relative_to(ROOT)}:{line} imports {target}" for target, line in imports(name, path)
-                if target.split(".")[0] in banned]
+        bad += [
+            f"{path.relative_to(ROOT)}:{line} imports {target}"
+            for target, line in imports(name, path)
+            if target.split(".")[0] in banned
+        ]
     assert not bad, "\n".join(bad)
 
 
@@ -119,8 +122,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle_even_inside_a_function() -> None:
     names = modules()
-    graph = {name: {target for target, _ in imports(name, path) if target in names and target != name}
-             for name, path in names.items()}
+    graph = {
+        name: {target for target, _ in imports(name, path) if target in names and target != name}
+        for name, path in names.items()
+    }
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one
     found = cycles(graph)
     assert not found, "\n".join(" <-> ".join(c) for c in found)
@@ -140,8 +145,12 @@ def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Kind":
                 made.add(node.attr)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Check" \
-                    and not any(k.arg == "kind" for k in node.keywords):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Check"
+                and not any(k.arg == "kind" for k in node.keywords)
+            ):
                 unkinded.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not unkinded, f"checks made without kind=: {unkinded}"
     assert len(members) > 40 and not members - made, f"kinds no check is made with: {sorted(members - made)}"
@@ -166,6 +175,7 @@ def test_launcher_is_in_rooms_and_each_rung_is_climbed_one_way() -> None:
     for rung in RUNG_MODULES:
         assert f"launcher.rungs.{rung}" in named["climb"], f"launcher/rungs/{rung}.py has no climb()"
     from launcher.ladder import DRILL, RUNGS
+
     for entry in (*RUNGS, DRILL):
         for runner in filter(None, (entry.runner, entry.runner_sky)):
             module, function = runner.split(":")
@@ -175,8 +185,11 @@ def test_launcher_is_in_rooms_and_each_rung_is_climbed_one_way() -> None:
 def test_runtime_exports_session_without_loading_torch_for_the_wire_format() -> None:
     import subprocess
     import sys
-    code = ("import sys, runtime.events, runtime.store; assert 'torch' not in sys.modules, 'torch loaded'; "
-            "from runtime import Session; from runtime.session import Session as S; assert Session is S")
+
+    code = (
+        "import sys, runtime.events, runtime.store; assert 'torch' not in sys.modules, 'torch loaded'; "
+        "from runtime import Session; from runtime.session import Session as S; assert Session is S"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
@@ -185,6 +198,9 @@ def test_the_fakes_keep_to_the_source_cap() -> None:
     """The stand-ins are code the suite trusts as much as the product: the same 400-line cap."""
     fakes = sorted((ROOT / "tests" / "fakes").glob("*.py"))
     assert len(fakes) >= 10, fakes  # the stand-ins are here, not back in tests/
-    long = [f"{p.relative_to(ROOT)}: {p.read_text().count(chr(10))} lines" for p in fakes
-            if p.read_text().count("\n") > MAX_FILE_LINES]
+    long = [
+        f"{p.relative_to(ROOT)}: {p.read_text().count(chr(10))} lines"
+        for p in fakes
+        if p.read_text().count("\n") > MAX_FILE_LINES
+    ]
     assert not long, "\n".join(long)

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from launcher.ledger.db import SCHEMA_VERSION, Ledger
 from tests.helpers import LAUNCHER, edit_config, run_cli
 
@@ -85,8 +84,9 @@ def test_leg_killed_mid_write_is_recorded(project: Path, leg_tmp: Path) -> None:
     shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
     edit_config(project, trainer__command="python train.py --write-mb 400", trainer__modules=[])
     assert run_cli(["review"], cwd=project).code == 0
-    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     log = next_log(project)
     wait_for_line(log, '"event": "writing"')
     time.sleep(0.2)
@@ -112,14 +112,16 @@ def next_log(project: Path, leg: int = 0, timeout: float = 60) -> Path:
 
 
 def test_a_launcher_killed_mid_run_ends_its_run_and_leaves_nothing_running(project: Path, leg_tmp: Path) -> None:
-    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_for_line(next_log(project), '"event": "step"')
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.time() + 20  # the leash kills the orphaned leg and removes its disk on its own
-    while (leg_pids(leg_tmp / "preflight-legs") or list((leg_tmp / "preflight-legs").iterdir())) \
-            and time.time() < deadline:
+    while (
+        leg_pids(leg_tmp / "preflight-legs") or list((leg_tmp / "preflight-legs").iterdir())
+    ) and time.time() < deadline:
         time.sleep(0.1)
     assert leg_pids(leg_tmp / "preflight-legs") == []
     assert list((leg_tmp / "preflight-legs").iterdir()) == []
@@ -140,12 +142,17 @@ def test_a_launcher_killed_mid_run_ends_its_run_and_leaves_nothing_running(proje
 
 def test_the_next_command_ends_a_dead_launchers_run_and_kills_its_leg(project: Path, leg_tmp: Path) -> None:
     """Without the leash (as if it died too): the next command kills the leg and removes its dir."""
-    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     log = next_log(project)
     wait_for_line(log, '"event": "step"')
-    leashes = [int(p) for p in subprocess.run(["pgrep", "-f", f"launcher.backends.leash --token {log.parent.name}"],
-                                               capture_output=True, text=True).stdout.split()]
+    leashes = [
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-f", f"launcher.backends.leash --token {log.parent.name}"], capture_output=True, text=True
+        ).stdout.split()
+    ]
     assert len(leashes) == 1
     for pid in leashes:
         os.kill(pid, signal.SIGKILL)

@@ -24,14 +24,26 @@ def test_leg_over_budget_is_killed_and_recorded(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(legs, "MIN_GRACE_SECONDS", 0.5)
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
-    cfg = Config(project="t", trainer=TrainerConfig(command=["python", "sleeper.py"]), reviewed=["sleeper.py"],
-                 rungs=RungsConfig(rehearsal=RungConfig(steps=2, budget_minutes=0.01)), root=tmp_path)
+    cfg = Config(
+        project="t",
+        trainer=TrainerConfig(command=["python", "sleeper.py"]),
+        reviewed=["sleeper.py"],
+        rungs=RungsConfig(rehearsal=RungConfig(steps=2, budget_minutes=0.01)),
+        root=tmp_path,
+    )
     ledger = Ledger(tmp_path / "ledger.db")
-    ctx = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(root=tmp_path / "legs"), ledger,
-                          "r1-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10],  # a token of its own
-                          # (tests/test_local_backend.py: run_id)
-                          "file:///s", {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
-                          None, lambda leg, line: None)
+    ctx = legs.RunContext(
+        cfg,
+        rung_named("rehearsal"),
+        LocalBackend(root=tmp_path / "legs"),
+        ledger,
+        "r1-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10],  # a token of its own
+        # (tests/test_local_backend.py: run_id)
+        "file:///s",
+        {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
+        None,
+        lambda leg, line: None,
+    )
     ledger.begin_run(legs.ledger_run_row(ctx, None, "d", "c"), {})
     began = time.time()
     out = legs.run_leg(ctx, 0, max_steps=2)
@@ -48,40 +60,91 @@ def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> N
         return LegResult(0, 0.0, seconds, False, "exited", **priced)  # type: ignore[arg-type]
 
     cfg = Config(project="t", prices={"T4": 0.35}, root=tmp_path)
-    ctx = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
-                          parse_gpus("T4:2"), lambda leg, line: None)
+    ctx = legs.RunContext(
+        cfg,
+        rung_named("smoke"),
+        LocalBackend(),
+        None,
+        "r",
+        "file:///s",
+        {},  # type: ignore[arg-type]
+        parse_gpus("T4:2"),
+        lambda leg, line: None,
+    )
     hours, cost, source = ctx.billed(ran(1800.0))
     assert hours == pytest.approx(1.0) and cost == pytest.approx(0.35) and source == "config prices"
-    cpu = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
-                          None, lambda leg, line: None)
+    cpu = legs.RunContext(
+        cfg,
+        rung_named("rehearsal"),
+        LocalBackend(),
+        None,
+        "r",
+        "file:///s",
+        {},  # type: ignore[arg-type]
+        None,
+        lambda leg, line: None,
+    )
     assert cpu.billed(ran(1800.0)) == (0.0, 0.0, "none")
-    unpriced = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
-                               parse_gpus("H200:1"), lambda leg, line: None)
+    unpriced = legs.RunContext(
+        cfg,
+        rung_named("smoke"),
+        LocalBackend(),
+        None,
+        "r",
+        "file:///s",
+        {},  # type: ignore[arg-type]
+        parse_gpus("H200:1"),
+        lambda leg, line: None,
+    )
     assert unpriced.billed(ran(3600.0)) == (1.0, None, "none")  # unknown price: no made-up cost
     # Where the backend priced the whole instance (sky: SkyPilot's optimizer, host VM included),
     # the cost is instance-hours at that price, not GPU-hours at the config's.
-    hours, cost, source = ctx.billed(ran(1800.0, billed_seconds=1800.0, instance_hourly_usd=1.17,
-                                         cost_source="skypilot optimizer"))
+    hours, cost, source = ctx.billed(
+        ran(1800.0, billed_seconds=1800.0, instance_hourly_usd=1.17, cost_source="skypilot optimizer")
+    )
     assert hours == pytest.approx(1.0) and cost == pytest.approx(0.585) and source == "skypilot optimizer"
 
 
 def test_cpu_rungs_hide_the_gpus_from_their_legs(tmp_path: Path) -> None:
     # A rehearsal on a box that has GPUs must still rehearse the CPU path.
     cfg = Config(project="t", root=tmp_path)
-    cpu = legs.RunContext(cfg, rung_named("rehearsal"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
-                          None, lambda leg, line: None)
+    cpu = legs.RunContext(
+        cfg,
+        rung_named("rehearsal"),
+        LocalBackend(),
+        None,
+        "r",
+        "file:///s",
+        {},  # type: ignore[arg-type]
+        None,
+        lambda leg, line: None,
+    )
     assert cpu.leg_env(0, 10, time.time())["CUDA_VISIBLE_DEVICES"] == ""
-    gpu = legs.RunContext(cfg, rung_named("smoke"), LocalBackend(), None, "r", "file:///s", {},  # type: ignore[arg-type]
-                          parse_gpus("T4:1"), lambda leg, line: None)
+    gpu = legs.RunContext(
+        cfg,
+        rung_named("smoke"),
+        LocalBackend(),
+        None,
+        "r",
+        "file:///s",
+        {},  # type: ignore[arg-type]
+        parse_gpus("T4:1"),
+        lambda leg, line: None,
+    )
     assert "CUDA_VISIBLE_DEVICES" not in gpu.leg_env(0, 10, time.time())
 
 
 def test_ctrl_c_kills_the_leg_and_closes_the_run(project: Path, leg_tmp: Path) -> None:
     # A shell without job control starts background jobs with SIGINT ignored, and the
     # launcher would inherit that: give it the default disposition a terminal gives.
-    launcher = subprocess.Popen([str(LAUNCHER), "up", "rehearsal"], cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    launcher = subprocess.Popen(
+        [str(LAUNCHER), "up", "rehearsal"],
+        cwd=project,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     wait_for_line(next_log(project), '"event": "step"')
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=60) == 130
@@ -96,7 +159,9 @@ def test_smoke_without_cuda_answers_no_and_bills_the_gpus(project: Path) -> None
     res = run_cli(["up", "smoke", "--gpus", "T4:1", "--json"], cwd=project)
     assert res.code == 1
     checks = {c["name"]: c for c in res.json()["checks"]}
-    assert not checks["leg 0 ran on the accelerator"]["ok"] and "'cpu'" in checks["leg 0 ran on the accelerator"]["detail"]
+    assert (
+        not checks["leg 0 ran on the accelerator"]["ok"] and "'cpu'" in checks["leg 0 ran on the accelerator"]["detail"]
+    )
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     wall = sum(leg["ended_at"] - leg["started_at"] for leg in run["legs"])
     assert run["gpu_name"] == "T4" and run["gpu_count"] == 1

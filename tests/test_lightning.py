@@ -20,7 +20,9 @@ def test_fit_from_last_on_a_fresh_disk_trains_from_scratch(tmp_path: Path, leg_t
     plant(root, "ckpt_path=pf.resume())", 'ckpt_path="last")')
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "printed no `resume` event: it started from scratch" in bad["leg 1 resumed from the store"], bad
+    assert code == 1 and "printed no `resume` event: it started from scratch" in bad["leg 1 resumed from the store"], (
+        bad
+    )
     assert "did not pull a checkpoint back" in report_fails(root, 1, 2, 3, 4)[1]
 
 
@@ -28,10 +30,13 @@ def test_a_module_that_drops_the_scheduler_on_load_restarts_its_warm_up(tmp_path
     """`on_load_checkpoint` empties the schedulers' list (a "re-tune the schedule on resume" hook):
     Lightning restores nothing into the LambdaLR, whose warm-up starts over."""
     root = copy_example("lightning", tmp_path)
-    plant(root, "    def configure_optimizers(self) -> dict:\n",
-          "    def on_load_checkpoint(self, checkpoint: dict) -> None:\n"
-          "        checkpoint[\"lr_schedulers\"] = []\n\n"
-          "    def configure_optimizers(self) -> dict:\n")
+    plant(
+        root,
+        "    def configure_optimizers(self) -> dict:\n",
+        "    def on_load_checkpoint(self, checkpoint: dict) -> None:\n"
+        '        checkpoint["lr_schedulers"] = []\n\n'
+        "    def configure_optimizers(self) -> dict:\n",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "the straight-through run's LR there is" in bad["leg 1: LR follows the schedule"], bad
@@ -39,7 +44,7 @@ def test_a_module_that_drops_the_scheduler_on_load_restarts_its_warm_up(tmp_path
     assert "LR follows the schedule" in report_fails(root, 3)[3]
 
 
-CHECKS = r'''
+CHECKS = r"""
 import os, pickle, random, sys
 from pathlib import Path
 import numpy as np, torch
@@ -78,7 +83,7 @@ set_rng_state(torch.load(root / "rng.pt", weights_only=True))  # weights_only re
 got = (torch.rand(3), random.random(), np.random.rand())
 assert torch.equal(want[0], got[0]) and want[1:] == got[1:], (want, got)
 print("ok")
-'''
+"""
 
 
 def test_a_forged_or_mislabelled_lightning_checkpoint_is_damaged_and_the_rng_round_trips(tmp_path: Path) -> None:
@@ -86,7 +91,7 @@ def test_a_forged_or_mislabelled_lightning_checkpoint_is_damaged_and_the_rng_rou
     that names another step, bytes that are no checkpoint: each refused as damaged (the next older
     verified one is tried), nothing run; the RNG streams the callback saves load with
     weights_only=True and continue exactly."""
-    proc = subprocess.run([pl_python(), "-c", CHECKS, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [pl_python(), "-c", CHECKS, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
-

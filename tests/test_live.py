@@ -11,19 +11,58 @@ from launcher.cli.live import LegView, event_summary
 
 EVENTS = [
     {"event": "start", "device": "cpu", "params": 120576, "world_size": 2, "max_steps": 20},
-    {"event": "resume", "from_step": 5, "checkpoint": "step-00000005", "sample_index": 40, "batch_hash": "ab" * 32,
-     "lr": 0.0018, "lr_expected": 0.0018},
+    {
+        "event": "resume",
+        "from_step": 5,
+        "checkpoint": "step-00000005",
+        "sample_index": 40,
+        "batch_hash": "ab" * 32,
+        "lr": 0.0018,
+        "lr_expected": 0.0018,
+    },
     {"event": "step", "step": 6, "loss": 3.2, "lr": 0.0018, "sample_index": 40, "tok_s": 20000.0},
     {"event": "memory", "step": 10, "kind": "cuda", "peak": 6.3e9, "peak_max": 6.3e9},
-    {"event": "rate", "step": 10, "tok_s": 69809.2, "window_first": 2, "window_last": 10, "seconds": 1.0,
-     "rel_err": 0.033, "total_steps": 100000, "eta_s": 11736.0},
-    {"event": "health", "step": 10, "disk_free_bytes": 8e10, "disk_total_bytes": 2.7e11,
-     "ram_available_bytes": 2.4e10, "ram_total_bytes": 2.5e10, "gpu_free_bytes": 1.3e11, "gpu_total_bytes": 1.4e11},
+    {
+        "event": "rate",
+        "step": 10,
+        "tok_s": 69809.2,
+        "window_first": 2,
+        "window_last": 10,
+        "seconds": 1.0,
+        "rel_err": 0.033,
+        "total_steps": 100000,
+        "eta_s": 11736.0,
+    },
+    {
+        "event": "health",
+        "step": 10,
+        "disk_free_bytes": 8e10,
+        "disk_total_bytes": 2.7e11,
+        "ram_available_bytes": 2.4e10,
+        "ram_total_bytes": 2.5e10,
+        "gpu_free_bytes": 1.3e11,
+        "gpu_total_bytes": 1.4e11,
+    },
     {"event": "save", "step": 10, "bytes": 1488619, "seconds": 0.02},
-    {"event": "verify", "step": 10, "name": "step-00000010", "windows": 3, "bytes_read": 1488619, "ok": True,
-     "seconds": 0.01},
-    {"event": "verify", "step": 15, "name": "step-00000015", "windows": 3, "bytes_read": 100, "ok": False,
-     "seconds": 0.01, "failures": ["state.pt[0:+100]: bytes differ from the local copy"]},
+    {
+        "event": "verify",
+        "step": 10,
+        "name": "step-00000010",
+        "windows": 3,
+        "bytes_read": 1488619,
+        "ok": True,
+        "seconds": 0.01,
+    },
+    {
+        "event": "verify",
+        "step": 15,
+        "name": "step-00000015",
+        "windows": 3,
+        "bytes_read": 100,
+        "ok": False,
+        "seconds": 0.01,
+        "failures": ["state.pt[0:+100]: bytes differ from the local copy"],
+    },
     {"event": "push_wait", "step": 15, "seconds": 0.01, "reason": "queue full"},
     {"event": "push_wait", "step": 20, "seconds": 3.2, "reason": "queue full"},
     {"event": "stop", "step": 20, "reason": "max_steps"},
@@ -52,9 +91,14 @@ def test_quiet_by_default_everything_with_verbose() -> None:
     quiet, loud = view_output(False), view_output(True)
     assert len(quiet) == 6 and len(loud) == len(EVENTS) + 1
     text = "\n".join(quiet)
-    for needle in ("started on cpu", "resumed from step-00000005", "verification FAILED", "waited 3.20 s",
-                   "done at step 20", "Traceback"):
+    for needle in (
+        "started on cpu",
+        "resumed from step-00000005",
+        "verification FAILED",
+        "waited 3.20 s",
+        "done at step 20",
+        "Traceback",
+    ):
         assert needle in text
     for absent in ("step     6", "memory at", "rate ", "instance:", "waited 0.01 s", "stopping at"):
         assert absent not in text
-

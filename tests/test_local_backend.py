@@ -44,13 +44,27 @@ def run_id(tmp_path: Path) -> str:
 
 
 def spec(tmp_path: Path, leg: int, command: tuple[str, ...] = ("python", "probe.py"), **kw) -> LegSpec:  # noqa: ANN003
-    env = {"LAUNCHER_RUN_ID": run_id(tmp_path), "LAUNCHER_LEG": str(leg), "LAUNCHER_RUNG": "rehearsal",
-           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": "10",
-           "LAUNCHER_DEADLINE": str(int(time.time()) + 60)}
+    env = {
+        "LAUNCHER_RUN_ID": run_id(tmp_path),
+        "LAUNCHER_LEG": str(leg),
+        "LAUNCHER_RUNG": "rehearsal",
+        "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
+        "LAUNCHER_MAX_STEPS": "10",
+        "LAUNCHER_DEADLINE": str(int(time.time()) + 60),
+    }
     env.update(kw.pop("extra_env", {}))
     files = kw.pop("files", None) or staged(tmp_path)
-    return LegSpec(run_id(tmp_path), leg, "rehearsal", command, env, kw.pop("secrets", {}), files,
-                   tmp_path / "logs" / f"leg-{leg}.log", None)
+    return LegSpec(
+        run_id(tmp_path),
+        leg,
+        "rehearsal",
+        command,
+        env,
+        kw.pop("secrets", {}),
+        files,
+        tmp_path / "logs" / f"leg-{leg}.log",
+        None,
+    )
 
 
 def probe_event(log: Path) -> dict:
@@ -79,8 +93,15 @@ def test_leg_environment_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyP
     backend.wait(backend.launch(s), timeout=60)
     env = probe_event(s.log_path)["env"]
     assert env["LAUNCHER_LEG"] == "0" and env["LAUNCHER_RUN_ID"] == run_id(tmp_path)
-    assert set(env) == {"LAUNCHER_RUN_ID", "LAUNCHER_LEG", "LAUNCHER_RUNG", "LAUNCHER_STORE",
-                        "LAUNCHER_MAX_STEPS", "LAUNCHER_DEADLINE", "HF_TOKEN"}
+    assert set(env) == {
+        "LAUNCHER_RUN_ID",
+        "LAUNCHER_LEG",
+        "LAUNCHER_RUNG",
+        "LAUNCHER_STORE",
+        "LAUNCHER_MAX_STEPS",
+        "LAUNCHER_DEADLINE",
+        "HF_TOKEN",
+    }
     assert env["HF_TOKEN"] == "hf_secret_value"  # the leg gets it...
     recorded = redact(dict(s.env) | {"HF_TOKEN": "hf_secret_value", "MY_API_KEY": "k"}, ["HF_TOKEN"])
     assert recorded["HF_TOKEN"] == recorded["MY_API_KEY"] == "<redacted>"  # ...nothing written down does
@@ -112,7 +133,8 @@ def test_kill_takes_the_process_group_and_the_disk(tmp_path: Path) -> None:
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(600)\n")
+        "time.sleep(600)\n"
+    )
     backend, handle, _ = launch_until_ready(tmp_path, script)
     assert backend.wait(handle, timeout=0.1) is None  # still running
     result = backend.kill(handle, reason="drill")
@@ -150,7 +172,8 @@ def test_sigterm_reaches_every_process_of_the_leg_once(tmp_path: Path) -> None:
         "subprocess.Popen([sys.executable, __file__, 'own-session'], start_new_session=True)\n"
         "while len(list(COUNTS.glob('*.up'))) < 2: time.sleep(0.05)\n"
         "print('ready', flush=True)\n"
-        "while True: time.sleep(0.05)\n")
+        "while True: time.sleep(0.05)\n"
+    )
     backend, handle, lines = launch_until_ready(tmp_path, script)
     try:
         assert "ready\n" in lines, lines
@@ -160,8 +183,7 @@ def test_sigterm_reaches_every_process_of_the_leg_once(tmp_path: Path) -> None:
         while not all((counts / n).exists() for n in names) and time.time() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # room for a second delivery, were there one
-        assert {n: (counts / n).read_text() if (counts / n).exists() else "" for n in names} == \
-            {n: "x" for n in names}
+        assert {n: (counts / n).read_text() if (counts / n).exists() else "" for n in names} == {n: "x" for n in names}
     finally:
         backend.kill(handle, reason="test over")
 

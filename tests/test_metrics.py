@@ -11,12 +11,13 @@ from runtime.metrics import eta_seconds, loss_continuity, sustained_rate, warmup
 pytestmark = pytest.mark.unit
 
 
-
-def trace(n: int, step_s: float = 0.3, tokens: int = 1000, warm: int = 15, seed: int = 0) -> list[tuple[int, float, float]]:
+def trace(
+    n: int, step_s: float = 0.3, tokens: int = 1000, warm: int = 15, seed: int = 0
+) -> list[tuple[int, float, float]]:
     rng = random.Random(seed)
     t, out = 0.0, []
     for step in range(1, n + 1):
-        slow = 4.0 if step == 1 else (1.0 + 2.0 * 0.8 ** step if step <= warm else 1.0)
+        slow = 4.0 if step == 1 else (1.0 + 2.0 * 0.8**step if step <= warm else 1.0)
         t += step_s * slow * rng.gauss(1.0, 0.02)
         out.append((step, step * tokens, t))
     return out

@@ -43,8 +43,11 @@ def each_node_ran_the_sky_script(project: Path, run_id: str, planned: dict, step
         assert [n["node"] for n in leg["nodes"]] == [0, 1] and leg["command"][:2] == ["bash", "-c"]
         assert leg["command"][2] == script  # the bytes SkyPilot would run, executed
         for node in leg["nodes"]:
-            events = [json.loads(line[line.find('{"event": '):]) for line in Path(node["log"]).read_text().splitlines()
-                      if '{"event": ' in line]
+            events = [
+                json.loads(line[line.find('{"event": ') :])
+                for line in Path(node["log"]).read_text().splitlines()
+                if '{"event": ' in line
+            ]
             assert events and {e["node"] for e in events} == {node["node"]}, node
             assert {e["rank"] for e in events} == {2 * node["node"], 2 * node["node"] + 1}
     assert run["legs"][0]["end_reason"].startswith("node ")  # stopped by SIGTERM: torchrun exits 1 on each
@@ -54,10 +57,12 @@ def each_node_ran_the_sky_script(project: Path, run_id: str, planned: dict, step
     windows = 0
     for leg in run["legs"]:
         log = Path(leg["log_path"]).read_text().splitlines()
-        memory = [json.loads(line[line.find('{"event": '):]) for line in log if '{"event": "memory"' in line]
+        memory = [json.loads(line[line.find('{"event": ') :]) for line in log if '{"event": "memory"' in line]
         for step in {e["step"] for e in memory}:
             at = [e for e in memory if e["step"] == step]
-            assert {e["rank"] for e in at} == {0, 1, 2, 3} and {e["peak_max"] for e in at} == {max(e["peak"] for e in at)}
+            assert {e["rank"] for e in at} == {0, 1, 2, 3} and {e["peak_max"] for e in at} == {
+                max(e["peak"] for e in at)
+            }
             windows += 1
     assert windows >= 1
 
@@ -71,8 +76,13 @@ def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: in
     train = project / "train.py"
     old = "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n"
     assert old in train.read_text()
-    train.write_text(train.read_text().replace(old, old + f"    if world.rank == {rank}:\n"
-                                               "        data = Position(order, tokens, world.rank)  # planted\n", 1))
+    train.write_text(
+        train.read_text().replace(
+            old,
+            old + f"    if world.rank == {rank}:\n        data = Position(order, tokens, world.rank)  # planted\n",
+            1,
+        )
+    )
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--json"], cwd=project, timeout=900)
     assert res.code == 1, res.out + res.err
@@ -99,8 +109,12 @@ def test_a_node_lost_alone_ends_the_leg_and_the_cluster_with_it(project: Path, t
     cfg = load_config(project / "launcher.yaml")
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, command=["python", "sleeper.py"]))
     run_id = "nodes-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
-    env = {"LAUNCHER_RUN_ID": run_id, "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "rehearsal",
-           "LAUNCHER_DEADLINE": str(int(time.time()) + 300)}
+    env = {
+        "LAUNCHER_RUN_ID": run_id,
+        "LAUNCHER_LEG": "0",
+        "LAUNCHER_RUNG": "rehearsal",
+        "LAUNCHER_DEADLINE": str(int(time.time()) + 300),
+    }
     files = {"sleeper.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())}
     spec = LegSpec(run_id, 0, "rehearsal", tuple(cfg.trainer.command), env, {}, files, tmp_path / "leg-0.log")
     backend = LocalBackend(root=tmp_path / "legs", cfg=cfg, nodes=2)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.metadata_server import MetadataServer
 from runtime.contract import EXIT_PREEMPTED, leg_env
+from tests.fakes.metadata_server import MetadataServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = 'python -m runtime.notice --mark "$MARK" --parent $$ --every 0.1 & sleep 30\n'
@@ -25,14 +25,25 @@ GROUP = 'python -m runtime.notice --mark "$MARK" --parent $$ --every 0.1 & sleep
 
 def group(env: dict[str, str], mark: Path) -> subprocess.Popen:
     """A stand-in leg: a shell whose `sleep` a SIGTERM to the group ends, the watcher beside it."""
-    return subprocess.Popen(["bash", "-c", GROUP], env={**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", "-c", GROUP],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("cloud,says", [("AWS", "spot/instance-action terminate at 2026-12-04T12:00:00Z"),
-                                        ("GCP", "instance/preempted TRUE"),
-                                        ("Azure", "scheduled event Preempt, not before Fri, 04 Dec 2026 12:00:30 GMT")])
+@pytest.mark.parametrize(
+    "cloud,says",
+    [
+        ("AWS", "spot/instance-action terminate at 2026-12-04T12:00:00Z"),
+        ("GCP", "instance/preempted TRUE"),
+        ("Azure", "scheduled event Preempt, not before Fri, 04 Dec 2026 12:00:30 GMT"),
+    ],
+)
 def test_a_notice_in_each_clouds_dialect_sigterms_the_leg_once(cloud: str, says: str, tmp_path: Path) -> None:
     with MetadataServer() as meta:
         env = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud}), "PREFLIGHT_METADATA_URL": meta.url}
@@ -43,7 +54,7 @@ def test_a_notice_in_each_clouds_dialect_sigterms_the_leg_once(cloud: str, says:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == -15 or proc.returncode == 143, (proc.returncode, err)  # the group's SIGTERM
     assert (tmp_path / "mark").read_text() == says + "\n"
-    [event] = [json.loads(line[line.find("{"):]) for line in out.splitlines() if '"event": "notice"' in line]
+    [event] = [json.loads(line[line.find("{") :]) for line in out.splitlines() if '"event": "notice"' in line]
     assert (event["cloud"], event["detail"]) == (cloud.lower(), says)
     if cloud == "AWS":
         assert meta.requests["/latest/api/token"] >= 2  # IMDSv2: a token before each read
@@ -52,9 +63,13 @@ def test_a_notice_in_each_clouds_dialect_sigterms_the_leg_once(cloud: str, says:
 @pytest.mark.unit
 def test_no_cloud_named_is_no_watch_and_a_dead_metadata_service_is_polled_on(tmp_path: Path) -> None:
     for env in ({}, {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "Kubernetes"})}):
-        done = subprocess.run([sys.executable, "-m", "runtime.notice", "--mark", str(tmp_path / "m"), "--parent", "1"],
-                              env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True, text=True,
-                              timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime.notice", "--mark", str(tmp_path / "m"), "--parent", "1"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0 and "no metadata notice to watch" in done.stderr, done.stderr
     with socket.socket() as s:  # a port nobody answers on
         s.bind(("127.0.0.1", 0))
@@ -82,25 +97,47 @@ def test_the_rendered_run_script_stops_on_a_gcp_notice_and_exits_preempted(proje
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     now = time.time()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAUNCHER_APP_DIR": str(app), "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python and torchrun, as in the image
-           "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command), "PREFLIGHT_MASTER_PORT": str(port),
-           "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1",
-           "PREFLIGHT_HARD_STOP": str(int(now + 600)), "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "GCP"}),
-           **leg_env(run_id="notice-run", leg=0, rung="smoke", store=(tmp_path / "store").as_uri(), max_steps=400,
-                     deadline=now + 600, on_gpu=False,
-                     files_sha256={"train.py": hashlib.sha256((app / "train.py").read_bytes()).hexdigest()})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LAUNCHER_APP_DIR": str(app),
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python and torchrun, as in the image
+        "LAUNCHER_TRAIN_ARGS": train_args(cfg.trainer.command),
+        "PREFLIGHT_MASTER_PORT": str(port),
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "PREFLIGHT_HARD_STOP": str(int(now + 600)),
+        "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "GCP"}),
+        **leg_env(
+            run_id="notice-run",
+            leg=0,
+            rung="smoke",
+            store=(tmp_path / "store").as_uri(),
+            max_steps=400,
+            deadline=now + 600,
+            on_gpu=False,
+            files_sha256={"train.py": hashlib.sha256((app / "train.py").read_bytes()).hexdigest()},
+        ),
+    }
     events: list[dict] = []
     lines: list[str] = []
     with MetadataServer() as meta:
         env["PREFLIGHT_METADATA_URL"] = meta.url
-        proc = subprocess.Popen(["bash", "-c", leg_script(cfg, "smoke")], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", leg_script(cfg, "smoke")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             for line in proc.stdout:
                 lines.append(line)
                 if '{"event": ' in line:
-                    events.append(json.loads(line[line.find('{"event": '):]))
+                    events.append(json.loads(line[line.find('{"event": ') :]))
                     if events[-1]["event"] == "step" and events[-1]["step"] == 8:
                         meta.announce()
             code = proc.wait(timeout=120)

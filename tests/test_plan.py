@@ -92,8 +92,16 @@ def test_the_dry_run_refuses_where_the_launch_refuses(guard: str, project: Path)
             assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
 
 
-SHAPES = [["static"], ["rehearsal"], ["smoke", "--cpu"], ["probe", "--cpu"], ["run", "--cpu"],
-          ["smoke", "--gpus", "T4:2"], ["rehearsal", "--backend", "docker"], ["probe", "--cpu", "--backend", "docker"]]
+SHAPES = [
+    ["static"],
+    ["rehearsal"],
+    ["smoke", "--cpu"],
+    ["probe", "--cpu"],
+    ["run", "--cpu"],
+    ["smoke", "--gpus", "T4:2"],
+    ["rehearsal", "--backend", "docker"],
+    ["probe", "--cpu", "--backend", "docker"],
+]
 
 
 def test_every_rung_and_backend_refuses_alike(project: Path) -> None:
@@ -141,16 +149,20 @@ def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project
     """`up smoke --cpu` launches its three legs and the straight-through oracle: four, and
     its dry run says four; on a GPU there is no oracle (three)."""
     cpu = run_cli(["up", "smoke", "--cpu", "--dry-run"], cwd=project)
-    assert cpu.code == 0 and "rung smoke on local, 4 legs: 3 of the rung, then leg 3 straight through on the " \
-        "CPU" in cpu.out, cpu.out
+    assert (
+        cpu.code == 0
+        and "rung smoke on local, 4 legs: 3 of the rung, then leg 3 straight through on the CPU" in cpu.out
+    ), cpu.out
     gpu = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
     assert gpu.code == 0 and "rung smoke on local, 3 legs," in gpu.out, gpu.out
     planned = run_cli(["up", "smoke", "--cpu", "--dry-run", "--json"], cwd=project).json()["plan"]
     assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "store", "image", "quota"]
     real = run_cli(["up", "smoke", "--cpu", "--json"], cwd=project, timeout=900)
     run = run_cli(["ledger", real.json()["run_id"], "--json"], cwd=project).json()[0]
-    launched = [{"leg": leg["leg"], "role": leg["role"] or "leg", "max_steps": int(leg["env"]["LAUNCHER_MAX_STEPS"])}
-                for leg in run["legs"]]
+    launched = [
+        {"leg": leg["leg"], "role": leg["role"] or "leg", "max_steps": int(leg["env"]["LAUNCHER_MAX_STEPS"])}
+        for leg in run["legs"]
+    ]
     assert launched == planned["legs"] and len(launched) == 4
     # leg 0's environment as the dry run showed it is the one the launch recorded, but for the
     # run's id and the deadline (counted from the moment each was made)
@@ -171,6 +183,9 @@ def test_the_store_guard_asks_the_hub_with_the_legs_token(project: Path, hub_ser
     assert_one_line_error(dry, 2, "a real launch would be refused", "store hf://tester/ckpts refuses this token")
     assert_one_line_error(run_cli(["up", "rehearsal"], cwd=project, env=bad), 2, "refuses this token")
     assert run_rows(project) == 0
-    good = run_cli(["up", "rehearsal", "--dry-run", "--json"], cwd=project,
-                   env={"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good"})
+    good = run_cli(
+        ["up", "rehearsal", "--dry-run", "--json"],
+        cwd=project,
+        env={"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good"},
+    )
     assert good.code == 0 and good.json()["plan"]["store"] == "hf://tester/ckpts", good.out

@@ -93,12 +93,19 @@ def test_an_optimizer_re_created_after_the_resume_is_named(tmp_path: Path, leg_t
     """The tracked optimizer is restored, then the loop builds a new one and steps that: the LR
     is set by hand each step, so the LR check holds; the tracked optimizer's step count does not."""
     root = copy_example("flat_gpt", tmp_path)
-    plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n    optimizer = "
-          "torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.1)\n")
+    plant(
+        root,
+        "iter_num = sess.resume()\n",
+        "iter_num = sess.resume()\nif iter_num:\n    optimizer = "
+        "torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.1)\n",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "the loop steps an optimizer the session does not track" in \
-        bad["leg 1: the tracked optimizer is the one stepping"], bad
+    assert (
+        code == 1
+        and "the loop steps an optimizer the session does not track"
+        in bad["leg 1: the tracked optimizer is the one stepping"]
+    ), bad
     assert checks["leg 1: LR follows the schedule"]["ok"]  # the LR alone would have passed it
     status = report_status(root)
     assert status[3][0] == "FAIL" and "does not track" in status[3][1], status
@@ -118,10 +125,16 @@ def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path
     good = copy_asset("prefetch", tmp_path / "good")
     code, checks = rehearse(good)
     assert code == 0, failed(checks)
-    assert checks["leg 1: exact data position (batch hashes)"]["ok"] and checks["leg 2: exact data position (batch hashes)"]["ok"]
+    assert (
+        checks["leg 1: exact data position (batch hashes)"]["ok"]
+        and checks["leg 2: exact data position (batch hashes)"]["ok"]
+    )
     bad_root = copy_asset("prefetch", tmp_path / "bad")
-    plant(bad_root, "iter_num = sess.resume()  # session\nX, Y = get_batch(iter_num)  # fetch the very first batch\n",
-          "X, Y = get_batch(0)  # fetch the very first batch\niter_num = sess.resume()  # session\n")
+    plant(
+        bad_root,
+        "iter_num = sess.resume()  # session\nX, Y = get_batch(iter_num)  # fetch the very first batch\n",
+        "X, Y = get_batch(0)  # fetch the very first batch\niter_num = sess.resume()  # session\n",
+    )
     code, checks = rehearse(bad_root)
     bad = failed(checks)
     assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
@@ -134,15 +147,20 @@ def test_a_report_over_legs_that_crashed_after_a_verified_checkpoint_fails(tmp_p
     leniency torchrun needs, given to every trainer); now the rung answers no, and the report
     PASSes nothing resting on that leg: the storage cycle it printed FAILs, naming it."""
     root = copy_example("plain_loop", tmp_path)
-    plant(root, "sys.exit(sess.finish())", "sess.finish()\nassert sess.world.rank != 0, 'a check meant for other ranks'")
+    plant(
+        root, "sys.exit(sess.finish())", "sess.finish()\nassert sess.world.rank != 0, 'a check meant for other ranks'"
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "leg 0 finished" in bad and "exited 1" in bad["leg 0 finished"], bad
     res = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
     assert res.code == 1 and not [n for n, (st, _) in status.items() if st == "PASS"], status
-    assert status[7][0] == "FAIL" and "exited non-zero outside a planned kill" in status[7][1] and \
-        "leg 0 exited 1" in status[7][1], status[7]
+    assert (
+        status[7][0] == "FAIL"
+        and "exited non-zero outside a planned kill" in status[7][1]
+        and "leg 0 exited 1" in status[7][1]
+    ), status[7]
 
 
 def test_a_recurrent_state_zeroed_on_resume_is_a_state_digest_difference(tmp_path: Path, leg_tmp: Path) -> None:
@@ -171,7 +189,9 @@ def test_an_epoch_counter_restarted_on_resume_is_a_field_difference(tmp_path: Pa
     root = copy_example("plain_loop", tmp_path)
     cfg = root / "launcher.yaml"  # 8 batches an epoch: leg 2 resumes (step 14) in epoch 1
     cfg.write_text(cfg.read_text().replace("--ckpt-every 5", "--ckpt-every 5 --batch 32"))
-    plant(root, "for epoch in loader.epochs(args.epochs):\n", "for epoch, _ in enumerate(loader.epochs(args.epochs)):\n")
+    plant(
+        root, "for epoch in loader.epochs(args.epochs):\n", "for epoch, _ in enumerate(loader.epochs(args.epochs)):\n"
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "epoch" in bad["printed fields = straight-through run"], bad
@@ -192,9 +212,12 @@ def test_a_reshuffle_with_another_seed_each_leg_is_refused(tmp_path: Path, leg_t
 def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) -> None:
     """The trainer skips a batch on resume but reports the index it should have read:
     only the batch hash and the straight-through run can see it."""
-    plant(project, "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n",
-          "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n"
-          "    if data.next_step:\n        data.next_step += 1  # the bug\n")
+    plant(
+        project,
+        "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n",
+        "    sess.resume(data_sha256=sha256_file(corpus), data_tokens=int(tokens.size))\n"
+        "    if data.next_step:\n        data.next_step += 1  # the bug\n",
+    )
     plant(project, "sample_index=first_sample)", "sample_index=sess.step_count * 8)")  # derived, so it looks right
     code, checks = rehearse(project)
     bad = failed(checks)
@@ -203,7 +226,7 @@ def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) ->
     report_fails(project, 8)
 
 
-VERIFY_LOCAL = '''
+VERIFY_LOCAL = """
 import hashlib as _h
 import runtime.cycle as _cycle
 import runtime.store.local as _local
@@ -225,7 +248,7 @@ def _verify_local(store, manifest, local_dir, budget_bytes=0, **_):  # reads the
 
 _local.LocalDirStore.push = _torn_push
 _cycle.verify_checkpoint = _verify_local
-'''
+"""
 
 
 def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(project: Path) -> None:
@@ -237,18 +260,26 @@ def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(proj
     assert "CheckpointDamaged" in report_fails(project, 1)[1]
 
 
-SIGTERM_DEFAULT = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug: SIGTERM kills, no final push\n"
+SIGTERM_DEFAULT = (
+    "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)  # the bug: SIGTERM kills, no final push\n"
+)
 
 
 def test_no_final_push_on_sigterm(project: Path) -> None:
-    plant(project, "    model.train()\n", "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()))
+    plant(
+        project,
+        "    model.train()\n",
+        "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()),
+    )
     code, checks = rehearse(project)
     bad = failed(checks)
     assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
     assert "stopped on sigterm" in report_fails(project, 1)[1]
 
 
-@pytest.mark.parametrize("example,after", [("flat_gpt", "iter_num = sess.resume()\n"), ("plain_loop", "sess.resume()\n")])
+@pytest.mark.parametrize(
+    "example,after", [("flat_gpt", "iter_num = sess.resume()\n"), ("plain_loop", "sess.resume()\n")]
+)
 def test_no_final_push_on_sigterm_in_the_examples(example: str, after: str, tmp_path: Path, leg_tmp: Path) -> None:
     root = copy_example(example, tmp_path)
     plant(root, after, after + SIGTERM_DEFAULT)
@@ -274,14 +305,17 @@ def test_an_import_by_absolute_path_fails_rung_0(example: str, tmp_path: Path, l
     outside.mkdir()
     (outside / "helpers_outside.py").write_text("VALUE = 1\n")
     root = copy_example(example, tmp_path)
-    plant(root, "import argparse\n", f"import argparse\nimport sys\nsys.path.insert(0, {str(outside)!r})\n"
-          "import helpers_outside\n")
+    plant(
+        root,
+        "import argparse\n",
+        f"import argparse\nimport sys\nsys.path.insert(0, {str(outside)!r})\nimport helpers_outside\n",
+    )
     res = run_cli(["up", "static", "--json"], cwd=root)
     imports = next(c for c in res.json()["checks"] if c["name"] == "imports from reviewed files only")
     assert res.code == 1 and not imports["ok"] and "helpers_outside" in imports["detail"], imports
 
 
-TORN_SAVE = '''
+TORN_SAVE = """
 import threading as _th
 import time as _tm
 
@@ -312,7 +346,7 @@ def _finish(self):
 
 
 _sess.Session.checkpoint, _sess.Session.finish = _torn_checkpoint, _finish
-'''
+"""
 
 
 def test_a_checkpoint_torn_by_a_save_that_does_not_snapshot_first(tmp_path: Path, leg_tmp: Path) -> None:
@@ -331,11 +365,14 @@ def test_a_checkpoint_torn_by_a_save_that_does_not_snapshot_first(tmp_path: Path
 def test_a_curriculum_that_restarts_on_resume(tmp_path: Path, leg_tmp: Path) -> None:
     """Sequence length grows with a counter the trainer keeps outside the saved state."""
     root = copy_example("plain_loop", tmp_path)
-    plant(root, "        loss = criterion(model(x)",
-          "        seen = globals().get('seen', 0) + 1  # the bug: a curriculum counter not in sess.extra\n"
-          "        globals()['seen'] = seen\n"
-          "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
-          "        loss = criterion(model(x)")
+    plant(
+        root,
+        "        loss = criterion(model(x)",
+        "        seen = globals().get('seen', 0) + 1  # the bug: a curriculum counter not in sess.extra\n"
+        "        globals()['seen'] = seen\n"
+        "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
+        "        loss = criterion(model(x)",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
@@ -349,8 +386,11 @@ def test_a_plateau_scheduler_left_out_of_the_state(tmp_path: Path, leg_tmp: Path
     straight-through run, and sees it (a kill-only drill needed 4 kills over 40 steps)."""
     root = copy_example("plain_loop", tmp_path)
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("drill: {steps: 30", "drill: {steps: 32")
-                   .replace("--ckpt-every 5", "--ckpt-every 5 --batch 32"))  # 8 batches an epoch, 4 epochs
+    cfg.write_text(
+        cfg.read_text()
+        .replace("drill: {steps: 30", "drill: {steps: 32")
+        .replace("--ckpt-every 5", "--ckpt-every 5 --batch 32")
+    )  # 8 batches an epoch, 4 epochs
     plant(root, "scheduler=sched, loader=loader)", "loader=loader)")
     res = run_cli(["drill", "cold-resume", "--json"], cwd=root, timeout=900)
     bad = failed({c["name"]: c for c in res.json()["checks"]})
@@ -378,19 +418,25 @@ def test_a_resume_from_a_host_local_cache_is_named_by_the_launchers_read(tmp_pat
     root = copy_example("plain_loop", tmp_path)
     short_drill(root)
     cache = tmp_path / "host-cache.pt"  # outside every leg's fresh dir: survives the kill
-    plant(root, "sess.resume()\n",
-          "sess.resume()\n"
-          f"CACHE = {str(cache)!r}  # the bug: the host's own copy wins over the store's\n"
-          "import os\n"
-          "if sess.step_count and os.path.exists(CACHE):\n"
-          "    cached = torch.load(CACHE, weights_only=True)\n"
-          "    model.load_state_dict(cached['model'])\n"
-          "    opt.load_state_dict(cached['opt'])\n")
-    plant(root, "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n",
-          "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n"
-          "        if sess.step_count % 5 == 3:  # never a checkpoint's step\n"
-          "            torch.save({'model': model.state_dict(), 'opt': opt.state_dict()}, CACHE)\n"
-          "        __import__('time').sleep(0.05)  # 50 ms steps: the kill lands a step or two past step 5's cycle\n")
+    plant(
+        root,
+        "sess.resume()\n",
+        "sess.resume()\n"
+        f"CACHE = {str(cache)!r}  # the bug: the host's own copy wins over the store's\n"
+        "import os\n"
+        "if sess.step_count and os.path.exists(CACHE):\n"
+        "    cached = torch.load(CACHE, weights_only=True)\n"
+        "    model.load_state_dict(cached['model'])\n"
+        "    opt.load_state_dict(cached['opt'])\n",
+    )
+    plant(
+        root,
+        "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n",
+        "        sess.step(loss=loss, batch=x, tokens=x.numel(), epoch=epoch)\n"
+        "        if sess.step_count % 5 == 3:  # never a checkpoint's step\n"
+        "            torch.save({'model': model.state_dict(), 'opt': opt.state_dict()}, CACHE)\n"
+        "        __import__('time').sleep(0.05)  # 50 ms steps: the kill lands a step or two past step 5's cycle\n",
+    )
     code, checks = drill(root, "--kills", "1", "--at", "mid-step")  # two steps past the first verified one
     bad = failed(checks)
     resumed = bad["leg 1 resumed from the newest verified checkpoint"]
@@ -401,7 +447,7 @@ def test_a_resume_from_a_host_local_cache_is_named_by_the_launchers_read(tmp_pat
     assert 6 in report_fails(root, 6)
 
 
-SLOW_VERIFY = '''
+SLOW_VERIFY = """
 import time as _time
 import runtime.cycle as _cycle
 
@@ -414,26 +460,30 @@ def _slow_verify(*args, **kwargs):  # a slow store: the read-back takes a second
 
 
 _cycle.verify_checkpoint = _slow_verify
-'''
+"""
 
 
 def test_a_resume_from_a_checkpoint_that_never_verified_is_named_by_the_launchers_read(
-        tmp_path: Path, leg_tmp: Path) -> None:
+    tmp_path: Path, leg_tmp: Path
+) -> None:
     """Killed while the step-10 checkpoint was being read back: the store holds it, without a
     verified mark. The trainer looks past `sess.resume()` (which restored step 5, the newest
     verified) for the newest checkpoint in the store, verified or not, and trains from it."""
     root = copy_example("plain_loop", tmp_path)
     short_drill(root)
     plant(root, "from runtime.session import Session\n", "from runtime.session import Session\n" + SLOW_VERIFY)
-    plant(root, "sess.resume()\n",
-          "sess.resume()\n"
-          "from pathlib import Path\n"
-          "newer = [c for c in sess.store.scan().checkpoints if c.step > sess.step_count]  # the bug: verified or not\n"
-          "if newer:\n"
-          "    folder = sess.store.fetch(newer[-1].name, Path('newer'))\n"
-          "    state = torch.load(folder / 'state.pt', weights_only=True)\n"
-          "    model.load_state_dict(state['model'])\n"
-          "    opt.load_state_dict(state['optimizer'])\n")
+    plant(
+        root,
+        "sess.resume()\n",
+        "sess.resume()\n"
+        "from pathlib import Path\n"
+        "newer = [c for c in sess.store.scan().checkpoints if c.step > sess.step_count]  # the bug: verified or not\n"
+        "if newer:\n"
+        "    folder = sess.store.fetch(newer[-1].name, Path('newer'))\n"
+        "    state = torch.load(folder / 'state.pt', weights_only=True)\n"
+        "    model.load_state_dict(state['model'])\n"
+        "    opt.load_state_dict(state['optimizer'])\n",
+    )
     code, checks = drill(root, "--kills", "1", "--at", "mid-verify")
     bad = failed(checks)
     resumed = bad["leg 1 resumed from the newest verified checkpoint"]

@@ -33,12 +33,16 @@ def test_a_resume_that_skips_by_hand_on_top_of_the_loaders_state_skips_twice(tmp
     (as it had to with a plain DataLoader) jumps as far again: batches are lost, none repeated."""
     root = copy_example("stateful_loader", tmp_path)
     plant(root, "sess.resume()\n", "start = sess.resume()\n")
-    plant(root, "batches = iter(loader)  # mid-epoch after a resume: the loader's state says where\n",
-          "batches = iter(loader)\nfor _ in range(start):  # skip what was trained\n    next(batches)\n")
+    plant(
+        root,
+        "batches = iter(loader)  # mid-epoch after a resume: the loader's state says where\n",
+        "batches = iter(loader)\nfor _ in range(start):  # skip what was trained\n    next(batches)\n",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "batches: the resume moved the data position" in \
-        bad.get("leg 1: exact data position (batch hashes)", ""), bad
+    assert code == 1 and "batches: the resume moved the data position" in bad.get(
+        "leg 1: exact data position (batch hashes)", ""
+    ), bad
     assert "resumed run = straight-through run" in bad and "state digests = straight-through run (data)" in bad, bad
     report_fails(root, 2, 8)
 
@@ -47,8 +51,11 @@ def fsdp_on_two_ranks(tmp_path: Path) -> Path:
     """examples/fsdp_dcp on one node of 2 ranks (torchrun, standalone): the cheapest sharded shape."""
     root = copy_example("fsdp_dcp", tmp_path)
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("command: python train.py",
-                                           "command: torchrun --standalone --nproc_per_node=2 train.py"))
+    cfg.write_text(
+        cfg.read_text().replace(
+            "command: python train.py", "command: torchrun --standalone --nproc_per_node=2 train.py"
+        )
+    )
     assert run_cli(["review"], cwd=root).code == 0
     return root
 
@@ -59,11 +66,15 @@ def test_a_ranks_shard_left_out_of_the_manifest_never_verifies(tmp_path: Path, l
     shard it does not list. The verify refuses every such checkpoint, the rung and proof 1 say
     which file."""
     root = fsdp_on_two_ranks(tmp_path)
-    plant(root, "from runtime.session import Session\n", "from runtime.session import Session\n"
-          "import runtime.sharded_session as ss  # planted: rank 1's shard lost before the manifest\n"
-          "_write = ss.write_manifest\n"
-          "ss.write_manifest = lambda folder, step, meta: ((folder / '__1_0.distcp').unlink(), "
-          "_write(folder, step, meta))[1]\n")
+    plant(
+        root,
+        "from runtime.session import Session\n",
+        "from runtime.session import Session\n"
+        "import runtime.sharded_session as ss  # planted: rank 1's shard lost before the manifest\n"
+        "_write = ss.write_manifest\n"
+        "ss.write_manifest = lambda folder, step, meta: ((folder / '__1_0.distcp').unlink(), "
+        "_write(folder, step, meta))[1]\n",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     why = ".metadata names '__1_0.distcp', which the manifest does not list"
@@ -80,6 +91,7 @@ def test_a_sharded_resume_that_drops_the_optimizer_state_is_named(tmp_path: Path
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "resumed run = straight-through run" in bad, bad
-    assert "the loop steps an optimizer the session does not track" in \
-        bad.get("leg 1: the tracked optimizer is the one stepping", ""), bad
+    assert "the loop steps an optimizer the session does not track" in bad.get(
+        "leg 1: the tracked optimizer is the one stepping", ""
+    ), bad
     report_fails(root, 3)

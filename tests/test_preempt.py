@@ -42,16 +42,24 @@ def test_with_no_notice_the_next_leg_resumes_from_the_previous_verified_checkpoi
     assert run["legs"][0]["killed"] and "preempted at step 18 with no notice" in run["legs"][0]["end_reason"]
 
 
-def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_checkpoint(project: Path,
-                                                                                        tmp_path: Path) -> None:
+def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_checkpoint(
+    project: Path, tmp_path: Path
+) -> None:
     """SIGTERM ignored: the leg trains on (a slow loader: 0.25 s a batch) until the notice runs
     out and the kill lands; the next leg resumes from the newest checkpoint the cadence verified;
     the drill says no, and how many steps were lost."""
-    plant(project, "    model.train()\n", "    model.train()\n    import signal\n"
-          "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the bug: the notice is ignored\n")
+    plant(
+        project,
+        "    model.train()\n",
+        "    model.train()\n    import signal\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the bug: the notice is ignored\n",
+    )
     cfg = project / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("command: python train.py --ckpt-every 5",
-                                           "command: python train.py --ckpt-every 5 --data-delay 0.25"))
+    cfg.write_text(
+        cfg.read_text().replace(
+            "command: python train.py --ckpt-every 5", "command: python train.py --ckpt-every 5 --data-delay 0.25"
+        )
+    )
     assert run_cli(["review"], cwd=project).code == 0
     code, checks, run = preempt(project, "--notice", "2", "--at-step", "12")
     notice = checks["leg 0: the final checkpoint within the 2 s notice"]
@@ -61,8 +69,10 @@ def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_c
     lost = checks["leg 0: work lost to the preemption"]
     at, steps = lost["facts"]["resumed_at"], lost["facts"]["steps"]
     assert resumed["ok"] and f"resumed at step {at};" in resumed["detail"] and at == notice["facts"]["expected"]
-    assert f"{steps} steps (" in lost["detail"] and f"trained to step {at + steps}, leg 1 resumed at step {at}" in \
-        lost["detail"], lost
+    assert (
+        f"{steps} steps (" in lost["detail"]
+        and f"trained to step {at + steps}, leg 1 resumed at step {at}" in lost["detail"]
+    ), lost
     assert [c["name"] for c in checks.values() if not c["ok"]] == ["leg 0: the final checkpoint within the 2 s notice"]
     # the report says it too, with the steps
     rep = run_cli(["report", "--out", str(tmp_path / "rep"), "--json"], cwd=project)
@@ -74,10 +84,12 @@ def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_c
 
 
 def test_a_notice_or_step_that_makes_no_sense_is_one_line_and_exit_2(project: Path) -> None:
-    for args, says in ((["--notice", "soon"], "--notice takes seconds or one of aws, gcp, azure, k8s"),
-                       (["--notice", "-5"], "--notice must be 0 to 600 seconds"),
-                       (["--notice", "aws", "--at-step", "40"], "--at-step must lie in 1..39"),
-                       (["--notice", "aws", "--backend", "sky"], "the sky backend cannot send a leg SIGTERM")):
+    for args, says in (
+        (["--notice", "soon"], "--notice takes seconds or one of aws, gcp, azure, k8s"),
+        (["--notice", "-5"], "--notice must be 0 to 600 seconds"),
+        (["--notice", "aws", "--at-step", "40"], "--at-step must lie in 1..39"),
+        (["--notice", "aws", "--backend", "sky"], "the sky backend cannot send a leg SIGTERM"),
+    ):
         res = run_cli(["drill", "preempt", *args], cwd=project)
         assert res.code == 2 and says in res.err and len(res.err.strip().splitlines()) <= 2, (args, res.err)
     assert not (project / ".launcher" / "runs").exists() or not any((project / ".launcher" / "runs").iterdir())

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.checks.evidence import LegEvents
-from launcher.ladder import probe_plan
 from launcher.checks.measure import check_cadence, check_memory, check_sustained
+from launcher.ladder import probe_plan
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
@@ -20,8 +20,11 @@ def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -
     assert_one_line_error(run_cli(["up", "rehearsal", "--cpu"], cwd=project), 2, "already runs on the CPU")
     assert_one_line_error(run_cli(["up", "probe", "--cpu", "--steps", "1"], cwd=project), 2, "--steps 1")
     assert_one_line_error(run_cli(["up", "static", "--steps", "5"], cwd=project), 2, "trains nothing")
-    assert_one_line_error(run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", ""], cwd=project), 2,
-                          "--skip-preflight needs a reason")
+    assert_one_line_error(
+        run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", ""], cwd=project),
+        2,
+        "--skip-preflight needs a reason",
+    )
     assert run_rows(project) == 0
     dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project)
     assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out
@@ -44,13 +47,20 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path, hub_server, tmp_path
     flops = checks["leg 0: FLOPs and MFU"]["detail"]
     assert "MFLOP/token (counted on one step; 6N + 12LdT gives" in flops and "fp32 products" in flops
     assert "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in flops
-    for name in ("leg 1 resumed from the store", "leg 1: LR follows the schedule",
-                 "leg 1: exact data position (batch hashes)", "no batch read twice (2 legs, 80 steps)",
-                 "leg 1: the launcher read back its checkpoint from the store"):
+    for name in (
+        "leg 1 resumed from the store",
+        "leg 1: LR follows the schedule",
+        "leg 1: exact data position (batch hashes)",
+        "no batch read twice (2 legs, 80 steps)",
+        "leg 1: the launcher read back its checkpoint from the store",
+    ):
         assert checks[name]["ok"], checks[name]
     # the rehearsal's oracle: a third leg straight through, the resumed run equal to it, and the length
-    for name in ("straight-through run (leg 2, no restart) finished", "resumed run = straight-through run",
-                 "the run ended at exactly its step count"):
+    for name in (
+        "straight-through run (leg 2, no restart) finished",
+        "resumed run = straight-through run",
+        "the run ended at exactly its step count",
+    ):
         assert checks[name]["ok"], checks[name]
     assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
@@ -84,14 +94,33 @@ def _leg(tmp_path: Path, events: list[dict]) -> LegEvents:
 
 def test_a_leak_is_named_with_its_projection_over_the_run(tmp_path: Path) -> None:
     mib = 2**20
-    flat = [{"event": "memory", "step": s, "kind": "cuda", "peak_max": 1000 * mib + (s % 20) * 1024,
-             "reserved_max": 1200 * mib} for s in range(10, 210, 10)]
+    flat = [
+        {
+            "event": "memory",
+            "step": s,
+            "kind": "cuda",
+            "peak_max": 1000 * mib + (s % 20) * 1024,
+            "reserved_max": 1200 * mib,
+        }
+        for s in range(10, 210, 10)
+    ]
     assert check_memory(_leg(tmp_path, flat), 100_000).ok
-    leak = [{"event": "memory", "step": s, "kind": "cuda", "peak_max": 1000 * mib + s * 512 * 1024,
-             "reserved_max": 1200 * mib} for s in range(10, 210, 10)]
+    leak = [
+        {
+            "event": "memory",
+            "step": s,
+            "kind": "cuda",
+            "peak_max": 1000 * mib + s * 512 * 1024,
+            "reserved_max": 1200 * mib,
+        }
+        for s in range(10, 210, 10)
+    ]
     check = check_memory(_leg(tmp_path, leak), 100_000)
     assert not check.ok and "0.50 MiB per 1000 steps" not in check.detail
-    assert "leaking 500.00 MiB per 1000 steps" in check.detail and "+48.83 GiB over the run's 100,000 steps" in check.detail
+    assert (
+        "leaking 500.00 MiB per 1000 steps" in check.detail
+        and "+48.83 GiB over the run's 100,000 steps" in check.detail
+    )
 
 
 def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
@@ -100,10 +129,19 @@ def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
         for s in range(1, 41):
             ev.append({"event": "step", "step": s, "loss": 3.0, "lr": 1e-3, "step_s": 0.1, "tokens": s * 100})
             if s % 10 == 0:
-                ev += [{"event": "save", "step": s, "bytes": 10, "seconds": save_s},
-                       {"event": "push", "step": s, "name": f"c{s}", "bytes": 10, "seconds": 0.5},
-                       {"event": "verify", "step": s, "name": f"c{s}", "ok": True, "seconds": 0.1, "windows": 1,
-                        "bytes_read": 10}]
+                ev += [
+                    {"event": "save", "step": s, "bytes": 10, "seconds": save_s},
+                    {"event": "push", "step": s, "name": f"c{s}", "bytes": 10, "seconds": 0.5},
+                    {
+                        "event": "verify",
+                        "step": s,
+                        "name": f"c{s}",
+                        "ok": True,
+                        "seconds": 0.1,
+                        "windows": 1,
+                        "bytes_read": 10,
+                    },
+                ]
                 if wait:
                     ev.append({"event": "push_wait", "step": s, "seconds": 0.2})
         return _leg(tmp_path, ev)
@@ -112,9 +150,25 @@ def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
     assert cheap.ok and "2.00 % of 10 x 0.1000 s steps" in cheap.detail
     assert not check_cadence(leg(0.2, False)).ok  # 20 % of step time on the critical path
     assert not check_cadence(leg(0.02, True)).ok  # uploads fall behind the cadence
-    assert "standard error" in check_sustained(_leg(tmp_path, [{"event": "rate", "step": 9, "tok_s": 5.0,
-                                                               "window_first": 2, "window_last": 9, "seconds": 1.0,
-                                                               "rel_err": None}])).detail
+    assert (
+        "standard error"
+        in check_sustained(
+            _leg(
+                tmp_path,
+                [
+                    {
+                        "event": "rate",
+                        "step": 9,
+                        "tok_s": 5.0,
+                        "window_first": 2,
+                        "window_last": 9,
+                        "seconds": 1.0,
+                        "rel_err": None,
+                    }
+                ],
+            )
+        ).detail
+    )
 
 
 def test_a_cpu_probe_catches_a_reseeded_rng_by_the_straight_through_run(tmp_path: Path, leg_tmp: Path) -> None:
@@ -146,22 +200,46 @@ def test_a_cpu_probe_names_a_leg_that_trains_past_its_step_limit(tmp_path: Path,
 
 
 PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it had the straight-through run
-    "optimizer-untracked": ("flat_gpt", "sess.track(model=model, optimizer=optimizer)", "sess.track(model=model)",
-                            "resumed run = straight-through run", "loss"),
-    "optimizer-re-created": ("flat_gpt", "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n"
-                             "    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)\n",
-                             "leg 1: the tracked optimizer is the one stepping", "does not track"),
-    "optimizer-on-a-stale-model": ("flat_gpt", "iter_num = sess.resume()\n", "iter_num = sess.resume()\nif iter_num:\n"
-                                   "    import copy\n    model = copy.deepcopy(model)  # the optimizer keeps the old\n",
-                                   "resumed run = straight-through run", "first difference at step"),
-    "curriculum-restarted": ("plain_loop", "        loss = criterion(model(x)",
-                             "        seen = globals().get('seen', 0) + 1  # not in sess.extra\n"
-                             "        globals()['seen'] = seen\n"
-                             "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
-                             "        loss = criterion(model(x)", "resumed run = straight-through run", "batch_hash"),
-    "reshuffled-per-leg": ("plain_loop", "seed=args.seed)  # a shuffle",
-                           "seed=args.seed + int(__import__('os').environ['LAUNCHER_LEG']))  # a shuffle",
-                           "leg 1 finished", "cursor_mismatch"),
+    "optimizer-untracked": (
+        "flat_gpt",
+        "sess.track(model=model, optimizer=optimizer)",
+        "sess.track(model=model)",
+        "resumed run = straight-through run",
+        "loss",
+    ),
+    "optimizer-re-created": (
+        "flat_gpt",
+        "iter_num = sess.resume()\n",
+        "iter_num = sess.resume()\nif iter_num:\n"
+        "    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)\n",
+        "leg 1: the tracked optimizer is the one stepping",
+        "does not track",
+    ),
+    "optimizer-on-a-stale-model": (
+        "flat_gpt",
+        "iter_num = sess.resume()\n",
+        "iter_num = sess.resume()\nif iter_num:\n"
+        "    import copy\n    model = copy.deepcopy(model)  # the optimizer keeps the old\n",
+        "resumed run = straight-through run",
+        "first difference at step",
+    ),
+    "curriculum-restarted": (
+        "plain_loop",
+        "        loss = criterion(model(x)",
+        "        seen = globals().get('seen', 0) + 1  # not in sess.extra\n"
+        "        globals()['seen'] = seen\n"
+        "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
+        "        loss = criterion(model(x)",
+        "resumed run = straight-through run",
+        "batch_hash",
+    ),
+    "reshuffled-per-leg": (
+        "plain_loop",
+        "seed=args.seed)  # a shuffle",
+        "seed=args.seed + int(__import__('os').environ['LAUNCHER_LEG']))  # a shuffle",
+        "leg 1 finished",
+        "cursor_mismatch",
+    ),
 }
 
 
@@ -176,5 +254,6 @@ def test_a_cpu_probe_catches_the_classic_resume_bugs(bug: str, tmp_path: Path, l
     plant(root, old, new)
     res = run_cli(["up", "probe", "--cpu", "--steps", "20", "--json"], cwd=root, timeout=600)
     checks = {c["name"]: c for c in res.json()["checks"]}
-    assert res.code == 1 and not checks[check]["ok"] and said in checks[check]["detail"], \
-        {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    assert res.code == 1 and not checks[check]["ok"] and said in checks[check]["detail"], {
+        n: c["detail"] for n, c in checks.items() if not c["ok"]
+    }

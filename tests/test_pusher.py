@@ -17,7 +17,6 @@ from tests.test_store import make_checkpoint
 pytestmark = pytest.mark.unit
 
 
-
 class GatedStore(LocalDirStore):
     """A store whose uploads wait until the test opens the gate."""
 
@@ -74,4 +73,3 @@ def test_a_failed_push_is_reported_and_training_goes_on(tmp_path: Path, capsys) 
     assert folder.exists()  # the only good copy stays on disk
     failed = next(e for e in events_of(capsys) if e["event"] == "push_failed")
     assert "upload refused" in failed["error"]
-

@@ -8,7 +8,6 @@ import shutil
 import time
 from pathlib import Path
 
-
 from tests.helpers import edit_config, run_cli
 
 ASSETS = Path(__file__).parent / "assets"
@@ -37,8 +36,10 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
     s1 = int(checks["leg 2 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
     assert s1 == 13, checks["leg 2 resumed from the store"]  # the hold: at the planned step, on any machine speed
     for leg in (0, 1, 2):  # the launcher's own read of the store after each leg
-        assert "fetched whole, every file's sha256 matches" in \
-            checks[f"leg {leg}: the launcher read back its checkpoint from the store"]["detail"]
+        assert (
+            "fetched whole, every file's sha256 matches"
+            in checks[f"leg {leg}: the launcher read back its checkpoint from the store"]["detail"]
+        )
     assert f"step {s0 + 1} read" in checks["leg 1: exact data position (batch hashes)"]["detail"]
     assert "samples 0..159 read once each" in checks["sample index continues (the trainer's own witness)"]["detail"]
     assert "steps 1..20: 20 batch hashes, none read twice" in checks["no batch read twice (3 legs, 20 steps)"]["detail"]
@@ -129,6 +130,9 @@ def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
     assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
     assert "stride 16" in checks["sample index continues (the trainer's own witness)"]["detail"]  # 2 ranks x 8
     logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
-    ranks = {json.loads(line[line.find('{"event": '):])["rank"] for line in logs[-1].read_text().splitlines()
-             if '"event": "resume"' in line}
+    ranks = {
+        json.loads(line[line.find('{"event": ') :])["rank"]
+        for line in logs[-1].read_text().splitlines()
+        if '"event": "resume"' in line
+    }
     assert ranks == {0, 1}

@@ -34,9 +34,14 @@ def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     env = {"TMPDIR": str(base / "tmp")}
     (base / "tmp").mkdir()
     root = base / "proj"
-    for args, cwd in ((["init", str(root)], base), (["review"], root), (["up", "static"], root),
-                      (["up", "rehearsal"], root), (["up", "probe", "--cpu", "--steps", "80"], root),
-                      (["drill", "cold-resume", "--kills", "1", "--at", "mid-push"], root)):
+    for args, cwd in (
+        (["init", str(root)], base),
+        (["review"], root),
+        (["up", "static"], root),
+        (["up", "rehearsal"], root),
+        (["up", "probe", "--cpu", "--steps", "80"], root),
+        (["drill", "cold-resume", "--kills", "1", "--at", "mid-push"], root),
+    ):
         res = run_cli(args, cwd=cwd, env=env)
         assert res.code in (0, 1) and "Traceback" not in res.err, (args, res.out[-2000:], res.err[-2000:])
         if args == ["up", "rehearsal"]:
@@ -66,8 +71,16 @@ def test_local_ladder_proves_all_but_the_gpu_rate(ladder: tuple[Path, dict[str, 
     root, env = ladder
     data = report_json(root, env, tmp_path / "rep")
     got = proofs(data)
-    assert {n: p["status"] for n, p in got.items()} == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING",
-                                                        6: "PASS", 7: "PASS", 8: "PASS"}
+    assert {n: p["status"] for n, p in got.items()} == {
+        1: "PASS",
+        2: "PASS",
+        3: "PASS",
+        4: "PASS",
+        5: "MISSING",
+        6: "PASS",
+        7: "PASS",
+        8: "PASS",
+    }
     assert "no GPU rung ran" in got[5]["summary"]
     assert got[7]["numbers"]["bytes_per_param"] == pytest.approx(12.3, abs=0.3)
     assert got[7]["numbers"]["verify_bytes_read"] > 0 and got[7]["numbers"]["free_bytes_after"] > 0
@@ -125,8 +138,9 @@ def test_the_rehearsal_fits_a_few_screens(ladder: tuple[Path, dict[str, str]]) -
     assert "answer: yes" in out and len(out.splitlines()) <= 15, out
 
 
-def test_a_removed_verify_event_never_leaves_proof_7_passing(ladder: tuple[Path, dict[str, str]],
-                                                              tmp_path: Path) -> None:
+def test_a_removed_verify_event_never_leaves_proof_7_passing(
+    ladder: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     root, env = ladder
     copy = clone(root, tmp_path / "proj")
     for log in (copy / ".launcher" / "runs").rglob("leg-*.log"):
@@ -200,37 +214,95 @@ def test_bad_report_requests_are_refused_whole(ladder: tuple[Path, dict[str, str
 
 # --- the arithmetic on the target hardware, from a GPU leg's events --------------
 
-READ_OK = {"name": "leg 0: the launcher read back its checkpoint from the store", "ok": True, "kind": "readback", "leg": 0,
-           "detail": "step-00000005 (12,300 B) fetched whole, every file's sha256 matches the manifest"}
+READ_OK = {
+    "name": "leg 0: the launcher read back its checkpoint from the store",
+    "ok": True,
+    "kind": "readback",
+    "leg": 0,
+    "detail": "step-00000005 (12,300 B) fetched whole, every file's sha256 matches the manifest",
+}
 
 
-def _gpu_run(tmp_path: Path, events: list[dict], gpus: str = "T4", count: int = 2,
-             checks: list[dict] | None = None) -> RunData:
+def _gpu_run(
+    tmp_path: Path, events: list[dict], gpus: str = "T4", count: int = 2, checks: list[dict] | None = None
+) -> RunData:
     log = tmp_path / "leg-0.log"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
-    row = {"id": "r-probe", "rung": "probe", "gpu_name": gpus, "gpu_count": count, "nodes": 1,
-           "legs": [{"leg": 0, "log_path": str(log), "killed": False, "exit_code": 0, "instance": "i0"}],
-           "checks": [READ_OK] if checks is None else checks}
+    row = {
+        "id": "r-probe",
+        "rung": "probe",
+        "gpu_name": gpus,
+        "gpu_count": count,
+        "nodes": 1,
+        "legs": [{"leg": 0, "log_path": str(log), "killed": False, "exit_code": 0, "instance": "i0"}],
+        "checks": [READ_OK] if checks is None else checks,
+    }
     return RunData(row, [LegEvents.read(0, log)])
 
 
-def _steps(n: int, tokens: int = 4096, ckpt_bytes: int = 12 * 1000, params: int = 1000,
-           state_bytes: dict | None = None) -> list[dict]:
+def _steps(
+    n: int, tokens: int = 4096, ckpt_bytes: int = 12 * 1000, params: int = 1000, state_bytes: dict | None = None
+) -> list[dict]:
     out: list[dict] = [{"event": "start", "rank": 0, "device": "cuda:0", "params": params}]
     for s in range(1, n + 1):
-        out.append({"event": "step", "rank": 0, "step": s, "loss": 1.0, "lr": 1e-3, "sample_index": s * 8,
-                    "tokens": s * tokens, "tok_s": 2000.0, "step_s": 2.048})
+        out.append(
+            {
+                "event": "step",
+                "rank": 0,
+                "step": s,
+                "loss": 1.0,
+                "lr": 1e-3,
+                "sample_index": s * 8,
+                "tokens": s * tokens,
+                "tok_s": 2000.0,
+                "step_s": 2.048,
+            }
+        )
         if s == 5:
             if state_bytes is not None:
-                out.append({"event": "save", "rank": 0, "step": 5, "bytes": ckpt_bytes, "seconds": 0.1,
-                            "state_bytes": state_bytes})
-            out += [{"event": "push", "rank": 0, "step": 5, "name": "step-00000005", "bytes": ckpt_bytes, "seconds": 1.0},
-                    {"event": "verify", "rank": 0, "step": 5, "name": "step-00000005", "windows": 1,
-                     "bytes_read": 100, "ok": True, "seconds": 0.1},
-                    {"event": "delete_local", "rank": 0, "step": 5, "name": "step-00000005", "bytes_freed": ckpt_bytes,
-                     "free_bytes": 10**10}]
-    out.append({"event": "rate", "rank": 0, "step": n, "tok_s": 2000.0, "window_first": 21, "window_last": n,
-                "seconds": 100.0, "rel_err": 0.004})
+                out.append(
+                    {
+                        "event": "save",
+                        "rank": 0,
+                        "step": 5,
+                        "bytes": ckpt_bytes,
+                        "seconds": 0.1,
+                        "state_bytes": state_bytes,
+                    }
+                )
+            out += [
+                {"event": "push", "rank": 0, "step": 5, "name": "step-00000005", "bytes": ckpt_bytes, "seconds": 1.0},
+                {
+                    "event": "verify",
+                    "rank": 0,
+                    "step": 5,
+                    "name": "step-00000005",
+                    "windows": 1,
+                    "bytes_read": 100,
+                    "ok": True,
+                    "seconds": 0.1,
+                },
+                {
+                    "event": "delete_local",
+                    "rank": 0,
+                    "step": 5,
+                    "name": "step-00000005",
+                    "bytes_freed": ckpt_bytes,
+                    "free_bytes": 10**10,
+                },
+            ]
+    out.append(
+        {
+            "event": "rate",
+            "rank": 0,
+            "step": n,
+            "tok_s": 2000.0,
+            "window_first": 21,
+            "window_last": n,
+            "seconds": 100.0,
+            "rel_err": 0.004,
+        }
+    )
     return out
 
 
@@ -247,8 +319,17 @@ def test_proof_5_eta_is_the_run_steps_at_the_sustained_rate(tmp_path: Path) -> N
 
 def test_the_plan_states_mfu_and_what_a_reachable_mfu_would_buy(tmp_path: Path) -> None:
     cfg = Config(project="t", rungs=RungsConfig(run=RungConfig(steps=90_000, budget_minutes=1440)), root=tmp_path)
-    events = [{"event": "flops", "rank": 0, "step": 1, "flops_per_token": 5e9, "dtype": "fp32",
-               "device_name": "Tesla T4", "formula_flops_per_token": 4.9e9}] + _steps(60)
+    events = [
+        {
+            "event": "flops",
+            "rank": 0,
+            "step": 1,
+            "flops_per_token": 5e9,
+            "dtype": "fp32",
+            "device_name": "Tesla T4",
+            "formula_flops_per_token": 4.9e9,
+        }
+    ] + _steps(60)
     run = _gpu_run(tmp_path, events)
     p5 = proof_5([run], cfg, Evidence())
     eff = efficiency_plan(cfg, run, run.legs[0], p5, Evidence(), None)
@@ -272,8 +353,9 @@ def test_proof_7_flags_a_checkpoint_smaller_than_the_model_and_optimizer(tmp_pat
 
 def test_proof_7_sizes_against_what_the_saved_optimizer_keeps(tmp_path: Path) -> None:
     # Plain SGD keeps no state: 4 B/param of weights *is* the real size (it false-FAILed before).
-    sgd = proof_7([_gpu_run(tmp_path, _steps(10, ckpt_bytes=4_400, params=1000,
-                                             state_bytes={"model": 4_000}))], Evidence())
+    sgd = proof_7(
+        [_gpu_run(tmp_path, _steps(10, ckpt_bytes=4_400, params=1000, state_bytes={"model": 4_000}))], Evidence()
+    )
     assert sgd.status == "PASS" and "0.0 B/param of optimizer state, 4.0 of weights" in sgd.summary, sgd.summary
     momentum = _steps(10, ckpt_bytes=4_400, params=1000, state_bytes={"model": 4_000, "optimizer": 4_000})
     short = proof_7([_gpu_run(tmp_path, momentum)], Evidence())
@@ -289,8 +371,9 @@ def test_proof_7_rests_on_the_launchers_own_read_of_the_store(tmp_path: Path) ->
     assert failed.status == "FAIL" and "is not in file:///store" in failed.summary
 
 
-def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tuple[Path, dict[str, str]],
-                                                                      tmp_path: Path) -> None:
+def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(
+    ladder: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     from launcher.ledger.db import Ledger
     from launcher.report.runs import select_runs
 
@@ -299,10 +382,19 @@ def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tu
     ledger = Ledger(copy / ".launcher" / "ledger.db")
     try:
         cpu_probe = next(r for r in ledger.runs() if r["rung"] == "probe")
-        older_gpu = {k: cpu_probe[k] for k in ("project", "rung", "backend", "nodes", "store_uri", "review_id",
-                                               "files_digest", "config_sha256")}
-        older_gpu.update(id="older-gpu-probe", gpu_name="T4", gpu_count=2, started_at=cpu_probe["started_at"] - 60,
-                         ended_at=cpu_probe["started_at"] - 1, exit_code=0, verdict="pass")
+        older_gpu = {
+            k: cpu_probe[k]
+            for k in ("project", "rung", "backend", "nodes", "store_uri", "review_id", "files_digest", "config_sha256")
+        }
+        older_gpu.update(
+            id="older-gpu-probe",
+            gpu_name="T4",
+            gpu_count=2,
+            started_at=cpu_probe["started_at"] - 60,
+            ended_at=cpu_probe["started_at"] - 1,
+            exit_code=0,
+            verdict="pass",
+        )
         ledger.begin_run(older_gpu, {})
         picked = [(r["rung"], r["id"]) for r in select_runs(ledger, [])]
     finally:
@@ -314,8 +406,10 @@ def test_a_gpu_run_is_not_hidden_by_a_newer_cpu_rehearsal_of_its_rung(ladder: tu
 
 # --- the gate in front of rung 4 -----------------------------------------------------
 
-def test_the_run_launches_only_past_a_signed_passing_report(ladder: tuple[Path, dict[str, str]],
-                                                            tmp_path: Path) -> None:
+
+def test_the_run_launches_only_past_a_signed_passing_report(
+    ladder: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     root, env = ladder
     proj = clone(root, tmp_path / "proj")
     res = run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env)
@@ -354,8 +448,10 @@ def test_an_edited_or_hollow_report_lets_nothing_launch(ladder: tuple[Path, dict
     assert run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env).code == 0
     # the signed report still says PASS, but the drill's evidence is gone from the ledger's logs
     with sqlite3.connect(proj / ".launcher" / "ledger.db") as db:
-        logs = [r[0] for r in db.execute("SELECT l.log_path FROM legs l JOIN runs r ON r.id = l.run_id "
-                                         "WHERE r.rung = 'drill'")]
+        logs = [
+            r[0]
+            for r in db.execute("SELECT l.log_path FROM legs l JOIN runs r ON r.id = l.run_id WHERE r.rung = 'drill'")
+        ]
     for log in logs:
         Path(log).unlink()
     res = run_cli(["up", "run", "--cpu"], cwd=proj, env=env)

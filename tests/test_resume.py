@@ -19,7 +19,8 @@ def steps_of(events: list[dict]) -> dict[int, dict]:
 
 
 def test_linear_schedule_resumed_at_step_5_gives_the_uninterrupted_lr_at_step_6(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # noqa: ANN001
     flags = ("--schedule", "linear", "--warmup", "2", "--total-steps", "10", "--ckpt-every", "5")
     _, straight = run_leg(tmp_path / "a", tmp_path / "sa", 8, monkeypatch, capsys, *flags)
     run_leg(tmp_path / "b0", tmp_path / "sb", 5, monkeypatch, capsys, *flags)
@@ -44,8 +45,9 @@ def test_three_legs_read_every_sample_once_in_order(tmp_path: Path, monkeypatch:
 
 
 def test_nonfinite_loss_stops_without_pushing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
-    code, events = run_leg(tmp_path / "a", tmp_path / "store", 30, monkeypatch, capsys, "--lr", "1e38",
-                           "--ckpt-every", "100")
+    code, events = run_leg(
+        tmp_path / "a", tmp_path / "store", 30, monkeypatch, capsys, "--lr", "1e38", "--ckpt-every", "100"
+    )
     assert code == contract.EXIT_FAILED
     stop = next(e for e in events if e["event"] == "stop")
     assert stop["reason"] == "nonfinite_loss"
@@ -66,8 +68,9 @@ def test_stale_code_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_memory_and_rate_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
-    _, events = run_leg(tmp_path / "a", tmp_path / "store", 30, monkeypatch, capsys, "--metrics-every", "10",
-                        "--total-steps", "1000")
+    _, events = run_leg(
+        tmp_path / "a", tmp_path / "store", 30, monkeypatch, capsys, "--metrics-every", "10", "--total-steps", "1000"
+    )
     memory = [e for e in events if e["event"] == "memory"]
     assert [m["step"] for m in memory] == [10, 20, 30]
     assert all(m["peak_max"] >= m["peak"] > 0 and m["reserved_max"] >= m["allocated"] for m in memory)

@@ -74,8 +74,14 @@ def test_kinds_of_tracked_state() -> None:
     class Cursor:
         state_kind = "data"
 
-    assert [kind_of(o) for o in (model, opt, sched, plateau, Cursor(), object())] == \
-        ["model", "optimizer", "scheduler", "scheduler", "data", "other"]
+    assert [kind_of(o) for o in (model, opt, sched, plateau, Cursor(), object())] == [
+        "model",
+        "optimizer",
+        "scheduler",
+        "scheduler",
+        "data",
+        "other",
+    ]
 
 
 def test_a_state_digest_is_exact_and_canonical() -> None:
@@ -85,9 +91,16 @@ def test_a_state_digest_is_exact_and_canonical() -> None:
     assert state_digest(state) == state_digest(same)  # key order is not state
     assert state_digest({**state, "f": 0.10000000000000002}) != state_digest(state)  # one ulp of a float
     assert state_digest({**state, "n": 4}) != state_digest(state)
-    got = state_digests({"model": {"w": torch.zeros(2)}, "extra": {"h": 1}, "step": 5, "tokens": 9,
-                         "rng": [{"torch": torch.zeros(3), "python": (1, 2)}, {"torch": torch.ones(3)}]},
-                        ["model", "extra", "step", "tokens", "rng"])
+    got = state_digests(
+        {
+            "model": {"w": torch.zeros(2)},
+            "extra": {"h": 1},
+            "step": 5,
+            "tokens": 9,
+            "rng": [{"torch": torch.zeros(3), "python": (1, 2)}, {"torch": torch.ones(3)}],
+        },
+        ["model", "extra", "step", "tokens", "rng"],
+    )
     assert set(got) == {"model", "extra", "rng.torch", "rng.python"}
 
 
@@ -99,6 +112,7 @@ def test_one_ulp_of_one_weight_changes_the_digest() -> None:
 
 
 # --- the checks, on event logs -----------------------------------------------------------
+
 
 def leg(n: int, *events: dict[str, Any]) -> LegEvents:
     return LegEvents(n, Path(f"leg-{n}.log"), [(i + 1, {"rank": 0, "t": 0.0, **e}) for i, e in enumerate(events)])
@@ -112,15 +126,21 @@ TRACKED = {"event": "start", "tracked": {"model": "model", "optimizer": "optimiz
 
 
 def test_the_optimizer_in_use() -> None:
-    resumed = [leg(0, TRACKED, step(1, opt_steps=1)),
-               leg(1, TRACKED, {"event": "resume", "from_step": 1}, step(2, opt_steps=0), step(3, opt_steps=0))]
+    resumed = [
+        leg(0, TRACKED, step(1, opt_steps=1)),
+        leg(1, TRACKED, {"event": "resume", "from_step": 1}, step(2, opt_steps=0), step(3, opt_steps=0)),
+    ]
     bad = check_optimizer_in_use(resumed, 1)
-    assert bad is not None and not bad.ok and "does not track: 2 steps since the resume at step 1, 0 steps" in bad.detail
+    assert (
+        bad is not None and not bad.ok and "does not track: 2 steps since the resume at step 1, 0 steps" in bad.detail
+    )
     resumed[1] = leg(1, TRACKED, {"event": "resume", "from_step": 1}, step(2, opt_steps=1), step(3, opt_steps=2))
     good = check_optimizer_in_use(resumed, 1)
     assert good is not None and good.ok and "2 steps of the tracked optimizer in 2 steps" in good.detail
-    untracked = [leg(0), leg(1, {"event": "start", "tracked": {"model": "model"}}, {"event": "resume", "from_step": 1},
-                             step(2))]
+    untracked = [
+        leg(0),
+        leg(1, {"event": "start", "tracked": {"model": "model"}}, {"event": "resume", "from_step": 1}, step(2)),
+    ]
     absent = check_optimizer_in_use(untracked, 1)
     assert absent is not None and absent.missing and "no optimizer is tracked" in absent.detail
     assert check_optimizer_in_use([leg(0), leg(1, {"event": "start"}, step(2))], 1) is None  # an older trainer
@@ -128,9 +148,15 @@ def test_the_optimizer_in_use() -> None:
 
 def test_restoration_is_proved_by_digests() -> None:
     saved = {"event": "state_digest", "step": 5, "digests": {"model": "m5", "optimizer": "o5", "sched": "s5"}}
-    legs = [leg(0, TRACKED, saved),
-            leg(1, TRACKED, {"event": "resume", "from_step": 5, "digests": {"model": "m5", "optimizer": "oX",
-                                                                            "sched": "s5"}}, step(6))]
+    legs = [
+        leg(0, TRACKED, saved),
+        leg(
+            1,
+            TRACKED,
+            {"event": "resume", "from_step": 5, "digests": {"model": "m5", "optimizer": "oX", "sched": "s5"}},
+            step(6),
+        ),
+    ]
     bad = check_restored(legs, 1, PROOF_KINDS[3])
     assert bad is not None and not bad.ok and "optimizer as loaded at step 5 differs" in bad.detail
     good = check_restored(legs, 1, PROOF_KINDS[4])
@@ -142,11 +168,21 @@ def test_state_digests_against_the_straight_run() -> None:
     def digests(s: int, **d: str) -> dict[str, Any]:
         return {"event": "state_digest", "step": s, "digests": d}
 
-    legs = [leg(0, TRACKED, digests(5, model="m5", sched="s5", **{"rng.python": "p0"})),
-            leg(1, TRACKED, {"event": "resume", "from_step": 5}, digests(10, model="m10", sched="sX",
-                                                                        **{"rng.python": "p1"}))]
-    straight = leg(9, TRACKED, digests(5, model="m5", sched="s5", **{"rng.python": "pS"}),
-                   digests(10, model="m10", sched="s10", **{"rng.python": "pT"}))
+    legs = [
+        leg(0, TRACKED, digests(5, model="m5", sched="s5", **{"rng.python": "p0"})),
+        leg(
+            1,
+            TRACKED,
+            {"event": "resume", "from_step": 5},
+            digests(10, model="m10", sched="sX", **{"rng.python": "p1"}),
+        ),
+    ]
+    straight = leg(
+        9,
+        TRACKED,
+        digests(5, model="m5", sched="s5", **{"rng.python": "pS"}),
+        digests(10, model="m10", sched="s10", **{"rng.python": "pT"}),
+    )
     bad = check_state_straight(legs, straight, PROOF_KINDS[3])
     assert bad is not None and not bad.ok and "step 10 (leg 1): sched's state" in bad.detail
     rng = check_state_straight(legs, straight, PROOF_KINDS[4])
@@ -161,8 +197,10 @@ def test_state_digests_against_the_straight_run() -> None:
 
 
 def test_every_printed_field_is_compared() -> None:
-    legs = [leg(0, step(1, epoch=0, acc=0.5)),
-            leg(1, {"event": "resume", "from_step": 1}, step(2, epoch=0, acc=0.25 + 1e-9, step_s=9.0))]
+    legs = [
+        leg(0, step(1, epoch=0, acc=0.5)),
+        leg(1, {"event": "resume", "from_step": 1}, step(2, epoch=0, acc=0.25 + 1e-9, step_s=9.0)),
+    ]
     straight = leg(9, step(1, epoch=0, acc=0.5), step(2, epoch=1, acc=0.25, step_s=0.1))
     bad = check_fields_straight(legs, straight)
     assert bad is not None and not bad.ok and "step 2 (leg 1): epoch 0 vs 1" in bad.detail
@@ -185,7 +223,8 @@ def test_the_new_fields_are_typed_in_the_contract() -> None:
 
 
 def test_the_state_training_starts_from_is_digested_alike_by_the_leg_and_the_launchers_reader(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a resume the first training forward prints the digests of the weights and the
     optimizer's moments it trains from (once; an evaluation forward does not count); the
     launcher's reader computes the same from the saved state, loaded as a leg loads it. An LR
@@ -214,8 +253,10 @@ def test_the_state_training_starts_from_is_digested_alike_by_the_leg_and_the_lau
     assert printed == [{"event": "trains_from", "step": 7, "digests": trained_state_digests(saved, kinds)}]
     with torch.no_grad():
         model.weight[0, 0] += 1e-3
-    assert trained_state_digests({"model": model.state_dict(), "optimizer": opt.state_dict()}, kinds)["model"] != \
-        printed[0]["digests"]["model"]
+    assert (
+        trained_state_digests({"model": model.state_dict(), "optimizer": opt.state_dict()}, kinds)["model"]
+        != printed[0]["digests"]["model"]
+    )
 
 
 def kill_with(reads: dict[int, dict[str, Any]], expected: int = 5) -> Kill:
@@ -223,14 +264,19 @@ def kill_with(reads: dict[int, dict[str, Any]], expected: int = 5) -> Kill:
 
 
 def test_the_resume_point_is_checked_against_the_launchers_read_of_the_store() -> None:
-    store5 = {"ok": True, "verified": True, "trains_from": {"model": "m5", "optimizer": "o5"},
-              "digests": {"model": "M5"}}
+    store5 = {
+        "ok": True,
+        "verified": True,
+        "trains_from": {"model": "m5", "optimizer": "o5"},
+        "digests": {"model": "M5"},
+    }
     store10 = {"ok": True, "verified": False, "trains_from": {"model": "m10", "optimizer": "o10"}}
     resume = {"event": "resume", "from_step": 5, "digests": {"model": "M5"}}
 
     def check(*events: dict[str, Any], reads: dict[int, dict[str, Any]] | None = None) -> Any:
-        return check_resumed_newest(leg(1, resume, *events), kill_with({5: store5, 10: store10} if reads is None
-                                                                        else reads))
+        return check_resumed_newest(
+            leg(1, resume, *events), kill_with({5: store5, 10: store10} if reads is None else reads)
+        )
 
     good = check({"event": "trains_from", "step": 5, "digests": {"model": "m5", "optimizer": "o5"}})
     assert good.ok and "(model, optimizer) = the launcher's read" in good.detail
@@ -239,8 +285,10 @@ def test_the_resume_point_is_checked_against_the_launchers_read_of_the_store() -
     cached = check({"event": "trains_from", "step": 5, "digests": {"model": "mX", "optimizer": "o5"}})
     assert not cached.ok and "model mX vs m5" in cached.detail and "matches no checkpoint" in cached.detail
     assert check().ok and "each object as loaded (model)" in check().detail  # no training forward: the resume's
-    unread = check({"event": "trains_from", "step": 5, "digests": {"model": "m5"}},
-                   reads={5: {"ok": False, "error": "the launcher could not read the state (no torch)"}})
+    unread = check(
+        {"event": "trains_from", "step": 5, "digests": {"model": "m5"}},
+        reads={5: {"ok": False, "error": "the launcher could not read the state (no torch)"}},
+    )
     assert not unread.ok and "no torch" in unread.detail
     silent = check_resumed_newest(leg(1, {"event": "resume", "from_step": 5}), kill_with({5: store5}))
     assert silent.ok and "printed no state digests" in silent.detail  # a trainer of the contract alone
@@ -264,8 +312,10 @@ def test_a_jump_across_the_restart_that_is_the_straight_runs_own_passes() -> Non
     from launcher.checks.resume import check_loss
 
     losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5, 7: 4.0, 8: 3.9}
-    legs = [leg(0, *(step(s, loss=losses[s]) for s in range(1, 7))),
-            leg(1, {"event": "resume", "from_step": 6}, step(7, loss=4.0), step(8, loss=3.9))]
+    legs = [
+        leg(0, *(step(s, loss=losses[s]) for s in range(1, 7))),
+        leg(1, {"event": "resume", "from_step": 6}, step(7, loss=4.0), step(8, loss=3.9)),
+    ]
     same = leg(9, *(step(s, loss=v) for s, v in losses.items()))
     passed = check_loss(legs, 1, exact=True, straight=same)
     assert passed.ok and "the straight-through run's own jump at steps 6-7, exactly" in passed.detail, passed.detail

@@ -23,16 +23,28 @@ import pytest
 from tests.helpers import LAUNCHER, assert_one_line_error, edit_config, plant_crash_at_step_12, run_cli, run_rows
 
 
-def configure(root: Path, *, steps: int, command: str, max_restarts: int = 3, quota: float | None = 30,
-              store: str | None = None) -> None:
-    edit_config(root, trainer__command=command, quota__gpu_hours=quota, **({"store": store} if store else {}),
-                rungs__run={"steps": steps, "budget_minutes": 5, "max_restarts_on_errors": max_restarts})
+def configure(
+    root: Path, *, steps: int, command: str, max_restarts: int = 3, quota: float | None = 30, store: str | None = None
+) -> None:
+    edit_config(
+        root,
+        trainer__command=command,
+        quota__gpu_hours=quota,
+        **({"store": store} if store else {}),
+        rungs__run={"steps": steps, "budget_minutes": 5, "max_restarts_on_errors": max_restarts},
+    )
 
 
 def start_run(root: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     out = root / "up.out"
-    proc = subprocess.Popen([str(LAUNCHER), "up", "run", *args], cwd=root, env=dict(os.environ), stdout=out.open("w"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(LAUNCHER), "up", "run", *args],
+        cwd=root,
+        env=dict(os.environ),
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     return proc, out
 
 
@@ -65,8 +77,11 @@ def leg_row(root: Path, leg: int) -> dict | None:
         return None
     with sqlite3.connect(db) as conn:
         conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT l.* FROM legs l JOIN runs r ON r.id = l.run_id WHERE r.rung = 'run' AND "
-                           "l.leg = ? AND l.role IS NULL ORDER BY r.started_at DESC", (leg,)).fetchone()
+        row = conn.execute(
+            "SELECT l.* FROM legs l JOIN runs r ON r.id = l.run_id WHERE r.rung = 'run' AND "
+            "l.leg = ? AND l.role IS NULL ORDER BY r.started_at DESC",
+            (leg,),
+        ).fetchone()
     return dict(row) if row else None
 
 
@@ -84,12 +99,14 @@ def kill_mid_push(root: Path, leg: int, hub) -> int:  # noqa: ANN001 - tests.fak
     return int(saved[0]["step"])
 
 
-def test_a_run_carried_through_two_kills_mid_push_to_its_last_step(project: Path, hub_server,  # noqa: ANN001
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_carried_through_two_kills_mid_push_to_its_last_step(
+    project: Path,
+    hub_server,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     monkeypatch.setenv("HF_TOKEN", "hf_good")
-    configure(project, steps=60, command="python train.py --ckpt-every 5 --data-delay 0.03",
-              store="hf://tester/ckpts")
+    configure(project, steps=60, command="python train.py --ckpt-every 5 --data-delay 0.03", store="hf://tester/ckpts")
     assert run_cli(["review"], cwd=project).code == 0
     proc, out = start_run(project, "--cpu", "--skip-preflight", "the chain's own test")
     try:
@@ -114,8 +131,11 @@ def test_a_run_carried_through_two_kills_mid_push_to_its_last_step(project: Path
         resumed = next(e for e in logs if e["event"] == "resume")["from_step"]
         assert resumed == step - 5  # the checkpoint in flight was lost: back to the one before, verified
         assert checks[f"leg {leg} resumed from the newest verified checkpoint"]["ok"]
-        for name in (f"leg {leg}: LR follows the schedule", f"leg {leg}: exact data position (batch hashes)",
-                     f"leg {leg}: loss continuity"):
+        for name in (
+            f"leg {leg}: LR follows the schedule",
+            f"leg {leg}: exact data position (batch hashes)",
+            f"leg {leg}: loss continuity",
+        ):
             assert checks[name]["ok"], checks[name]
     assert checks["the run ended at exactly its step count"]["ok"]
     after = run_cli(["status", run_id, "--json"], cwd=project).json()
@@ -138,8 +158,9 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
     # Leg 0 verified steps 5 and 10, then crashed; legs 1 and 2 each resumed from step 10 and
     # crashed before a newer checkpoint: two legs in a row with no progress, and the rule names 10.
     assert len(run["legs"]) == 3 and run["verdict"] == "fail"
-    froms = [next(e for e in events(Path(leg["log_path"])) if e["event"] == "resume")["from_step"]
-             for leg in run["legs"][1:]]
+    froms = [
+        next(e for e in events(Path(leg["log_path"])) if e["event"] == "resume")["from_step"] for leg in run["legs"][1:]
+    ]
     assert froms == [10, 10], froms
     assert f"step-{froms[0]:08d} (step {froms[0]})" in loop["detail"], loop["detail"]
 
@@ -177,22 +198,50 @@ def test_without_a_report_the_run_is_refused_naming_the_proofs(project: Path) ->
 
 
 def _step_events(n: int, step_s: float, tok_s: float, t0: float = 1000.0) -> list[str]:
-    return [json.dumps({"event": "step", "t": t0 + i * step_s, "rank": 0, "step": i, "loss": 1.0, "lr": 0.1,
-                        "tokens": 512, "tok_s": tok_s, "step_s": step_s}) for i in range(1, n + 1)]
+    return [
+        json.dumps(
+            {
+                "event": "step",
+                "t": t0 + i * step_s,
+                "rank": 0,
+                "step": i,
+                "loss": 1.0,
+                "lr": 0.1,
+                "tokens": 512,
+                "tok_s": tok_s,
+                "step_s": step_s,
+            }
+        )
+        for i in range(1, n + 1)
+    ]
 
 
-def test_status_warns_when_the_rate_falls_under_the_probes_or_the_projection_crosses_the_quota(
-        tmp_path: Path) -> None:
+def test_status_warns_when_the_rate_falls_under_the_probes_or_the_projection_crosses_the_quota(tmp_path: Path) -> None:
     from launcher.checks.evidence import LegEvents
     from launcher.ops.watch import watch
 
     log = tmp_path / "leg-0.log"
     log.write_text("\n".join(_step_events(100, 1.0, 800.0)) + "\n")  # 800 tok/s, 1 s/step
     now = time.time()
-    run = {"gpu_count": 2, "nodes": 1, "ended_at": None, "gpu_name": "T4",
-           "preflight": {"gate": "passed", "plan": {"tok_s": 1000.0, "eta_hours": 2.0, "gpu_hours": 4.0, "usd": 4.68}},
-           "legs": [{"leg": 0, "env": {"LAUNCHER_MAX_STEPS": "10000"}, "ended_at": None, "started_at": now - 3600,
-                     "billed_gpu_hours": None, "cost_usd": None, "hourly_usd": 1.17, "end_reason": None}]}
+    run = {
+        "gpu_count": 2,
+        "nodes": 1,
+        "ended_at": None,
+        "gpu_name": "T4",
+        "preflight": {"gate": "passed", "plan": {"tok_s": 1000.0, "eta_hours": 2.0, "gpu_hours": 4.0, "usd": 4.68}},
+        "legs": [
+            {
+                "leg": 0,
+                "env": {"LAUNCHER_MAX_STEPS": "10000"},
+                "ended_at": None,
+                "started_at": now - 3600,
+                "billed_gpu_hours": None,
+                "cost_usd": None,
+                "hourly_usd": 1.17,
+                "end_reason": None,
+            }
+        ],
+    }
     w = watch(run, [LegEvents.read(0, log)], quota_for_run=10.0)
     assert w["step"] == 100 and w["percent"] == 1.0 and w["restarts"] == 0
     assert w["rate"]["vs_plan"] == pytest.approx(0.8) and w["eta_s"] == pytest.approx(9900, rel=1e-3)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher import up as up_module
-from tests.helpers import SKY_IMAGE_REF, edit_config, plant_crash_at_step_12
 from tests.fakes.sky_standin import job_record, preempt_job
+from tests.helpers import SKY_IMAGE_REF, edit_config, plant_crash_at_step_12
 from tests.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
 SKIP = "the sky run's own test"
@@ -30,8 +30,11 @@ pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
 def configure(cfg, data_delay: float = 0.05, **run: object) -> object:  # noqa: ANN001
     from launcher.config.load import load_config
 
-    edit_config(cfg.root, trainer__command=f"python train.py --ckpt-every 5 --data-delay {data_delay}",
-                rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run})
+    edit_config(
+        cfg.root,
+        trainer__command=f"python train.py --ckpt-every 5 --data-delay {data_delay}",
+        rungs__run={"steps": 40, "budget_minutes": 10, "max_restarts_on_errors": 2, **run},
+    )
     return load_config(cfg.root / "launcher.yaml")
 
 
@@ -41,7 +44,7 @@ def events(log: Path) -> list[dict]:
         for line in log.read_text(errors="replace").splitlines():
             if '{"event": ' in line:
                 try:
-                    out.append(json.loads(line[line.index('{"event": '):]))
+                    out.append(json.loads(line[line.index('{"event": ') :]))
                 except ValueError:
                     pass
     return out
@@ -54,8 +57,9 @@ def run_in_thread(cfg, monkeypatch, standin, gpus: str = "T4:1"):  # noqa: ANN00
 
     def go() -> None:
         try:
-            result["outcome"] = up_module.up(cfg, cfg.root / "launcher.yaml", "run", "sky", gpus,
-                                             lambda leg, line: None, skip_preflight=SKIP)
+            result["outcome"] = up_module.up(
+                cfg, cfg.root / "launcher.yaml", "run", "sky", gpus, lambda leg, line: None, skip_preflight=SKIP
+            )
         except BaseException as err:  # noqa: BLE001 - the test reads it
             result["error"] = err
 
@@ -85,7 +89,8 @@ def candidate_prices(cfg) -> tuple[float, float]:  # noqa: ANN001
 
 
 def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_store(
-        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    sky_project, cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001, F811
     # 0.25 s a step: the preemption must land mid-run, after a whole storage cycle (step 10) and well
     # before step 40. At 0.05 s a step a loaded machine (two workers) saw leg 0 finish all 40 steps first.
     cfg = configure(sky_project, data_delay=0.25)
@@ -95,8 +100,13 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
     runs = cfg.state_path / "runs"
     log0 = wait_for(lambda: next(iter(runs.glob("*/leg-0.log")), None))
     wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))  # a whole storage cycle first
-    job_id = wait_for(lambda: ledger_run(cfg)["legs"] and re.fullmatch(r"sky-job-\d+", ledger_run(cfg)["legs"][0]["instance"])
-                      and ledger_run(cfg)["legs"][0]["instance"])
+    job_id = wait_for(
+        lambda: (
+            ledger_run(cfg)["legs"]
+            and re.fullmatch(r"sky-job-\d+", ledger_run(cfg)["legs"][0]["instance"])
+            and ledger_run(cfg)["legs"][0]["instance"]
+        )
+    )
     assert ledger_run(cfg)["legs"][0]["hourly_usd"] == pytest.approx(spot)  # priced as its attempt runs: spot
     # The spot VM is gone, and spot has no capacity now: SkyPilot's recovery lands on on-demand.
     preempt_job(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), int(job_id.rsplit("-", 1)[1]), spot_gone=True)
@@ -113,10 +123,14 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
     pushed = [e["step"] for e in events(Path(run["legs"][0]["log_path"])) if e["event"] == "verify" and e["ok"]]
     resume = next(e for e in events(Path(run["legs"][1]["log_path"])) if e["event"] == "resume")
     assert resume["from_step"] == max(pushed)  # the newest verified before the preemption
-    for name in ("leg 1 resumed from the newest verified checkpoint", "leg 1: LR follows the schedule",
-                 "leg 1: exact data position (batch hashes)", "leg 1: loss continuity",
-                 "the run ended at exactly its step count", f"managed job {job_id.rsplit('-', 1)[1]}: every "
-                 "recovery became a leg"):
+    for name in (
+        "leg 1 resumed from the newest verified checkpoint",
+        "leg 1: LR follows the schedule",
+        "leg 1: exact data position (batch hashes)",
+        "leg 1: loss continuity",
+        "the run ended at exactly its step count",
+        f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg",
+    ):
         assert name in checks and checks[name].ok, (name, "\n".join(f"{c.name}: {c.detail}" for c in outcome.checks))
     assert "recovery_count 1" in checks[f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg"].detail
     assert all(leg["billed_gpu_hours"] > 0 and leg["cost_source"] == "skypilot optimizer" for leg in run["legs"])
@@ -133,7 +147,8 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
 
 
 def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_checkpoint(
-        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    sky_project, cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001, F811
     import os
     import subprocess
     import sys
@@ -144,9 +159,14 @@ def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_
     log0 = wait_for(lambda: next(iter((cfg.state_path / "runs").glob("*/leg-0.log")), None))
     wait_for(lambda: any(e["event"] == "prune" for e in events(log0)))
     run_id = log0.parent.name
-    stop = subprocess.run([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "stop", run_id,
-                           "--timeout", "120", "--json"], cwd=cfg.root, env={**os.environ, **cloud},
-                          capture_output=True, text=True, timeout=300)
+    stop = subprocess.run(
+        [sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "stop", run_id, "--timeout", "120", "--json"],
+        cwd=cfg.root,
+        env={**os.environ, **cloud},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     thread.join(300)
     assert not thread.is_alive()
     st = json.loads(stop.stdout)
@@ -160,7 +180,8 @@ def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_
 
 
 def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_checkpoint(
-        sky_project, cloud, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    sky_project, cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001, F811
     """A trainer that dies after step 12 on every attempt: SkyPilot restarts it (max_restarts_on_errors),
     every restart resumes from step 10 and dies again; the run stops with exit 1, naming step 10."""
     from launcher.ledger.db import Ledger
@@ -176,9 +197,19 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
     files = hash_reviewed(cfg)
     ledger = Ledger(cfg.state_path / "ledger.db")
     ledger.record_review(files_digest(files), files)
-    row = ledger.record_image({"tag": "t2", "image_id": "sha256:" + "1" * 64, "base": "b", "lock": "cpu.lock",
-                               "files_digest": files_digest(files), "files": files, "runtime_digest": "r",
-                               "built_at": 0.0, "seconds": 0.0})
+    row = ledger.record_image(
+        {
+            "tag": "t2",
+            "image_id": "sha256:" + "1" * 64,
+            "base": "b",
+            "lock": "cpu.lock",
+            "files_digest": files_digest(files),
+            "files": files,
+            "runtime_digest": "r",
+            "built_at": 0.0,
+            "seconds": 0.0,
+        }
+    )
     ledger.set_pushed(row, SKY_IMAGE_REF)
     ledger.close()
     thread, result = run_in_thread(cfg, monkeypatch, strict(cloud))

@@ -22,16 +22,30 @@ REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "tests" / "assets" / "fsdp" / "train.py"
 
 
-def leg(tmp_path: Path, name: str, max_steps: int, ranks: int = 2, run_id: str = "fsdp",
-        **extra_env: str) -> tuple[int, list[dict]]:
+def leg(
+    tmp_path: Path, name: str, max_steps: int, ranks: int = 2, run_id: str = "fsdp", **extra_env: str
+) -> tuple[int, list[dict]]:
     work = tmp_path / name
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LAUNCHER_RUN_ID": run_id,
-           "LAUNCHER_STORE": (tmp_path / "store").as_uri(), "LAUNCHER_MAX_STEPS": str(max_steps), **extra_env}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "LAUNCHER_RUN_ID": run_id,
+        "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
+        "LAUNCHER_MAX_STEPS": str(max_steps),
+        **extra_env,
+    }
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", str(TRAINER)], cwd=work,
-                          env=env, capture_output=True, text=True, timeout=300)
-    events = [json.loads(line[line.find('{"event": '):]) for line in proc.stdout.splitlines() if '{"event": ' in line]
+    proc = subprocess.run(
+        [str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", str(TRAINER)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    events = [json.loads(line[line.find('{"event": ') :]) for line in proc.stdout.splitlines() if '{"event": ' in line]
     return proc.returncode, events
 
 
@@ -45,8 +59,13 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
     pushes = of(first, "push")
     assert [p["step"] for p in pushes] == [3, 6] and all(v["ok"] for v in of(first, "verify"))
     stored = json.loads((tmp_path / "store" / "runs" / "fsdp" / "step-00000006" / "manifest.json").read_text())
-    assert sorted(f["path"] for f in stored["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp",
-                                                         "rank-00000.pt", "rank-00001.pt"]
+    assert sorted(f["path"] for f in stored["files"]) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
     assert stored["meta"]["format"] == "dcp" and stored["meta"]["world_size"] == 2
     code, second = leg(tmp_path, "leg1", 10)
     assert code == 0, second[-3:]
@@ -56,12 +75,14 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
     assert code == 0, straight[-3:]
     for rank in (0, 1):  # every rank's losses and batches after the resume are the straight run's, bit for bit
         after = {e["step"]: (e["loss_local"], e["batch_hash"]) for e in of(second, "step", rank)}
-        assert after == {e["step"]: (e["loss_local"], e["batch_hash"]) for e in of(straight, "step", rank)
-                         if e["step"] > 6}
+        assert after == {
+            e["step"]: (e["loss_local"], e["batch_hash"]) for e in of(straight, "step", rank) if e["step"] > 6
+        }
     # the state as loaded is the state saved at step 6 (the model, AdamW's moments, the schedule)
     saved6 = next(e["digests"] for e in of(first, "state_digest") if e["step"] == 6)
-    assert {k: resumed["digests"][k] for k in ("model", "optimizer", "scheduler")} == \
-        {k: saved6[k] for k in ("model", "optimizer", "scheduler")}
+    assert {k: resumed["digests"][k] for k in ("model", "optimizer", "scheduler")} == {
+        k: saved6[k] for k in ("model", "optimizer", "scheduler")
+    }
     digests = {e["step"]: e["digests"] for e in of(second, "state_digest")}
     assert digests == {e["step"]: e["digests"] for e in of(straight, "state_digest") if e["step"] > 6}
     # the launcher's read of the store, in one process, digests the whole state as the session did
@@ -76,8 +97,12 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
     # another number of ranks: refused, naming both (the rank exits 3; torchrun says 1 for any failure)
     code, one = leg(tmp_path, "one-rank", 12, ranks=1)
     stop = of(one, "stop")[0]
-    assert code != 0 and stop["reason"] == "world_size_changed" and "saved by 2 ranks" in stop["error"] \
-        and "has 1" in stop["error"], stop
+    assert (
+        code != 0
+        and stop["reason"] == "world_size_changed"
+        and "saved by 2 ranks" in stop["error"]
+        and "has 1" in stop["error"]
+    ), stop
 
 
 class _Boom:
@@ -98,8 +123,9 @@ def test_a_forged_index_runs_no_code_and_names_only_listed_files(tmp_path: Path)
     (tmp_path / METADATA).write_bytes(b"\x80\x05not a pickle")
     with pytest.raises(CheckpointDamaged, match="does not parse"):
         read_metadata(tmp_path, {METADATA})
-    assert "rank-00001.pt: rank 1's own state is not in the manifest" in \
-        coverage_failures(tmp_path, {METADATA, "rank-00000.pt"}, 2)
+    assert "rank-00001.pt: rank 1's own state is not in the manifest" in coverage_failures(
+        tmp_path, {METADATA, "rank-00000.pt"}, 2
+    )
 
 
 def test_a_manifest_that_leaves_out_a_ranks_shard_never_verifies(tmp_path: Path) -> None:
@@ -125,13 +151,19 @@ def test_a_manifest_that_leaves_out_a_ranks_shard_never_verifies(tmp_path: Path)
 
 
 def test_a_flipped_byte_in_one_ranks_shard_is_refused_and_the_next_leg_resumes_the_previous(
-        tmp_path: Path, hub_server, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    tmp_path: Path, hub_server, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
     """On the Hub store: the read-back of step 6 gets rank 1's shard with one byte flipped (the
     loopback server's fault, every time it is read). Verify refuses it, the checkpoint is never
     sealed, the leg says its final checkpoint did not verify, and the next leg, on a fresh disk,
     resumes from step 3, the previous verified one."""
-    hub = {"LAUNCHER_STORE": "hf://tester/fsdp", "HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good",
-           "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf")}
+    hub = {
+        "LAUNCHER_STORE": "hf://tester/fsdp",
+        "HF_ENDPOINT": hub_server.url,
+        "HF_TOKEN": "hf_good",
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
     monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     monkeypatch.setenv("HF_TOKEN", "hf_good")
     hub_server.inject("flip_byte", times=1000, path="runs/fsdp/step-00000006/__1_0.distcp")

@@ -8,25 +8,33 @@ import time
 from pathlib import Path
 
 import pytest
-import sky
 import yaml
 
+import sky
 from launcher import up as up_module
-from launcher.config.schema import parse_gpus
-from launcher.config.load import load_config
-from launcher.errors import BadInput
 from launcher.backends.skytask import render, sky_module
+from launcher.config.load import load_config
+from launcher.config.schema import parse_gpus
+from launcher.errors import BadInput
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
-ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
-       "LAUNCHER_MAX_STEPS": "30", "LAUNCHER_DEADLINE": "0", "LAUNCHER_FILES_SHA256": "{}"}
+ENV = {
+    "LAUNCHER_RUN_ID": "r",
+    "LAUNCHER_LEG": "0",
+    "LAUNCHER_RUNG": "smoke",
+    "LAUNCHER_STORE": "hf://o/r",
+    "LAUNCHER_MAX_STEPS": "30",
+    "LAUNCHER_DEADLINE": "0",
+    "LAUNCHER_FILES_SHA256": "{}",
+}
 REF = "localhost:5000/preflight/demo@sha256:" + "ab" * 32
 
 
 @pytest.mark.parametrize("rung", ["rehearsal", "smoke", "probe", "run"])
 @pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("A100:8", 1), ("H100:8", 2)])
-def test_every_rung_renders_yaml_skypilot_accepts(project: Path, tmp_path: Path, rung: str, gpus: str,
-                                                  nodes: int) -> None:
+def test_every_rung_renders_yaml_skypilot_accepts(
+    project: Path, tmp_path: Path, rung: str, gpus: str, nodes: int
+) -> None:
     cfg = load_config(project / "launcher.yaml")
     spec = None if rung == "rehearsal" else parse_gpus(gpus)
     task = render(cfg, rung, gpus=spec, nodes=nodes, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml")
@@ -55,8 +63,16 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
 
     edit_config(project, trainer__command=["python", "train.py", "--note", "two words", "--empty", ""])
     cfg = load_config(project / "launcher.yaml")
-    task = render(cfg, "rehearsal", gpus=None, nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml",
-                  hard_stop=time.time() + 60)
+    task = render(
+        cfg,
+        "rehearsal",
+        gpus=None,
+        nodes=1,
+        image_ref=REF,
+        leg_env=ENV,
+        out=tmp_path / "t.yaml",
+        hard_stop=time.time() + 60,
+    )
     parsed = yaml.safe_load(task.yaml_text)
     assert "timeout --foreground --signal=TERM --kill-after=120" in parsed["run"]
     assert 'python -m runtime.notice --mark "$mark" --parent $$ &' in parsed["run"]  # the spot notice watcher
@@ -64,9 +80,15 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     bindir.mkdir()
     (bindir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
     (bindir / "torchrun").chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LAUNCHER_APP_DIR": str(tmp_path), "SKYPILOT_NUM_NODES": "1",
-           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "0",
-           **{k: str(v) for k, v in parsed["envs"].items()}}
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "LAUNCHER_APP_DIR": str(tmp_path),
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        **{k: str(v) for k, v in parsed["envs"].items()},
+    }
     out = subprocess.run(["bash", "-c", parsed["run"]], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert "[--nproc_per_node=1]" in out.stdout  # a CPU instance still runs one process
@@ -74,8 +96,9 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     assert shlex.split(parsed["envs"]["LAUNCHER_TRAIN_ARGS"])[2] == "two words"
 
 
-def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(project: Path, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the client sends the API server is the task serialized by SkyPilot's own
     dump; what the server runs is that YAML loaded by its own loader. No null entry (a
     managed-secret reference no provider resolves) may survive it."""
@@ -84,8 +107,7 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(projec
     from launcher.backends.skytask import task_for_launch
 
     cfg = load_config(project / "launcher.yaml")
-    task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV,
-                  out=tmp_path / "t.yaml")
+    task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml")
     monkeypatch.setenv("SKYPILOT_DOCKER_USERNAME", "robot")
     monkeypatch.setenv("SKYPILOT_DOCKER_PASSWORD", "registry-pass")
     monkeypatch.setenv("SKYPILOT_DOCKER_SERVER", "registry.example.com")
@@ -102,8 +124,9 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(projec
     assert resources.extract_docker_image() is not None
 
 
-def test_a_template_secret_is_a_name_never_a_value(project: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_template_secret_is_a_name_never_a_value(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from launcher.backends.skytask import task_for_launch
 
     template = yaml.safe_load((Path(__file__).parent.parent / "sky" / "smoke.yaml").read_text())
@@ -131,11 +154,14 @@ def test_dry_run_prints_yaml_skypilot_accepts_and_records_nothing(project: Path,
     assert run_rows(project) == 0
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--gpus", "T44:2"], "unknown accelerator 'T44'"),
-    (["--gpus", "T4:two"], "T4:two"),
-    (["--gpus", "T4:2", "--nodes", "0"], "--nodes"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--gpus", "T44:2"], "unknown accelerator 'T44'"),
+        (["--gpus", "T4:two"], "T4:two"),
+        (["--gpus", "T4:2", "--nodes", "0"], "--nodes"),
+    ],
+)
 def test_bad_gpus_and_overrides_exit_2(project: Path, args: list[str], needle: str) -> None:
     res = run_cli(["up", "smoke", "--backend", "sky", "--dry-run", *args], cwd=project)
     assert_one_line_error(res, 2, needle)
@@ -165,10 +191,9 @@ def test_sky_launch_needs_a_reachable_store(project: Path) -> None:
     assert run_rows(project) == 0
 
 
-
-
-def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jobs(project: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jobs(
+    project: Path, tmp_path: Path
+) -> None:
     """SkyPilot reruns the same `run`, envs unchanged, on every recovery: the rendered job computes
     each attempt's LAUNCHER_DEADLINE when it starts (its leg budget from then), capped at the job's.
     Run by bash as SkyPilot would, with torchrun standing in as a printer of the deadline."""
@@ -178,23 +203,46 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
 
     cfg = load_config(project / "launcher.yaml")
     now = int(time.time())
-    task = render_job(cfg, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "job.yaml",
-                      job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
+    task = render_job(
+        cfg,
+        gpus=parse_gpus("T4:1"),
+        nodes=1,
+        image_ref=REF,
+        leg_env=ENV,
+        out=tmp_path / "job.yaml",
+        job_deadline=now + 3600,
+        leg_budget_s=600,
+        max_restarts=2,
+    )
     parsed = yaml.safe_load(task.yaml_text)
-    assert parsed["resources"]["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 2,
-                                                   "recover_on_exit_codes": [75]}  # a stop on a spot notice
+    assert parsed["resources"]["job_recovery"] == {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 2,
+        "recover_on_exit_codes": [75],
+    }  # a stop on a spot notice
     assert "LAUNCHER_DEADLINE" not in parsed["envs"] and "autostop" not in parsed["resources"]
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "torchrun").write_text('#!/bin/sh\necho "deadline=$LAUNCHER_DEADLINE"\n')
     (bindir / "torchrun").chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LAUNCHER_APP_DIR": str(tmp_path), "SKYPILOT_NUM_NODES": "1",
-           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_GPUS_PER_NODE": "1",
-           **{k: str(v) for k, v in parsed["envs"].items()}}
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "LAUNCHER_APP_DIR": str(tmp_path),
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+        **{k: str(v) for k, v in parsed["envs"].items()},
+    }
 
     def attempt(job_deadline: int) -> int:
-        out = subprocess.run(["bash", "-c", parsed["run"]], env=dict(env, PREFLIGHT_JOB_DEADLINE=str(job_deadline)),
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["bash", "-c", parsed["run"]],
+            env=dict(env, PREFLIGHT_JOB_DEADLINE=str(job_deadline)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip().split("=")[1])
 
@@ -209,8 +257,17 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
 
     own = dataclasses.replace(own, root=tmp_path / "own")
     with pytest.raises(Exception, match="drops max_restarts_on_errors"):
-        render_job(own, gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "j2.yaml",
-                   job_deadline=now + 3600, leg_budget_s=600, max_restarts=2)
+        render_job(
+            own,
+            gpus=parse_gpus("T4:1"),
+            nodes=1,
+            image_ref=REF,
+            leg_env=ENV,
+            out=tmp_path / "j2.yaml",
+            job_deadline=now + 3600,
+            leg_budget_s=600,
+            max_restarts=2,
+        )
 
 
 def test_an_optimizer_stream_cut_before_its_table_is_told_apart_from_a_whole_one() -> None:
@@ -219,8 +276,10 @@ def test_an_optimizer_stream_cut_before_its_table_is_told_apart_from_a_whole_one
     from launcher.backends.skyapi import has_chosen_row, parse_optimizer_table
 
     cut = "Considered resources (1 node):\n"
-    whole = cut + ("INFRA             INSTANCE       vCPUs  Mem(GB)  GPUS  COST ($)  CHOSEN\n"
-                   "GCP (us-central1)  n1-highmem-8   8      52       T4:2  1.17      \u2714\n")
+    whole = cut + (
+        "INFRA             INSTANCE       vCPUs  Mem(GB)  GPUS  COST ($)  CHOSEN\n"
+        "GCP (us-central1)  n1-highmem-8   8      52       T4:2  1.17      \u2714\n"
+    )
     assert not has_chosen_row(cut) and has_chosen_row(whole)
     with pytest.raises(RuntimeError, match="printed no chosen resources"):
         parse_optimizer_table(cut, 1)
@@ -239,11 +298,14 @@ def test_a_credentials_failure_is_told_apart_from_no_capacity() -> None:
     e = sky.exceptions
     cred = e.CloudUserIdentityError("Failed to get GCP user identification. Details: no credentials")
     got = classify(sky, e.ResourcesUnavailableError("Failed to provision", failover_history=[cred]))
-    assert isinstance(got, BadInput) and got.message.startswith("no cloud credentials SkyPilot could use: "
-                                                                "CloudUserIdentityError: Failed to get GCP")
+    assert isinstance(got, BadInput) and got.message.startswith(
+        "no cloud credentials SkyPilot could use: CloudUserIdentityError: Failed to get GCP"
+    )
     assert "retry" not in (got.hint or "")
     served = e.ResourcesUnavailableError("x", failover_history=[{"type": "InvalidCloudCredentials", "message": "m"}])
     assert isinstance(classify(sky, served), BadInput)
-    mixed = classify(sky, e.ResourcesUnavailableError("x", failover_history=[cred, e.ResourcesUnavailableError("full")]))
+    mixed = classify(
+        sky, e.ResourcesUnavailableError("x", failover_history=[cred, e.ResourcesUnavailableError("full")])
+    )
     assert isinstance(mixed, Refused) and "--retry-until-up" in (mixed.hint or "")
     assert isinstance(classify(sky, e.ResourcesUnavailableError("no capacity anywhere")), Refused)

@@ -32,8 +32,15 @@ skyapi.end_requests). Either way it is no longer working; the stand-in always sa
 def start_launcher(args: list[str], cwd: Path, env: dict[str, str], standin: bool) -> subprocess.Popen[str]:
     """The real launcher CLI in a process of its own; its `sky` the stand-in, or SkyPilot's client."""
     argv = [sys.executable, "-m", "tests.fakes.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
-    return subprocess.Popen([*argv, *args], cwd=cwd, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [*argv, *args],
+        cwd=cwd,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_request(cfg, proc: subprocess.Popen[str], timeout_s: float = 180.0) -> dict:  # noqa: ANN001
@@ -59,15 +66,27 @@ def request_status(sky, request_id: str) -> str:  # noqa: ANN001
     return str(getattr(payload.status, "value", payload.status))
 
 
-def kill9_then_next_command(cfg, proc, sky, request_id: str, env: dict[str, str],  # noqa: ANN001
-                            standin: bool) -> subprocess.CompletedProcess[str]:
+def kill9_then_next_command(
+    cfg,
+    proc,
+    sky,
+    request_id: str,
+    env: dict[str, str],  # noqa: ANN001
+    standin: bool,
+) -> subprocess.CompletedProcess[str]:
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
     time.sleep(1.0)
     assert request_status(sky, request_id) in ACTIVE  # SkyPilot carries it on without its client
     argv = [sys.executable, "-m", "tests.fakes.sky_standin", "launcher"] if standin else [str(LAUNCHER)]
-    return subprocess.run([*argv, "spend"], cwd=cfg.root, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*argv, "spend"],
+        cwd=cfg.root,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def assert_billed_nothing(cfg) -> dict:  # noqa: ANN001
@@ -84,20 +103,35 @@ def assert_billed_nothing(cfg) -> dict:  # noqa: ANN001
 
 CASES = {
     # (a) the run's managed-job submit, the jobs controller still coming up (no job id yet)
-    "jobs.launch submit": (["up", "run", "--gpus", "T4:1", "--backend", "sky", "--skip-preflight", "test"],
-                           {"PREFLIGHT_TEST_SKY_CONTROLLER_UP_S": "600"}, "RUNNING", "was never submitted"),
+    "jobs.launch submit": (
+        ["up", "run", "--gpus", "T4:1", "--backend", "sky", "--skip-preflight", "test"],
+        {"PREFLIGHT_TEST_SKY_CONTROLLER_UP_S": "600"},
+        "RUNNING",
+        "was never submitted",
+    ),
     # (b) --retry-until-up between attempts: no capacity, no cluster record between them
-    "retry-until-up": (["up", "smoke", "--gpus", "T4:1", "--backend", "sky", "--retry-until-up"],
-                       {"PREFLIGHT_TEST_SKY_CAPACITY": "1"}, "RUNNING", "was never provisioned"),
+    "retry-until-up": (
+        ["up", "smoke", "--gpus", "T4:1", "--backend", "sky", "--retry-until-up"],
+        {"PREFLIGHT_TEST_SKY_CAPACITY": "1"},
+        "RUNNING",
+        "was never provisioned",
+    ),
     # (c) a launch still queued on the API server, before any cluster record
-    "queued launch": (["up", "smoke", "--gpus", "T4:1", "--backend", "sky"],
-                      {"PREFLIGHT_TEST_SKY_PENDING_S": "600"}, "PENDING", "was never provisioned"),
+    "queued launch": (
+        ["up", "smoke", "--gpus", "T4:1", "--backend", "sky"],
+        {"PREFLIGHT_TEST_SKY_PENDING_S": "600"},
+        "PENDING",
+        "was never provisioned",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_kill9_mid_request_is_cancelled_by_the_next_command_and_bills_nothing(sky_project, cloud,  # noqa: ANN001, F811
-                                                                                  case: str) -> None:
+def test_a_kill9_mid_request_is_cancelled_by_the_next_command_and_bills_nothing(
+    sky_project,
+    cloud,  # noqa: ANN001, F811
+    case: str,
+) -> None:
     args, flags, state, said = CASES[case]
     proc = start_launcher(args, sky_project.root, {**cloud, **flags}, standin=True)
     leg = wait_for_request(sky_project, proc)
@@ -136,12 +170,17 @@ def wait_until_logged(sky, request_id: str, needle: str, timeout_s: float = 60.0
     raise AssertionError(f"request {request_id} never logged {needle!r}")
 
 
-@pytest.mark.parametrize("args, said", [
-    (["up", "smoke", "--gpus", "T4:1", "--backend", "sky", "--retry-until-up"], "was never provisioned"),
-    (["up", "run", "--gpus", "T4:1", "--backend", "sky", "--skip-preflight", "test"], "was never submitted"),
-], ids=["retry-until-up launch", "jobs.launch submit"])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["up", "smoke", "--gpus", "T4:1", "--backend", "sky", "--retry-until-up"], "was never provisioned"),
+        (["up", "run", "--gpus", "T4:1", "--backend", "sky", "--skip-preflight", "test"], "was never submitted"),
+    ],
+    ids=["retry-until-up launch", "jobs.launch submit"],
+)
 def test_a_kill9_mid_request_on_skypilots_own_server_is_cancelled_by_the_next_command(
-        sky_project, args: list[str], said: str) -> None:  # noqa: ANN001
+    sky_project, args: list[str], said: str
+) -> None:  # noqa: ANN001
     """SkyPilot's own API server, offline: a `--retry-until-up` launch retries for ever, and a
     `jobs.launch` waits on a jobs controller that cannot be provisioned (no cloud can be reached
     here). kill -9 of the launcher leaves the request working; the next command cancels it by the

@@ -16,18 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-import sky
 import yaml
 
+import sky
 from launcher import up as up_module
 from launcher.backends.skyapi import optimizer_pick
+from launcher.backends.skytask import task_for_launch
 from launcher.config.load import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger.db import Ledger
-from launcher.backends.skytask import task_for_launch
+from tests.fakes.sky_standin import StrictSky
 from tests.helpers import SKY_IMAGE_REF as REF
 from tests.helpers import edit_config
-from tests.fakes.sky_standin import StrictSky
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 # torchrun's rendezvous to port 29500 on the node (right on a cloud, one node a machine), and every
 # stand-in cluster is this host, so two such legs at once collide (EADDRINUSE).
 pytestmark = pytest.mark.xdist_group("sky-standin-port-29500")
+
 
 @pytest.fixture
 def cloud(sky_project, hub_server, tmp_path: Path) -> dict[str, str]:  # noqa: ANN001
@@ -48,18 +49,30 @@ def cloud(sky_project, hub_server, tmp_path: Path) -> dict[str, str]:  # noqa: A
     for rel in reviewed:  # what the image bakes into /app
         (app / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(sky_project.root / rel, app / rel)
-    return {"PREFLIGHT_TEST_SKY_STATE": str(tmp_path / "sky-state"), "PREFLIGHT_TEST_SKY_APP": str(app),
-            "PREFLIGHT_TEST_SKY_CLUSTER_ENV": json.dumps({"HF_ENDPOINT": hub_server.url,
-                                                          "HF_HUB_DISABLE_XET": "1"})}
+    return {
+        "PREFLIGHT_TEST_SKY_STATE": str(tmp_path / "sky-state"),
+        "PREFLIGHT_TEST_SKY_APP": str(app),
+        "PREFLIGHT_TEST_SKY_CLUSTER_ENV": json.dumps({"HF_ENDPOINT": hub_server.url, "HF_HUB_DISABLE_XET": "1"}),
+    }
 
 
 def strict(cloud: dict[str, str], **flags: bool) -> StrictSky:
-    return StrictSky(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), Path(cloud["PREFLIGHT_TEST_SKY_APP"]),
-                     cluster_env=json.loads(cloud["PREFLIGHT_TEST_SKY_CLUSTER_ENV"]), **flags)
+    return StrictSky(
+        Path(cloud["PREFLIGHT_TEST_SKY_STATE"]),
+        Path(cloud["PREFLIGHT_TEST_SKY_APP"]),
+        cluster_env=json.loads(cloud["PREFLIGHT_TEST_SKY_CLUSTER_ENV"]),
+        **flags,
+    )
 
 
-def run_sky(cfg, monkeypatch: pytest.MonkeyPatch, standin: StrictSky, rung: str, gpus: str | None,  # noqa: ANN001, ANN201
-            nodes: int = 1):
+def run_sky(
+    cfg,
+    monkeypatch: pytest.MonkeyPatch,
+    standin: StrictSky,
+    rung: str,
+    gpus: str | None,  # noqa: ANN001, ANN201
+    nodes: int = 1,
+):
     monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
     return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None, nodes=nodes)
 
@@ -72,8 +85,11 @@ def ledger_run(cfg) -> dict:  # noqa: ANN001
         ledger.close()
 
 
-def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_project, cloud,  # noqa: ANN001
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(
+    sky_project,
+    cloud,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """T4:1 smoke on 2 nodes, three legs: each on a new cluster, each downed; each priced by
     SkyPilot's optimizer on the vendored catalog (host VM included), billed per started minute
     for both nodes; legs 1 and 2 pinned to where leg 0 landed. Each leg ran the rendered `run:`
@@ -84,8 +100,9 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
     outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1", nodes=2)
     checks = {c.name: c for c in outcome.checks}
     # The stand-in's "GPUs" are this CPU: smoke's device checks say no; everything else holds.
-    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, \
-        {n: c.detail for n, c in checks.items() if not c.ok}
+    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, {
+        n: c.detail for n, c in checks.items() if not c.ok
+    }
     launched = standin.clusters_of("launch")
     assert len(launched) == len(set(launched)) == 3
     assert standin.clusters_of("down") == launched  # down for every leg, in order
@@ -107,8 +124,9 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
         assert leg["cost_source"] == "skypilot optimizer"
         assert leg["placement"]["instance_type"] == pick.instance_type and leg["placement"]["use_spot"] == "false"
         log = Path(leg["log_path"]).read_text(errors="replace")
-        sessions = [json.loads(line[line.index('{"event": '):]) for line in log.splitlines()
-                    if '{"event": "session"' in line]
+        sessions = [
+            json.loads(line[line.index('{"event": ') :]) for line in log.splitlines() if '{"event": "session"' in line
+        ]
         assert sorted(e.get("node", 0) for e in sessions) == [0, 1], sessions  # one rank on each node
         assert "(worker1, rank=1, pid=" in log
     leg1 = yaml.safe_load((rendered.parent / "leg-1.sky.yaml").read_text())
@@ -122,8 +140,11 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(sky_proj
     assert run["cost_usd"] == pytest.approx(sum(leg["cost_usd"] for leg in run["legs"]))
 
 
-def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(sky_project, cloud,  # noqa: ANN001
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(
+    sky_project,
+    cloud,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     template = yaml.safe_load((REPO / "sky" / "smoke.yaml").read_text())
     (sky_project.root / "sky").mkdir()
     (sky_project.root / "sky" / "smoke.yaml").write_text(yaml.safe_dump({**template, "setup": "exit 1"}))
@@ -137,13 +158,23 @@ def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(sky_project, clo
     assert leg["billed_gpu_hours"] == pytest.approx(60 / 3600)  # the one-minute minimum is billed all the same
 
 
-@pytest.mark.parametrize("flag, error, needle, code", [
-    ("no_cloud", BadInput, "SkyPilot could not launch: NoCloudAccessError", 2),
-    ("capacity", Refused, "SkyPilot found no capacity", 3),
-    ("credentials", BadInput, "no cloud credentials SkyPilot could use: .*CloudUserIdentityError", 2),
-])
-def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
-                                                        flag: str, error: type, needle: str, code: int) -> None:
+@pytest.mark.parametrize(
+    "flag, error, needle, code",
+    [
+        ("no_cloud", BadInput, "SkyPilot could not launch: NoCloudAccessError", 2),
+        ("capacity", Refused, "SkyPilot found no capacity", 3),
+        ("credentials", BadInput, "no cloud credentials SkyPilot could use: .*CloudUserIdentityError", 2),
+    ],
+)
+def test_launch_refusals_bill_nothing_and_leave_nothing(
+    sky_project,
+    cloud,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+    flag: str,
+    error: type,
+    needle: str,
+    code: int,
+) -> None:
     standin = strict(cloud, **{flag: True})
     with pytest.raises(error, match=needle) as err:
         run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
@@ -164,8 +195,15 @@ def test_launch_refusals_bill_nothing_and_leave_nothing(sky_project, cloud, monk
 def launcher_with_standin(args: list[str], cwd: Path, cloud: dict[str, str]) -> subprocess.Popen[str]:
     """The real launcher CLI in a process of its own, its `sky` the stand-in."""
     env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.sky_standin", "launcher", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_step(cfg, proc: subprocess.Popen[str], timeout_s: float = 180) -> dict:  # noqa: ANN001
@@ -193,11 +231,19 @@ def test_a_killed_launchers_cluster_is_found_downed_and_billed_by_the_next_comma
     assert status.status == sky.ClusterStatus.UP  # the launcher is gone, its cluster is not
     task = yaml.safe_load(Path(leg["log_path"]).with_suffix(".sky.yaml").read_text())
     assert task["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
-    assert "timeout --foreground --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
+    assert (
+        "timeout --foreground --signal=TERM" in task["run"] and int(task["envs"]["PREFLIGHT_HARD_STOP"]) > time.time()
+    )
     before = time.time()
     env = {**os.environ, **cloud, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "spend"], cwd=sky_project.root,
-                         env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "tests.fakes.sky_standin", "launcher", "spend"],
+        cwd=sky_project.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "was still up: taken down" in res.stderr
     assert leg["instance"] in watcher.clusters_of("down")
@@ -227,8 +273,11 @@ def test_sigterm_tears_the_cluster_down_as_ctrl_c_does(sky_project, cloud) -> No
     assert run["verdict"] == "interrupted" and all(x["ended_at"] for x in run["legs"])
 
 
-def test_the_usd_budget_is_guarded_at_skypilots_price_not_the_gpus_alone(sky_project, cloud,  # noqa: ANN001
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_usd_budget_is_guarded_at_skypilots_price_not_the_gpus_alone(
+    sky_project,
+    cloud,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """3 smoke legs x 10 min of T4:2: $0.35 at the config's GPU prices, $0.585 at SkyPilot's
     (n1-highmem-8 with its two T4s, $1.17/h). A $0.50 budget fits the first and not the second."""
     edit_config(sky_project.root, quota__budget_usd=0.5)
@@ -248,13 +297,22 @@ def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, c
 
     standin = strict(cloud)
     backend = SkyBackend(sky_project, REF, sky=standin)
-    env = {"LAUNCHER_RUN_ID": "quick", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke",
-           "LAUNCHER_STORE": "hf://tester/ckpts", "LAUNCHER_MAX_STEPS": "100000",
-           "LAUNCHER_DEADLINE": str(int(time.time() + 600)), "LAUNCHER_FILES_SHA256": "{}"}
+    env = {
+        "LAUNCHER_RUN_ID": "quick",
+        "LAUNCHER_LEG": "0",
+        "LAUNCHER_RUNG": "smoke",
+        "LAUNCHER_STORE": "hf://tester/ckpts",
+        "LAUNCHER_MAX_STEPS": "100000",
+        "LAUNCHER_DEADLINE": str(int(time.time() + 600)),
+        "LAUNCHER_FILES_SHA256": "{}",
+    }
     recorded: list[str] = []
-    handle = backend.launch(LegSpec("quick", 0, "smoke", ("python", "train.py"), env,
-                                    log_path=tmp_path / "leg-0.log", gpus=parse_gpus("T4:1")),
-                            on_instance=lambda h: recorded.append(h.instance))
+    handle = backend.launch(
+        LegSpec(
+            "quick", 0, "smoke", ("python", "train.py"), env, log_path=tmp_path / "leg-0.log", gpus=parse_gpus("T4:1")
+        ),
+        on_instance=lambda h: recorded.append(h.instance),
+    )
     assert recorded == [handle.instance]  # named before anything was sent
     result = backend.kill(handle, reason="interrupted")
     assert result.killed and result.end_reason.startswith("interrupted")

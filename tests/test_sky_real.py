@@ -8,20 +8,27 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import sky
 
+import sky
 from launcher.backends.base import LegSpec
 from launcher.backends.sky import SkyBackend
-from launcher.backends.skyreap import reap
 from launcher.backends.skyapi import down
-from launcher.config.schema import parse_gpus
+from launcher.backends.skyreap import reap
 from launcher.config.load import load_config
+from launcher.config.schema import parse_gpus
 from tests.helpers import SKY_IMAGE_REF as REF
 from tests.helpers import assert_one_line_error, run_cli, sky_server_of
 from tests.test_sky_live import ledger_run
 
-ENV = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_LEG": "0", "LAUNCHER_RUNG": "smoke", "LAUNCHER_STORE": "hf://o/r",
-       "LAUNCHER_MAX_STEPS": "30", "LAUNCHER_DEADLINE": "0", "LAUNCHER_FILES_SHA256": "{}"}
+ENV = {
+    "LAUNCHER_RUN_ID": "r",
+    "LAUNCHER_LEG": "0",
+    "LAUNCHER_RUNG": "smoke",
+    "LAUNCHER_STORE": "hf://o/r",
+    "LAUNCHER_MAX_STEPS": "30",
+    "LAUNCHER_DEADLINE": "0",
+    "LAUNCHER_FILES_SHA256": "{}",
+}
 # What SkyPilot's optimizer picks on GCP for each shape (catalogs/v8, vendored).
 EXPECTED = {"T4:2": "n1-highmem-8", "A100:8": "a2-highgpu-8g", "H100:8": "a3-highgpu-8g"}
 
@@ -29,7 +36,8 @@ EXPECTED = {"T4:2": "n1-highmem-8", "A100:8": "a2-highgpu-8g", "H100:8": "a3-hig
 @pytest.mark.parametrize("rung", ["rehearsal", "smoke", "probe", "run"])
 @pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("A100:8", 1), ("H100:8", 2)])
 def test_every_rung_and_shape_passes_skypilots_own_dry_run_with_a_pick_and_a_price(
-        project: Path, tmp_path: Path, rung: str, gpus: str, nodes: int) -> None:
+    project: Path, tmp_path: Path, rung: str, gpus: str, nodes: int
+) -> None:
     cfg = load_config(project / "launcher.yaml")
     spec = None if rung == "rehearsal" else parse_gpus(gpus)
     backend = SkyBackend(cfg, REF, nodes, sky=sky)
@@ -55,12 +63,18 @@ def test_the_cli_dry_run_shows_skypilots_pick_and_price(project: Path) -> None:
     assert "quota: 2 legs x 90 min x 2 GPUs" in res.out
 
 
-@pytest.mark.parametrize("enabled, error", [
-    ([], "NoCloudAccessError"),  # no cloud enabled (sky check found no credentials)
-    (["AWS"], "CloudError"),  # a cloud whose catalog is not on this machine, and no network to fetch it
-])
-def test_skypilots_own_refusals_are_exit_2_with_nothing_billed(sky_project, enabled: list[str],  # noqa: ANN001
-                                                                error: str) -> None:
+@pytest.mark.parametrize(
+    "enabled, error",
+    [
+        ([], "NoCloudAccessError"),  # no cloud enabled (sky check found no credentials)
+        (["AWS"], "CloudError"),  # a cloud whose catalog is not on this machine, and no network to fetch it
+    ],
+)
+def test_skypilots_own_refusals_are_exit_2_with_nothing_billed(
+    sky_project,
+    enabled: list[str],  # noqa: ANN001
+    error: str,
+) -> None:
     """Raised by SkyPilot's server, told apart by type: nothing provisioned (asked of
     sky.status), nothing billed, one line naming SkyPilot's reason."""
     server = sky_server_of()
@@ -86,14 +100,22 @@ def test_no_exception_is_matched_by_name() -> None:
 
 
 @pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("H100:8", 2)])
-def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: Path, tmp_path: Path, gpus: str,
-                                                                      nodes: int) -> None:
+def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(
+    project: Path, tmp_path: Path, gpus: str, nodes: int
+) -> None:
     from launcher.backends.skyjob import dry_run
 
     cfg = load_config(project / "launcher.yaml")
     backend = SkyBackend(cfg, REF, nodes, sky=sky)
-    leg = LegSpec("r", 0, "run", tuple(cfg.trainer.command), dict(ENV, LAUNCHER_RUNG="run"),
-                  {"HF_TOKEN": "hf_not_a_real_token"}, gpus=parse_gpus(gpus))
+    leg = LegSpec(
+        "r",
+        0,
+        "run",
+        tuple(cfg.trainer.command),
+        dict(ENV, LAUNCHER_RUNG="run"),
+        {"HF_TOKEN": "hf_not_a_real_token"},
+        gpus=parse_gpus(gpus),
+    )
     task, pick, why = dry_run(backend, leg, tmp_path / "job-0.sky.yaml", 2e9, 9 * 3600, 3)
     assert pick is not None, why
     # Spot first, then on-demand (the `ordered` list): the job is priced at the dearest, each
@@ -102,13 +124,16 @@ def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(project: P
     prices = dict(pick.candidates)
     assert list(prices) == ["spot", "on-demand"] and prices["spot"] < prices["on-demand"] == pick.hourly_usd
     on_demand = SkyBackend(cfg, REF, nodes, sky=sky).dry_launch(
-        LegSpec("r", 0, "probe", tuple(cfg.trainer.command), ENV, gpus=parse_gpus(gpus)), tmp_path / "od.yaml")[1]
+        LegSpec("r", 0, "probe", tuple(cfg.trainer.command), ENV, gpus=parse_gpus(gpus)), tmp_path / "od.yaml"
+    )[1]
     assert pick.hourly_usd == pytest.approx(on_demand.hourly_usd)  # SkyPilot's on-demand price, as a probe's
     loaded = sky.Task.from_yaml(str(task.path))
     resources = list(loaded.resources)
     assert [r.use_spot for r in resources] == [True, False]  # ordered: spot, then on-demand
-    assert all(r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3, "recover_on_exit_codes": [75]}
-               for r in resources)  # SkyPilot's own parser keeps the code a stop on a spot notice exits with
+    assert all(
+        r.job_recovery == {"strategy": "FAILOVER", "max_restarts_on_errors": 3, "recover_on_exit_codes": [75]}
+        for r in resources
+    )  # SkyPilot's own parser keeps the code a stop on a spot notice exits with
     assert "LAUNCHER_DEADLINE" not in loaded.envs and loaded.envs["PREFLIGHT_LEG_BUDGET_S"] == str(9 * 3600)
     assert "autostop" not in task.yaml_text  # SkyPilot's jobs controller downs each recovery's cluster itself
 
@@ -132,8 +157,10 @@ def test_the_runs_quote_reserves_the_dearest_of_its_ordered_candidates(project: 
 def test_the_runs_dry_run_names_both_prices_and_the_jobs_controller(sky_project) -> None:  # noqa: ANN001
     """The managed job's dry run: SkyPilot's price for each `ordered` candidate, the dearest
     reserved; and the jobs controller VM the user pays for outside the quota, priced by SkyPilot."""
-    res = run_cli(["up", "run", "--gpus", "T4:2", "--backend", "sky", "--dry-run", "--skip-preflight", "test"],
-                  cwd=sky_project.root)
+    res = run_cli(
+        ["up", "run", "--gpus", "T4:2", "--backend", "sky", "--dry-run", "--skip-preflight", "test"],
+        cwd=sky_project.root,
+    )
     assert res.code == 0, res.out + res.err
     line = next(ln for ln in res.out.splitlines() if ln.startswith("price: SkyPilot tries"))
     assert "spot $" in line and "on-demand $" in line and "reserves the dearest" in line, line

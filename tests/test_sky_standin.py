@@ -16,10 +16,19 @@ from pathlib import Path
 
 import pydantic
 import pytest
-import sky
 
-from tests.fakes.sky_standin import (JOB_CANCELLED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_SUCCEEDED,
-                                     StrictSky, job_record, preempt_job, shutdown_jobs)
+import sky
+from tests.fakes.sky_standin import (
+    JOB_CANCELLED,
+    JOB_FAILED,
+    JOB_NOT_FINISHED,
+    JOB_NOT_FOUND,
+    JOB_SUCCEEDED,
+    StrictSky,
+    job_record,
+    preempt_job,
+    shutdown_jobs,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,9 +73,13 @@ def session_alive(sid: int) -> bool:
 def test_exit_codes_and_attributes_are_skypilots(fake: StrictSky) -> None:
     codes = sky.exceptions.JobExitCode
     assert (JOB_SUCCEEDED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_CANCELLED) == (
-        codes.SUCCEEDED, codes.FAILED, codes.NOT_FINISHED, codes.NOT_FOUND, codes.CANCELLED)
-    assert (fake.Task, fake.Dag, fake.Resources, fake.exceptions) == (sky.Task, sky.Dag, sky.Resources,
-                                                                      sky.exceptions)
+        codes.SUCCEEDED,
+        codes.FAILED,
+        codes.NOT_FINISHED,
+        codes.NOT_FOUND,
+        codes.CANCELLED,
+    )
+    assert (fake.Task, fake.Dag, fake.Resources, fake.exceptions) == (sky.Task, sky.Dag, sky.Resources, sky.exceptions)
 
 
 def test_an_argument_the_real_sdk_lacks_is_a_type_error(fake: StrictSky) -> None:
@@ -104,11 +117,11 @@ def test_a_failed_setup_is_failed_and_its_run_never_runs(fake: StrictSky) -> Non
 
 
 def test_the_job_gets_envs_secret_values_and_node_variables_but_not_the_callers_env(
-        fake: StrictSky, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake: StrictSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CALLER_ONLY", "leaked")
     run = 'echo "$A" "$SKYPILOT_NUM_GPUS_PER_NODE" "$S" "${CALLER_ONLY:-unset}"; cat "$LAUNCHER_APP_DIR/train.py"'
-    t = task(run=run,
-             envs={"A": "env-a"}, secrets={"S": "sekrit-9f3a"}, resources={"accelerators": "T4:2"})
+    t = task(run=run, envs={"A": "env-a"}, secrets={"S": "sekrit-9f3a"}, resources={"accelerators": "T4:2"})
     code, out = run_job(fake, "c-env", t)
     assert code == JOB_SUCCEEDED and "env-a 2 sekrit-9f3a unset" in out and "the reviewed trainer" in out
     [record] = fake.get(fake.status(["c-env", "absent"]))  # a name that does not exist is simply omitted
@@ -204,8 +217,10 @@ def test_no_cloud_no_capacity_and_a_cancelled_request_provision_nothing(tmp_path
 def test_a_cluster_of_two_nodes_runs_the_job_on_each_with_skypilots_node_variables(fake: StrictSky) -> None:
     """Each node a disk and a session of its own, SkyPilot's node variables, one job log with the
     worker's lines prefixed as `sky logs` shows them; the job fails if any node fails; down kills all."""
-    run = ('echo "node=$SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES ips=$(echo "$SKYPILOT_NODE_IPS" | wc -l) '
-           'home=$HOME"; touch "$HOME/mine"; ls "$HOME"; [ "$SKYPILOT_NODE_RANK" = 0 ] || exit 7')
+    run = (
+        'echo "node=$SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES ips=$(echo "$SKYPILOT_NODE_IPS" | wc -l) '
+        'home=$HOME"; touch "$HOME/mine"; ls "$HOME"; [ "$SKYPILOT_NODE_RANK" = 0 ] || exit 7'
+    )
     job_id, _handle = fake.get(fake.launch(task(run=run, num_nodes=2), cluster_name="two-nodes"))
     out = io.StringIO()
     code = fake.tail_logs("two-nodes", job_id, follow=True, output_stream=out)
@@ -302,22 +317,36 @@ def test_jobs_calls_are_bound_to_the_real_signatures_and_refuse_what_is_not_emul
 
 
 def test_differing_job_recovery_across_candidates_is_skypilots_value_error(fake: StrictSky) -> None:
-    t = task(run="echo hi", resources={"ordered": [
-        {"use_spot": True, "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 1}},
-        {"use_spot": False, "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 2}}]})
+    t = task(
+        run="echo hi",
+        resources={
+            "ordered": [
+                {"use_spot": True, "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 1}},
+                {"use_spot": False, "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 2}},
+            ]
+        },
+    )
     with pytest.raises(ValueError, match="All resources in the task must havethe same job recovery strategy."):
         fake.get(fake.jobs.launch(t))
     assert fake.get(fake.jobs.queue_v2(refresh=True))[0] == []
 
 
 def test_a_managed_job_succeeds_with_skypilots_records_and_a_fresh_environment(
-        fake: StrictSky, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake: StrictSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CALLER_ONLY", "leaked")
-    run = ('echo "id=$SKYPILOT_MANAGED_JOB_ID task=$SKYPILOT_TASK_ID a=$A s=$S ${CALLER_ONLY:-unset}"; '
-           'cat "$LAUNCHER_APP_DIR/train.py"')
-    t = task(run=run, envs={"A": "env-a"}, secrets={"S": "sekrit-77e1"},
-             resources={"ordered": [{"use_spot": True, "accelerators": "T4:1"},
-                                    {"use_spot": False, "accelerators": "T4:1"}]})
+    run = (
+        'echo "id=$SKYPILOT_MANAGED_JOB_ID task=$SKYPILOT_TASK_ID a=$A s=$S ${CALLER_ONLY:-unset}"; '
+        'cat "$LAUNCHER_APP_DIR/train.py"'
+    )
+    t = task(
+        run=run,
+        envs={"A": "env-a"},
+        secrets={"S": "sekrit-77e1"},
+        resources={
+            "ordered": [{"use_spot": True, "accelerators": "T4:1"}, {"use_spot": False, "accelerators": "T4:1"}]
+        },
+    )
     job_id = launch_job(fake, t, name="ok-job")
     code, out = follow_job(fake, job_id)
     assert code == JOB_SUCCEEDED, out
@@ -328,8 +357,13 @@ def test_a_managed_job_succeeds_with_skypilots_records_and_a_fresh_environment(
     assert (total, counts, total_no_filter) == (1, {"SUCCEEDED": 1}, 1)
     [rec] = records
     assert isinstance(rec, sky.schemas.api.responses.ManagedJobRecord) and rec.status is ManagedJobStatus.SUCCEEDED
-    assert (rec.job_id, rec.task_id, rec.job_name, rec.task_name, rec.recovery_count) == (job_id, 0, "ok-job",
-                                                                                         "ok-job", 0)
+    assert (rec.job_id, rec.task_id, rec.job_name, rec.task_name, rec.recovery_count) == (
+        job_id,
+        0,
+        "ok-job",
+        "ok-job",
+        0,
+    )
     assert rec.resources == "1x[T4:1][On-demand|Spot]" and rec.end_at >= rec.submitted_at
     assert rec.start_at is None and rec.failure_reason is None  # not among the default fields
     [attempt] = job_record(fake.state_dir, job_id)["attempts"]
@@ -344,8 +378,13 @@ def test_a_managed_job_succeeds_with_skypilots_records_and_a_fresh_environment(
 def test_queue_v2_honours_fields_as_the_real_server_does(fake: StrictSky) -> None:
     job_id = launch_job(fake, task(run="echo hi"), name="fields")
     assert follow_job(fake, job_id)[0] == JOB_SUCCEEDED
-    queries = {"only": {"fields": ["cloud", "failure_reason"]}, "full": {"fields": None}, "default": {},
-               "bogus": {"fields": ["bogus"]}, "absent": {"job_ids": [99]}}
+    queries = {
+        "only": {"fields": ["cloud", "failure_reason"]},
+        "full": {"fields": None},
+        "default": {},
+        "bogus": {"fields": ["bogus"]},
+        "absent": {"job_ids": [99]},
+    }
     rids = {k: fake.jobs.queue_v2(refresh=False, **{"job_ids": [job_id], **q}) for k, q in queries.items()}
     rids["v1"] = fake.jobs.queue(refresh=False)  # all submitted at once: their workers run side by side
     [only], total, counts, total_no_filter = fake.get(rids["only"])
@@ -370,7 +409,8 @@ def test_queue_v2_honours_fields_as_the_real_server_does(fake: StrictSky) -> Non
 
 
 def test_a_preempted_job_recovers_on_a_fresh_cluster_with_the_same_task_id_and_envs(
-        fake: StrictSky, tmp_path: Path) -> None:
+    fake: StrictSky, tmp_path: Path
+) -> None:
     bucket = tmp_path / "bucket"  # state the job keeps outside its clusters (no env var counts recoveries)
     bucket.mkdir()
     run = textwrap.dedent("""\
@@ -381,18 +421,26 @@ def test_a_preempted_job_recovers_on_a_fresh_cluster_with_the_same_task_id_and_e
         if [ "$n" -eq 1 ]; then sleep 60; fi
         echo "attempt $n done"
     """)
-    t = task(run=run, envs={"A": "env-a", "BUCKET": str(bucket)},
-             resources={"job_recovery": {"max_restarts_on_errors": 0},
-                        "ordered": [{"use_spot": True}, {"use_spot": False}]})
+    t = task(
+        run=run,
+        envs={"A": "env-a", "BUCKET": str(bucket)},
+        resources={"job_recovery": {"max_restarts_on_errors": 0}, "ordered": [{"use_spot": True}, {"use_spot": False}]},
+    )
     job_id = launch_job(fake, t)
     wait_until(lambda: "attempt 1 marker" in job_log(fake, job_id))
-    subprocess.run([sys.executable, str(REPO / "tests" / "fakes" / "sky_standin.py"), "preempt",
-                    str(fake.state_dir), str(job_id)], check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fakes" / "sky_standin.py"), "preempt", str(fake.state_dir), str(job_id)],
+        check=True,
+        timeout=60,
+    )
     code, out = follow_job(fake, job_id)
     assert code == JOB_SUCCEEDED, out
     lines = [line for line in out.splitlines() if line.startswith("attempt ")]
-    assert [line.split(" task=")[0] for line in lines] == ["attempt 1 marker=absent", "attempt 2 marker=absent",
-                                                           "attempt 2 done"]
+    assert [line.split(" task=")[0] for line in lines] == [
+        "attempt 1 marker=absent",
+        "attempt 2 marker=absent",
+        "attempt 2 done",
+    ]
     assert lines[0].split(" task=")[1] == lines[1].split(" task=")[1]  # same SKYPILOT_TASK_ID, same envs
     assert out.index("attempt 1 marker") < out.index("was preempted") < out.index("attempt 2 marker")
     rec = job_row(fake, job_id, fields=["recovery_count", "last_recovered_at", "start_at", "job_duration"])
@@ -414,11 +462,18 @@ def test_user_failures_restart_up_to_max_restarts_on_errors_then_fail(fake: Stri
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     crash, flaky, setup = launch_jobs(
-        fake, (task(run="echo crash; exit 7", resources={"job_recovery": {"max_restarts_on_errors": 2}}), None),
-        (task(  # an exit code in recover_on_exit_codes restarts without counting
-            run='n=$(( $(cat "$B/n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$B/n"; [ "$n" -ge 3 ] || exit 33',
-            envs={"B": str(bucket)}, resources={"job_recovery": {"recover_on_exit_codes": [33]}}), None),
-        (task(setup="echo in-setup; exit 3", run="echo RUN-RAN"), None))
+        fake,
+        (task(run="echo crash; exit 7", resources={"job_recovery": {"max_restarts_on_errors": 2}}), None),
+        (
+            task(  # an exit code in recover_on_exit_codes restarts without counting
+                run='n=$(( $(cat "$B/n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$B/n"; [ "$n" -ge 3 ] || exit 33',
+                envs={"B": str(bucket)},
+                resources={"job_recovery": {"recover_on_exit_codes": [33]}},
+            ),
+            None,
+        ),
+        (task(setup="echo in-setup; exit 3", run="echo RUN-RAN"), None),
+    )
     code, out = follow_job(fake, crash)
     assert code == JOB_FAILED and out.count("crash\n") == 3, out  # 1 run + 2 restarts
     assert follow_job(fake, flaky)[0] == JOB_SUCCEEDED
@@ -427,8 +482,10 @@ def test_user_failures_restart_up_to_max_restarts_on_errors_then_fail(fake: Stri
     rows = fake.get(fake.jobs.queue_v2(refresh=False, fields=["failure_reason", "recovery_count"]))[0]
     rec = {r.job_id: r for r in rows}
     assert rec[crash].status is ManagedJobStatus.FAILED and rec[crash].recovery_count == 2
-    assert rec[crash].failure_reason == ("Job exited with exit code 7 (user program failure). To see the details, "
-                                         f"run: sky jobs logs --controller {crash}")
+    assert rec[crash].failure_reason == (
+        "Job exited with exit code 7 (user program failure). To see the details, "
+        f"run: sky jobs logs --controller {crash}"
+    )
     assert rec[flaky].status is ManagedJobStatus.SUCCEEDED and rec[flaky].recovery_count == 2
     assert rec[setup].status is ManagedJobStatus.FAILED_SETUP
     assert rec[setup].failure_reason.startswith("Job exited with exit code 3 (user program failure)")
@@ -454,8 +511,7 @@ def test_cancel_kills_the_job_with_its_cluster_or_sigterms_it_first_when_gracefu
     assert not session_alive(sessions[hard]) and not session_alive(sessions[soft])
     assert fake.get(fake.jobs.cancel(job_ids=[hard])) is None  # a terminal job: nothing to do
     rows = fake.get(fake.jobs.queue_v2(refresh=False))[0]
-    assert {r.job_id: r.status for r in rows} == {hard: ManagedJobStatus.CANCELLED,
-                                                  soft: ManagedJobStatus.CANCELLED}
+    assert {r.job_id: r.status for r in rows} == {hard: ManagedJobStatus.CANCELLED, soft: ManagedJobStatus.CANCELLED}
     assert fake.clusters_of("jobs.cancel") == [None, "1", str(hard), "soft", str(hard)]
 
 
@@ -493,9 +549,12 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
     no_cloud = StrictSky(fake.state_dir, app, no_cloud=True).jobs.launch(task(run="echo hi"))
     full = StrictSky(fake.state_dir, app, capacity=True).jobs.launch(task(run="echo RAN"))
     # A secret without a value: SkyPilot's controller retries the launch forever (STARTING, in backoff).
-    stuck, orphan, bad = launch_jobs(fake, (task(run="echo RAN", secrets={"X": None}), "stuck"),
-                                     (task(run="echo started; sleep 60"), "orphan"),
-                                     (task(run="echo RAN", resources={"accelerators": "NOPE:1"}), "bad"))
+    stuck, orphan, bad = launch_jobs(
+        fake,
+        (task(run="echo RAN", secrets={"X": None}), "stuck"),
+        (task(run="echo started; sleep 60"), "orphan"),
+        (task(run="echo RAN", resources={"accelerators": "NOPE:1"}), "bad"),
+    )
     with pytest.raises(sky.exceptions.NoCloudAccessError):  # the jobs controller itself cannot launch
         fake.get(no_cloud)
     [no_capacity], _ = fake.get(full)
@@ -514,8 +573,9 @@ def test_jobs_that_cannot_launch_and_a_dead_controller_end_as_skypilots_do(fake:
     rows = fake.get(fake.jobs.queue_v2(refresh=False, fields=["details", "failure_reason"]))[0]
     rec = {r.job_id: r for r in rows}
     assert rec[stuck].status is ManagedJobStatus.STARTING and rec[stuck].details == "In backoff, waiting for resources"
-    assert "No value available for secret(s): X" in (
-        fake.state_dir / "jobs" / str(stuck) / "controller.log").read_text()
+    assert (
+        "No value available for secret(s): X" in (fake.state_dir / "jobs" / str(stuck) / "controller.log").read_text()
+    )
     assert rec[orphan].status is ManagedJobStatus.FAILED_CONTROLLER
     assert rec[orphan].failure_reason.startswith("Controller process has exited abnormally")
     assert not session_alive(orphan_rec["attempts"][-1]["pid"])  # its cluster went with it

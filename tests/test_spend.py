@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import Config, QuotaConfig, parse_gpus
-
 from launcher.config.load import load_config
+from launcher.config.schema import Config, QuotaConfig, parse_gpus
 from launcher.ladder import rung_named
 from launcher.legs import RunContext
 from launcher.ops.spend import period_start
@@ -24,14 +23,17 @@ from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 UTC = timezone.utc
 
 
-@pytest.mark.parametrize("now, weekday, start", [
-    (datetime(2026, 12, 2, 12, 0, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
-    (datetime(2026, 11, 30, 0, 0, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
-    (datetime(2026, 12, 6, 23, 59, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
-    (datetime(2026, 12, 7, 0, 1, tzinfo=UTC), "monday", datetime(2026, 12, 7, tzinfo=UTC)),  # rolled over
-    (datetime(2026, 12, 5, 10, 0, tzinfo=UTC), "sunday", datetime(2026, 11, 29, tzinfo=UTC)),
-    (datetime(2026, 12, 6, 10, 0, tzinfo=UTC), "sunday", datetime(2026, 12, 6, tzinfo=UTC)),
-])
+@pytest.mark.parametrize(
+    "now, weekday, start",
+    [
+        (datetime(2026, 12, 2, 12, 0, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
+        (datetime(2026, 11, 30, 0, 0, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
+        (datetime(2026, 12, 6, 23, 59, tzinfo=UTC), "monday", datetime(2026, 11, 30, tzinfo=UTC)),
+        (datetime(2026, 12, 7, 0, 1, tzinfo=UTC), "monday", datetime(2026, 12, 7, tzinfo=UTC)),  # rolled over
+        (datetime(2026, 12, 5, 10, 0, tzinfo=UTC), "sunday", datetime(2026, 11, 29, tzinfo=UTC)),
+        (datetime(2026, 12, 6, 10, 0, tzinfo=UTC), "sunday", datetime(2026, 12, 6, tzinfo=UTC)),
+    ],
+)
 def test_week_rollover(now: datetime, weekday: str, start: datetime) -> None:
     cfg = Config(project="p", quota=QuotaConfig(gpu_hours=30, period="week", reset_weekday=weekday))
     assert period_start(cfg, now) == start
@@ -39,7 +41,9 @@ def test_week_rollover(now: datetime, weekday: str, start: datetime) -> None:
 
 def test_month_and_no_period() -> None:
     now = datetime(2026, 12, 15, 8, tzinfo=UTC)
-    assert period_start(Config(project="p", quota=QuotaConfig(period="month")), now) == datetime(2026, 12, 1, tzinfo=UTC)
+    assert period_start(Config(project="p", quota=QuotaConfig(period="month")), now) == datetime(
+        2026, 12, 1, tzinfo=UTC
+    )
     assert period_start(Config(project="p", quota=QuotaConfig(period="none")), now) is None
 
 
@@ -49,18 +53,23 @@ def set_quota(project: Path, **quota: object) -> None:
 
 def add_billed_run(project: Path, hours: float, run_id: str = "earlier") -> None:
     with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
-        db.execute("INSERT INTO runs (id, project, rung, backend, gpu_count, nodes, store_uri, files_digest, "
-                   "config_sha256, started_at, ended_at, exit_code, verdict, billed_gpu_hours, cost_usd) "
-                   "VALUES (?, 'p', 'smoke', 'sky', 1, 1, 's', 'd', 'c', ?, ?, 0, 'pass', ?, 0)",
-                   (run_id, time.time() - 60, time.time(), hours))
+        db.execute(
+            "INSERT INTO runs (id, project, rung, backend, gpu_count, nodes, store_uri, files_digest, "
+            "config_sha256, started_at, ended_at, exit_code, verdict, billed_gpu_hours, cost_usd) "
+            "VALUES (?, 'p', 'smoke', 'sky', 1, 1, 's', 'd', 'c', ?, ?, 0, 'pass', ?, 0)",
+            (run_id, time.time() - 60, time.time(), hours),
+        )
 
 
 def test_over_quota_is_refused_with_the_arithmetic(project: Path) -> None:
     set_quota(project, gpu_hours=1)
     add_billed_run(project, 0.8)
     res = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project)
-    assert_one_line_error(res, 3, "used 0.80 + reserved 0.00 + this rung 0.50 "
-                                  "(3 legs x 10 min x 1 GPUs x 1 nodes) = 1.30 GPU-h > quota 1 GPU-h")
+    assert_one_line_error(
+        res,
+        3,
+        "used 0.80 + reserved 0.00 + this rung 0.50 (3 legs x 10 min x 1 GPUs x 1 nodes) = 1.30 GPU-h > quota 1 GPU-h",
+    )
     assert "--allow-overdraft" in res.err
     assert run_rows(project) == 1  # nothing recorded but the earlier run
 
@@ -79,7 +88,8 @@ def test_allow_overdraft_launches_and_is_recorded(project: Path) -> None:
     assert legs[0] == 1 and legs[1] > 0
     with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
         overdraft, arithmetic, settled, how = db.execute(
-            "SELECT overdraft, arithmetic, settled_gpu_hours, settled_how FROM reservations").fetchone()
+            "SELECT overdraft, arithmetic, settled_gpu_hours, settled_how FROM reservations"
+        ).fetchone()
     assert overdraft == 1 and arithmetic.startswith("OVERDRAFT: used 0.80")
     assert how == "billed" and settled > 0  # settled with what the legs billed
 
@@ -112,8 +122,15 @@ if hold:
 
 def test_eight_concurrent_launches_never_over_reserve(project: Path) -> None:
     set_quota(project, gpu_hours=2)  # each smoke reserves 0.5 GPU-h: four fit
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, "--hold", str(project / "launcher.yaml"), f"run{i}"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RESERVE, "--hold", str(project / "launcher.yaml"), f"run{i}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
     try:  # each holds its reservation (alive) until all eight have answered, then they are let go
         results = [json.loads(p.stdout.readline()) for p in procs]
     finally:
@@ -128,19 +145,29 @@ def test_eight_concurrent_launches_never_over_reserve(project: Path) -> None:
 
 def test_a_dead_launchers_reservation_is_settled_by_the_next_call(project: Path) -> None:
     set_quota(project, gpu_hours=10)
-    proc = subprocess.run([sys.executable, "-c", RESERVE, str(project / "launcher.yaml"), "crashed-after-leg",
-                           "crashed-mid-leg"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", RESERVE, str(project / "launcher.yaml"), "crashed-after-leg", "crashed-mid-leg"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert all(json.loads(line)["ok"] for line in proc.stdout.splitlines())  # then it "dies": never settles
     with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
         for run in ("crashed-after-leg", "crashed-mid-leg"):
-            db.execute("INSERT INTO runs (id, project, rung, backend, gpu_count, nodes, store_uri, files_digest, "
-                       "config_sha256, started_at) VALUES (?, 'p', 'smoke', 'local', 1, 1, 's', 'd', 'c', ?)",
-                       (run, time.time()))
-        db.execute("INSERT INTO legs (run_id, leg, backend, instance, command, env, log_path, started_at, ended_at, "
-                   "billed_gpu_hours, cost_usd) VALUES ('crashed-after-leg', 0, 'local', 'i', '[]', '{}', 'l', 0, 1, "
-                   "0.2, 0.07)")
-        db.execute("INSERT INTO legs (run_id, leg, backend, instance, command, env, log_path, started_at) "
-                   "VALUES ('crashed-mid-leg', 0, 'local', 'i', '[]', '{}', 'l', 0)")
+            db.execute(
+                "INSERT INTO runs (id, project, rung, backend, gpu_count, nodes, store_uri, files_digest, "
+                "config_sha256, started_at) VALUES (?, 'p', 'smoke', 'local', 1, 1, 's', 'd', 'c', ?)",
+                (run, time.time()),
+            )
+        db.execute(
+            "INSERT INTO legs (run_id, leg, backend, instance, command, env, log_path, started_at, ended_at, "
+            "billed_gpu_hours, cost_usd) VALUES ('crashed-after-leg', 0, 'local', 'i', '[]', '{}', 'l', 0, 1, "
+            "0.2, 0.07)"
+        )
+        db.execute(
+            "INSERT INTO legs (run_id, leg, backend, instance, command, env, log_path, started_at) "
+            "VALUES ('crashed-mid-leg', 0, 'local', 'i', '[]', '{}', 'l', 0)"
+        )
     res = run_cli(["spend", "--json"], cwd=project)
     data = res.json()
     assert data["reconciled_now"] == 2 and data["reserved_gpu_hours"] == 0
@@ -153,8 +180,18 @@ def test_a_dead_launchers_reservation_is_settled_by_the_next_call(project: Path)
 def test_leg_deadline_from_what_the_quota_still_allows(project: Path) -> None:
     set_quota(project, session_hours=9)
     cfg = load_config(project / "launcher.yaml")
-    ctx = RunContext(cfg, rung_named("smoke"), None, None, "r", "file:///s", {}, parse_gpus("T4:2"),  # type: ignore[arg-type]
-                     lambda leg, line: None, quota_left_hours=0.1)
+    ctx = RunContext(
+        cfg,
+        rung_named("smoke"),
+        None,
+        None,
+        "r",
+        "file:///s",
+        {},
+        parse_gpus("T4:2"),  # type: ignore[arg-type]
+        lambda leg, line: None,
+        quota_left_hours=0.1,
+    )
     assert ctx.leg_deadline(3600) == pytest.approx(time.time() + 0.1 / 2 * 3600, abs=2)  # 3 min of 2 GPUs
     ctx.quota_left_hours = None
     assert ctx.leg_deadline(24 * 3600) == pytest.approx(time.time() + 9 * 3600, abs=2)  # the session cap

@@ -83,8 +83,9 @@ def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) ->
     """A sys.path edit that works here and fails on a fresh instance."""
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret_helper.py").write_text("X = 1\n")
-    (project / "flat.py").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path / 'outside')!r})\n"
-                                     "import secret_helper\n" + FLAT)
+    (project / "flat.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(tmp_path / 'outside')!r})\nimport secret_helper\n" + FLAT
+    )
     edit_config(project, trainer={"command": "python flat.py"}, reviewed=["flat.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
@@ -156,8 +157,9 @@ def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix
     """A script that reads sys.argv by hand cannot be stopped after its parse: rung 0 says to
     set `trainer.parser: none` instead of running it (to its end, training) to find out; with
     that set, it compiles and passes."""
-    (project / "by_hand.py").write_text("import sys\nITERS = int(sys.argv[1])\n"
-                                        "open('TRAINED', 'w').write('rung 0 must never get here')\n")
+    (project / "by_hand.py").write_text(
+        "import sys\nITERS = int(sys.argv[1])\nopen('TRAINED', 'w').write('rung 0 must never get here')\n"
+    )
     edit_config(project, trainer={"command": "python by_hand.py 3"}, reviewed=["by_hand.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
@@ -171,9 +173,11 @@ def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix
 def test_a_warning_is_not_quoted_as_the_reason_a_script_stopped() -> None:
     from runtime.static_check import last_error_line
 
-    err = ("train.py:40: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.\n"
-           "  scaler = torch.cuda.amp.GradScaler(enabled=False)\n"
-           "usage: train.py [-h]\ntrain.py: error: the following arguments are required: --data\n"
-           "/x/y.py:3: UserWarning: late\n  warnings.warn('late')\n")
+    err = (
+        "train.py:40: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.\n"
+        "  scaler = torch.cuda.amp.GradScaler(enabled=False)\n"
+        "usage: train.py [-h]\ntrain.py: error: the following arguments are required: --data\n"
+        "/x/y.py:3: UserWarning: late\n  warnings.warn('late')\n"
+    )
     assert last_error_line(err) == "train.py: error: the following arguments are required: --data"
     assert last_error_line("a.py:1: DeprecationWarning: x\n  y\n") is None

@@ -38,8 +38,11 @@ def make_project(root: Path, *, ignore_sigterm: bool = False, delay: float = 0.1
     assert run_cli(["init", str(root)], cwd=root.parent).code == 0
     (root / "train.py").write_text(WRAPPER.replace("IGNORE_SIGTERM", str(ignore_sigterm)))
     cfg = root / "launcher.yaml"
-    text = re.sub(r"(?m)^  command: .*$", f"  command: python train.py --ckpt-every 5 --metrics-every 5 "
-                  f"--health-every 0 --data-delay {delay}", cfg.read_text())
+    text = re.sub(
+        r"(?m)^  command: .*$",
+        f"  command: python train.py --ckpt-every 5 --metrics-every 5 --health-every 0 --data-delay {delay}",
+        cfg.read_text(),
+    )
     text = re.sub(r"(?m)^  rehearsal: .*$", f"  rehearsal: {{steps: {steps}, budget_minutes: 10}}", text)
     cfg.write_text(text)
     assert run_cli(["review"], cwd=root).code == 0
@@ -50,8 +53,14 @@ def start_up(root: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     out = root / "up.out"
     env = dict(os.environ, TMPDIR=str(root.parent / "tmp"))
     (root.parent / "tmp").mkdir(exist_ok=True)
-    proc = subprocess.Popen([str(LAUNCHER), "up", "rehearsal", *args], cwd=root, env=env, stdout=out.open("w"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(LAUNCHER), "up", "rehearsal", *args],
+        cwd=root,
+        env=env,
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     return proc, out
 
 
@@ -147,8 +156,7 @@ def test_stop_refuses_what_it_cannot_stop(project: Path) -> None:
 @pytest.mark.parametrize("delay,largest", [(0.15, "data"), (0.0, "compute")])
 def test_breakdown_names_the_bottleneck(tmp_path: Path, delay: float, largest: str) -> None:
     root = make_project(tmp_path / "proj", delay=delay)
-    res = run_cli(["up", "probe", "--cpu", "--steps", "60", "--json"], cwd=root,
-                  env={"TMPDIR": str(tmp_path)})
+    res = run_cli(["up", "probe", "--cpu", "--steps", "60", "--json"], cwd=root, env={"TMPDIR": str(tmp_path)})
     checks = {c["name"]: c for c in res.json()["checks"]}
     detail = checks["leg 0: where step time goes"]["detail"]
     label = {"data": "data wait", "compute": "forward/backward"}[largest]

@@ -22,8 +22,10 @@ def make_checkpoint(root: Path, step: int, size: int = 300_000) -> tuple[Path, M
     data = os.urandom(size)
     (folder / "state.pt").write_bytes(data)
     (folder / "extra.bin").write_bytes(data[:1000])
-    files = tuple(FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-                  for p in sorted(folder.iterdir()))
+    files = tuple(
+        FileEntry(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.iterdir())
+    )
     return folder, Manifest(checkpoint_name(step), step, files)
 
 
@@ -165,8 +167,9 @@ def test_cycle_replaces_an_unverified_copy_never_a_verified_one(store: LocalDirS
     assert "verify" in capsys.readouterr().out
 
 
-def test_a_verify_line_is_printed_only_once_the_store_holds_it_verified(store: LocalDirStore, tmp_path: Path,
-                                                                       capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_a_verify_line_is_printed_only_once_the_store_holds_it_verified(
+    store: LocalDirStore, tmp_path: Path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
     # A kill between the read-back and the mark must not leave a log claiming a
     # verified checkpoint the store does not hold (the report's proof 6 relies on it).
     from runtime.cycle import run_cycle

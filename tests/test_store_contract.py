@@ -51,7 +51,7 @@ def test_read_range_returns_exact_bytes(store: Store, tmp_path: Path) -> None:
     store.push(folder, manifest)
     data = (folder / "state.pt").read_bytes()
     for start, length in ((0, 100), (12_345, 4096), (len(data) - 7, 7)):
-        assert store.read_range(manifest.name, "state.pt", start, length) == data[start:start + length]
+        assert store.read_range(manifest.name, "state.pt", start, length) == data[start : start + length]
 
 
 def test_fetch_returns_the_bytes_and_delete_removes_them(store: Store, tmp_path: Path) -> None:

@@ -18,8 +18,12 @@ def rehearse_stream(tmp_path: Path, buffer: int) -> tuple[int, dict[str, dict]]:
     root = tmp_path / "streaming"
     shutil.copytree(ASSET, root)
     cfg = root / "launcher.yaml"
-    cfg.write_text(cfg.read_text().replace("command: python train.py --ckpt-every 5",
-                                           f"command: {hf_python()} train.py --ckpt-every 5 --shuffle-buffer {buffer}"))
+    cfg.write_text(
+        cfg.read_text().replace(
+            "command: python train.py --ckpt-every 5",
+            f"command: {hf_python()} train.py --ckpt-every 5 --shuffle-buffer {buffer}",
+        )
+    )
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     return res.code, {c["name"]: c for c in res.json()["checks"]}

@@ -7,7 +7,7 @@ import sys
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from runtime.batches import EpochLoader
 from runtime.session import Session

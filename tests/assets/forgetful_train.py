@@ -31,8 +31,15 @@ def main() -> int:
                 fh.flush()
                 time.sleep(0.05)
     for step in range(1, max_steps + 1):  # always from 0: the bug
-        emit("step", step=step, loss=5.0 - step * 0.01, lr=1e-3, sample_index=(step - 1) * 8, tokens=step * 512,
-             tok_s=1000.0)
+        emit(
+            "step",
+            step=step,
+            loss=5.0 - step * 0.01,
+            lr=1e-3,
+            sample_index=(step - 1) * 8,
+            tokens=step * 512,
+            tok_s=1000.0,
+        )
         if step % args.ckpt_every == 0 or step == max_steps:
             name = f"step-{step:08d}"
             emit("push", step=step, name=name, bytes=100, seconds=0.01)

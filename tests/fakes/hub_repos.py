@@ -76,9 +76,19 @@ class RepoEndpoints:
 
     def _repo_info(self, repo_id: str, repo: Repo, revision: str) -> Reply:
         commit = self._revision(repo, revision)
-        return self._json({"id": repo_id, "modelId": repo_id, "author": repo_id.split("/")[0], "sha": commit.oid,
-                           "private": repo.private, "lastModified": commit.date, "disabled": False,
-                           "gated": False, "siblings": [{"rfilename": p} for p in sorted(commit.files)]})
+        return self._json(
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "author": repo_id.split("/")[0],
+                "sha": commit.oid,
+                "private": repo.private,
+                "lastModified": commit.date,
+                "disabled": False,
+                "gated": False,
+                "siblings": [{"rfilename": p} for p in sorted(commit.files)],
+            }
+        )
 
     def _entry_json(self, repo: Repo, path: str, files: dict[str, Entry], expand: bool) -> dict[str, Any]:
         """A tree / paths-info item: a file (with `lfs` when LFS) or a directory (when `path` is one)."""
@@ -86,8 +96,11 @@ class RepoEndpoints:
         if entry is not None:
             out: dict[str, Any] = {"type": "file", "path": path, "size": entry.size, "oid": entry.git_oid}
             if entry.sha256:
-                out["lfs"] = {"oid": entry.sha256, "size": entry.size,
-                              "pointerSize": len(lfs_pointer(entry.sha256, entry.size))}
+                out["lfs"] = {
+                    "oid": entry.sha256,
+                    "size": entry.size,
+                    "pointerSize": len(lfs_pointer(entry.sha256, entry.size)),
+                }
             commits = [entry.commit]
         else:
             inside = sorted(p for p in files if p.startswith(path + "/"))
@@ -109,7 +122,7 @@ class RepoEndpoints:
         paths: set[str] = set()
         for path in commit.files:
             if path.startswith(prefix):
-                parts = path[len(prefix):].split("/")
+                parts = path[len(prefix) :].split("/")
                 depth = len(parts) if recursive else 1
                 paths.update(prefix + "/".join(parts[:i]) for i in range(1, depth + 1))
         expand = query.get("expand", "").lower() == "true"
@@ -119,7 +132,7 @@ class RepoEndpoints:
         if cursor + self.page_size < len(items):
             next_query = urlencode({**query, "cursor": cursor + self.page_size})
             headers["Link"] = f'<{self.url}{url.path}?{next_query}>; rel="next"'
-        return self._json(items[cursor:cursor + self.page_size], headers)
+        return self._json(items[cursor : cursor + self.page_size], headers)
 
     def _paths_info(self, repo: Repo, revision: str, body: bytes) -> Reply:
         commit = self._revision(repo, revision)
@@ -129,8 +142,11 @@ class RepoEndpoints:
         else:
             form = parse_qs(body.decode())
             paths, expand = form.get("paths", []), form.get("expand", ["false"])[-1].lower() == "true"
-        found = [p.strip("/") for p in dict.fromkeys(paths)
-                 if p.strip("/") in commit.files or any(f.startswith(p.strip("/") + "/") for f in commit.files)]
+        found = [
+            p.strip("/")
+            for p in dict.fromkeys(paths)
+            if p.strip("/") in commit.files or any(f.startswith(p.strip("/") + "/") for f in commit.files)
+        ]
         return self._json([self._entry_json(repo, p, commit.files, expand) for p in found])
 
     def _preupload(self, repo: Repo, revision: str, payload: dict[str, Any]) -> Reply:
@@ -139,8 +155,11 @@ class RepoEndpoints:
         for item in payload["files"]:
             self._check_size(item["path"], item["size"])
             entry = commit.files.get(item["path"])
-            info = {"path": item["path"], "uploadMode": "lfs" if item["size"] > self.lfs_threshold else "regular",
-                    "shouldIgnore": False}
+            info = {
+                "path": item["path"],
+                "uploadMode": "lfs" if item["size"] > self.lfs_threshold else "regular",
+                "shouldIgnore": False,
+            }
             if entry is not None:  # lets the client skip unchanged files (it compares sha256 / git oid)
                 info["oid"] = entry.sha256 or entry.git_oid
             out.append(info)
@@ -160,8 +179,11 @@ class RepoEndpoints:
                     "verify": {"href": f"{self.url}/{repo_id}.git/info/lfs/objects/verify"},
                 }
             objects.append(item)
-        return Reply(200, {"Content-Type": "application/vnd.git-lfs+json"},
-                     json.dumps({"transfer": "basic", "objects": objects}).encode())
+        return Reply(
+            200,
+            {"Content-Type": "application/vnd.git-lfs+json"},
+            json.dumps({"transfer": "basic", "objects": objects}).encode(),
+        )
 
     def _lfs_verify(self, payload: dict[str, Any]) -> Reply:
         with self._lock:
@@ -177,8 +199,11 @@ class RepoEndpoints:
             raise HubError(400, "the first ndjson line must be the header")
         header = lines[0]["value"]
         if len(lines) - 1 > self.max_files_per_commit:
-            raise HubError(422, f"a commit holds at most {self.max_files_per_commit} files, this one "
-                           f"{len(lines) - 1}: split it in several commits")
+            raise HubError(
+                422,
+                f"a commit holds at most {self.max_files_per_commit} files, this one "
+                f"{len(lines) - 1}: split it in several commits",
+            )
         with self._lock:
             self._check_rate(repo_id)
             if revision not in repo.branches:
@@ -197,8 +222,14 @@ class RepoEndpoints:
             repo.commits[commit.oid], repo.branches[revision] = commit, commit.oid
             self.commit_sizes.append((commit.title, len(lines) - 1))
             self._commit_times.setdefault(repo_id, deque()).append(self.clock())
-        return self._json({"commitOid": commit.oid, "commitUrl": f"{self.url}/{repo_id}/commit/{commit.oid}",
-                           "pullRequestUrl": None, "success": True})
+        return self._json(
+            {
+                "commitOid": commit.oid,
+                "commitUrl": f"{self.url}/{repo_id}/commit/{commit.oid}",
+                "pullRequestUrl": None,
+                "success": True,
+            }
+        )
 
     def _check_size(self, path: str, size: int) -> None:
         if size > self.max_file_bytes:
@@ -211,8 +242,11 @@ class RepoEndpoints:
             times.popleft()
         if len(times) >= self.max_commits_per_hour:
             wait = str(int(3600 - (now - times[0])))
-            raise HubError(429, f"rate limit: {len(times)} commits to {repo_id} in the last hour (at most "
-                           f"{self.max_commits_per_hour})", headers={"Retry-After": wait})
+            raise HubError(
+                429,
+                f"rate limit: {len(times)} commits to {repo_id} in the last hour (at most {self.max_commits_per_hour})",
+                headers={"Retry-After": wait},
+            )
 
     def _apply(self, commit: Commit, key: str, value: dict[str, Any]) -> None:
         path = value["path"].strip("/") if key == "deletedFolder" else value["path"]
@@ -250,7 +284,12 @@ class RepoEndpoints:
             raise HubError(404, "Entry not found", "EntryNotFound", headers)
         headers["ETag"] = f'"{entry.git_oid}"'
         if entry.sha256:
-            headers.update({"Location": f"{self.lfs_url}/objects/{entry.sha256}?path={quote(path)}",
-                            "X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)})
+            headers.update(
+                {
+                    "Location": f"{self.lfs_url}/objects/{entry.sha256}?path={quote(path)}",
+                    "X-Linked-Etag": f'"{entry.sha256}"',
+                    "X-Linked-Size": str(entry.size),
+                }
+            )
             return Reply(302, headers)
         return serve_bytes(entry.data or b"", range_header, headers)

@@ -65,8 +65,16 @@ from typing import Any, Callable, NamedTuple
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from tests.fakes.hub_repos import Commit, Entry, Repo, RepoEndpoints, now
-from tests.fakes.hub_server_faults import (BODY_MODES, REQUEST_MODES, Fault, HubError, Origin, Reply, corrupt,
-                                           serve_bytes)
+from tests.fakes.hub_server_faults import (
+    BODY_MODES,
+    REQUEST_MODES,
+    Fault,
+    HubError,
+    Origin,
+    Reply,
+    corrupt,
+    serve_bytes,
+)
 
 
 class LoggedRequest(NamedTuple):
@@ -86,10 +94,19 @@ class HubServer(RepoEndpoints):
     `user` is the namespace of repos created without one and the whoami name; the `max_*` limits
     are the Hub's unless a test lowers them (module docstring)."""
 
-    def __init__(self, token: str = "hf_good", *, require_auth: bool = False, lfs_threshold: int = 1024,
-                 page_size: int = 1000, user: str = "tester", max_file_bytes: int = 50 * 10**9,
-                 max_files_per_commit: int = 100, max_commits_per_hour: int = 128,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        token: str = "hf_good",
+        *,
+        require_auth: bool = False,
+        lfs_threshold: int = 1024,
+        page_size: int = 1000,
+        user: str = "tester",
+        max_file_bytes: int = 50 * 10**9,
+        max_files_per_commit: int = 100,
+        max_commits_per_hour: int = 128,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.token, self.require_auth, self.user = token, require_auth, user
         self.lfs_threshold, self.page_size = lfs_threshold, page_size
         self.max_file_bytes, self.max_files_per_commit = max_file_bytes, max_files_per_commit
@@ -113,8 +130,12 @@ class HubServer(RepoEndpoints):
 
     def start(self) -> HubServer:
         for origin in (self._hub, self._lfs):
-            thread = threading.Thread(target=origin.serve_forever, kwargs={"poll_interval": 0.05},
-                                      name=f"hub-server-{origin.origin}", daemon=True)
+            thread = threading.Thread(
+                target=origin.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"hub-server-{origin.origin}",
+                daemon=True,
+            )
             thread.start()
             self._threads.append(thread)
         return self
@@ -139,8 +160,16 @@ class HubServer(RepoEndpoints):
 
     # --- faults -----------------------------------------------------------------------------
 
-    def inject(self, mode: str, times: int = 1, path: str | None = None, *, api: bool = False,
-               seconds: float = 30.0, offset: int = 1) -> None:
+    def inject(
+        self,
+        mode: str,
+        times: int = 1,
+        path: str | None = None,
+        *,
+        api: bool = False,
+        seconds: float = 30.0,
+        offset: int = 1,
+    ) -> None:
         """Queue a fault for the next `times` matching requests (see the module docstring).
 
         Modes: flip_byte, shift_span, truncate, ignore_range (body faults, see hub_server_faults.py);
@@ -200,8 +229,7 @@ class HubServer(RepoEndpoints):
             if carries_bytes and (body_fault := self._take_fault(BODY_MODES, file_path)):
                 reply = corrupt(body_fault, reply)
         with self._lock:
-            self.requests.append(LoggedRequest(method, url.path, url.query, reply.status,
-                                               headers.get("Range"), origin))
+            self.requests.append(LoggedRequest(method, url.path, url.query, reply.status, headers.get("Range"), origin))
         return reply
 
     @staticmethod
@@ -214,8 +242,9 @@ class HubServer(RepoEndpoints):
 
     # --- routing ------------------------------------------------------------------------------
 
-    def _route_lfs(self, method: str, url: SplitResult, segs: list[str], query: dict[str, str], headers: Message,
-                   body: bytes) -> Reply:
+    def _route_lfs(
+        self, method: str, url: SplitResult, segs: list[str], query: dict[str, str], headers: Message, body: bytes
+    ) -> Reply:
         if method == "PUT" and len(segs) == 3 and segs[0] == "upload":
             oid, size = segs[1], int(segs[2])
             if len(body) != size or hashlib.sha256(body).hexdigest() != oid:
@@ -230,14 +259,16 @@ class HubServer(RepoEndpoints):
             return serve_bytes(data, headers.get("Range"), {"ETag": f'"{segs[1]}"'})
         raise HubError(404, f"no route for {method} {url.path}")
 
-    def _route_hub(self, method: str, url: SplitResult, segs: list[str], query: dict[str, str], headers: Message,
-                   body: bytes) -> Reply:
+    def _route_hub(
+        self, method: str, url: SplitResult, segs: list[str], query: dict[str, str], headers: Message, body: bytes
+    ) -> Reply:
         anonymous = self._check_token(headers)
         route = (method, *segs[:4])
         if route == ("GET", "api", "whoami-v2"):
             self._need_token(anonymous)
-            return self._json({"type": "user", "name": self.user,
-                               "auth": {"accessToken": {"displayName": "test", "role": "write"}}})
+            return self._json(
+                {"type": "user", "name": self.user, "auth": {"accessToken": {"displayName": "test", "role": "write"}}}
+            )
         if route == ("POST", "api", "repos", "create"):
             return self._create_repo(anonymous, json.loads(body))
         if route == ("DELETE", "api", "repos", "delete"):
@@ -258,12 +289,19 @@ class HubServer(RepoEndpoints):
             if (method, segs[5]) == ("POST", "verify"):
                 return self._lfs_verify(json.loads(body))
         if method in ("GET", "HEAD") and len(segs) > 4 and segs[2] == "resolve":
-            return self._resolve(f"{segs[0]}/{segs[1]}", segs[3], "/".join(segs[4:]), anonymous,
-                                 headers.get("Range"))
+            return self._resolve(f"{segs[0]}/{segs[1]}", segs[3], "/".join(segs[4:]), anonymous, headers.get("Range"))
         raise HubError(404, f"no route for {method} {url.path}")
 
-    def _route_repo_api(self, method: str, url: SplitResult, repo_id: str, rest: list[str], query: dict[str, str],
-                        anonymous: bool, body: bytes) -> Reply:
+    def _route_repo_api(
+        self,
+        method: str,
+        url: SplitResult,
+        repo_id: str,
+        rest: list[str],
+        query: dict[str, str],
+        anonymous: bool,
+        body: bytes,
+    ) -> Reply:
         verb = rest[0] if rest else ""
         if verb in ("preupload", "commit"):
             self._need_token(anonymous)

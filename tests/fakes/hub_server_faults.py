@@ -61,8 +61,14 @@ class Reply:
 class HubError(Exception):
     """An error reply in the Hub's shape: JSON `{"error": ...}` plus X-Error-Message / X-Error-Code."""
 
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 headers: dict[str, str] | None = None, fields: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers or {}
         self.fields = fields or {}
@@ -93,7 +99,7 @@ def serve_bytes(data: bytes, range_header: str | None, headers: dict[str, str]) 
         if start >= size:
             raise HubError(416, "Range Not Satisfiable", headers={"Content-Range": f"bytes */{size}"})
     headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-    return Reply(206, headers, data[start:end + 1], data, (start, end))
+    return Reply(206, headers, data[start : end + 1], data, (start, end))
 
 
 def corrupt(fault: Fault, reply: Reply) -> Reply:
@@ -102,12 +108,12 @@ def corrupt(fault: Fault, reply: Reply) -> Reply:
     start = reply.window[0] if reply.window else 0
     if fault.mode == "flip_byte" and body:
         i = len(body) // 2
-        body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1:]
+        body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]
     elif fault.mode == "shift_span" and data:
         k = (start + fault.offset) % len(data)  # the span `offset` bytes later, wrapping at the end
-        body = (data[k:] + data[:k])[:len(body)]
+        body = (data[k:] + data[:k])[: len(body)]
     elif fault.mode == "truncate":
-        body = body[:len(body) // 2]
+        body = body[: len(body) // 2]
     elif fault.mode == "ignore_range":
         headers = {k: v for k, v in reply.headers.items() if k != "Content-Range"}
         return Reply(200, headers, data, data)
@@ -165,8 +171,9 @@ class Origin(ThreadingHTTPServer):
         self.conns_lock = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        thread = threading.Thread(target=self._serve_conn, args=(request, client_address),
-                                  name=f"hub-server-{self.origin}-conn", daemon=True)
+        thread = threading.Thread(
+            target=self._serve_conn, args=(request, client_address), name=f"hub-server-{self.origin}-conn", daemon=True
+        )
         with self.conns_lock:
             self.conns[thread] = request
         thread.start()

@@ -67,8 +67,18 @@ class MetadataServer:
         if path == "/metadata/scheduledevents?api-version=2020-07-01":
             if headers.get("Metadata") != "true":
                 return 400, b""
-            events = [{"EventId": "e1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
-                       "NotBefore": "Fri, 04 Dec 2026 12:00:30 GMT"}] if self.noticed.is_set() else []
+            events = (
+                [
+                    {
+                        "EventId": "e1",
+                        "EventType": "Preempt",
+                        "ResourceType": "VirtualMachine",
+                        "NotBefore": "Fri, 04 Dec 2026 12:00:30 GMT",
+                    }
+                ]
+                if self.noticed.is_set()
+                else []
+            )
             return 200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode()
         return 404, b""
 

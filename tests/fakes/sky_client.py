@@ -18,24 +18,59 @@ from typing import Any
 
 from tests.fakes.sky_executor import _ensure_executor
 from tests.fakes.sky_jobs import _StrictJobs
-from tests.fakes.sky_proc import (JOB_ID, JOB_NOT_FINISHED, JOB_NOT_FOUND, POLL_S, _append_jsonl, _job_status,
-                                  _read_json, _State)
+from tests.fakes.sky_proc import (
+    JOB_ID,
+    JOB_NOT_FINISHED,
+    JOB_NOT_FOUND,
+    POLL_S,
+    _append_jsonl,
+    _job_status,
+    _read_json,
+    _State,
+)
 from tests.fakes.sky_requests import _Requests
 
 # Launch arguments the real client forwards but this stand-in cannot honour.
-_UNEMULATED_LAUNCH_ARGS = ("clone_disk_from", "resize", "_need_confirmation", "_is_launched_by_jobs_controller",
-                           "_is_launched_by_sky_serve_controller", "_disable_controller_check",
-                           "_file_mounts_blob_id", "_extra_launch_context", "_include_credentials")
-_SDK_CALLS = ("launch", "down", "status", "cancel", "tail_logs", "stream_and_get", "get", "api_cancel", "api_status",
-              "cost_report")
+_UNEMULATED_LAUNCH_ARGS = (
+    "clone_disk_from",
+    "resize",
+    "_need_confirmation",
+    "_is_launched_by_jobs_controller",
+    "_is_launched_by_sky_serve_controller",
+    "_disable_controller_check",
+    "_file_mounts_blob_id",
+    "_extra_launch_context",
+    "_include_credentials",
+)
+_SDK_CALLS = (
+    "launch",
+    "down",
+    "status",
+    "cancel",
+    "tail_logs",
+    "stream_and_get",
+    "get",
+    "api_cancel",
+    "api_status",
+    "cost_report",
+)
 
 
 class StrictSky(_Requests):
     """The `sky` module as the sky backend uses it, against local "clusters"."""
 
-    def __init__(self, state_dir: Path, app_dir: Path, *, no_cloud: bool = False, capacity: bool = False,
-                 credentials: bool = False, cluster_env: dict[str, str] | None = None, pending_s: float = 0.0,
-                 controller_up_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        app_dir: Path,
+        *,
+        no_cloud: bool = False,
+        capacity: bool = False,
+        credentials: bool = False,
+        cluster_env: dict[str, str] | None = None,
+        pending_s: float = 0.0,
+        controller_up_s: float = 0.0,
+    ) -> None:
         """`cluster_env`: what the cloud machine itself provides a job (e.g. HF_ENDPOINT
         of the hub a test stands up in place of huggingface.co). Never for secrets:
         those travel in the task, as the launcher must send them."""
@@ -100,34 +135,49 @@ class StrictSky(_Requests):
         for name in _UNEMULATED_LAUNCH_ARGS:
             if a[name] != sig.parameters[name].default:
                 if name == "clone_disk_from":  # the real client's own refusal
-                    raise NotImplementedError("clone_disk_from is not implemented yet. Please contact the "
-                                              "SkyPilot team if you need this feature at slack.skypilot.co.")
+                    raise NotImplementedError(
+                        "clone_disk_from is not implemented yet. Please contact the "
+                        "SkyPilot team if you need this feature at slack.skypilot.co."
+                    )
                 raise NotImplementedError(f"stand-in: launch({name}=...) is not emulated")
         cluster = a["cluster_name"] or cluster_utils.generate_cluster_name()
         self._record("launch", cluster)
         dag = dag_utils.convert_entrypoint_to_dag(a["task"])  # a deep copy, as the real client makes
         for task in dag.tasks:
             for resource in task.resources:  # launch's flags override the task's autostop, as for real
-                resource.override_autostop_config(down=a["down"], idle_minutes=a["idle_minutes_to_autostop"],
-                                                  wait_for=a["wait_for"])
+                resource.override_autostop_config(
+                    down=a["down"], idle_minutes=a["idle_minutes_to_autostop"], wait_for=a["wait_for"]
+                )
             # The client-side half of sky.validate, then the server's checks that need no network.
             task.expand_and_validate_workdir()
             task.expand_and_validate_file_mounts()
             task.validate_name()
             task.validate_run()
             if task.workdir or task.file_mounts or task.storage_mounts or task.volumes:
-                raise NotImplementedError("stand-in: workdir, file_mounts, storage and volume mounts are not "
-                                          "emulated (nothing would be uploaded)")
+                raise NotImplementedError(
+                    "stand-in: workdir, file_mounts, storage and volume mounts are not "
+                    "emulated (nothing would be uploaded)"
+                )
         dag_yaml = dag_utils.dump_dag_to_yaml_str(dag)
-        args_on_disk = {"cluster_name": cluster, "retry_until_up": a["retry_until_up"], "dryrun": a["dryrun"],
-                        "no_setup": a["no_setup"], "down": a["down"],
-                        "idle_minutes_to_autostop": a["idle_minutes_to_autostop"],
-                        "backend": getattr(a["backend"], "NAME", None), "fast": a["fast"],
-                        "optimize_target": str(a["optimize_target"]), "no_cloud": self.no_cloud,
-                        "capacity": self.capacity, "credentials": self.credentials,
-                        "pending_s": self.pending_s, "app_dir": str(self.app_dir.resolve())}
-        return self._submit("launch", cluster, args_on_disk,
-                            secret_payload={"dag_yaml": dag_yaml, "cluster_env": self.cluster_env})
+        args_on_disk = {
+            "cluster_name": cluster,
+            "retry_until_up": a["retry_until_up"],
+            "dryrun": a["dryrun"],
+            "no_setup": a["no_setup"],
+            "down": a["down"],
+            "idle_minutes_to_autostop": a["idle_minutes_to_autostop"],
+            "backend": getattr(a["backend"], "NAME", None),
+            "fast": a["fast"],
+            "optimize_target": str(a["optimize_target"]),
+            "no_cloud": self.no_cloud,
+            "capacity": self.capacity,
+            "credentials": self.credentials,
+            "pending_s": self.pending_s,
+            "app_dir": str(self.app_dir.resolve()),
+        }
+        return self._submit(
+            "launch", cluster, args_on_disk, secret_payload={"dag_yaml": dag_yaml, "cluster_env": self.cluster_env}
+        )
 
     def down(self, *args: Any, **kwargs: Any) -> str:
         a = self._bind("down", args, kwargs)
@@ -157,7 +207,6 @@ class StrictSky(_Requests):
         self._record("api_cancel", None)
         return self._submit("api_cancel", None, {"request_ids": ids})
 
-
     # -- tail_logs: streamed, as the real one is
 
     def tail_logs(self, *args: Any, **kwargs: Any) -> int:
@@ -176,7 +225,8 @@ class StrictSky(_Requests):
         if meta.get("status") != "UP":
             raise self.exceptions.ClusterNotUpError(
                 f"Cluster {name!r} is not up (status: INIT): it is still being launched.",
-                cluster_status=self.ClusterStatus.INIT)
+                cluster_status=self.ClusterStatus.INIT,
+            )
         out = a["output_stream"] if a["output_stream"] is not None else sys.stdout
         if a["job_id"] not in (None, JOB_ID):
             out.write(f"Job {a['job_id']} not found.\n")
@@ -185,7 +235,7 @@ class StrictSky(_Requests):
         with (cdir / "job.log").open("rb") as log:
             if a["tail"] > 0:
                 lines = decoder.decode(log.read()).splitlines(keepends=True)
-                out.write("".join(lines[-a["tail"]:]))
+                out.write("".join(lines[-a["tail"] :]))
             while True:
                 ended, code = _job_status(cdir)
                 chunk = log.read()
@@ -196,5 +246,6 @@ class StrictSky(_Requests):
                     return code if ended else JOB_NOT_FINISHED
                 if not cdir.is_dir():  # torn down under us: the head node is gone mid-stream
                     raise self.exceptions.CommandError(
-                        255, "tail_logs", f"Cluster {name!r} was terminated while its logs were streamed.")
+                        255, "tail_logs", f"Cluster {name!r} was terminated while its logs were streamed."
+                    )
                 time.sleep(POLL_S)

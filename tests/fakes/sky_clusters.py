@@ -26,10 +26,26 @@ from types import SimpleNamespace
 from typing import Any
 
 from tests.fakes.sky_jobs_worker import _JobsRequests
-from tests.fakes.sky_proc import (CAPACITY_RETRY_S, JOB_ID, PLACEMENT, _accelerators_str, _append_jsonl, _job_status,
-                                  _kill_session, _node_dir, _placement_of, _read_json, _redacted_yaml, _safe_name,
-                                  _spawn_job, _start_time, _State, _write_json, controller_name,
-                                  optimizer_placement)
+from tests.fakes.sky_proc import (
+    CAPACITY_RETRY_S,
+    JOB_ID,
+    PLACEMENT,
+    _accelerators_str,
+    _append_jsonl,
+    _job_status,
+    _kill_session,
+    _node_dir,
+    _placement_of,
+    _read_json,
+    _redacted_yaml,
+    _safe_name,
+    _spawn_job,
+    _start_time,
+    _State,
+    _write_json,
+    controller_name,
+    optimizer_placement,
+)
 
 
 class _Worker(_JobsRequests):
@@ -66,8 +82,9 @@ class _Worker(_JobsRequests):
     # -- launch
 
     def _launch(self, payload: dict[str, Any]) -> tuple[int | None, Any]:
-        from sky import exceptions, execution
         from sky.utils import common_utils, dag_utils
+
+        from sky import exceptions, execution
 
         args, name = self.req["args"], self.req["cluster"]
         self.say(f"launch request for cluster {name}")
@@ -91,23 +108,30 @@ class _Worker(_JobsRequests):
         while args.get("credentials"):
             identity = exceptions.CloudUserIdentityError(
                 f"Failed to get {PLACEMENT['cloud']} user identification. Details: the credentials were refused "
-                "(stand-in)")
+                "(stand-in)"
+            )
             if not args["retry_until_up"]:
                 raise exceptions.ResourcesUnavailableError(
                     f"Failed to provision all possible launchable resources. Relax the task's resource "
-                    f"requirements: {task.num_nodes}x {res}", failover_history=[identity])
-            self.say(f"credentials refused for {PLACEMENT['cloud']}; retrying in {CAPACITY_RETRY_S:.0f}s "
-                     "(retry_until_up)")
+                    f"requirements: {task.num_nodes}x {res}",
+                    failover_history=[identity],
+                )
+            self.say(
+                f"credentials refused for {PLACEMENT['cloud']}; retrying in {CAPACITY_RETRY_S:.0f}s (retry_until_up)"
+            )
             time.sleep(CAPACITY_RETRY_S)
         while args["capacity"]:
             tried = f"{task.num_nodes}x {res}"
             wanted = _accelerators_str(res.accelerators) or "CPU"
-            message = ("Failed to provision all possible launchable resources. Relax the task's resource "
-                       f"requirements: {tried}\nFailed to acquire resources ({wanted}) in every zone of "
-                       f"{PLACEMENT['cloud']} for {{{res}}}.")
+            message = (
+                "Failed to provision all possible launchable resources. Relax the task's resource "
+                f"requirements: {tried}\nFailed to acquire resources ({wanted}) in every zone of "
+                f"{PLACEMENT['cloud']} for {{{res}}}."
+            )
             if not args["retry_until_up"]:
                 raise exceptions.ResourcesUnavailableError(
-                    message + "\nTo keep retrying until the cluster is up, use the `--retry-until-up` flag.")
+                    message + "\nTo keep retrying until the cluster is up, use the `--retry-until-up` flag."
+                )
             self.say(f"no capacity for {tried}; retrying in {CAPACITY_RETRY_S:.0f}s (retry_until_up)")
             time.sleep(CAPACITY_RETRY_S)
         with self.state.cluster_lock(name):
@@ -115,24 +139,37 @@ class _Worker(_JobsRequests):
             try:
                 cdir.mkdir()
             except FileExistsError:
-                raise RuntimeError(f"stand-in: cluster {name!r} already exists: each leg must launch a fresh "
-                                   "cluster") from None
+                raise RuntimeError(
+                    f"stand-in: cluster {name!r} already exists: each leg must launch a fresh cluster"
+                ) from None
             return self._provision(task, res, cdir, payload, placement)
 
-    def _provision(self, task: Any, res: Any, cdir: Path, payload: dict[str, Any],
-                   placement: dict[str, Any]) -> tuple[int, Any]:
+    def _provision(
+        self, task: Any, res: Any, cdir: Path, payload: dict[str, Any], placement: dict[str, Any]
+    ) -> tuple[int, Any]:
         args, name = self.req["args"], self.req["cluster"]
         accelerators = dict(res.accelerators) if res.accelerators else None
         autostop = res.autostop_config
         meta = {
-            "name": name, "cluster_hash": uuid.uuid4().hex, "request_id": self.rdir.name, "status": "INIT",
-            "launched_at": int(time.time()), "num_nodes": task.num_nodes, "accelerators": accelerators,
+            "name": name,
+            "cluster_hash": uuid.uuid4().hex,
+            "request_id": self.rdir.name,
+            "status": "INIT",
+            "launched_at": int(time.time()),
+            "num_nodes": task.num_nodes,
+            "accelerators": accelerators,
             "use_spot": bool(res.use_spot),
-            "autostop": None if autostop is None else {"idle_minutes": autostop.idle_minutes,
-                                                       "down": autostop.down, "enabled": autostop.enabled},
+            "autostop": None
+            if autostop is None
+            else {"idle_minutes": autostop.idle_minutes, "down": autostop.down, "enabled": autostop.enabled},
             "launch_args": {k: args[k] for k in ("idle_minutes_to_autostop", "down", "retry_until_up", "no_setup")},
-            "requested": {"cloud": str(res.cloud) if res.cloud else None, "region": res.region, "zone": res.zone,
-                          "instance_type": res.instance_type, "image_id": res.image_id},
+            "requested": {
+                "cloud": str(res.cloud) if res.cloud else None,
+                "region": res.region,
+                "zone": res.zone,
+                "instance_type": res.instance_type,
+                "image_id": res.image_id,
+            },
             "task_yaml": _redacted_yaml(payload["dag_yaml"]),
         }
         _write_json(cdir / "meta.json", meta)
@@ -140,16 +177,21 @@ class _Worker(_JobsRequests):
         shutil.copytree(args["app_dir"], cdir / "app", symlinks=True)
         (cdir / "home").mkdir()
         handle = SimpleNamespace(
-            cluster_name=name, cluster_name_on_cloud=name, head_ip="127.0.0.1", launched_nodes=task.num_nodes,
-            launched_resources=SimpleNamespace(**placement, use_spot=bool(res.use_spot), accelerators=accelerators))
+            cluster_name=name,
+            cluster_name_on_cloud=name,
+            head_ip="127.0.0.1",
+            launched_nodes=task.num_nodes,
+            launched_resources=SimpleNamespace(**placement, use_spot=bool(res.use_spot), accelerators=accelerators),
+        )
         self._start_job(task, cdir, accelerators, payload["cluster_env"])
         meta.update(status="UP", handle={"launched_nodes": task.num_nodes, **placement})
         _write_json(cdir / "meta.json", meta)
         self.say(f"{name} is UP; job {JOB_ID} submitted")
         return JOB_ID, handle
 
-    def _start_job(self, task: Any, cdir: Path, accelerators: dict[str, Any] | None,
-                   cluster_env: dict[str, str]) -> None:
+    def _start_job(
+        self, task: Any, cdir: Path, accelerators: dict[str, Any] | None, cluster_env: dict[str, str]
+    ) -> None:
         """The job on every node at once: node 0 (the head) in the cluster dir, node i in nodes/<i>/
         (a disk of its own), each with SkyPilot's node variables, all into the one job log."""
         has_setup = bool(task.setup) and not self.req["args"]["no_setup"]
@@ -160,8 +202,16 @@ class _Worker(_JobsRequests):
                 ndir.mkdir(parents=True)
                 shutil.copytree(cdir / "app", ndir / "app", symlinks=True)
                 (ndir / "home").mkdir()
-            proc = _spawn_job(task, ndir, accelerators, cluster_env, has_setup=has_setup, log_path=cdir / "job.log",
-                              append=True, node=(rank, task.num_nodes))  # O_APPEND: no node writes over another
+            proc = _spawn_job(
+                task,
+                ndir,
+                accelerators,
+                cluster_env,
+                has_setup=has_setup,
+                log_path=cdir / "job.log",
+                append=True,
+                node=(rank, task.num_nodes),
+            )  # O_APPEND: no node writes over another
             started.append({"pgid": proc.pid, "start": _start_time(proc.pid)})
         _write_json(cdir / "job.json", {**started[0], "nodes": started, "started_at": time.time()})
 
@@ -182,12 +232,22 @@ class _Worker(_JobsRequests):
             if job is not None:
                 for node in job.get("nodes") or [job]:
                     _kill_session(node["pgid"], node["start"])
-            meta = _read_json(cdir / "meta.json") or {"launched_at": int(cdir.stat().st_mtime), "num_nodes": 1,
-                                                      "accelerators": None}
-            _append_jsonl(self.state.history, {
-                "name": name, "launched_at": meta["launched_at"], "downed_at": time.time(),
-                "num_nodes": meta["num_nodes"], "accelerators": meta["accelerators"],
-                "cluster_hash": meta.get("cluster_hash")})
+            meta = _read_json(cdir / "meta.json") or {
+                "launched_at": int(cdir.stat().st_mtime),
+                "num_nodes": 1,
+                "accelerators": None,
+            }
+            _append_jsonl(
+                self.state.history,
+                {
+                    "name": name,
+                    "launched_at": meta["launched_at"],
+                    "downed_at": time.time(),
+                    "num_nodes": meta["num_nodes"],
+                    "accelerators": meta["accelerators"],
+                    "cluster_hash": meta.get("cluster_hash"),
+                },
+            )
             shutil.rmtree(cdir)
             self.say(f"terminated {name}")
 
@@ -229,19 +289,41 @@ class _Worker(_JobsRequests):
             autostop = meta["autostop"] or {}
             if name == controller_name() and wanted is None:
                 continue  # not emulated: the jobs controller in an unnamed status()
-            handle = SimpleNamespace(
-                cluster_name=name, cluster_name_on_cloud=name, head_ip="127.0.0.1", launched_nodes=meta["num_nodes"],
-                launched_resources=SimpleNamespace(**_placement_of(meta), use_spot=meta["use_spot"],
-                                                   accelerators=meta["accelerators"])) if up else None
-            records.append(StatusResponse(
-                name=name, launched_at=meta["launched_at"], handle=handle,
-                status=status_lib.ClusterStatus[meta["status"]],
-                autostop=autostop.get("idle_minutes", -1) if autostop.get("enabled", True) else -1,
-                to_down=bool(autostop.get("down", False)), cluster_hash=meta["cluster_hash"], cluster_ever_up=up,
-                user_hash=common_utils.get_user_hash(), user_name=getpass.getuser(), workspace="default",
-                is_managed=False, nodes=meta["num_nodes"], cloud=_placement_of(meta)["cloud"], region=_placement_of(meta)["region"],
-                accelerators=_accelerators_str(meta["accelerators"]), last_creation_yaml=meta["task_yaml"],
-                cluster_name_on_cloud=name))
+            handle = (
+                SimpleNamespace(
+                    cluster_name=name,
+                    cluster_name_on_cloud=name,
+                    head_ip="127.0.0.1",
+                    launched_nodes=meta["num_nodes"],
+                    launched_resources=SimpleNamespace(
+                        **_placement_of(meta), use_spot=meta["use_spot"], accelerators=meta["accelerators"]
+                    ),
+                )
+                if up
+                else None
+            )
+            records.append(
+                StatusResponse(
+                    name=name,
+                    launched_at=meta["launched_at"],
+                    handle=handle,
+                    status=status_lib.ClusterStatus[meta["status"]],
+                    autostop=autostop.get("idle_minutes", -1) if autostop.get("enabled", True) else -1,
+                    to_down=bool(autostop.get("down", False)),
+                    cluster_hash=meta["cluster_hash"],
+                    cluster_ever_up=up,
+                    user_hash=common_utils.get_user_hash(),
+                    user_name=getpass.getuser(),
+                    workspace="default",
+                    is_managed=False,
+                    nodes=meta["num_nodes"],
+                    cloud=_placement_of(meta)["cloud"],
+                    region=_placement_of(meta)["region"],
+                    accelerators=_accelerators_str(meta["accelerators"]),
+                    last_creation_yaml=meta["task_yaml"],
+                    cluster_name_on_cloud=name,
+                )
+            )
         return sorted(records, key=lambda r: r.launched_at)
 
     def _cost_report(self, _payload: Any) -> list[dict[str, Any]]:
@@ -254,25 +336,45 @@ class _Worker(_JobsRequests):
             downed = []
         for rec in downed:
             if rec["downed_at"] >= since:
-                reports.append({**rec, "status": None, "duration": int(rec["downed_at"] - rec["launched_at"]),
-                                "usage_intervals": [(rec["launched_at"], int(rec["downed_at"]))]})
-        alive = [m for m in (_read_json(self.state.clusters / n / "meta.json") for n in self.state.cluster_names())
-                 if m is not None]
+                reports.append(
+                    {
+                        **rec,
+                        "status": None,
+                        "duration": int(rec["downed_at"] - rec["launched_at"]),
+                        "usage_intervals": [(rec["launched_at"], int(rec["downed_at"]))],
+                    }
+                )
+        alive = [
+            m
+            for m in (_read_json(self.state.clusters / n / "meta.json") for n in self.state.cluster_names())
+            if m is not None
+        ]
         if alive:
             from sky.utils import status_lib
         for meta in alive:
             name = meta["name"]
-            reports.append({"name": name, "launched_at": meta["launched_at"], "downed_at": None,
-                            "num_nodes": meta["num_nodes"], "accelerators": meta["accelerators"],
-                            "cluster_hash": meta["cluster_hash"], "duration": int(now - meta["launched_at"]),
-                            "status": status_lib.ClusterStatus[meta["status"]],
-                            "usage_intervals": [(meta["launched_at"], None)]})
+            reports.append(
+                {
+                    "name": name,
+                    "launched_at": meta["launched_at"],
+                    "downed_at": None,
+                    "num_nodes": meta["num_nodes"],
+                    "accelerators": meta["accelerators"],
+                    "cluster_hash": meta["cluster_hash"],
+                    "duration": int(now - meta["launched_at"]),
+                    "status": status_lib.ClusterStatus[meta["status"]],
+                    "usage_intervals": [(meta["launched_at"], None)],
+                }
+            )
         return reports
 
     def _api_cancel(self, _payload: Any) -> list[str]:
         ids = self.req["args"]["request_ids"]
-        targets = ([d for d in self.state.requests.iterdir() if d != self.rdir] if ids is None
-                   else [self.state.requests / r for r in ids if _safe_name(r)])
+        targets = (
+            [d for d in self.state.requests.iterdir() if d != self.rdir]
+            if ids is None
+            else [self.state.requests / r for r in ids if _safe_name(r)]
+        )
         cancelled = []
         for rdir in targets:
             if not (rdir / "request.json").exists() or (rdir / "result.pkl").exists() or (rdir / "cancelled").exists():

@@ -33,11 +33,26 @@ EXECUTOR_START_S = 15.0
 EXECUTOR_ANSWER_S = 120.0
 """How long a client waits for the pid of its child: an executor still importing SkyPilot answers
 once it has (seconds under load)."""
-_EXECUTOR_IMPORTS = ("sky", "sky.jobs", "sky.execution", "sky.exceptions", "sky.task", "sky.sky_logging",
-                     "sky.jobs.state", "sky.jobs.utils", "sky.jobs.client.sdk", "sky.client.sdk",
-                     "sky.server.requests.payloads", "sky.schemas.api.responses", "sky.skylet.constants",
-                     "sky.utils.dag_utils", "sky.utils.common_utils", "sky.utils.status_lib",
-                     "sky.utils.cluster_utils", "sky.utils.yaml_utils")
+_EXECUTOR_IMPORTS = (
+    "sky",
+    "sky.jobs",
+    "sky.execution",
+    "sky.exceptions",
+    "sky.task",
+    "sky.sky_logging",
+    "sky.jobs.state",
+    "sky.jobs.utils",
+    "sky.jobs.client.sdk",
+    "sky.client.sdk",
+    "sky.server.requests.payloads",
+    "sky.schemas.api.responses",
+    "sky.skylet.constants",
+    "sky.utils.dag_utils",
+    "sky.utils.common_utils",
+    "sky.utils.status_lib",
+    "sky.utils.cluster_utils",
+    "sky.utils.yaml_utils",
+)
 """What a worker or a controller imports: loaded once by the executor, before it forks any."""
 
 
@@ -78,8 +93,10 @@ def _executor_call(root: Path, header: dict[str, Any], data: bytes) -> int | Non
             try:
                 chunk = sock.recv(64)
             except socket.timeout as exc:
-                raise RuntimeError(f"stand-in: the executor of {home} took a {header['role']} call and did not "
-                                   f"answer in {EXECUTOR_ANSWER_S:.0f} s") from exc
+                raise RuntimeError(
+                    f"stand-in: the executor of {home} took a {header['role']} call and did not "
+                    f"answer in {EXECUTOR_ANSWER_S:.0f} s"
+                ) from exc
             if not chunk:
                 return None
             answer += chunk
@@ -132,13 +149,19 @@ def _start_executor(home: Path) -> None:
     """Start an executor for `home`, detached. Two started at once are harmless: the socket's
     name is claimed once, and the one that cannot bind it exits."""
     with (home / "standin-executor.out").open("ab") as out:
-        subprocess.Popen([sys.executable, str(SCRIPT), "executor", str(home)],
-                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=home,
-                         start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "executor", str(home)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=home,
+            start_new_session=True,
+        )
 
 
-def _spawn(root: Path, role: str, path: Path, cwd: Path, out: Path,
-           data: bytes) -> tuple[int, subprocess.Popen[bytes] | None]:
+def _spawn(
+    root: Path, role: str, path: Path, cwd: Path, out: Path, data: bytes
+) -> tuple[int, subprocess.Popen[bytes] | None]:
     """Start `sky_standin.py ROLE PATH` detached (a session of its own), stdout and stderr
     appended to `out`, `data` its payload: forked from the state dir's executor, which has
     SkyPilot imported already (as the API server's executor processes have), else a fresh
@@ -148,9 +171,14 @@ def _spawn(root: Path, role: str, path: Path, cwd: Path, out: Path,
     if pid is not None:
         return pid, None
     with out.open("ab") as sink:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), role, str(path)],
-                                stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), role, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
     assert proc.stdin is not None
     with contextlib.suppress(BrokenPipeError):  # a child that died at once says so where it is read
         proc.stdin.write(data)

@@ -10,8 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.sky_proc import (POLL_S, _accelerators_str, _alive, _kill_session, _locked, _read_json, _write_json,
-                                  controller_name)
+from tests.fakes.sky_proc import (
+    POLL_S,
+    _accelerators_str,
+    _alive,
+    _kill_session,
+    _locked,
+    _read_json,
+    _write_json,
+    controller_name,
+)
 
 
 def _job_dirs(root: Path) -> list[Path]:
@@ -97,9 +105,14 @@ def _refresh_dead_controller(jobdir: Path) -> dict[str, Any] | None:
             if attempt.get("pid"):
                 _kill_session(attempt["pid"], attempt["start"])
             attempt.update(ended_at=now, outcome="controller_failed")
-        rec.update(status="FAILED_CONTROLLER", end_at=rec.get("end_at") or now, schedule_state="DONE", done=True,
-                   failure_reason="Controller process has exited abnormally (Controller process is dead). For "
-                                  f"more details, run: sky jobs logs --controller {rec['job_id']}")
+        rec.update(
+            status="FAILED_CONTROLLER",
+            end_at=rec.get("end_at") or now,
+            schedule_state="DONE",
+            done=True,
+            failure_reason="Controller process has exited abnormally (Controller process is dead). For "
+            f"more details, run: sky jobs logs --controller {rec['job_id']}",
+        )
         _write_json(jobdir / "job.json", rec)
         return rec
 
@@ -128,30 +141,60 @@ def _queue_row(rec: dict[str, Any], now: float) -> dict[str, Any]:
     if rec.get("failure_reason"):
         details = f"{details} - {rec['failure_reason']}" if details else f"Failure: {rec['failure_reason']}"
     row: dict[str, Any] = {
-        "job_id": rec["job_id"], "task_id": 0, "job_name": rec["job_name"], "task_name": rec["task_name"],
-        "job_duration": _job_duration(rec, now), "workspace": "default", "status": status,
-        "schedule_state": rec["schedule_state"], "resources": rec["resources"],
-        "recovery_count": rec["recovery_count"], "details": details, "failure_reason": rec["failure_reason"],
-        "user_name": rec["user_name"], "user_hash": rec["user_hash"], "submitted_at": rec["submitted_at"],
-        "start_at": rec["start_at"], "end_at": rec["end_at"], "last_recovered_at": rec["last_recovered_at"],
-        "user_yaml": rec["user_yaml"], "run_timestamp": rec.get("run_timestamp"), "priority": rec["priority"],
-        "pool": None, "current_cluster_name": rec["cluster_name"], "is_job_group": False,
+        "job_id": rec["job_id"],
+        "task_id": 0,
+        "job_name": rec["job_name"],
+        "task_name": rec["task_name"],
+        "job_duration": _job_duration(rec, now),
+        "workspace": "default",
+        "status": status,
+        "schedule_state": rec["schedule_state"],
+        "resources": rec["resources"],
+        "recovery_count": rec["recovery_count"],
+        "details": details,
+        "failure_reason": rec["failure_reason"],
+        "user_name": rec["user_name"],
+        "user_hash": rec["user_hash"],
+        "submitted_at": rec["submitted_at"],
+        "start_at": rec["start_at"],
+        "end_at": rec["end_at"],
+        "last_recovered_at": rec["last_recovered_at"],
+        "user_yaml": rec["user_yaml"],
+        "run_timestamp": rec.get("run_timestamp"),
+        "priority": rec["priority"],
+        "pool": None,
+        "current_cluster_name": rec["cluster_name"],
+        "is_job_group": False,
         "controller_pid": (rec.get("controller") or {}).get("pid"),
     }
     cloud, region, zone = placement.get("cloud"), placement.get("region"), placement.get("zone")
     if _live_attempt(rec) is not None and placement:  # read from the live cluster's handle
         acc = _accelerators_str(placement.get("accelerators"))
-        shown = (f"1x{'[Spot]' if placement.get('use_spot') else ''}"
-                 f"({f'gpus={acc}, ' if acc else ''}{placement.get('instance_type')}, ...)")
-        row.update(cluster_resources=shown, cluster_resources_full=shown, cloud=cloud, region=region, zone=zone,
-                   infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(),
-                   accelerators=placement.get("accelerators"), cluster_name_on_cloud=rec["cluster_name"],
-                   internal_external_ips=[("127.0.0.1", "127.0.0.1")])
+        shown = (
+            f"1x{'[Spot]' if placement.get('use_spot') else ''}"
+            f"({f'gpus={acc}, ' if acc else ''}{placement.get('instance_type')}, ...)"
+        )
+        row.update(
+            cluster_resources=shown,
+            cluster_resources_full=shown,
+            cloud=cloud,
+            region=region,
+            zone=zone,
+            infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(),
+            accelerators=placement.get("accelerators"),
+            cluster_name_on_cloud=rec["cluster_name"],
+            internal_external_ips=[("127.0.0.1", "127.0.0.1")],
+        )
     else:  # no cluster: the last cached infra, and the requested resources if it ever launched
         cached = rec["resources"] if cloud else None
-        row.update(infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(), cloud=cloud or "-",
-                   region=region or "-", zone=zone or "-", cluster_resources=cached or "-",
-                   cluster_resources_full=cached or "-")
+        row.update(
+            infra=infra_utils.InfraInfo(cloud, region, zone).formatted_str(),
+            cloud=cloud or "-",
+            region=region or "-",
+            zone=zone or "-",
+            cluster_resources=cached or "-",
+            cluster_resources_full=cached or "-",
+        )
     return row
 
 
@@ -206,8 +249,9 @@ def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0, spot_gone
             _kill_session(attempt["pid"], attempt["start"])
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"stand-in: managed job {job_id} has no running attempt to preempt "
-                               f"(status {rec['status']})")
+            raise RuntimeError(
+                f"stand-in: managed job {job_id} has no running attempt to preempt (status {rec['status']})"
+            )
         time.sleep(POLL_S)
 
 

@@ -131,38 +131,54 @@ class _StrictJobs:
         if a["pool"] is not None:
             raise NotImplementedError("stand-in: jobs.launch(pool=...): pools are not emulated")
         if a["num_jobs"] not in (None, 1):
-            raise NotImplementedError(f"stand-in: jobs.launch(num_jobs={a['num_jobs']!r}): only one job per launch "
-                                      "is emulated")
+            raise NotImplementedError(
+                f"stand-in: jobs.launch(num_jobs={a['num_jobs']!r}): only one job per launch is emulated"
+            )
         if a["_need_confirmation"]:
             raise NotImplementedError("stand-in: jobs.launch(_need_confirmation=True) is not emulated")
         group = a["job_group"]
         if isinstance(group, jobs_sdk._AutoJobGroup):  # noqa: SLF001 - the real default's own type
-            if (os.environ.get(sky_constants.MANAGED_JOB_ID_ENV_VAR, "").isdigit()
-                    and os.environ.get(sky_constants.ROOT_JOB_ID_ENV_VAR, "").isdigit()):
-                raise NotImplementedError("stand-in: launching from inside a job group attaches the job to it; "
-                                          "job groups are not emulated")
+            if (
+                os.environ.get(sky_constants.MANAGED_JOB_ID_ENV_VAR, "").isdigit()
+                and os.environ.get(sky_constants.ROOT_JOB_ID_ENV_VAR, "").isdigit()
+            ):
+                raise NotImplementedError(
+                    "stand-in: launching from inside a job group attaches the job to it; job groups are not emulated"
+                )
         elif group is not None:
             raise NotImplementedError("stand-in: jobs.launch(job_group=...): job groups are not emulated")
         dag = dag_utils.convert_entrypoint_to_dag(a["task"])  # a deep copy, as the real client makes
         if a["name"] is not None:
             dag.name = a["name"]
         if len(dag.tasks) != 1 or getattr(dag, "is_job_group", lambda: False)():
-            raise NotImplementedError("stand-in: a managed job of more than one task (pipeline, job group) is "
-                                      "not emulated")
+            raise NotImplementedError(
+                "stand-in: a managed job of more than one task (pipeline, job group) is not emulated"
+            )
         [task] = dag.tasks
         if task.num_nodes > 1:
             raise NotImplementedError(f"stand-in: num_nodes={task.num_nodes}: more than one node is not emulated")
         client_sdk.validate(dag)  # SkyPilot's own: the client's file checks, then the API server's validation
         if task.workdir or task.file_mounts or task.storage_mounts or task.volumes:
-            raise NotImplementedError("stand-in: workdir, file_mounts, storage and volume mounts are not "
-                                      "emulated (nothing would be uploaded)")
+            raise NotImplementedError(
+                "stand-in: workdir, file_mounts, storage and volume mounts are not emulated (nothing would be uploaded)"
+            )
         self._sky._record("jobs.launch", dag.name)
         dag_yaml = dag_utils.dump_dag_to_yaml_str(dag)
-        args_on_disk = {"name": a["name"], "num_jobs": a["num_jobs"], "no_cloud": self._sky.no_cloud,
-                        "capacity": self._sky.capacity, "app_dir": str(self._sky.app_dir.resolve()),
-                        "controller_up_s": self._sky.controller_up_s, "job_name": dag.name}
-        return self._sky._submit("jobs_launch", controller_name(), args_on_disk,
-                                 secret_payload={"dag_yaml": dag_yaml, "cluster_env": self._sky.cluster_env})
+        args_on_disk = {
+            "name": a["name"],
+            "num_jobs": a["num_jobs"],
+            "no_cloud": self._sky.no_cloud,
+            "capacity": self._sky.capacity,
+            "app_dir": str(self._sky.app_dir.resolve()),
+            "controller_up_s": self._sky.controller_up_s,
+            "job_name": dag.name,
+        }
+        return self._sky._submit(
+            "jobs_launch",
+            controller_name(),
+            args_on_disk,
+            secret_payload={"dag_yaml": dag_yaml, "cluster_env": self._sky.cluster_env},
+        )
 
     def queue_v2(self, *args: Any, **kwargs: Any) -> str:
         """A request id; `get` yields `(records, total, status_counts, total_no_filter)` with
@@ -172,16 +188,37 @@ class _StrictJobs:
             if a[name] is not None:
                 raise NotImplementedError(f"stand-in: jobs.queue_v2({name}=...) is not emulated")
         fields = list(a["fields"]) if a["fields"] is not None else None
-        self._body("JobsQueueV2Body", refresh=a["refresh"], skip_finished=a["skip_finished"],
-                   all_users=a["all_users"], job_ids=a["job_ids"], limit=a["limit"], fields=fields,
-                   statuses=a["statuses"], submitted_after=a["submitted_after"],
-                   submitted_before=a["submitted_before"], name_match=a["name_match"])
+        self._body(
+            "JobsQueueV2Body",
+            refresh=a["refresh"],
+            skip_finished=a["skip_finished"],
+            all_users=a["all_users"],
+            job_ids=a["job_ids"],
+            limit=a["limit"],
+            fields=fields,
+            statuses=a["statuses"],
+            submitted_after=a["submitted_after"],
+            submitted_before=a["submitted_before"],
+            name_match=a["name_match"],
+        )
         self._sky._record("jobs.queue_v2", None)
-        return self._sky._submit("jobs_queue", controller_name(), {
-            "refresh": a["refresh"], "controller_up_s": self._sky.controller_up_s,
-            "version": 2, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": a["limit"],
-            "fields": fields, "statuses": a["statuses"], "submitted_after": a["submitted_after"],
-            "submitted_before": a["submitted_before"], "name_match": a["name_match"]})
+        return self._sky._submit(
+            "jobs_queue",
+            controller_name(),
+            {
+                "refresh": a["refresh"],
+                "controller_up_s": self._sky.controller_up_s,
+                "version": 2,
+                "skip_finished": a["skip_finished"],
+                "job_ids": a["job_ids"],
+                "limit": a["limit"],
+                "fields": fields,
+                "statuses": a["statuses"],
+                "submitted_after": a["submitted_after"],
+                "submitted_before": a["submitted_before"],
+                "name_match": a["name_match"],
+            },
+        )
 
     def queue(self, *args: Any, **kwargs: Any) -> str:
         """Deprecated v1: `get` yields a list of records with the default fields (version=2: as queue_v2)."""
@@ -189,20 +226,40 @@ class _StrictJobs:
         if a["version"] not in (1, 2):
             raise ValueError(f"Invalid queue version: {a['version']}. Must be 1 or 2.")
         if a["version"] == 2:
-            return self.queue_v2(refresh=a["refresh"], skip_finished=a["skip_finished"],
-                                 all_users=a["all_users"], job_ids=a["job_ids"])
+            return self.queue_v2(
+                refresh=a["refresh"], skip_finished=a["skip_finished"], all_users=a["all_users"], job_ids=a["job_ids"]
+            )
         from sky import sky_logging
 
         sky_logging.init_logger("sky.jobs.client.sdk").warning(
             "sky.jobs.queue(version=1) is deprecated and will be removed in v0.13. Use "
-            "sky.jobs.queue(version=2) or sky.jobs.queue_v2() instead.")
-        self._body("JobsQueueBody", refresh=a["refresh"], skip_finished=a["skip_finished"],
-                   all_users=a["all_users"], job_ids=a["job_ids"])
+            "sky.jobs.queue(version=2) or sky.jobs.queue_v2() instead."
+        )
+        self._body(
+            "JobsQueueBody",
+            refresh=a["refresh"],
+            skip_finished=a["skip_finished"],
+            all_users=a["all_users"],
+            job_ids=a["job_ids"],
+        )
         self._sky._record("jobs.queue", None)
-        return self._sky._submit("jobs_queue", controller_name(), {
-            "refresh": a["refresh"], "controller_up_s": self._sky.controller_up_s, "version": 1, "skip_finished": a["skip_finished"], "job_ids": a["job_ids"], "limit": None,
-            "fields": None, "statuses": None, "submitted_after": None, "submitted_before": None,
-            "name_match": None})
+        return self._sky._submit(
+            "jobs_queue",
+            controller_name(),
+            {
+                "refresh": a["refresh"],
+                "controller_up_s": self._sky.controller_up_s,
+                "version": 1,
+                "skip_finished": a["skip_finished"],
+                "job_ids": a["job_ids"],
+                "limit": None,
+                "fields": None,
+                "statuses": None,
+                "submitted_after": None,
+                "submitted_before": None,
+                "name_match": None,
+            },
+        )
 
     def cancel(self, *args: Any, **kwargs: Any) -> str:
         """A request id; the cancel lands when the job's controller next polls (see JOBS_CANCEL_POLL_S)."""
@@ -210,17 +267,44 @@ class _StrictJobs:
         if a["pool"] is not None:
             raise NotImplementedError("stand-in: jobs.cancel(pool=...): pools are not emulated")
         if a["task"] is not None:
-            raise NotImplementedError("stand-in: jobs.cancel(task=...): cancelling one task of a job group is "
-                                      "not emulated")
-        self._body("JobsCancelBody", name=a["name"], job_ids=a["job_ids"], all=a["all"], all_users=a["all_users"],
-                   pool=a["pool"], graceful=a["graceful"], graceful_timeout=a["graceful_timeout"], task=a["task"])
+            raise NotImplementedError(
+                "stand-in: jobs.cancel(task=...): cancelling one task of a job group is not emulated"
+            )
+        self._body(
+            "JobsCancelBody",
+            name=a["name"],
+            job_ids=a["job_ids"],
+            all=a["all"],
+            all_users=a["all_users"],
+            pool=a["pool"],
+            graceful=a["graceful"],
+            graceful_timeout=a["graceful_timeout"],
+            task=a["task"],
+        )
         job_ids = None if a["job_ids"] is None else [int(j) for j in a["job_ids"]]
-        label = (",".join(map(str, job_ids)) if job_ids else a["name"] if a["name"] is not None
-                 else "all" if a["all"] or a["all_users"] else None)
+        label = (
+            ",".join(map(str, job_ids))
+            if job_ids
+            else a["name"]
+            if a["name"] is not None
+            else "all"
+            if a["all"] or a["all_users"]
+            else None
+        )
         self._sky._record("jobs.cancel", label)
-        return self._sky._submit("jobs_cancel", None, {
-            "name": a["name"], "job_ids": job_ids, "all": a["all"], "all_users": a["all_users"], "pool": a["pool"],
-            "graceful": a["graceful"], "graceful_timeout": a["graceful_timeout"]})
+        return self._sky._submit(
+            "jobs_cancel",
+            None,
+            {
+                "name": a["name"],
+                "job_ids": job_ids,
+                "all": a["all"],
+                "all_users": a["all_users"],
+                "pool": a["pool"],
+                "graceful": a["graceful"],
+                "graceful_timeout": a["graceful_timeout"],
+            },
+        )
 
     def tail_logs(self, *args: Any, **kwargs: Any) -> int | None:
         """Stream the job's one log (every attempt's output, in order) from the start, following
@@ -232,8 +316,17 @@ class _StrictJobs:
             raise ValueError(f"tail_offset must be None or a non-negative integer, got {a['tail_offset']}.")
         if a["output_stream"] is not None and not a["preload_content"]:
             raise ValueError("output_stream cannot be specified when preload_content is False")
-        self._body("JobsLogsBody", name=a["name"], job_id=a["job_id"], follow=a["follow"], controller=a["controller"],
-                   refresh=a["refresh"], tail=a["tail"], tail_offset=a["tail_offset"], task=a["task"])
+        self._body(
+            "JobsLogsBody",
+            name=a["name"],
+            job_id=a["job_id"],
+            follow=a["follow"],
+            controller=a["controller"],
+            refresh=a["refresh"],
+            tail=a["tail"],
+            tail_offset=a["tail_offset"],
+            task=a["task"],
+        )
         self._sky._record("jobs.tail_logs", str(a["job_id"]) if a["job_id"] is not None else a["name"])
         if a["controller"]:
             raise NotImplementedError("stand-in: jobs.tail_logs(controller=True) is not emulated")
@@ -274,8 +367,9 @@ class _StrictJobs:
 def _stream_job_log(jobdir: Path, job_id: int, tail: int | None, follow: bool, out: Any) -> int | None:
     """`jobs.tail_logs`' streaming: the job's one log from the start (or its last `tail` lines) to
     `out`, following until the job is terminal; its JobExitCode. follow=False: None."""
-    from sky import exceptions
     from sky.jobs.state import ManagedJobStatus
+
+    from sky import exceptions
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     with (jobdir / "job.log").open("rb") as log:

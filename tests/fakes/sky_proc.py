@@ -36,6 +36,7 @@ POLL_S = 0.05
 
 # ---------------------------------------------------------------- files and processes
 
+
 def _write_json(path: Path, data: Any) -> None:
     """Atomically (readers in other processes never see half a file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -139,6 +140,7 @@ def _safe_name(name: Any) -> bool:
 
 # ---------------------------------------------------------------- the on-disk state
 
+
 class _State:
     """The layout of `state_dir`, shared by clients and workers."""
 
@@ -189,10 +191,12 @@ def _job_status(cdir: Path) -> tuple[bool, int]:
 
 # ---------------------------------------------------------------- a node's job, as a fresh cloud machine runs it
 
+
 def _redacted_yaml(dag_yaml: str) -> str:
     """The task YAML as SkyPilot shows it back: secret values redacted."""
-    from sky import task as task_lib
     from sky.utils import yaml_utils
+
+    from sky import task as task_lib
 
     configs = yaml_utils.read_yaml_all_str(dag_yaml)
     for config in configs:
@@ -213,24 +217,41 @@ def _accelerators_str(accelerators: dict[str, Any] | None) -> str | None:
 def _job_script(cdir: Path, has_setup: bool) -> str:
     """Job 1: setup, then — only if setup exited 0 — run; its status to job.exit."""
     q = {k: shlex.quote(str(cdir / k)) for k in ("setup.sh", "run.sh", "job.exit", ".job.exit.tmp")}
-    setup = (f"bash {q['setup.sh']}\nrc=$?\n"
-             'if [ "$rc" -ne 0 ]; then\n'
-             f'  echo "stand-in: job {JOB_ID}\'s setup failed with return code $rc; run skipped"\n'
-             '  finish "$rc" true\n  exit "$rc"\nfi\n') if has_setup else ""
-    return ("# stand-in: the cluster's one job\n"
-            "finish() {\n"
-            f"  printf '{{\"exit\": %d, \"setup_failed\": %s, \"ended_at\": %d}}\\n' \"$1\" \"$2\" \"$(date +%s)\" "
-            f"> {q['.job.exit.tmp']} && mv -f {q['.job.exit.tmp']} {q['job.exit']}\n"
-            "}\n"
-            f"{setup}"
-            f"bash {q['run.sh']}\nrc=$?\n"
-            f'[ "$rc" -eq 0 ] || echo "stand-in: job {JOB_ID} failed with return code $rc"\n'
-            'finish "$rc" false\nexit "$rc"\n')
+    setup = (
+        (
+            f"bash {q['setup.sh']}\nrc=$?\n"
+            'if [ "$rc" -ne 0 ]; then\n'
+            f'  echo "stand-in: job {JOB_ID}\'s setup failed with return code $rc; run skipped"\n'
+            '  finish "$rc" true\n  exit "$rc"\nfi\n'
+        )
+        if has_setup
+        else ""
+    )
+    return (
+        "# stand-in: the cluster's one job\n"
+        "finish() {\n"
+        f'  printf \'{{"exit": %d, "setup_failed": %s, "ended_at": %d}}\\n\' "$1" "$2" "$(date +%s)" '
+        f"> {q['.job.exit.tmp']} && mv -f {q['.job.exit.tmp']} {q['job.exit']}\n"
+        "}\n"
+        f"{setup}"
+        f"bash {q['run.sh']}\nrc=$?\n"
+        f'[ "$rc" -eq 0 ] || echo "stand-in: job {JOB_ID} failed with return code $rc"\n'
+        'finish "$rc" false\nexit "$rc"\n'
+    )
 
 
-def _spawn_job(task: Any, cdir: Path, accelerators: dict[str, Any] | None, cluster_env: dict[str, str], *,
-               has_setup: bool, log_path: Path, append: bool = False, extra_env: dict[str, str] | None = None,
-               node: tuple[int, int] = (0, 1)) -> subprocess.Popen[bytes]:
+def _spawn_job(
+    task: Any,
+    cdir: Path,
+    accelerators: dict[str, Any] | None,
+    cluster_env: dict[str, str],
+    *,
+    has_setup: bool,
+    log_path: Path,
+    append: bool = False,
+    extra_env: dict[str, str] | None = None,
+    node: tuple[int, int] = (0, 1),
+) -> subprocess.Popen[bytes]:
     """Start a node's job (setup, then run) in `cdir`: bash in a session of its own, with the
     environment a fresh cloud machine gives it (see sky_standin.py's docstring), output to `log_path`.
     `node`: (rank, nodes); every node of a cluster is this host (127.0.0.1), and a worker's lines
@@ -241,26 +262,38 @@ def _spawn_job(task: Any, cdir: Path, accelerators: dict[str, Any] | None, clust
     (cdir / "run.sh").write_text(str(task.run or ""))
     script = _job_script(cdir, has_setup)
     if rank:
-        script = (f"exec > >(exec sed -u \"s/^/(worker{rank}, rank={rank}, pid=$$, ip=127.0.0.1) /\") 2>&1\n"
-                  + script)
+        script = f'exec > >(exec sed -u "s/^/(worker{rank}, rank={rank}, pid=$$, ip=127.0.0.1) /") 2>&1\n' + script
     (cdir / "job.sh").write_text(script)
     env = {k: os.environ[k] for k in MACHINE_ENV if k in os.environ}
     env.update(cluster_env)
     env.update({k: str(v) for k, v in (task.envs or {}).items()})
     env.update({k: v.get_secret_value() for k, v in (task.secrets or {}).items()})
-    env.update({"HOME": str(cdir / "home"), "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NODE_RANK": str(rank),
-                "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * nodes),
-                "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
-                "LAUNCHER_APP_DIR": str(cdir / "app")})
+    env.update(
+        {
+            "HOME": str(cdir / "home"),
+            "SKYPILOT_NUM_NODES": str(nodes),
+            "SKYPILOT_NODE_RANK": str(rank),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * nodes),
+            "SKYPILOT_NUM_GPUS_PER_NODE": str(_gpus_per_node(accelerators)),
+            "LAUNCHER_APP_DIR": str(cdir / "app"),
+        }
+    )
     env.update(extra_env or {})
     env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
     with log_path.open("ab" if append else "wb") as log:
-        return subprocess.Popen(["bash", str(cdir / "job.sh")], cwd=cdir / "home", env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            ["bash", str(cdir / "job.sh")],
+            cwd=cdir / "home",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 # ---------------------------------------------------------------- where SkyPilot's optimizer places a launch
+
 
 def optimizer_placement(task: Any) -> dict[str, Any]:
     """Where a real launch of this task would land: the pick of SkyPilot's own optimizer
@@ -277,7 +310,6 @@ def _optimizer_pick(task: Any) -> Any:
     import io
 
     import sky as real_sky
-
     from launcher.backends.skyapi import parse_optimizer_table
 
     dag = real_sky.Dag()
@@ -293,6 +325,7 @@ def _placement_of(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the jobs controller's name
+
 
 def controller_name() -> str:
     """SkyPilot's own name for this user's jobs controller (sky-jobs-controller-<user hash>)."""

@@ -33,10 +33,15 @@ class _Requests:
         failed or was cancelled): after that, nothing can act for them. How many there were."""
         deadline = time.monotonic() + timeout_s
         while True:
-            mine = [d for d in self._state.requests.iterdir()
-                    if {"kind": kind, "cluster": cluster}.items() <= (_read_json(d / "request.json") or {}).items()]
+            mine = [
+                d
+                for d in self._state.requests.iterdir()
+                if {"kind": kind, "cluster": cluster}.items() <= (_read_json(d / "request.json") or {}).items()
+            ]
             workers = [_read_json(d / "worker.json") or {} for d in mine]
-            live = [d.name for d, w in zip(mine, workers) if _alive(w.get("pid", 0), w.get("start"))]  # a zombie is gone
+            live = [
+                d.name for d, w in zip(mine, workers) if _alive(w.get("pid", 0), w.get("start"))
+            ]  # a zombie is gone
             if not live:
                 return len(mine)
             if time.monotonic() > deadline:
@@ -49,11 +54,21 @@ class _Requests:
         rid = str(uuid.uuid4())
         rdir = self._state.requests / rid
         rdir.mkdir()
-        _write_json(rdir / "request.json", {"id": rid, "kind": kind, "cluster": cluster, "args": args,
-                                             "submitted_at": time.time(), "client_pid": os.getpid()})
+        _write_json(
+            rdir / "request.json",
+            {
+                "id": rid,
+                "kind": kind,
+                "cluster": cluster,
+                "args": args,
+                "submitted_at": time.time(),
+                "client_pid": os.getpid(),
+            },
+        )
         (rdir / "request.log").touch()
-        pid, proc = _spawn(self._state.root, "serve-request", rdir, self._state.root, rdir / "worker.out",
-                           pickle.dumps(secret_payload))
+        pid, proc = _spawn(
+            self._state.root, "serve-request", rdir, self._state.root, rdir / "worker.out", pickle.dumps(secret_payload)
+        )
         _write_json(rdir / "worker.json", {"pid": pid, "start": _start_time(pid)})
         if proc is not None:
             self._workers[rid] = proc
@@ -70,8 +85,9 @@ class _Requests:
             raise self.exceptions.ClientError(f"Failed to stream logs: invalid request id {request_id!r}")
         matches = [d for d in self._state.requests.iterdir() if d.name.startswith(request_id)]
         if len(matches) != 1:
-            raise RuntimeError(f"Failed to get request {request_id}: 404 "
-                               f"{'ambiguous' if matches else 'no such'} request id")
+            raise RuntimeError(
+                f"Failed to get request {request_id}: 404 {'ambiguous' if matches else 'no such'} request id"
+            )
         return matches[0]
 
     def _outcome(self, rdir: Path) -> tuple[str, Any] | None:
@@ -91,8 +107,9 @@ class _Requests:
             return pickle.loads(path.read_bytes())
         if (rdir / "cancelled").exists():
             return "cancelled", None
-        return "error", RuntimeError(f"stand-in: the worker of request {rdir.name} died without a result "
-                                     f"(see {rdir / 'worker.out'})")
+        return "error", RuntimeError(
+            f"stand-in: the worker of request {rdir.name} died without a result (see {rdir / 'worker.out'})"
+        )
 
     def _finish(self, rdir: Path, outcome: tuple[str, Any]) -> Any:
         self._workers.pop(rdir.name, None)
@@ -102,7 +119,8 @@ class _Requests:
         if kind == "cancelled":
             name = _read_json(rdir / "request.json")["kind"]
             raise self.exceptions.RequestCancelled(
-                f"Current {name!r} request ({rdir.name}) is cancelled by another process.")
+                f"Current {name!r} request ({rdir.name}) is cancelled by another process."
+            )
         raise value
 
     def _request_label(self, rdir: Path) -> str:
@@ -113,8 +131,9 @@ class _Requests:
         """Stream a request's log to `output_stream` (stdout if None) until it ends; its result."""
         a = self._bind("stream_and_get", args, kwargs)
         if str(a["request_id"]) in self._real_requests:
-            return self._real.stream_and_get(a["request_id"], tail=a["tail"], follow=a["follow"],
-                                             output_stream=a["output_stream"])
+            return self._real.stream_and_get(
+                a["request_id"], tail=a["tail"], follow=a["follow"], output_stream=a["output_stream"]
+            )
         if a["log_path"] is not None:
             raise NotImplementedError("stand-in: streaming a server-side log_path is not emulated")
         rdir = self._resolve(a["request_id"])
@@ -124,7 +143,7 @@ class _Requests:
         with (rdir / "request.log").open("rb") as log:
             if a["tail"] is not None and a["tail"] > 0:
                 lines = decoder.decode(log.read()).splitlines(keepends=True)
-                out.write("".join(lines[-a["tail"]:]))
+                out.write("".join(lines[-a["tail"] :]))
             while True:
                 outcome = self._outcome(rdir)
                 chunk = log.read()
@@ -177,14 +196,25 @@ class _Requests:
                 continue
             if a["cluster_name"] is not None and req.get("cluster") != a["cluster_name"]:
                 continue
-            rows.append(payloads.RequestPayload(
-                request_id=rdir.name, name=f"sky.{REQUEST_NAMES.get(req['kind'], req['kind'])}",
-                entrypoint=f"sky.client.sdk.{req['kind']}", request_body=json.dumps(req.get("args") or {}),
-                status=status, created_at=req["submitted_at"], user_id="standin", return_value="null", error="null",
-                pid=(_read_json(rdir / "worker.json") or {}).get("pid"), schedule_type="long",
-                cluster_name=req.get("cluster"), finished_at=None))
+            rows.append(
+                payloads.RequestPayload(
+                    request_id=rdir.name,
+                    name=f"sky.{REQUEST_NAMES.get(req['kind'], req['kind'])}",
+                    entrypoint=f"sky.client.sdk.{req['kind']}",
+                    request_body=json.dumps(req.get("args") or {}),
+                    status=status,
+                    created_at=req["submitted_at"],
+                    user_id="standin",
+                    return_value="null",
+                    error="null",
+                    pid=(_read_json(rdir / "worker.json") or {}).get("pid"),
+                    schedule_type="long",
+                    cluster_name=req.get("cluster"),
+                    finished_at=None,
+                )
+            )
         rows.sort(key=lambda r: r.created_at, reverse=True)
-        return rows[:a["limit"]] if a["limit"] else rows
+        return rows[: a["limit"]] if a["limit"] else rows
 
     def _request_status(self, rdir: Path) -> str:
         """PENDING (queued), RUNNING, SUCCEEDED, FAILED or CANCELLED, as the API server says."""

@@ -55,8 +55,9 @@ class SkyServer:
         return {"SKYPILOT_API_SERVER_LOCAL_PORT": str(self.port), "SKY_RUNTIME_DIR": str(self.home)}
 
     def stop(self) -> None:
-        subprocess.run([_sky_cli(), "api", "stop"], env=self._server_env(), capture_output=True, timeout=60,
-                       check=False)
+        subprocess.run(
+            [_sky_cli(), "api", "stop"], env=self._server_env(), capture_output=True, timeout=60, check=False
+        )
 
     def _server_env(self) -> dict[str, str]:
         return {**os.environ, **self.env, "HOME": str(self.home)}
@@ -66,14 +67,22 @@ class SkyServer:
         the allowed clouds it was computed under (else SkyPilot re-runs the check, which
         finds no credentials here and empties it)."""
         if self._allowed is None:
-            res = subprocess.run([sys.executable, "-c", SETTLE], env=self._server_env(), capture_output=True,
-                                 text=True, timeout=120, check=True)
+            res = subprocess.run(
+                [sys.executable, "-c", SETTLE],
+                env=self._server_env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
             self._allowed = json.loads(res.stdout.strip().splitlines()[-1])
         db = sqlite3.connect(self.home / ".sky" / "state.db", timeout=30)
         try:
             with db:
-                for key, value in (("allowed_clouds_default", self._allowed),
-                                   ("enabled_clouds_default_compute", clouds)):
+                for key, value in (
+                    ("allowed_clouds_default", self._allowed),
+                    ("enabled_clouds_default_compute", clouds),
+                ):
                     db.execute("INSERT OR REPLACE INTO config (key, value) VALUES (?, ?)", (key, json.dumps(value)))
         finally:
             db.close()
@@ -106,8 +115,14 @@ def start(home: Path, timeout_s: float = 120.0) -> SkyServer:
     home.mkdir(parents=True, exist_ok=True)
     install_catalog(home)
     server = SkyServer(home, _free_port())
-    res = subprocess.run([_sky_cli(), "api", "start", "--port", str(server.port)], env=server._server_env(),
-                         capture_output=True, text=True, timeout=timeout_s, check=False)
+    res = subprocess.run(
+        [_sky_cli(), "api", "start", "--port", str(server.port)],
+        env=server._server_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"sky api start failed: {res.stdout[-2000:]} {res.stderr[-2000:]}")
     deadline = time.time() + timeout_s

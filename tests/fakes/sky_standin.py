@@ -41,7 +41,8 @@ The stand-in, by what it fakes (each module's docstring says more):
   them (stream_and_get, get, api_status).
 - sky_clusters.py: the worker (the "API server") executing a request: clusters and their one job.
 - sky_jobs.py: `fake.jobs`, managed jobs as a client sees them (`sky.jobs`); sky_jobs_worker.py: the
-  API server's half of managed jobs; sky_controller.py: a managed job's controller;
+  API server's half of managed jobs; sky_controller.py: a managed job's controller, and
+  sky_attempts.py its attempts (placed, watched, cancelled);
   sky_job_state.py: managed jobs on disk (job_record, preempt_job, shutdown_jobs, stop_controller).
 - sky_proc.py: what they share: files and processes, the on-disk state, a node's job process.
 - sky_executor.py: the executor that workers and controllers are forked from.
@@ -84,14 +85,26 @@ from tests.fakes.sky_clusters import serve_request  # noqa: E402
 from tests.fakes.sky_controller import run_controller  # noqa: E402
 from tests.fakes.sky_executor import run_executor  # noqa: E402
 from tests.fakes.sky_job_state import job_record, preempt_job, shutdown_jobs, stop_controller  # noqa: E402
-from tests.fakes.sky_proc import (JOB_CANCELLED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND,  # noqa: E402
-                                  JOB_SUCCEEDED)
+from tests.fakes.sky_proc import JOB_CANCELLED, JOB_FAILED, JOB_NOT_FINISHED, JOB_NOT_FOUND, JOB_SUCCEEDED  # noqa: E402
 
-__all__ = ["JOB_CANCELLED", "JOB_FAILED", "JOB_NOT_FINISHED", "JOB_NOT_FOUND", "JOB_SUCCEEDED", "StrictSky",
-           "install_from_env", "job_record", "main", "preempt_job", "shutdown_jobs", "stop_controller"]
+__all__ = [
+    "JOB_CANCELLED",
+    "JOB_FAILED",
+    "JOB_NOT_FINISHED",
+    "JOB_NOT_FOUND",
+    "JOB_SUCCEEDED",
+    "StrictSky",
+    "install_from_env",
+    "job_record",
+    "main",
+    "preempt_job",
+    "shutdown_jobs",
+    "stop_controller",
+]
 
 
 # ---------------------------------------------------------------- running the real launcher against it
+
 
 def install_from_env() -> StrictSky | None:
     """With PREFLIGHT_TEST_SKY_STATE set, make the launcher's `sky_module()` return a StrictSky.
@@ -105,13 +118,16 @@ def install_from_env() -> StrictSky | None:
     state = os.environ.get("PREFLIGHT_TEST_SKY_STATE")
     if not state:
         return None
-    fake = StrictSky(Path(state), Path(os.environ["PREFLIGHT_TEST_SKY_APP"]),
-                     no_cloud=os.environ.get("PREFLIGHT_TEST_SKY_NO_CLOUD") == "1",
-                     capacity=os.environ.get("PREFLIGHT_TEST_SKY_CAPACITY") == "1",
-                     credentials=os.environ.get("PREFLIGHT_TEST_SKY_CREDENTIALS") == "1",
-                     pending_s=float(os.environ.get("PREFLIGHT_TEST_SKY_PENDING_S") or 0),
-                     controller_up_s=float(os.environ.get("PREFLIGHT_TEST_SKY_CONTROLLER_UP_S") or 0),
-                     cluster_env=json.loads(os.environ.get("PREFLIGHT_TEST_SKY_CLUSTER_ENV") or "{}"))
+    fake = StrictSky(
+        Path(state),
+        Path(os.environ["PREFLIGHT_TEST_SKY_APP"]),
+        no_cloud=os.environ.get("PREFLIGHT_TEST_SKY_NO_CLOUD") == "1",
+        capacity=os.environ.get("PREFLIGHT_TEST_SKY_CAPACITY") == "1",
+        credentials=os.environ.get("PREFLIGHT_TEST_SKY_CREDENTIALS") == "1",
+        pending_s=float(os.environ.get("PREFLIGHT_TEST_SKY_PENDING_S") or 0),
+        controller_up_s=float(os.environ.get("PREFLIGHT_TEST_SKY_CONTROLLER_UP_S") or 0),
+        cluster_env=json.loads(os.environ.get("PREFLIGHT_TEST_SKY_CLUSTER_ENV") or "{}"),
+    )
     import launcher.backends.sky as backend_module
     import launcher.backends.skytask as skytask_module
 
@@ -138,8 +154,11 @@ def main(argv: list[str]) -> int:
         from launcher.entry import main as launcher_main
 
         return launcher_main(argv[1:])
-    print("usage: sky_standin.py serve-request <request dir> | job-controller <job dir> | executor <state dir> | "
-          "preempt <state dir> <job id> | launcher <args...>", file=sys.stderr)
+    print(
+        "usage: sky_standin.py serve-request <request dir> | job-controller <job dir> | executor <state dir> | "
+        "preempt <state dir> <job id> | launcher <args...>",
+        file=sys.stderr,
+    )
     return 2
 
 

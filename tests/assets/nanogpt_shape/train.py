@@ -44,7 +44,9 @@ data = torch.tensor([(i * i + 5 * i) % VOCAB for i in range(4096)], dtype=torch.
 def get_batch(it: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(4242 + it)
     ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
-    return torch.stack([data[i:i + block_size] for i in ix]), torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+    return torch.stack([data[i : i + block_size] for i in ix]), torch.stack(
+        [data[i + 1 : i + 1 + block_size] for i in ix]
+    )
 
 
 def get_lr(it: int) -> float:

@@ -28,7 +28,7 @@ data = torch.tensor([(i * i + 3 * i) % VOCAB for i in range(4096)], dtype=torch.
 def get_batch(it):
     gen = torch.Generator().manual_seed(1000 + it)
     ix = torch.randint(len(data) - BLOCK - 1, (BATCH,), generator=gen)
-    return torch.stack([data[i:i + BLOCK] for i in ix]), torch.stack([data[i + 1:i + 1 + BLOCK] for i in ix])
+    return torch.stack([data[i : i + BLOCK] for i in ix]), torch.stack([data[i + 1 : i + 1 + BLOCK] for i in ix])
 
 
 model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.Linear(16, VOCAB))

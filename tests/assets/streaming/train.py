@@ -28,8 +28,9 @@ if args.shuffle_buffer:
     stream = stream.shuffle(seed=0, buffer_size=args.shuffle_buffer)
 # its own generator: a StatefulDataLoader draws a seed at every iter(), a resumed one too, and
 # from the global torch RNG that would put a resumed leg one draw ahead (examples/stateful_loader)
-loader = StatefulDataLoader(stream.with_format("torch"), batch_size=4, num_workers=0,
-                            generator=torch.Generator().manual_seed(0))
+loader = StatefulDataLoader(
+    stream.with_format("torch"), batch_size=4, num_workers=0, generator=torch.Generator().manual_seed(0)
+)
 model = nn.Sequential(nn.Embedding(256, 32), nn.Linear(32, 256))
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 sess.track(model=model, optimizer=opt, loader=loader)
