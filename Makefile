@@ -70,6 +70,7 @@ test-fast: $(STAMP)
 # ruff, pinned in pyproject.toml's dev extra and configured there. Seconds; .ci/run runs it first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py
