@@ -70,13 +70,42 @@ class NodeCheckpoint:
         """Nothing held in memory: the files stay on disk until verified."""
 
     def run_cycle(self, store: Store, keep: int, verify_budget: int, replace: frozenset[str]) -> Any:
-        from runtime.cycle import CycleResult, _clear_unverified, prune
-        from runtime.sharded import coverage_failures
-        from runtime.store.seal import make_seal
+        from runtime.cycle import CycleResult
         from runtime.verify import verify_checkpoint
 
         leaders, name = self.leaders, self.name
         began = time.perf_counter()
+        pushed = self._push(store, replace)
+        if pushed is None:
+            return None
+        own, manifest = pushed
+        push_s = time.perf_counter() - began
+        if leaders.is_main:
+            events.emit(
+                "push",
+                step=self.step,
+                name=name,
+                bytes=manifest.total_bytes,
+                seconds=round(push_s, 4),
+                nodes=len(leaders.ranks),
+                files=len(manifest.files),
+            )
+        mine = verify_checkpoint(
+            store,
+            Manifest(name, self.step, own, self.meta),
+            self.folder,
+            budget_bytes=max(1, verify_budget // len(leaders.ranks)),
+        )
+        verified = self._seal(store, manifest, mine)
+        if verified:
+            self._delete_local(store, own, keep)
+        return CycleResult(manifest, verified, push_s, mine.seconds)
+
+    def _push(self, store: Store, replace: frozenset[str]) -> tuple[tuple[FileEntry, ...], Manifest] | None:
+        """Steps 1-3: clear an earlier attempt, push this node's files, commit the manifest; None if one failed."""
+        from runtime.cycle import _clear_unverified
+
+        leaders, name = self.leaders, self.name
         cleared = (
             _attempt(lambda: (_clear_unverified(store, name, replace), store.drop_parts(name)))
             if leaders.is_main
@@ -100,23 +129,14 @@ class NodeCheckpoint:
             committed = "; ".join(errors) if errors else _attempt(lambda: store.commit(manifest))
         if (committed := leaders.from_main(committed)) is not None:
             return self._failed("push", str(committed))
-        push_s = time.perf_counter() - began
-        if leaders.is_main:
-            events.emit(
-                "push",
-                step=self.step,
-                name=name,
-                bytes=manifest.total_bytes,
-                seconds=round(push_s, 4),
-                nodes=len(leaders.ranks),
-                files=len(manifest.files),
-            )
-        mine = verify_checkpoint(
-            store,
-            Manifest(name, self.step, own, self.meta),
-            self.folder,
-            budget_bytes=max(1, verify_budget // len(leaders.ranks)),
-        )
+        return own, manifest
+
+    def _seal(self, store: Store, manifest: Manifest, mine: Any) -> bool:
+        """Step 5: rank 0 joins every leader's read-back, checks coverage, seals or says why not; whether verified."""
+        from runtime.sharded import coverage_failures
+        from runtime.store.seal import make_seal
+
+        leaders, name = self.leaders, self.name
         found = leaders.gather((mine.failures, mine.read, mine.bytes_read, mine.windows, mine.seconds))
         verified = None
         if leaders.is_main:
@@ -138,20 +158,23 @@ class NodeCheckpoint:
                 nodes=len(leaders.ranks),
             )
             verified = not failures
-        verified = bool(leaders.from_main(verified))
-        if verified:
-            shutil.rmtree(self.folder)
-            events.emit(
-                "delete_local",
-                step=self.step,
-                name=name,
-                bytes_freed=sum(e.size for e in own),
-                free_bytes=shutil.disk_usage(self.folder.parent).free,
-            )
-            if leaders.is_main:
-                deleted, kept = prune(store, name, keep)
-                events.emit("prune", step=self.step, anchor=name, deleted=deleted, kept=kept)
-        return CycleResult(manifest, verified, push_s, mine.seconds)
+        return bool(leaders.from_main(verified))
+
+    def _delete_local(self, store: Store, own: tuple[FileEntry, ...], keep: int) -> None:
+        """Step 6, once verified: delete this node's local copy; rank 0 prunes."""
+        from runtime.cycle import prune
+
+        shutil.rmtree(self.folder)
+        events.emit(
+            "delete_local",
+            step=self.step,
+            name=self.name,
+            bytes_freed=sum(e.size for e in own),
+            free_bytes=shutil.disk_usage(self.folder.parent).free,
+        )
+        if self.leaders.is_main:
+            deleted, kept = prune(store, self.name, keep)
+            events.emit("prune", step=self.step, anchor=self.name, deleted=deleted, kept=kept)
 
     def _failed(self, stage: str, error: str) -> None:
         if self.leaders.is_main:

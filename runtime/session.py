@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -42,21 +40,15 @@ from typing import Any, Callable
 
 import torch
 
-from runtime import contract, events, sharded_session
-from runtime.checkpoint import PendingCheckpoint, SnapshotPool, load_local, save_local, snapshot_state, tensor_bytes
+from runtime import contract, events, session_resume, sharded_session
+from runtime.checkpoint import PendingCheckpoint, SnapshotPool, save_local, snapshot_state, tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
-from runtime.cycle import Pusher
 from runtime.dist import RankTimeout, World, init_world
 from runtime.evidence import StepEvidence, state_digests
-from runtime.health import Health
-from runtime.leg import DEFAULT_MAX_STEPS, ResumeRefused, local_stop, stale_code_refused
-from runtime.loaders import quiet_sigchld, shield_workers
-from runtime.node_cycle import node_leaders
-from runtime.resume import load_tracked, restore_newest
-from runtime.sharded import is_sharded
-from runtime.state import rng_state, set_rng_state
+from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
+from runtime.loaders import shield_workers
+from runtime.state import rng_state
 from runtime.steptime import FlopProbe, StepClock
-from runtime.store import StoreError, open_store
 from runtime.window import emit_memory, emit_rate
 
 _no_step_hook: Callable[[], None] = lambda: None  # noqa: E731 - an object with no on_step()
@@ -163,93 +155,9 @@ class Session:
     # --- resume -------------------------------------------------------------------
 
     def resume(self, **start_facts: Any) -> int:
-        """Print `start`, restore from the newest verified checkpoint; the step to continue from."""
-        self.store = open_store(os.environ.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
-        events.emit(
-            "start",
-            run_id=self.run_id,
-            leg=self.leg,
-            rung=self.rung,
-            device=self.device,
-            torch=torch.__version__,
-            world_size=self.world.world_size,
-            params=self.params,
-            max_steps=self.max_steps,
-            total_steps=self.total_steps,
-            store=self.store.uri,
-            tracked=self.evidence.kinds,
-            deterministic=self.evidence.determinism.settings,
-            **start_facts,
-        )
-        world, restore = self.world, self.work / "restore"
-        if self.sharded is None:
-            self.sharded = any(is_sharded(o) for o in self.tracked.values())
-        several = self.sharded and sharded_session.several_nodes(world.world_size)
-        self.leaders = node_leaders(world) if several else None  # each node pushes its shards (runtime.node_cycle)
-        choice, state = None, None
-        if world.is_main:
-            try:
-                restored = restore_newest(
-                    self.store,
-                    restore,
-                    map_location=self.device,
-                    keep_files=True,
-                    check=sharded_session.check if self.sharded else None,
-                )
-                state = restored.state
-                choice = ("ok", restored.info.name if restored.info else None, restored.skipped)
-            except StoreError as err:  # an auth error must not read as "nothing here"
-                choice = ("error", f"{type(err).__name__}: {err}", [])
-        status, name, skipped = world.broadcast(choice)
-        if status == "error":
-            events.emit("stop", reason="store_error", step=0, error=name)
-            self._exit(EXIT_REFUSED)
-        signal.signal(signal.SIGTERM, lambda *_: (self._sigterm.append(True), quiet_sigchld()))
-        self.pusher = (
-            Pusher(self.store, keep=self.keep, verify_budget=self.verify_bytes, replace=frozenset(skipped))
-            if world.is_main or (self.leaders is not None and world.local_rank == 0)
-            else None
-        )
-        self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
-        if name is not None:
-            self._load(name, state, restore)
-        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())
-        self.resumed_at = self.pushed_at = self.step_count
-        self._resume_tokens = self.tokens
-        self._history: list[tuple[int, float, float]] = []
-        self._mem_max: float | None = None
-        self._ckpt_s = self._last_step_s = 0.0
-        return self.step_count
-
-    def _load(self, name: str, state: dict[str, Any] | None, restore: Path) -> None:
-        world = self.world
-        if world.local_rank == 0 and not world.is_main:
-            self.store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
-        world.barrier(f"local rank 0 fetching {name} from the store")
-        try:
-            if self.sharded:  # every rank loads its part (runtime.sharded_session)
-                loaded = sharded_session.load(self, name, restore)
-                state, facts = {**loaded["own"], "rng": {world.rank: loaded["own"]["rng"]}}, loaded["facts"]
-            elif state is None:
-                state, _ = load_local(restore / name, map_location=self.device, fetched=True)
-            world.barrier(f"every rank loading {name}")
-            if world.local_rank == 0:
-                shutil.rmtree(restore)
-            if not self.sharded:
-                facts = load_tracked(self.tracked, state, name, self.extra, digests=world.is_main)
-        except ResumeRefused as err:
-            events.emit("stop", reason=err.reason, step=int((state or {}).get("step", 0)), error=str(err))
-            self._exit(EXIT_REFUSED)
-        set_rng_state(state["rng"][world.rank])
-        self.step_count, self.tokens = int(state["step"]), int(state.get("tokens", 0))
-        if world.is_main and not self.sharded:  # what the first training forward trains from (launcher's read)
-            self.evidence.trains_from(self.tracked, self.step_count)
-        if self.lr_schedule is not None:
-            facts["lr_expected"] = float(self.lr_schedule(self.step_count))
-        fields: dict[str, Any] = {"from_step": self.step_count, "checkpoint": name, "tokens_consumed": self.tokens}
-        if (lr := self.current_lr()) is not None:
-            fields["lr"] = lr
-        events.emit("resume", **{**fields, **facts})
+        """Print `start`, restore from the newest verified checkpoint; the step to continue from
+        (runtime.session_resume)."""
+        return session_resume.resume(self, start_facts)
 
     # --- the loop -------------------------------------------------------------------
 
@@ -302,6 +210,46 @@ class Session:
         `tokens`: tokens the step consumed across all ranks. `lr`: defaults to the tracked
         optimizer's LR when the step began. `sample_index`, `epoch`: the trainer's own
         position, a second witness beside the hash."""
+        local, global_loss, extra = self._close_step(loss, batch, tokens)
+        if not math.isfinite(global_loss):  # never push a poisoned state
+            events.emit("stop", reason="nonfinite_loss", step=self.step_count, loss=global_loss)
+            if self.pusher:
+                self.pusher.drain()
+            self._exit(EXIT_FAILED)
+        step = self.step_count
+        for obj in self.tracked.values():
+            getattr(obj, "on_step", _no_step_hook)()
+        self._history.append((step, self.tokens - self._resume_tokens, time.time()))
+        if step % self.metrics_every == 0:
+            self._emit_window()
+        lr = self._lr if lr is None else lr
+        if lr is None:
+            raise TypeError("step(lr=...): no optimizer is tracked, so the session cannot read the LR")
+        self._witnesses(extra, step, sample_index, epoch)
+        per_step = tokens or 0
+        events.emit(
+            "step",
+            step=step,
+            loss=round(global_loss, 6),
+            loss_local=round(local, 6),
+            lr=lr,
+            tokens=self.tokens,
+            tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
+            step_s=round(self._last_step_s, 4),
+            mem_max_bytes=self._mem_max,
+            phases={k: round(v, 5) for k, v in {**self.clock.laps, "ckpt": self._ckpt_s}.items()},
+            **extra,
+            **self._gpu_phases(),
+            **fields,
+        )
+        self._ckpt_s = 0.0
+        if step % self.ckpt_every == 0:
+            began = time.perf_counter()
+            self.checkpoint()
+            self._ckpt_s = time.perf_counter() - began
+
+    def _close_step(self, loss: Any, batch: Any, tokens: int) -> tuple[float, float, dict[str, Any]]:
+        """Count the step, hash its batch, mean its loss over ranks, time it; (local loss, mean loss, step fields)."""
         clock = self.clock
         lapped = clock.close_lapped()
         flops = self.flop_probe.end(int(tokens), self.world.world_size, self.step_count + 1)
@@ -319,47 +267,16 @@ class Session:
         clock.charge("sync", end - meaned)
         if flops is not None:
             self._flops_event(flops)
-        if not math.isfinite(global_loss):  # never push a poisoned state
-            events.emit("stop", reason="nonfinite_loss", step=self.step_count, loss=global_loss)
-            if self.pusher:
-                self.pusher.drain()
-            self._exit(EXIT_FAILED)
-        step = self.step_count
-        for obj in self.tracked.values():
-            getattr(obj, "on_step", _no_step_hook)()
-        self._history.append((step, self.tokens - self._resume_tokens, time.time()))
-        if step % self.metrics_every == 0:
-            self._emit_window()
-        lr = self._lr if lr is None else lr
-        if lr is None:
-            raise TypeError("step(lr=...): no optimizer is tracked, so the session cannot read the LR")
+        return local, global_loss, extra
+
+    def _witnesses(self, extra: dict[str, Any], step: int, sample_index: int | None, epoch: int | None) -> None:
+        """Add the trainer's own position and the LR schedule's value to the step's fields."""
         if sample_index is not None:
             extra["sample_index"] = int(sample_index)
         if epoch is not None:
             extra["epoch"] = int(epoch)
         if self.lr_schedule is not None:
             extra["lr_expected"] = float(self.lr_schedule(step - 1))
-        per_step = tokens or 0
-        events.emit(
-            "step",
-            step=step,
-            loss=round(global_loss, 6),
-            loss_local=round(local, 6),
-            lr=lr,
-            tokens=self.tokens,
-            tok_s=round(per_step / self._last_step_s, 1) if self._last_step_s > 0 else None,
-            step_s=round(self._last_step_s, 4),
-            mem_max_bytes=self._mem_max,
-            phases={k: round(v, 5) for k, v in {**clock.laps, "ckpt": self._ckpt_s}.items()},
-            **extra,
-            **self._gpu_phases(),
-            **fields,
-        )
-        self._ckpt_s = 0.0
-        if step % self.ckpt_every == 0:
-            began = time.perf_counter()
-            self.checkpoint()
-            self._ckpt_s = time.perf_counter() - began
 
     def checkpoint(self) -> None:
         """Snapshot the state now (on the critical path: the state at one step), then hand the

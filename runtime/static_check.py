@@ -157,6 +157,28 @@ def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
     return exec_
 
 
+def _stopping_parsers(orig_args, orig_known):  # noqa: ANN001, ANN202
+    """ArgumentParser.parse_args and parse_known_args as the entry sees them: the first parse that
+    completes stops the run (_Parsed) with its namespace."""
+    inside: list[bool] = []
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+        inside.append(True)
+        try:
+            ns = orig_args(self, args, namespace)
+        finally:
+            inside.pop()
+        raise _Parsed(ns)
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+        result = orig_known(self, args, namespace)
+        if inside:
+            return result  # parse_args checks the leftovers itself, then stops
+        raise _Parsed(result[0])
+
+    return parse_args, parse_known_args
+
+
 def _run_as_main(kind: str, target: str, args: list[str]) -> dict[str, Any] | None:
     """Run the entry as `__main__` with `args` as its argv (a check if the script is missing)."""
     import runpy
@@ -184,7 +206,6 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
 
     orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
     orig_exec = builtins.exec
-    inside: list[bool] = []
     wanted = Path(configurator).read_text(encoding="utf-8") if configurator and Path(configurator).is_file() else None
     if configurator is not None and wanted is None:
         return _check(
@@ -195,20 +216,7 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
         )
 
     exec_ = _stopping_exec(orig_exec, wanted)
-
-    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
-        inside.append(True)
-        try:
-            ns = orig_args(self, args, namespace)
-        finally:
-            inside.pop()
-        raise _Parsed(ns)
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
-        result = orig_known(self, args, namespace)
-        if inside:
-            return result  # parse_args checks the leftovers itself, then stops
-        raise _Parsed(result[0])
+    parse_args, parse_known_args = _stopping_parsers(orig_args, orig_known)
 
     err = io.StringIO()
     argv0 = sys.argv[:]

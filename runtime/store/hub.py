@@ -16,7 +16,7 @@ decided in `runtime.cycle`, never here.
 - `read_range` is a Range GET through the client's own session that checks the
   status is 206 and `Content-Range` names exactly the bytes asked for, and
   never reads more than asked + 1 byte (a server that ignores Range cannot make
-  verification read the whole object).
+  verification read the whole object). Every GET: `runtime.store.hub_http`.
 - Errors: 401/403 -> StoreAuthError (never "nothing here"); 429, 5xx, timeouts
   and connection errors -> TransientStoreError, retried with backoff within a
   bounded time; 404 -> FileNotFoundError. Every request has a timeout.
@@ -28,16 +28,14 @@ decided in `runtime.cycle`, never here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import httpx
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, get_session, hf_hub_url
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers
 
@@ -52,11 +50,11 @@ from runtime.store.base import (
     RemoteFile,
     StoreError,
     StoreScan,
-    TransientStoreError,
     canonical_json,
     step_of,
 )
-from runtime.store.hub_errors import classify, classify_status
+from runtime.store.hub_errors import classify
+from runtime.store.hub_http import configure_session, download, get_small, range_get
 from runtime.store.hub_limits import (
     CYCLE_EXTRA_COMMITS,
     DEFAULT_MAX_FILE_BYTES,
@@ -77,38 +75,13 @@ from runtime.store.hub_parts import (
     upload_items,
 )
 from runtime.store.retry import RetryPolicy, with_retry
-from runtime.store.safeio import create_inside
 from runtime.store.seal import classify_folder
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 60.0
-CHUNK = 1 << 20
 FILES_PER_COMMIT = HUB_FILES_PER_COMMIT
 """The most files one commit holds: the Hub's advice (its docs: "Repositories: recommendations and
 limits"); a sharded checkpoint of many ranks has more, and is pushed in several commits."""
-
-_session_lock = threading.Lock()
-_session_timeout: float | None = None
-
-
-def configure_session(timeout_s: float) -> None:
-    """Give the client's shared httpx session a timeout (it has none by default).
-
-    Process-wide, as the session is: set once, by the first store opened."""
-    global _session_timeout
-    from huggingface_hub import set_client_factory
-    from huggingface_hub.utils._http import hf_request_event_hook  # pinned client version
-
-    with _session_lock:
-        if _session_timeout == timeout_s:
-            return
-        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        set_client_factory(
-            lambda: httpx.Client(
-                event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True, timeout=timeout
-            )
-        )
-        _session_timeout = timeout_s
 
 
 def parse_hf_uri(uri: str) -> tuple[str, str]:
@@ -184,20 +157,10 @@ class HubStore:
         return build_hf_headers(token=self.token or False, headers=extra)
 
     def _get_small(self, path_in_repo: str, limit: int = MAX_SMALL_JSON) -> bytes:
-        def get() -> bytes:
-            with get_session().stream(
-                "GET", self._url(path_in_repo), headers=self._headers(), follow_redirects=True, timeout=self.timeout_s
-            ) as resp:
-                if resp.status_code != 200:
-                    raise classify_status(resp.status_code, f"GET {path_in_repo}")
-                body = b""
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        raise CheckpointDamaged(f"GET {path_in_repo}: larger than {limit} bytes")
-                return body
-
-        return self._call(f"GET {path_in_repo}", get)
+        return self._call(
+            f"GET {path_in_repo}",
+            lambda: get_small(self._url(path_in_repo), self._headers(), self.timeout_s, path_in_repo, limit),
+        )
 
     def _commit(self, what: str, make_ops: Callable[[], list[Any]]) -> None:
         """One commit; the operations are rebuilt on every attempt (they cache upload state), and
@@ -364,29 +327,10 @@ class HubStore:
         return out
 
     def _range_get(self, where: str, start: int, length: int) -> bytes:
-        end = start + length - 1
-
-        def get() -> bytes:
-            headers = self._headers({"Range": f"bytes={start}-{end}"})
-            with get_session().stream(
-                "GET", self._url(where), headers=headers, follow_redirects=True, timeout=self.timeout_s
-            ) as resp:
-                if resp.status_code != 206:
-                    if resp.status_code in (401, 403, 404, 429) or resp.status_code >= 500:
-                        raise classify_status(resp.status_code, f"range GET {where}")
-                    raise StoreError(f"status {resp.status_code}, expected 206 (Range not honored)")
-                got = resp.headers.get("Content-Range", "")
-                want = f"bytes {start}-{end}/"
-                if not got.startswith(want):
-                    raise StoreError(f"Content-Range {got!r}, expected {want}<size>")
-                body = b""
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > length:  # never read past what was asked (+1 to know it was more)
-                        break
-                return body
-
-        return self._call(f"range GET {where}", get)
+        return self._call(
+            f"range GET {where}",
+            lambda: range_get(self._url(where), self._headers(), self.timeout_s, where, start, length),
+        )
 
     def mark_verified(self, name: str, record: dict[str, Any]) -> None:
         body = json.dumps(record, indent=1, sort_keys=True).encode()
@@ -416,35 +360,12 @@ class HubStore:
 
     def _download(self, sources: list[tuple[str, int]], root: Path, rel: str, sha256: str, label: str) -> None:
         """GET one file into root/rel from its `sources` (the file, or its parts in order, each with
-        its size): never more bytes than a source's size + 1, the whole checked against `sha256`."""
-
-        def get() -> None:
-            (root / rel).unlink(missing_ok=True)  # a retry starts over
-            digest, fh = hashlib.sha256(), None
-            try:
-                for where, size in sources:
-                    got = 0
-                    with get_session().stream(
-                        "GET", self._url(where), headers=self._headers(), follow_redirects=True, timeout=self.timeout_s
-                    ) as resp:
-                        if resp.status_code != 200:
-                            raise classify_status(resp.status_code, f"GET {where}")
-                        fh = fh or os.fdopen(create_inside(root, rel), "wb")
-                        for chunk in resp.iter_bytes(CHUNK):
-                            got += len(chunk)
-                            if got > size:
-                                raise CheckpointDamaged(f"GET {where}: more than the {size} bytes the manifest says")
-                            digest.update(chunk)
-                            fh.write(chunk)
-                    if got != size:
-                        raise TransientStoreError(f"GET {where}: {got} bytes, expected {size}")
-            finally:
-                if fh is not None:
-                    fh.close()
-            if digest.hexdigest() != sha256:
-                raise CheckpointDamaged(f"{label} does not match its manifest's sha256")
-
-        self._call(f"download {label}", get)
+        its size), retried (runtime.store.hub_http.download)."""
+        located = [(where, self._url(where), size) for where, size in sources]
+        self._call(
+            f"download {label}",
+            lambda: download(located, self._headers(), self.timeout_s, root, rel, sha256, label),
+        )
 
     def delete(self, name: str) -> None:
         folder = self._path(name)
