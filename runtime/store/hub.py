@@ -363,8 +363,7 @@ class HubStore:
         its size), retried (runtime.store.hub_http.download)."""
         located = [(where, self._url(where), size) for where, size in sources]
         self._call(
-            f"download {label}",
-            lambda: download(located, self._headers(), self.timeout_s, root, rel, sha256, label),
+            f"download {label}", lambda: download(located, self._headers(), self.timeout_s, root, rel, sha256, label)
         )
 
     def delete(self, name: str) -> None:
