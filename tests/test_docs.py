@@ -224,3 +224,28 @@ def test_design_has_the_sections_the_code_refers_to() -> None:
     design = ROOT / "docs" / "design.md"
     missing = [s for s in DESIGN_SECTIONS if slug(s) not in anchors(design)]
     assert not missing, f"docs/design.md lacks the sections {missing}"
+
+
+SKIPPED_DIRS = {".git", "__pycache__", "node_modules"}
+
+
+def test_no_file_in_the_repository_points_outside_it() -> None:
+    """The code, the configs and the task YAML too, not only the pages: a docstring that sends
+    the reader to a file the repository does not hold explains nothing."""
+    bad = []
+    for path in sorted(ROOT.rglob("*")):
+        rel = path.relative_to(ROOT)
+        if (
+            not path.is_file()
+            or path == Path(__file__).resolve()
+            or any(p in SKIPPED_DIRS or (p.startswith(".") and p != ".ci") for p in rel.parts)
+            or path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".in", ".txt", ".diff", ""}
+        ):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            bad += [f"{rel}:{number}: {why}: {line.strip()[:120]}" for pattern, why in OUTSIDE if pattern.search(line)]
+    assert not bad, "\n".join(bad)
