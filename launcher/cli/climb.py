@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, load, outcome_json
+from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, load, show_outcome
 
 CPU = typer.Option(
     False,
@@ -47,7 +47,7 @@ def up(
 ) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
     from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console, print_checks, print_json
+    from launcher.cli.render import console, err_console
     from launcher.up import up as run_up
 
     cfg = load(config)
@@ -69,15 +69,9 @@ def up(
             retry_until_up=retry_until_up,
             skip_preflight=skip_preflight,
         )
-    if json_out:
-        print_json(outcome_json(outcome, rung=outcome.rung))
-    else:
-        print_checks(console, f"rung {outcome.rung}: run {outcome.run_id}", outcome.checks, verbose)
-        verdict = "[green]yes[/green]" if outcome.ok else "[red]no[/red]"
-        console.print(
-            f"answer: {verdict}  ({outcome.seconds:.1f} s; `launcher ledger {outcome.run_id}` for the record)"
-        )
-    raise typer.Exit(outcome.exit_code)
+    verdict = "[green]yes[/green]" if outcome.ok else "[red]no[/red]"
+    answer = f"answer: {verdict}  ({outcome.seconds:.1f} s; `launcher ledger {outcome.run_id}` for the record)"
+    show_outcome(outcome, f"rung {outcome.rung}", verbose, json_out, answer, rung=outcome.rung)
 
 
 def _show_dry_run(
@@ -153,19 +147,15 @@ def drill_cold_resume(
 ) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
     from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console, print_checks, print_json
+    from launcher.cli.render import console, err_console
     from launcher.up import drill as run_drill
 
     cfg = load(config)
     with LegView(err_console if json_out else console, verbose) as view:
         outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft, kills_at, nodes)
-    if json_out:
-        print_json(outcome_json(outcome))
-    else:
-        print_checks(console, f"drill cold-resume: run {outcome.run_id}", outcome.checks, verbose)
-        failed = [c.name for c in outcome.checks if not c.ok]
-        console.print("answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})")
-    raise typer.Exit(outcome.exit_code)
+    failed = [c.name for c in outcome.checks if not c.ok]
+    answer = "answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})"
+    show_outcome(outcome, "drill cold-resume", verbose, json_out, answer)
 
 
 @drill_app.command("preempt")
@@ -185,14 +175,10 @@ def drill_preempt(
 ) -> None:
     """A spot preemption: SIGTERM at a step, the kill N seconds later; then a fresh leg resumes."""
     from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console, print_checks, print_json
+    from launcher.cli.render import console, err_console
     from launcher.up import preempt
 
     cfg = load(config)
     with LegView(err_console if json_out else console, verbose) as view:
         outcome = preempt(cfg, config, backend, notice, at_step, view, allow_overdraft)
-    if json_out:
-        print_json(outcome_json(outcome))
-    else:
-        print_checks(console, f"drill preempt: run {outcome.run_id}", outcome.checks, verbose)
-    raise typer.Exit(outcome.exit_code)
+    show_outcome(outcome, "drill preempt", verbose, json_out, None)

@@ -4,7 +4,7 @@ a rung's or a drill's outcome is shown."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -31,3 +31,16 @@ def outcome_json(outcome: Any, **extra: Any) -> dict[str, Any]:
         "seconds": round(outcome.seconds, 3),
         "checks": [c.to_json() for c in outcome.checks],
     }
+
+
+def show_outcome(outcome: Any, title: str, verbose: bool, json_out: bool, answer: str | None, **extra: Any) -> NoReturn:
+    """A rung's or a drill's checks (or its JSON with `extra`), its answer line, and its exit code."""
+    from launcher.cli.render import console, print_checks, print_json
+
+    if json_out:
+        print_json(outcome_json(outcome, **extra))
+    else:
+        print_checks(console, f"{title}: run {outcome.run_id}", outcome.checks, verbose)
+        if answer:
+            console.print(answer)
+    raise typer.Exit(outcome.exit_code)
