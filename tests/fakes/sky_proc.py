@@ -306,17 +306,14 @@ def optimizer_placement(task: Any) -> dict[str, Any]:
 
 def _optimizer_pick(task: Any) -> Any:
     """SkyPilot's optimizer's chosen row for the task (launcher.backends.sky.Pick: cloud, region,
-    instance_type, accelerators, use_spot, ...); its errors as SkyPilot raises them."""
-    import io
-
+    instance_type, accelerators, use_spot, ...); its errors as SkyPilot raises them. Read as the
+    launcher reads it (launcher.backends.skyapi.optimizer_pick): the optimize request's stream can
+    end before its table reached the log on a loaded machine, and a single read then found only
+    "Considered resources (1 node):" (a session-16 CI run: a stand-in launch failed so, under load)."""
     import sky as real_sky
-    from launcher.backends.skyapi import parse_optimizer_table
+    from launcher.backends.skyapi import optimizer_pick
 
-    dag = real_sky.Dag()
-    dag.add(task)
-    table = io.StringIO()
-    real_sky.stream_and_get(real_sky.optimize(dag), output_stream=table)
-    return parse_optimizer_table(table.getvalue(), int(task.num_nodes or 1))
+    return optimizer_pick(real_sky, task)
 
 
 def _placement_of(meta: dict[str, Any]) -> dict[str, Any]:
