@@ -107,6 +107,23 @@ def test_every_relative_link_leads_into_the_repository(page: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
+REPO_PATH = re.compile(r"`((?:launcher|runtime|tests|scripts|bench|examples|docker)/[\w/.-]+)`")
+"""A path of this repository named as inline code (`launcher/checks/resume.py`): the pages name
+files that moved, so a stale name is caught here, not by a reader."""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_file_a_page_names_exists(page: Path) -> None:
+    prose, _ = split(page)
+    bad = [
+        f"{page_id(page)}:{n}: {m.group(1)}"
+        for n, line in prose
+        for m in REPO_PATH.finditer(line)
+        if not (ROOT / m.group(1).rstrip(".")).exists()
+    ]
+    assert not bad, "no such file or folder:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_nothing_points_outside_the_repository(page: Path) -> None:
     bad = [
