@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, load, show_outcome
+from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, leg_view, load, show_outcome
 
 CPU = typer.Option(
     False,
@@ -46,15 +46,13 @@ def up(
     json_out: bool = JSON,
 ) -> None:
     """Run one rung of the ladder on fresh instances and record it in the ledger."""
-    from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console
     from launcher.up import up as run_up
 
     cfg = load(config)
     if dry_run:
         _show_dry_run(cfg, rung, backend, gpus, nodes, cpu, steps, allow_overdraft, skip_preflight, json_out)
         return
-    with LegView(err_console if json_out else console, verbose) as view:
+    with leg_view(verbose, json_out) as view:
         outcome = run_up(
             cfg,
             config,
@@ -146,12 +144,10 @@ def drill_cold_resume(
     json_out: bool = JSON,
 ) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
-    from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console
     from launcher.up import drill as run_drill
 
     cfg = load(config)
-    with LegView(err_console if json_out else console, verbose) as view:
+    with leg_view(verbose, json_out) as view:
         outcome = run_drill(cfg, config, backend, gpus, kills, at, view, seed, allow_overdraft, kills_at, nodes)
     failed = [c.name for c in outcome.checks if not c.ok]
     answer = "answer: [green]yes[/green]" if not failed else f"answer: [red]no[/red] ({'; '.join(failed)})"
@@ -174,11 +170,9 @@ def drill_preempt(
     json_out: bool = JSON,
 ) -> None:
     """A spot preemption: SIGTERM at a step, the kill N seconds later; then a fresh leg resumes."""
-    from launcher.cli.live import LegView
-    from launcher.cli.render import console, err_console
     from launcher.up import preempt
 
     cfg = load(config)
-    with LegView(err_console if json_out else console, verbose) as view:
+    with leg_view(verbose, json_out) as view:
         outcome = preempt(cfg, config, backend, notice, at_step, view, allow_overdraft)
     show_outcome(outcome, "drill preempt", verbose, json_out, None)

@@ -33,6 +33,14 @@ def outcome_json(outcome: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
+def leg_view(verbose: bool, json_out: bool) -> Any:
+    """The live view of a rung's legs (launcher.cli.live.LegView): on stderr when stdout is JSON."""
+    from launcher.cli.live import LegView
+    from launcher.cli.render import console, err_console
+
+    return LegView(err_console if json_out else console, verbose)
+
+
 def show_outcome(outcome: Any, title: str, verbose: bool, json_out: bool, answer: str | None, **extra: Any) -> NoReturn:
     """A rung's or a drill's checks (or its JSON with `extra`), its answer line, and its exit code."""
     from launcher.cli.render import console, print_checks, print_json

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from datetime import datetime
-from typing import ContextManager
+from typing import Callable, ContextManager
 
 from launcher.ledger.rows import LegBilling, PeriodTotals, ReservationRow, RungSpend
 
@@ -32,9 +32,7 @@ class Spending:
     """The spending statements of the Ledger (which opens `_db` and gives `transaction`)."""
 
     _db: sqlite3.Connection
-
-    def transaction(self) -> ContextManager[sqlite3.Connection]:  # the Ledger's own
-        raise NotImplementedError
+    transaction: Callable[[], ContextManager[sqlite3.Connection]]
 
     # --- spending: reservations and bills (the policy is launcher.ops.spend's) --------
 
