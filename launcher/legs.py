@@ -313,7 +313,7 @@ def run_leg(
         handle = ctx.backend.launch(spec, on_line=watch.on_line, on_instance=watch.record)
     except BaseException:
         if watch.started:  # recorded, then the launch itself failed or was interrupted: nothing was started
-            _record_end(ctx, leg, None)
+            record_end(ctx, leg, None)
         raise
     result = None
     try:
@@ -327,13 +327,14 @@ def run_leg(
             result = ctx.backend.kill(handle, reason="launcher interrupted")
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
-        _record_end(ctx, leg, result)
+        record_end(ctx, leg, result)
     return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at)
 
 
-def _record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:
-    """The leg's end in the ledger, billed; None: recorded, then its launch failed or was
-    interrupted before anything started (nothing billed)."""
+def record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:
+    """The leg's end in the ledger, billed at what `ctx.billed` makes of it (the managed job's
+    legs are ended here too); None: recorded, then its launch failed or was interrupted before
+    anything started (nothing billed)."""
     if result is None:
         ctx.ledger.end_leg(
             ctx.run_id,

@@ -20,7 +20,7 @@ from launcher.backends.base import LegResult, LegSpec, billed_seconds
 from launcher.backends.skyapi import cancel, record
 from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.leg_env import redact
-from launcher.legs import LegOutcome, RunContext
+from launcher.legs import LegOutcome, RunContext, record_end
 from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
 
 MAX_JOB_S = 7 * 24 * 3600.0
@@ -102,18 +102,7 @@ class _Legs:
             instance_hourly_usd=pick.instance_hourly_usd if pick else None,
             cost_source=self.job.cost_source,
         )
-        hours, cost, source = self.ctx.billed(result)
-        self.ctx.ledger.end_leg(
-            self.ctx.run_id,
-            leg,
-            ended_at=ended_at,
-            exit_code=code,
-            killed=killed,
-            end_reason=reason,
-            billed_gpu_hours=hours,
-            cost_usd=cost,
-            cost_source=source,
-        )
+        record_end(self.ctx, leg, result)
         out = LegOutcome(result, events)
         self.outs.append(out)
         return out
