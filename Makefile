@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an open range would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg.
-	$(PY) -m pip install -q -e '.[dev,sky]' --config-settings editable_mode=compat
+	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg. [torch]: the
+	# local backend runs a leg's trainer in this interpreter (the CLI alone needs no torch).
+	$(PY) -m pip install -q -e '.[dev,sky,torch]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 $(HF_STAMP): pyproject.toml Makefile

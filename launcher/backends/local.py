@@ -14,6 +14,7 @@ the one beside it, so a leg sees the same packages as the host checks did.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -65,6 +66,18 @@ def trainer_python(command: tuple[str, ...] | list[str]) -> str:
     run there: the launcher itself has no torch."""
     argv = resolve_command(command)
     return argv[0] if argv and Path(argv[0]).name.startswith("python") else sys.executable
+
+
+TORCH_EXTRA = "pip install 'preflight-launcher[torch]'"
+
+
+def no_torch_hint(said: str) -> str:
+    """What to do when a trainer failed for want of torch in this interpreter (the one a
+    command's `python` runs in here); empty otherwise. The CLI installs without torch, so a
+    plain `pip install preflight-launcher` gets this far (pyproject.toml's [torch] extra)."""
+    if "No module named 'torch'" not in said or importlib.util.find_spec("torch") is not None:
+        return ""
+    return f"the launcher's interpreter has no torch, and `python` in trainer.command runs in it here: {TORCH_EXTRA}"
 
 
 def leg_process_env(spec: LegSpec) -> dict[str, str]:

@@ -4,6 +4,7 @@ The resume checks are launcher.checks.resume."""
 
 from __future__ import annotations
 
+from launcher.backends.local import no_torch_hint
 from launcher.checks.evidence import NO_EVENTS, Check, Kind, last_line, silent
 from launcher.legs import LegOutcome
 
@@ -33,6 +34,8 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
             f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
             f"preflight event; the last line of its log: {last_line(ev.log)!r}"
         )
+        if hint := no_torch_hint(last_line(ev.log)):
+            detail += f"; {hint}"
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"
     return Check(f"leg {ev.leg} finished", ok, detail, ev.pointer(done or stop), kind=Kind.LEG_FINISHED, leg=ev.leg)
