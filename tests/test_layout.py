@@ -34,10 +34,28 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path) -> list[tuple[str, int]]:
-    """Every module `name` imports (absolute names, relative ones resolved), anywhere in the file."""
+def module_level(tree: ast.AST) -> list[ast.AST]:
+    """The nodes that run when the module is imported: no function body, no TYPE_CHECKING block."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo += child.orelse
+                continue
+            todo.append(child)
+    return found
+
+
+def imports(name: str, path: Path, on_import_only: bool = False) -> list[tuple[str, int]]:
+    """Every module `name` imports (absolute names, relative ones resolved), anywhere in the file
+    (`on_import_only`: only what importing the module runs)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in module_level(tree) if on_import_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -61,6 +79,30 @@ def test_each_side_imports_only_what_it_may() -> None:
             for target, line in imports(name, path)
             if target.split(".")[0] in banned
         ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_host_reaches_no_torch_through_the_runtime_modules_it_imports() -> None:
+    """launcher/ imports no torch itself (above), nor through the runtime modules it imports:
+    what importing those runs, followed to the end (each package's __init__ too), reaches none.
+    `pip install preflight-launcher` brings no torch (pyproject.toml's [torch] extra);
+    tests/test_install.py runs the CLI in such a venv."""
+    names = modules()
+    reached = {n: "" for n in names if n.startswith("launcher")}
+    todo = list(reached)
+    bad = []
+    while todo:
+        name = todo.pop()
+        on_import_only = name.startswith("runtime")  # a launcher module's every import may run
+        for target, line in imports(name, names[name], on_import_only):
+            if target.split(".")[0] == "torch":
+                bad.append(f"{names[name].relative_to(ROOT)}:{line} imports {target} (reached {reached[name]})")
+            parts = target.split(".")
+            for parent in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):  # `import a.b` runs a too
+                if parent in names and parent not in reached:
+                    reached[parent] = f"{reached[name]} <- {name}" if reached[name] else f"from {name}"
+                    todo.append(parent)
+    assert "runtime.events" in reached and "runtime.store.hub" in reached  # the walk does follow the host's imports
     assert not bad, "\n".join(bad)
 
 
