@@ -30,6 +30,8 @@ from runtime.hashing import digest_lines as files_digest
 
 GUARDS: dict[str, str] = {
     "docker": "the docker CLI is installed (a rung with legs on the docker backend; exit 2)",
+    "gpus": "the GPUs asked for are on this host, as a leg would see them (a GPU rung on the local or docker "
+    "backend; exit 3)",
     "review": "a review is recorded in the ledger (exit 3)",
     "hashes": "the files to be run are the reviewed ones (exit 3)",
     "store": "a Hub store answers a listing with this token, before any leg (exit 2; a file:// store was "
@@ -206,6 +208,10 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
         from launcher.image import docker_cli
 
         decide("docker", docker_cli)
+    if rung.legs and request.gpus is not None and request.backend in ("local", "docker"):
+        from launcher.backends.hostgpus import guard_host
+
+        decide("gpus", lambda: guard_host(request.gpus, request.nodes, request.backend))
     decide("review", lambda: _reviewed(plan.ledger))
     plan.cmp = decide("hashes", lambda: guard_hashes(cfg, plan.ledger) if plan.ledger is not None else None)
     plan.reviewed = plan.cmp.current if plan.cmp is not None else hash_reviewed(cfg, strict=False)

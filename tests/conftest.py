@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpuhost import gpu_host  # noqa: F401 - the fixture: a host with GPUs (a stand-in driver)
 from tests.helpers import SKY_IMAGE_REF, edit_config, run_cli
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from launcher.backends.local import LocalBackend
 from launcher.config.schema import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
 from launcher.ladder import rung_named
 from launcher.ledger.db import Ledger
-from tests.helpers import LAUNCHER, run_cli
+from tests.gpuhost import gpu_host_env
+from tests.helpers import LAUNCHER, assert_one_line_error, run_cli, run_rows
 from tests.test_ledger import leg_pids, next_log, wait_for_line
 
 
@@ -154,8 +156,27 @@ def test_ctrl_c_kills_the_leg_and_closes_the_run(project: Path, leg_tmp: Path) -
     assert run["legs"][0]["killed"] and run["legs"][0]["end_reason"] == "launcher interrupted"
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
-def test_smoke_without_cuda_answers_no_and_bills_the_gpus(project: Path) -> None:
+def test_a_gpu_request_on_a_host_without_those_gpus_is_refused_before_anything_runs(project: Path) -> None:
+    """The headline command on a machine with no GPU: refused by the plan (exit 3), in the dry
+    run too, naming what the host has and the two ways on; nothing recorded, nothing billed."""
+    for env in ({}, gpu_host_env(), gpu_host_env("Tesla T4")):  # no driver; a driver, no GPU; one T4
+        for extra in ([], ["--dry-run"]):
+            res = run_cli(["up", "probe", "--gpus", "T4:2", *extra], cwd=project, env=env)
+            assert_one_line_error(res, 3, "--gpus T4:2 needs 2 T4 on this host")
+            assert "--cpu" in res.err and "--backend sky" in res.err  # the two ways on, in its `next:` line
+            assert ("1 x Tesla T4" if env.get("FAKE_NVML_GPUS") else "no CUDA GPU") in res.err
+    assert run_rows(project) == 0
+    with sqlite3.connect(project / ".launcher" / "ledger.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
+
+
+def test_smoke_on_a_host_whose_t4_the_trainer_left_idle_answers_no_and_bills_the_gpu_it_held(
+    project: Path, gpu_host
+) -> None:
+    """On a host with the T4 (tests/gpuhost.py's driver) the leg is given it and, like a cloud
+    instance, bills it for its wall time; a trainer that trained on the CPU instead is the
+    smoke rung's "no" (here: the stand-in driver's T4 is not one torch can use)."""
+    gpu_host("Tesla T4", 1)
     res = run_cli(["up", "smoke", "--gpus", "T4:1", "--json"], cwd=project)
     assert res.code == 1
     checks = {c["name"]: c for c in res.json()["checks"]}

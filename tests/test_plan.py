@@ -17,6 +17,7 @@ from typing import Callable
 import pytest
 
 from launcher.plan import GUARDS
+from tests.gpuhost import gpu_host_env
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
@@ -39,10 +40,19 @@ def _nothing(root: Path) -> dict[str, str]:
     return {}
 
 
+def _t4_host(root: Path) -> dict[str, str]:
+    """A host with one T4 (tests/gpuhost.py): a GPU rung on the local backend passes the gpus guard."""
+    return gpu_host_env("Tesla T4")
+
+
+def _one_a10g(root: Path) -> dict[str, str]:
+    return gpu_host_env("NVIDIA A10G")  # a GPU, not the one asked for
+
+
 def _usd_budget(root: Path) -> dict[str, str]:
     edit_config(root, quota__budget_usd=0.01)  # smoke on T4:1: 3 legs x 10 min x $0.35/GPU-h = $0.17
     assert run_cli(["review"], cwd=root).code == 0
-    return {}
+    return _t4_host(root)
 
 
 def _hub_away(root: Path) -> dict[str, str]:
@@ -54,11 +64,17 @@ def _hub_away(root: Path) -> dict[str, str]:
 CASES: dict[str, tuple[Callable[[Path], dict[str, str]], list[str], int, str]] = {
     # guard: (how to make it refuse, the `up` arguments, the exit code, what the one line names)
     "docker": (_no_docker, ["rehearsal", "--backend", "docker"], 2, "the docker CLI is not installed"),
+    "gpus": (
+        _one_a10g,
+        ["smoke", "--gpus", "T4:1"],
+        3,
+        "needs 1 T4 on this host for the local backend, and it has 1 x NVIDIA A10G",
+    ),
     "review": (_no_review, ["rehearsal"], 3, "no review recorded"),
     "hashes": (_edited, ["rehearsal"], 3, "reviewed files differ from review #1"),
     "store": (_hub_away, ["rehearsal"], 2, "store hf://tester/ckpts does not answer"),
     "image": (_nothing, ["rehearsal", "--backend", "docker"], 3, "no image has been built for this project"),
-    "preflight": (_nothing, ["run", "--gpus", "T4:1"], 3, "no signed preflight report for exactly these files"),
+    "preflight": (_t4_host, ["run", "--gpus", "T4:1"], 3, "no signed preflight report for exactly these files"),
     "quota": (_usd_budget, ["smoke", "--gpus", "T4:1"], 3, "> budget $0.01"),
 }
 
@@ -104,9 +120,10 @@ SHAPES = [
 ]
 
 
-def test_every_rung_and_backend_refuses_alike(project: Path) -> None:
+def test_every_rung_and_backend_refuses_alike(project: Path, gpu_host) -> None:
     """Each rung, on the CPU and on a GPU request, on the local and docker backends: one plan,
     so an edited file is refused by the dry run and by the launch with the same line."""
+    gpu_host("Tesla T4", 2)
     _edited(project)
     docker_cli_or_skip()
     for args in SHAPES:
@@ -132,17 +149,21 @@ def test_the_sky_backend_with_several_nodes_refuses_alike(project: Path) -> None
 
 
 def test_a_dry_run_names_every_reason_a_launch_would_stop_at(project: Path) -> None:
-    """Two guards refuse: the launch stops at the first; the dry run names both, in order."""
+    """Three guards refuse: the launch stops at the first; the dry run names all, in order."""
     _edited(project)
-    _usd_budget(project)  # the review it records accepts the edit: edit again for the hash guard
+    env = _usd_budget(project)  # the review it records accepts the edit: edit again for the hash guard
     _edited(project)
-    dry = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
+    dry = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=env)
     assert_one_line_error(dry, 3, "reviewed files differ", "> budget $0.01")
     line = dry.err.splitlines()[0]
     assert line.index("reviewed files differ") < line.index("> budget")
-    real = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project)
+    real = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project, env=env)
     assert_one_line_error(real, 3, "reviewed files differ")
     assert "budget" not in real.err.splitlines()[0]
+    # on a host without the T4 the gpus guard comes first, and the others still follow it
+    dry = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=gpu_host_env())
+    line = dry.err.splitlines()[0]
+    assert line.index("has no CUDA GPU") < line.index("reviewed files differ") < line.index("> budget")
 
 
 def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project: Path) -> None:
@@ -153,7 +174,7 @@ def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project
         cpu.code == 0
         and "rung smoke on local, 4 legs: 3 of the rung, then leg 3 straight through on the CPU" in cpu.out
     ), cpu.out
-    gpu = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project)
+    gpu = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=_t4_host(project))
     assert gpu.code == 0 and "rung smoke on local, 3 legs," in gpu.out, gpu.out
     planned = run_cli(["up", "smoke", "--cpu", "--dry-run", "--json"], cwd=project).json()["plan"]
     assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "store", "image", "quota"]
@@ -164,6 +185,9 @@ def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project
         for leg in run["legs"]
     ]
     assert launched == planned["legs"] and len(launched) == 4
+    # a CPU leg bills no GPU time, the straight-through oracle included: the quota counts GPUs' hours
+    assert [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0] * 4 and run["billed_gpu_hours"] == 0.0
+    assert run["gpu_count"] == 0 and run["cost_usd"] == 0.0
     # leg 0's environment as the dry run showed it is the one the launch recorded, but for the
     # run's id and the deadline (counted from the moment each was made)
     varies = {"LAUNCHER_RUN_ID", "LAUNCHER_DEADLINE"}

@@ -11,6 +11,7 @@ import pytest
 from launcher.checks.evidence import LegEvents
 from launcher.checks.measure import check_cadence, check_memory, check_sustained
 from launcher.ladder import probe_plan
+from tests.gpuhost import gpu_host_env
 from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
 
 
@@ -26,7 +27,7 @@ def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -
         "--skip-preflight needs a reason",
     )
     assert run_rows(project) == 0
-    dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project)
+    dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project, env=gpu_host_env("Tesla T4", "Tesla T4"))
     assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out
 
 

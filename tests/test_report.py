@@ -23,6 +23,7 @@ from launcher.report.proofs import proof_5
 from launcher.report.proofs_store import proof_7
 from launcher.report.runs import Evidence, RunData
 from runtime.events import parse_line
+from tests.gpuhost import gpu_host_env
 from tests.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.xdist_group("report-ladder")  # the module's one ladder is walked once, on one worker
@@ -418,7 +419,7 @@ def test_the_run_launches_only_past_a_signed_passing_report(
     res = run_cli(["up", "run", "--cpu", "--dry-run"], cwd=proj, env=env)
     assert res.code == 0 and "passes (proofs 1, 2, 3, 4, 6, 7, 8 PASS)" in res.out, res.out + res.err
     # on a GPU the rate must have been measured there: proof 5 is named, with the command that makes it
-    res = run_cli(["up", "run", "--gpus", "T4:1"], cwd=proj, env=env)
+    res = run_cli(["up", "run", "--gpus", "T4:1"], cwd=proj, env=env | gpu_host_env("Tesla T4"))
     assert_one_line_error(res, 3, "not every proof PASS", "proof 5 MISSING", "launcher up probe --gpus T4:1")
     res = run_cli(["up", "run", "--cpu", "--steps", "20", "--json"], cwd=proj, env=env)
     assert res.code == 0, res.err

@@ -165,7 +165,8 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
     assert f"step-{froms[0]:08d} (step {froms[0]})" in loop["detail"], loop["detail"]
 
 
-def test_a_quota_that_runs_out_mid_run_stops_with_a_verified_final_checkpoint(project: Path) -> None:
+def test_a_quota_that_runs_out_mid_run_stops_with_a_verified_final_checkpoint(project: Path, gpu_host) -> None:
+    gpu_host("Tesla T4", 1)
     configure(project, steps=100_000, command="python train.py --ckpt-every 50", quota=0.01)  # 36 s of T4:1
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", "quota test"], cwd=project)
@@ -185,7 +186,8 @@ def test_a_quota_that_runs_out_mid_run_stops_with_a_verified_final_checkpoint(pr
     assert checks["leg 0: the store after its end holds the newest verified checkpoint"]["ok"]
 
 
-def test_without_a_report_the_run_is_refused_naming_the_proofs(project: Path) -> None:
+def test_without_a_report_the_run_is_refused_naming_the_proofs(project: Path, gpu_host) -> None:
+    gpu_host("Tesla T4", 1)
     res = run_cli(["up", "run", "--gpus", "T4:1"], cwd=project)
     assert_one_line_error(res, 3, "no signed preflight report", "1, 2, 3, 4, 5, 6, 7, 8")
     assert "launcher up probe --gpus T4:1" in res.err and "--skip-preflight" in res.err

@@ -61,7 +61,8 @@ def add_billed_run(project: Path, hours: float, run_id: str = "earlier") -> None
         )
 
 
-def test_over_quota_is_refused_with_the_arithmetic(project: Path) -> None:
+def test_over_quota_is_refused_with_the_arithmetic(project: Path, gpu_host) -> None:
+    gpu_host("Tesla T4", 1)
     set_quota(project, gpu_hours=1)
     add_billed_run(project, 0.8)
     res = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project)
@@ -74,7 +75,8 @@ def test_over_quota_is_refused_with_the_arithmetic(project: Path) -> None:
     assert run_rows(project) == 1  # nothing recorded but the earlier run
 
 
-def test_allow_overdraft_launches_and_is_recorded(project: Path) -> None:
+def test_allow_overdraft_launches_and_is_recorded(project: Path, gpu_host) -> None:
+    gpu_host("Tesla T4", 1)
     set_quota(project, gpu_hours=1)
     add_billed_run(project, 0.8)
     # What is checked is the guard's record, not the training: a trainer that exits at once is one
