@@ -88,6 +88,97 @@ def candidate_prices(cfg) -> tuple[float, float]:  # noqa: ANN001
     return prices["spot"], prices["on-demand"]
 
 
+def skypilot_shows(use_spot: bool) -> str:
+    """A managed job record's cluster_resources as SkyPilot 0.14.1 writes it: its own formatter
+    (sky/utils/resources_utils.py, as sky/jobs/utils.py fills the record from the cluster's
+    handle) on a real sky.Resources, e.g. `1x[spot](gpus=T4:1, n1-highmem-4, ...)`."""
+    from types import SimpleNamespace
+
+    from sky.utils import resources_utils
+
+    import sky
+
+    launched = sky.Resources(
+        infra="gcp/us-central1", instance_type="n1-highmem-4", accelerators="T4:1", use_spot=use_spot
+    )
+    handle = SimpleNamespace(launched_resources=launched, launched_nodes=1, cached_cluster_info=None)
+    return resources_utils.get_readable_resources_repr(handle, simplified_only=False)[0]
+
+
+def test_an_attempt_skypilot_shows_on_spot_is_billed_at_the_spot_price(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each attempt of the managed job is priced from SkyPilot's record of the resources it runs on.
+    SkyPilot 0.14.1 writes spot as `[spot]` there (the optimizer's table and a Resources' repr: `[Spot]`);
+    the launcher read `[Spot]` only, so every spot attempt was billed at the on-demand price."""
+    from types import SimpleNamespace
+
+    from sky.backends import backend_utils
+
+    import sky
+    from launcher import legs
+    from launcher.backends.skyapi import Pick, spot_of
+    from launcher.backends.skyjob import ManagedJob
+    from launcher.config.schema import Config, parse_gpus
+    from launcher.ladder import rung_named
+    from launcher.ledger.db import Ledger
+    from launcher.rungs import run_sky
+
+    on_spot, on_demand = skypilot_shows(True), skypilot_shows(False)
+    assert "[spot]" in on_spot and "spot" not in on_demand.lower()  # SkyPilot's spelling, as it is today
+    both = sky.Task.from_yaml_config(
+        {"name": "t", "resources": {"ordered": [{"use_spot": True, "accelerators": "T4:1"}, {"accelerators": "T4:1"}]}}
+    )
+    asked = backend_utils.get_task_resources_str(both, is_managed_job=True)  # the record once the cluster is gone
+    spot_repr = repr(
+        sky.Resources(infra="gcp", instance_type="n1-highmem-4", use_spot=True)
+    )  # the optimizer's `[Spot]`
+    assert [spot_of(on_spot), spot_of(on_demand), spot_of(asked), spot_of("-"), spot_of(spot_repr)] == [
+        True,
+        False,
+        None,
+        None,
+        True,
+    ]
+    spot = Pick("GCP", "us-central1", "n1-highmem-4", "T4:1", True, 1, 0.25)
+    demand = Pick("GCP", "us-central1", "n1-highmem-4", "T4:1", False, 1, 0.75)
+    backend = SimpleNamespace(name="sky", sky=None, billing_granularity_s=60)
+    ctx = legs.RunContext(
+        Config(project="t", root=tmp_path),
+        rung_named("run"),
+        backend,  # type: ignore[arg-type]
+        Ledger(tmp_path / "ledger.db"),
+        "r-spot",
+        "file:///s",
+        {},
+        parse_gpus("T4:1"),
+        lambda leg, line: None,
+    )
+    ctx.ledger.begin_run(legs.ledger_run_row(ctx, None, "d", "c"), {})
+    job = ManagedJob(
+        backend,  # type: ignore[arg-type]
+        SimpleNamespace(env={}, run_id="r-spot", leg=0),  # type: ignore[arg-type]
+        SimpleNamespace(sha256="0" * 64, path=tmp_path / "job.yaml"),  # type: ignore[arg-type]
+        demand,  # the dearest: what an attempt is billed at until SkyPilot's record says what it runs on
+        "skypilot optimizer",
+        job_id=7,
+        prices=(("spot", spot), ("on-demand", demand)),
+    )
+    shown = {"now": on_spot}
+    monkeypatch.setattr(run_sky, "record", lambda _sky, _job: {"cluster_resources": shown["now"], "cloud": "GCP"})
+    attempts = run_sky._Legs(ctx, job, [])
+    for leg, now in enumerate((on_spot, on_demand)):  # spot first, then the on-demand recovery: an hour each
+        shown["now"] = now
+        attempts.begin(leg, 3600.0 * leg)
+        attempts.priced(leg)
+        attempts.end(leg, 3600.0 * (leg + 1), "attempt ended", killed=bool(leg == 0))
+    rows = ctx.ledger.runs(run_id="r-spot")[0]["legs"]
+    assert [(r["hourly_usd"], r["cost_usd"]) for r in rows] == [
+        (pytest.approx(0.25), pytest.approx(0.25)),
+        (pytest.approx(0.75), pytest.approx(0.75)),
+    ]
+
+
 def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_store(
     sky_project, cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001, F811

@@ -166,9 +166,31 @@ def has_chosen_row(text: str) -> bool:
     return None not in _header_and_chosen(text)
 
 
+SPOT_MARK = re.compile(r"\[([^\[\]]*)\]")
+"""A bracketed marker in resources as SkyPilot 0.14.1 formats them (see `spot_of`)."""
+
+
+def spot_of(shown: str) -> bool | None:
+    """Whether resources SkyPilot formatted are spot, read from the marker it writes, whatever its
+    case: `[spot]` in a launched cluster's resources (sky/utils/resources_utils.py format_resource:
+    the managed job record's cluster_resources, e.g. `1x[spot](gpus=T4:1, n1-highmem-4, ...)`),
+    `[Spot]` after the instance type in the optimizer's table and a Resources' repr
+    (sky/resources.py get_spot_str, `__repr__`). None where it cannot say: nothing shown ('-'),
+    or a request of several candidates (`[On-demand|Spot]`, sky/backends/backend_utils.py
+    get_task_resources_str, the record's fallback once the cluster is gone)."""
+    shown = (shown or "").strip()
+    if not shown or shown == "-":
+        return None
+    for mark in SPOT_MARK.findall(shown):
+        kinds = {part.strip().lower() for part in mark.split("|")}
+        if "spot" in kinds:
+            return True if kinds == {"spot"} else None
+    return False
+
+
 def parse_optimizer_table(text: str, nodes: int) -> Pick:
     """The chosen row of SkyPilot's "Considered resources" table:
-    INFRA (cloud (region or zone)) | INSTANCE ([Spot]) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
+    INFRA (cloud (region or zone)) | INSTANCE (`[Spot]` after a spot one: `spot_of`) | vCPUs | Mem(GB) | GPUS | COST ($) | CHOSEN."""
     header, chosen = _header_and_chosen(text)
     if header is None or chosen is None:
         raise RuntimeError("SkyPilot's optimizer printed no chosen resources: " + " ".join(text.split())[-200:])
@@ -184,9 +206,9 @@ def parse_optimizer_table(text: str, nodes: int) -> Pick:
     return Pick(
         infra.group(1),
         region,
-        instance.replace("[Spot]", "") or None,
+        SPOT_MARK.sub("", instance).strip() or None,
         None if gpus in ("-", "") else gpus,
-        "[Spot]" in instance,
+        bool(spot_of(instance)),
         nodes,
         float(row["COST ($)"]),
     )

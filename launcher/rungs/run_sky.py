@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
-from launcher.backends.skyapi import cancel, record
+from launcher.backends.skyapi import cancel, record, spot_of
 from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.leg_env import redact
 from launcher.legs import LegOutcome, RunContext, record_end
@@ -68,9 +68,10 @@ class _Legs:
             return
         rec = record(self.ctx.backend.sky, job.job_id) or {}
         shown = str(rec.get("cluster_resources") or "")
-        if not shown or shown == "-":
+        spot = spot_of(shown)  # SkyPilot writes `1x[spot](...)`: one reader of its markers (skyapi.spot_of)
+        if spot is None:
             return
-        pick = job.price_of("[Spot]" in shown)
+        pick = job.price_of(spot)
         if pick is not None:
             self.picks[leg] = pick
             self.ctx.ledger.note_leg(self.ctx.run_id, leg, hourly_usd=pick.instance_hourly_usd)
