@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pydantic
 import pytest
 
 import sky
+from tests.fakes.sky_proc import _start_time
 from tests.fakes.sky_standin import (
     JOB_CANCELLED,
     JOB_FAILED,
@@ -235,6 +237,28 @@ def test_a_cluster_of_two_nodes_runs_the_job_on_each_with_skypilots_node_variabl
     assert status.nodes == 2
     fake.get(fake.down("two-nodes"))
     assert fake.get(fake.status(cluster_names=["two-nodes"])) == []
+
+
+def test_down_ends_every_process_of_the_node_whatever_session_it_made(fake: StrictSky, app: Path) -> None:
+    """A deleted machine takes every process on it: torchrun starts each rank in a session of its own,
+    and a job may setsid a child. Down ends them all (issue 50: ranks trained on after a down, which
+    then failed on the files they kept writing), then removes the cluster's disk."""
+    (app / "rank.py").write_text(
+        "import os, time\nprint(f'rank pid={os.getpid()} sid={os.getsid(0)}', flush=True)\ntime.sleep(600)\n"
+    )
+    run = 'setsid sleep 600 & echo "child pid=$!"; torchrun --standalone --nproc_per_node 2 "$LAUNCHER_APP_DIR/rank.py"'
+    fake.get(fake.launch(task(run=run), cluster_name="ranks"))
+    log = fake.state_dir / "clusters" / "ranks" / "job.log"
+    wait_until(lambda: log.read_text().count("rank pid=") == 2, timeout_s=180)
+    text = log.read_text()
+    ranks = [(int(pid), int(sid)) for pid, sid in re.findall(r"rank pid=(\d+) sid=(\d+)", text)]
+    assert all(pid == sid for pid, sid in ranks), text  # each rank leads a session of its own
+    pids = [pid for pid, _ in ranks] + [int(re.search(r"child pid=(\d+)", text).group(1))]
+    started = {pid: _start_time(pid) for pid in pids}
+    assert all(started.values()), started
+    fake.get(fake.down("ranks"))
+    assert [pid for pid in pids if _start_time(pid) == started[pid]] == []  # none is left
+    assert not (fake.state_dir / "clusters" / "ranks").exists()
 
 
 # ---------------------------------------------------------------- managed jobs (sky.jobs)
@@ -492,12 +516,20 @@ def test_user_failures_restart_up_to_max_restarts_on_errors_then_fail(fake: Stri
 
 
 def test_cancel_kills_the_job_with_its_cluster_or_sigterms_it_first_when_graceful(fake: StrictSky) -> None:
-    run = "trap 'echo got TERM; exit 0' TERM; echo started; sleep 60 & wait $!"
+    """SkyPilot 0.14.1's graceful cancel SIGTERMs the job, then deletes its machine without waiting for
+    the job (sky_attempts.py `cancel` cites the code): a trap that takes seconds never finishes, and
+    nothing of the job is left, not even a child that made a session of its own."""
+    run = (
+        "trap 'echo got TERM; sleep 5; echo TERM handled; exit 0' TERM; setsid sleep 600 & echo \"child=$!\"; "
+        "echo started; sleep 60 & wait $!"
+    )
     hard, soft = launch_jobs(fake, (task(run=run), "hard"), (task(run=run), "soft"))
     no_selector, two_selectors = fake.jobs.cancel(), fake.jobs.cancel(job_ids=[1], all=True)
     for job_id in (hard, soft):
         wait_until(lambda j=job_id: "started" in job_log(fake, j))
     sessions = {j: job_record(fake.state_dir, j)["attempts"][-1]["pid"] for j in (hard, soft)}
+    children = {j: int(re.search(r"child=(\d+)", job_log(fake, j)).group(1)) for j in (hard, soft)}
+    started = {j: _start_time(pid) for j, pid in children.items()}
     rids = [fake.jobs.cancel(job_ids=[hard]), fake.jobs.cancel(name="soft", graceful=True, graceful_timeout=10)]
     assert [fake.get(rid) for rid in rids] == [None, None]
     with pytest.raises(ValueError, match="Can only specify one of JOB_IDS, name, pool, or all/all_users"):
@@ -507,8 +539,13 @@ def test_cancel_kills_the_job_with_its_cluster_or_sigterms_it_first_when_gracefu
     code, out = follow_job(fake, hard)
     assert code == JOB_CANCELLED and "got TERM" not in out  # no signal first: the cluster went with it
     code, out = follow_job(fake, soft)
-    assert code == JOB_CANCELLED and "got TERM" in out  # the trap ran before the job was torn down
+    assert code == JOB_CANCELLED and "TERM handled" not in out  # SIGTERM, then the teardown at once
+    [hard_attempt] = job_record(fake.state_dir, hard)["attempts"]
+    [soft_attempt] = job_record(fake.state_dir, soft)["attempts"]
+    assert "sigterm_at" not in hard_attempt
+    assert soft_attempt["sigterm_to"] >= 2 and soft_attempt["sigterm_at"] <= soft_attempt["ended_at"]
     assert not session_alive(sessions[hard]) and not session_alive(sessions[soft])
+    assert all(_start_time(pid) != started[j] for j, pid in children.items())  # the setsid child went too
     assert fake.get(fake.jobs.cancel(job_ids=[hard])) is None  # a terminal job: nothing to do
     rows = fake.get(fake.jobs.queue_v2(refresh=False))[0]
     assert {r.job_id: r.status for r in rows} == {hard: ManagedJobStatus.CANCELLED, soft: ManagedJobStatus.CANCELLED}

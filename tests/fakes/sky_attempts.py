@@ -17,13 +17,12 @@ from tests.fakes.sky_proc import (
     PLACEMENT,
     POLL_S,
     _accelerators_str,
-    _kill_session,
+    _kill_node,
     _optimizer_pick,
     _read_json,
-    _session_alive,
     _spawn_job,
     _start_time,
-    _term_session,
+    _term_node,
 )
 
 # How often a job's controller looks for a cancel signal. SkyPilot's controller polls every 15 s;
@@ -31,10 +30,19 @@ from tests.fakes.sky_proc import (
 JOBS_CANCEL_POLL_S = 0.5
 
 
-# graceful cancel with graceful_timeout=None: SkyPilot 0.14.1 SIGTERMs every process of the run's
-# tree, then SIGKILLs what is left 30 s later; so does the stand-in (it gave 10 s to the job's
-# process group alone before issue 29, so a final push saw neither the same signal nor the same time).
-GRACEFUL_CANCEL_TIMEOUT_S = 30.0
+def launched_shown(chosen: Any, pick: Any) -> list[str]:
+    """What SkyPilot's job record shows of the attempt's cluster (cluster_resources and its _full):
+    SkyPilot's own formatter (sky/utils/resources_utils.py get_readable_resources_repr, as
+    sky/jobs/utils.py fills the record from the live handle) on the candidate launched where the
+    optimizer placed it, so the stand-in writes `1x[spot](gpus=T4:1, ...)` exactly as SkyPilot does."""
+    from types import SimpleNamespace
+
+    from sky.utils import resources_utils
+
+    infra = "/".join(str(part).lower() for part in (pick.cloud, pick.region) if part)
+    launched = chosen.copy(infra=infra, instance_type=pick.instance_type, job_recovery=None)
+    handle = SimpleNamespace(launched_resources=launched, launched_nodes=1, cached_cluster_info=None)
+    return list(resources_utils.get_readable_resources_repr(handle, simplified_only=False))
 
 
 class _Prechecks(Exception):
@@ -141,6 +149,7 @@ class _Attempts:
             "instance_type": pick.instance_type,
             "use_spot": bool(chosen.use_spot),
             "accelerators": dict(chosen.accelerators) if chosen.accelerators else None,
+            "shown": launched_shown(chosen, pick),
         }
         self.say(f"optimizer's pick: {placement}")
         return placement
@@ -233,7 +242,7 @@ class _Attempts:
         self, proc: subprocess.Popen[bytes], attempt: dict[str, Any], outcome: str, code: int | None
     ) -> None:
         """The attempt's cluster is torn down: whatever still runs there dies with it, its disk goes."""
-        _kill_session(proc.pid, attempt["start"])
+        _kill_node(attempt["cluster_dir"], proc.pid, attempt["start"])
         proc.wait()
         self.current = None
         now = time.time()
@@ -248,16 +257,20 @@ class _Attempts:
         self.say(f"attempt {attempt['attempt']} ended: {outcome} (exit code {code}); its cluster is torn down")
 
     def cancel(self, proc: subprocess.Popen[bytes], attempt: dict[str, Any], signal_: dict[str, Any]) -> None:
-        """Non-graceful: the cluster is torn down with the job on it (no signal first). Graceful: SIGTERM
-        to every process of the job's session, then up to graceful_timeout (30 s) for it to exit."""
+        """As SkyPilot 0.14.1 cancels a running managed job: the controller's cleanup of the cancelled
+        job (sky/jobs/controller.py `_cleanup`) calls sky/jobs/utils.py `terminate_cluster`, which is
+        sky/core.py `down(cluster, graceful=...)`. Non-graceful: `backend.teardown`, the job dies with
+        its machine (no signal first). Graceful: `_graceful_job_cancel` first sends SIGTERM
+        (sky/skylet/job_lib.py `cancel_jobs`: os.killpg, and nothing waits for the job to exit), flushes
+        MOUNT_CACHED uploads (graceful_timeout bounds that flush, not the job; there are none here),
+        then the same teardown: the machine is deleted right after the SIGTERM, whether or not the job
+        finished what the signal started (a final checkpoint push). So here: SIGTERM to every process
+        of the node, then the teardown at once."""
         self.update(status="CANCELLING")
         self.say(f"cancelling job {self.job_id} (graceful={signal_.get('graceful')})")
         if signal_.get("graceful") and proc.poll() is None:
-            _term_session(proc.pid)
-            timeout = signal_.get("graceful_timeout")
-            deadline = time.monotonic() + (GRACEFUL_CANCEL_TIMEOUT_S if timeout is None else float(timeout))
-            while _session_alive(proc.pid) and time.monotonic() < deadline:
-                proc.poll()
-                time.sleep(POLL_S)
+            signalled, at = _term_node(attempt["cluster_dir"], proc.pid), time.time()
+            self.update(lambda rec: rec["attempts"][attempt["attempt"] - 1].update(sigterm_at=at, sigterm_to=signalled))
+            self.say(f"SIGTERM to {signalled} process(es) of attempt {attempt['attempt']}; tearing its cluster down")
         self.end_attempt(proc, attempt, "cancelled", None)
         self.finish("CANCELLED")

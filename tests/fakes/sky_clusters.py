@@ -7,7 +7,7 @@ Several nodes (a plain `launch`): each node is a process group of its own (its o
 `nodes/<i>/` disk; the head is the cluster dir) started together with SkyPilot's node variables
 (SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS: every node is 127.0.0.1), all writing
 the one job log, a worker's lines prefixed `(worker<i>, rank=<i>, pid=…, ip=…)`; the job ends when
-every node has, FAILED if any failed; `down` / `cancel` kill every node's session.
+every node has, FAILED if any failed; `down` / `cancel` kill every process of every node (sky_proc._kill_node).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tests.fakes.sky_proc import (
     _accelerators_str,
     _append_jsonl,
     _job_status,
+    _kill_node,
     _kill_session,
     _node_dir,
     _placement_of,
@@ -229,9 +230,8 @@ class _Worker(_JobsRequests):
                 raise exceptions.ClusterDoesNotExist(f"Cluster {name!r} does not exist.")
             self.say(f"terminating {name} ...")
             job = _read_json(cdir / "job.json")
-            if job is not None:
-                for node in job.get("nodes") or [job]:
-                    _kill_session(node["pgid"], node["start"])
+            for rank, node in enumerate((job.get("nodes") or [job]) if job is not None else []):
+                _kill_node(_node_dir(cdir, rank), node["pgid"], node["start"])  # every process: the machine is gone
             meta = _read_json(cdir / "meta.json") or {
                 "launched_at": int(cdir.stat().st_mtime),
                 "num_nodes": 1,
@@ -268,8 +268,8 @@ class _Worker(_JobsRequests):
             self.say(f"job {JOB_ID} on {name} already ended")
             return
         job = _read_json(cdir / "job.json")
-        for node in job.get("nodes") or [job]:
-            _kill_session(node["pgid"], node["start"])
+        for rank, node in enumerate(job.get("nodes") or [job]):
+            _kill_node(_node_dir(cdir, rank), node["pgid"], node["start"])
         if not (cdir / "job.exit").exists():  # it had not finished before the kill
             _write_json(cdir / "job.cancelled", {"at": time.time()})
         self.say(f"cancelled job {JOB_ID} on {name}")

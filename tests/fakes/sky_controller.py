@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.fakes.sky_attempts import _Attempts
 from tests.fakes.sky_job_state import _live_attempt, _terminal, _update_job
-from tests.fakes.sky_proc import _kill_session, _locked, _read_json, _write_json
+from tests.fakes.sky_proc import _kill_node, _locked, _read_json, _write_json
 
 
 class _Controller(_Attempts):
@@ -43,7 +43,7 @@ class _Controller(_Attempts):
     def cancel_signal(self) -> dict[str, Any] | None:
         if not self.dir.is_dir():  # the state dir was removed under us (a test's tmp dir): nothing to run for
             if self.current is not None:
-                _kill_session(self.current["pid"], self.current["start"])
+                _kill_node(self.current["cluster_dir"], self.current["pid"], self.current["start"])
             os._exit(0)
         return _read_json(self.dir / "cancel.json")
 
@@ -182,7 +182,7 @@ def run_controller(jobdir: Path, data: bytes | None = None) -> None:
         rec = _read_json(jobdir / "job.json") or {}
         attempt = _live_attempt(rec)
         if attempt is not None and attempt.get("pid"):
-            _kill_session(attempt["pid"], attempt["start"])
+            _kill_node(attempt["cluster_dir"], attempt["pid"], attempt["start"])
         if not _terminal(rec):
             controller.finish(
                 "FAILED_CONTROLLER",

@@ -12,8 +12,8 @@ from typing import Any
 
 from tests.fakes.sky_proc import (
     POLL_S,
-    _accelerators_str,
     _alive,
+    _kill_node,
     _kill_session,
     _locked,
     _read_json,
@@ -103,7 +103,7 @@ def _refresh_dead_controller(jobdir: Path) -> dict[str, Any] | None:
         attempt = _live_attempt(rec)
         if attempt is not None:
             if attempt.get("pid"):
-                _kill_session(attempt["pid"], attempt["start"])
+                _kill_node(attempt["cluster_dir"], attempt["pid"], attempt["start"])
             attempt.update(ended_at=now, outcome="controller_failed")
         rec.update(
             status="FAILED_CONTROLLER",
@@ -169,14 +169,10 @@ def _queue_row(rec: dict[str, Any], now: float) -> dict[str, Any]:
     }
     cloud, region, zone = placement.get("cloud"), placement.get("region"), placement.get("zone")
     if _live_attempt(rec) is not None and placement:  # read from the live cluster's handle
-        acc = _accelerators_str(placement.get("accelerators"))
-        shown = (
-            f"1x{'[Spot]' if placement.get('use_spot') else ''}"
-            f"({f'gpus={acc}, ' if acc else ''}{placement.get('instance_type')}, ...)"
-        )
+        simple, full = placement["shown"]  # SkyPilot's own formatter made them (sky_attempts.launched_shown)
         row.update(
-            cluster_resources=shown,
-            cluster_resources_full=shown,
+            cluster_resources=simple,
+            cluster_resources_full=full,
             cloud=cloud,
             region=region,
             zone=zone,
@@ -217,8 +213,8 @@ def job_record(state_dir: Path, job_id: int) -> dict[str, Any] | None:
     """A managed job's record on disk (None if there is no such job), for tests: status (the
     ManagedJobStatus value), recovery_count, failure_reason, placement, `attempts` (each: attempt,
     cluster_dir, launched_at, started_at, ended_at, use_spot, accelerators, outcome — succeeded /
-    failed / failed_setup / driver_failed / preempted / cancelled / controller_failed — and
-    exit_code), task_id_env (SKYPILOT_TASK_ID), and job_duration (the sum of the attempts' run times)."""
+    failed / failed_setup / driver_failed / preempted / cancelled / controller_failed — exit_code,
+    and after a graceful cancel sigterm_at / sigterm_to: when, and to how many processes), task_id_env (SKYPILOT_TASK_ID), and job_duration (the sum of the attempts' run times)."""
     jobdir = _job_dir(Path(state_dir), job_id)
     rec = _refresh_dead_controller(jobdir) if jobdir is not None else None
     if rec is not None:
@@ -228,7 +224,7 @@ def job_record(state_dir: Path, job_id: int) -> dict[str, Any] | None:
 
 def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0, spot_gone: bool = False) -> None:
     """Preempt a managed job: its current attempt's instance is lost (every process of the attempt's
-    session is SIGKILLed, no signal first). `spot_gone`: spot has no capacity from now on, so the
+    node is SIGKILLed, no signal first). `spot_gone`: spot has no capacity from now on, so the
     recovery lands on the task's next (on-demand) candidate. Waits up to `timeout_s` for an attempt to be running;
     RuntimeError if the job does not exist, has ended, or none runs by then. The job's controller
     notices and recovers it on a fresh cluster."""
@@ -246,7 +242,7 @@ def preempt_job(state_dir: Path, job_id: int, timeout_s: float = 30.0, spot_gone
             if spot_gone:
                 (jobdir / "no-spot").write_text(f"{time.time()}\n")
             (Path(attempt["cluster_dir"]) / "preempted").write_text(f"{time.time()}\n")  # the cluster is gone
-            _kill_session(attempt["pid"], attempt["start"])
+            _kill_node(attempt["cluster_dir"], attempt["pid"], attempt["start"])
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
@@ -264,4 +260,4 @@ def shutdown_jobs(state_dir: Path) -> None:
             _kill_session(rec["controller"]["pid"], rec["controller"]["start"])
         attempt = _live_attempt(rec)
         if attempt is not None and attempt.get("pid"):
-            _kill_session(attempt["pid"], attempt["start"])
+            _kill_node(attempt["cluster_dir"], attempt["pid"], attempt["start"])

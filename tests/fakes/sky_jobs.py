@@ -26,9 +26,10 @@ arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1
   SKYPILOT_CLUSTER_INFO; the task's envs are those of the submit, for every attempt. Every
   attempt appends to ONE log (`jobs/<id>/job.log`, what `tail_logs` streams), in order, with a
   `stand-in: ...` line between attempts saying why the job recovered. An ended attempt's
-  cluster is torn down: what still runs in its session is killed, its home/ and app/ removed.
+  cluster is torn down: every process of its node is killed (whatever session it made: torchrun's
+  ranks make their own), its home/ and app/ removed.
 - `preempt_job(state_dir, job_id)` (or `python tests/fakes/sky_standin.py preempt <state_dir> <id>`)
-  loses the current attempt's instance: every process of its session SIGKILLed. The controller
+  loses the current attempt's instance: every process of its node SIGKILLed. The controller
   sees the cluster gone: RECOVERING, then a new attempt; unlimited, as for real.
   `recovery_count` counts every recovery and restart, once the job is RUNNING again.
 - A user failure (run or setup exits non-zero; the job's bash killed by anything but
@@ -47,8 +48,9 @@ arguments; `calls` records them as ("jobs.launch", job name), ("jobs.cancel", "1
   a terminal job is skipped, a PENDING one cancelled at once) writes a signal file that the
   controller polls every JOBS_CANCEL_POLL_S (0.5 s; real: 15 s): CANCELLING, then the attempt is
   SIGKILLed with its cluster (no signal first), CANCELLED. graceful=True: SIGTERM to every process of
-  the job's session at once (the run's tree, as SkyPilot signals it), then up to graceful_timeout
-  (None: GRACEFUL_CANCEL_TIMEOUT_S, 30 s as SkyPilot) for the session to exit, then the kill.
+  the attempt's node at once (the run's tree, as SkyPilot signals it), then the same teardown at once:
+  SkyPilot 0.14.1's graceful cancel does not wait for the job (graceful_timeout bounds its flush of
+  MOUNT_CACHED uploads, of which there are none here; sky_attempts.py `cancel` cites the code).
 - `jobs.queue_v2` yields `(records, total, status_counts, total_no_filter)`: SkyPilot's own
   ManagedJobRecord through its own encoder/JSON/decoder, status the real ManagedJobStatus,
   newest first. `fields` as the real server honours it: unrequested fields are None (job_id,

@@ -1,6 +1,6 @@
 """What the sky stand-in's parts share (see sky_standin.py): SkyPilot's job exit codes and the
-stand-in's constants, files and processes (atomic JSON, /proc bookkeeping, sessions killed whole,
-flocks), the layout of `state_dir` on disk, a node's job as a fresh cloud machine runs it (setup,
+stand-in's constants, files and processes (atomic JSON, /proc bookkeeping, sessions and a node's
+processes killed whole, flocks), the layout of `state_dir` on disk, a node's job as a fresh cloud machine runs it (setup,
 then run, in a session of its own, with the machine's environment), and where SkyPilot's own
 optimizer places a launch. Linux only (/proc).
 """
@@ -98,27 +98,66 @@ def _kill_session(sid: int, start: str | None) -> None:
         time.sleep(POLL_S)
 
 
-def _term_session(sid: int) -> int:
-    """SIGTERM every live process of session `sid` at once (the run's whole tree, as SkyPilot's
-    graceful cancel signals it, not the group leader alone); how many were signalled."""
-    members = []
+NODE_ENV = "PREFLIGHT_STANDIN_NODE"
+"""Set in the environment of every process a node's job starts (`_spawn_job`): the node's directory.
+A deleted machine takes every process on it, whatever session or process group a process made for
+itself (torchrun starts each rank in a session of its own: killing the job's session alone left the
+ranks training after a down, which then failed on the files they kept writing)."""
+NODE_KILL_S = 30.0
+"""How long a node's processes may outlive SIGKILL before the stand-in says so (an error, never a leak)."""
+
+
+def _node_tag(ndir: Path | str) -> str:
+    return os.path.realpath(ndir)
+
+
+def _node_pids(ndir: Path | str, sid: int | None) -> list[int]:
+    """Every live process of a node: its job's session (`sid`), and every process whose environment
+    names the node (those that left the session, and their children)."""
+    marker = f"{NODE_ENV}={_node_tag(ndir)}".encode()
+    found = []
     for entry in os.listdir("/proc"):
-        stat = _proc_stat(int(entry)) if entry.isdigit() else None
-        if stat and stat[3] == str(sid) and stat[0] != "Z":
-            members.append(int(entry))
+        stat = _proc_stat(int(entry)) if entry.isdigit() and int(entry) != os.getpid() else None
+        if not stat or stat[0] in ("Z", "X"):
+            continue
+        if sid is not None and stat[3] == str(sid):
+            found.append(int(entry))
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def _kill_node(ndir: Path | str, sid: int | None, start: str | None) -> None:
+    """The node's machine is gone: SIGKILL every process of it (`_node_pids`), scanning again until
+    none is left (a process may fork between a scan and its kill). RuntimeError if one outlives
+    NODE_KILL_S. A session leader pid with another start time means the session is gone already (the
+    kernel never reuses a pid that still names a session)."""
+    leader = _start_time(sid) if sid else None
+    if leader is not None and leader != start:
+        sid = None
+    deadline = time.monotonic() + NODE_KILL_S
+    while pids := _node_pids(ndir, sid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"stand-in: processes {pids} of node {ndir} outlived SIGKILL for {NODE_KILL_S:.0f} s")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def _term_node(ndir: Path | str, sid: int) -> int:
+    """SIGTERM every live process of the node at once (the run's whole tree, as SkyPilot's graceful
+    cancel signals it, not the group leader alone); how many were signalled."""
+    members = _node_pids(ndir, sid)
     for pid in members:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     return len(members)
-
-
-def _session_alive(sid: int) -> bool:
-    """Whether any live (non-zombie) process is still in session `sid`."""
-    for entry in os.listdir("/proc"):
-        stat = _proc_stat(int(entry)) if entry.isdigit() else None
-        if stat and stat[3] == str(sid) and stat[0] != "Z":
-            return True
-    return False
 
 
 @contextlib.contextmanager
@@ -279,6 +318,7 @@ def _spawn_job(
         }
     )
     env.update(extra_env or {})
+    env[NODE_ENV] = _node_tag(cdir)  # every process of this node, whatever session it makes (`_kill_node`)
     env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
     with log_path.open("ab" if append else "wb") as log:
         return subprocess.Popen(

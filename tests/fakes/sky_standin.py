@@ -25,8 +25,11 @@ thing it stands in for. So:
   (the image's `/app`), a fresh `home/` (its own disk: nothing survives a leg),
   `meta.json`. Its one job runs the task's real `setup` and then, only if setup
   exited 0, its `run`, with bash, in its own session, detached from everything:
-  `down`/`cancel` SIGKILL every process of that session (a `timeout` in `run`
-  makes its own process group, so killing the group alone would miss it).
+  `down`/`cancel` SIGKILL every process of the node, as a deleted machine
+  takes them: that session's (a `timeout` in `run` makes its own process group,
+  so killing the group alone would miss it) and every process whose environment
+  names the node (PREFLIGHT_STANDIN_NODE: torchrun starts each rank in a session
+  of its own), scanned again until none is left, before the disk is removed.
 - The job's environment is NOT the caller's: it is what a fresh cloud machine
   gives a job — PATH (with this Python's bin dir first, standing for the
   image's), locale, HOME=<cluster>/home — plus the task's envs, its secrets'
