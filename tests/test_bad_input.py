@@ -27,6 +27,7 @@ from tests.helpers import run_cli
 
 NAN, INF = float("nan"), float("inf")
 SEED = 20261201
+SYSTEM_STATE_DIRS = ["/etc/launcher-state", "/etc", "/", "/tmp", "/usr/local/launcher", "/proc/x", "/dev/shm/x"]
 
 BAD_GPUS = [
     "",
@@ -173,8 +174,23 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
         "file:///sys/x",
         "~/.store",
         "~",
+        # A URI written wrong is refused, naming the forms taken (file:///abs/dir, hf://owner/repo).
+        "file:/tmp/x",
+        "file:x",
+        "hf:owner/repo",
+        "S3:b",
+        # % ? # in a file:// URI: decoded by every URI reader (a%2F..%2Fb is a traversal), not here.
+        "file:///tmp/a%2F..%2Fb",
+        "file:///tmp/a%20b",
+        "file:///tmp/x?y",
+        "file:///tmp/x#y",
+        # Under the system's programs and settings: root's writability check would pass.
+        "file:///etc/launcher-store",
+        "file:///usr/local/launcher-store",
+        "/etc/launcher-store",
     ],
-    ("state_dir",): ["", "\0", 5, "@FILE", [], "a\nb"],
+    # The state dir is checked by the store's own folder check (launcher.config.places.local_folder).
+    ("state_dir",): ["", "\0", 5, "@FILE", [], "a\nb", *SYSTEM_STATE_DIRS],
     ("quota", "gpu_hours"): [NAN, INF, -INF, -1, 10**7, "30", True, 10**30, []],
     ("quota", "period"): ["day", "", 5, None, "WEEK"],
     ("quota", "reset_weekday"): ["funday", "", None, 1],
@@ -357,6 +373,8 @@ def test_generated_bad_configs(workdir: Path, capsys) -> None:  # noqa: ANN001
     base = yaml.safe_load(good)
     rng = random.Random(SEED)
     before = snapshot(workdir)
+    outside = [Path(d) for d in SYSTEM_STATE_DIRS + ["/etc/launcher-store", "/usr/local/launcher-store"]]
+    absent = [d for d in outside if not d.exists()]
     n = 0
     for label, text in config_cases(base, workdir, rng, extra=300):
         config.write_text(text)
@@ -375,6 +393,7 @@ def test_generated_bad_configs(workdir: Path, capsys) -> None:  # noqa: ANN001
             n += 1
     config.write_text(good)
     assert snapshot(workdir) == before
+    assert [d for d in absent if d.exists()] == []  # a refused state dir or store is never made
     assert n > 1500, n
 
 
@@ -387,3 +406,43 @@ def test_a_sample_as_real_subprocesses(workdir: Path) -> None:
         res = run_cli(args, cwd=workdir / "proj")
         assert res.code in (2, 3) and "Traceback" not in res.err + res.out, (args, res)
     assert snapshot(workdir) == before
+
+
+# file: URIs a leg could be handed (LAUNCHER_STORE, a trainer run by hand): only file:///abs/dir.
+BAD_FILE_URIS = [
+    "file:/tmp/x",
+    "file://host/tmp/x",
+    "file:///tmp/a%2F..%2Fb",
+    "file:///tmp/%2e%2e/etc",
+    "file:///tmp/a/../b",
+    "file:///tmp/./x",
+    "file:///tmp/x%00y",
+    "file:///tmp/x?y",
+    "file:///tmp/x#y",
+    "file:///tmp/x?",
+]
+
+
+def test_store_uri_forms(tmp_path: Path) -> None:
+    """The runtime refuses every ambiguous file: URI; the launcher's own (Path.as_uri) all open,
+    whatever the folder's name; a relative store leaving the project is accepted on purpose."""
+    from launcher.config.load import load_config
+    from launcher.config.schema import store_uri
+    from runtime.store import StoreError, local_path, open_store
+
+    for uri in BAD_FILE_URIS:
+        with pytest.raises(StoreError):
+            open_store(uri, "runs/r", key=None)
+    rng = random.Random(SEED)
+    for _ in range(200):
+        name = "".join(rng.choice("ab %?#;:@&=+$,~é日.-_") for _ in range(rng.randint(1, 12)))
+        if name.strip(".") == "":
+            continue
+        folder = tmp_path / "stores" / name / "x"
+        assert local_path(folder.as_uri()) == folder, name
+    project = tmp_path / "proj"
+    project.mkdir()
+    for store, folder in (("../outside", tmp_path / "outside"), ("ckpt/a:b", project / "ckpt" / "a:b")):
+        (project / "launcher.yaml").write_text(yaml.safe_dump({"project": "p", "store": store}))
+        assert store_uri(load_config(project / "launcher.yaml")) == folder.as_uri(), store
+        assert local_path(folder.as_uri()) == folder

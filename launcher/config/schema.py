@@ -9,23 +9,18 @@ mapping is checked against them is `launcher.config.parse`.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.cadence import SpotConfig
 from launcher.config.hub import HubConfig
+from launcher.config.places import local_folder, store_uri
 from launcher.errors import ConfigError
 
 CONFIG_NAME = "launcher.yaml"
 STATE_DIR_NAME = ".launcher"
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-HF_URI = re.compile(r"hf://[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@(?P<revision>[\w./-]{1,200}))?")
-SYSTEM_DIRS = tuple("/ /bin /boot /etc /home /lib /lib32 /lib64 /opt /root /sbin /srv /tmp /usr /var".split())
-"""Never a store themselves: a store is a folder of its own."""
-PSEUDO_DIRS = (Path("/dev"), Path("/proc"), Path("/run"), Path("/sys"))
-"""Nor anything under these: devices and the kernel's views, not disks."""
 GPU_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 # Bounds: a value outside them is a typo or an attack on a guard, never a plan.
 MAX_GPUS_PER_NODE = 64
@@ -314,72 +309,10 @@ class Config:
         return path if path.is_absolute() else (self.root / path)
 
     def check_paths(self) -> None:
-        """What the files on disk make impossible: a state_dir that is a file, a store that is not a folder."""
-        state = self.state_path
-        try:
-            if state.exists() and not state.is_dir():
-                raise ConfigError("state_dir", f"{state} exists and is not a folder")
-        except OSError as err:
-            raise ConfigError("state_dir", f"cannot use {str(state)[:200]!r} ({err.strerror or err})") from None
+        """What the files on disk make impossible: a state_dir or a store that is not a folder the
+        launcher may write (one rule for both: launcher.config.places.local_folder)."""
+        local_folder(self.state_path, "state_dir")
         store_uri(self)
 
     def rung(self, name: str) -> RungConfig:
         return getattr(self.rungs, name)
-
-
-def store_uri(cfg: Config, on_disk: bool = True) -> str:
-    """The store URI as legs see it (absolute, with a scheme). `on_disk`: also refuse a
-    local store path that exists and is not a folder."""
-
-    def _store_dir(path: Path) -> Path:
-        return _local_store(path) if on_disk else path.absolute()
-
-    if cfg.store is None:
-        return _store_dir(cfg.state_path / "store").as_uri()
-    if not cfg.store.strip():
-        raise ConfigError("store", "must not be empty (leave it out for the default store)")
-    if cfg.store.startswith("file://"):
-        path = Path(cfg.store[len("file://") :])
-        if not path.is_absolute():
-            raise ConfigError("store", f"file:// URIs must be absolute, got {cfg.store!r}")
-        return _store_dir(path).as_uri()
-    if cfg.store.startswith("hf://"):
-        found = HF_URI.fullmatch(cfg.store)
-        if not found:
-            raise ConfigError("store", f"expected hf://owner/repo[@revision], got {cfg.store!r}")
-        revision = found.group("revision")
-        if revision is not None and not all(
-            part and not part.startswith(".") and not part.endswith(".lock") for part in revision.split("/")
-        ):
-            raise ConfigError(
-                "store",
-                f"{revision!r} is not a branch, tag or commit name (no empty, '.'-led or '..' parts), in {cfg.store!r}",
-            )
-        return cfg.store
-    if "://" in cfg.store:
-        raise ConfigError("store", f"unknown scheme in {cfg.store!r} (expected file:// or a path)")
-    if cfg.store.startswith("~"):
-        raise ConfigError(
-            "store",
-            f"{cfg.store!r}: the launcher does not expand ~ (a leg's home is not yours); write the absolute path",
-        )
-    return _store_dir(cfg.root / cfg.store).as_uri()
-
-
-def _local_store(path: Path) -> Path:
-    """A local store folder: absolute, and a folder (or not there yet), never a file or a device."""
-    try:
-        resolved = path.resolve()
-        exists, is_dir = resolved.exists(), resolved.is_dir()
-    except (OSError, RuntimeError) as err:
-        raise ConfigError("store", f"cannot use {str(path)[:200]!r} ({err})") from None
-    if exists and not is_dir:
-        raise ConfigError("store", f"{resolved} exists and is not a folder: checkpoints need a folder")
-    if len(str(resolved)) > 1024:
-        raise ConfigError("store", "the store path is longer than 1024 characters")
-    if str(resolved) in SYSTEM_DIRS or any(resolved.is_relative_to(d) for d in PSEUDO_DIRS):
-        raise ConfigError("store", f"{resolved} is a system folder: give the store a folder of its own")
-    ancestor = next(p for p in (resolved, *resolved.parents) if p.exists())
-    if not os.access(ancestor, os.W_OK | os.X_OK):  # read-only file system or no permission: said now, not mid-leg
-        raise ConfigError("store", f"{resolved} cannot be created or written by this user ({ancestor} is not writable)")
-    return resolved

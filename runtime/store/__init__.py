@@ -41,6 +41,21 @@ __all__ = [
 _FROM_ENV = b"from-env"
 
 
+def local_path(uri: str) -> Path:
+    """The folder of a `file:///abs/dir` URI, each component percent-decoded on its own (the
+    launcher's `Path.as_uri()` encodes a space as %20). Refused, as ambiguous: another form
+    (`file:/x`, `file://host/x`), a query or fragment, and a component that decodes to one
+    holding `/` or NUL or to `.` or `..` (`a%2F..%2Fb` is a traversal to the URI reader only)."""
+    parsed = urlparse(uri)
+    raw = parsed.path.split("/")
+    parts = [unquote(part) for part in raw[1:]]
+    if not uri.startswith("file:///") or parsed.query or parsed.fragment or parsed.params or "?" in uri:
+        raise StoreError(f"unsupported store URI {uri!r} (expected file:///abs/dir)")
+    if any("/" in part or "\0" in part or part in (".", "..") for part in parts):
+        raise StoreError(f"store URI {uri!r} decodes to a path with '.', '..', '/' or NUL in a component")
+    return Path("/", *parts)
+
+
 def open_store(uri: str, namespace: str = "", key: bytes | None = _FROM_ENV) -> Store:
     """Open the store at `uri`; checkpoints of one run live under `namespace`.
 
@@ -54,7 +69,7 @@ def open_store(uri: str, namespace: str = "", key: bytes | None = _FROM_ENV) -> 
     if parsed.scheme == "file":
         from runtime.store.local import LocalDirStore
 
-        return LocalDirStore(Path(unquote(parsed.path)), namespace, key=key)
+        return LocalDirStore(local_path(uri), namespace, key=key)
     if parsed.scheme == "hf":
         from runtime.store.hub import HubStore
         from runtime.store.hub_limits import limits_from_env
