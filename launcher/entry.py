@@ -29,9 +29,15 @@ def fast_ledger(args: list[str]) -> Callable[[], None] | None:
         elif tok in ("--config", "-c", "--limit") and i + 1 < len(args) and not args[i + 1].startswith("-"):
             i += 1
             if tok == "--limit":
-                if not args[i].isdigit() or not 1 <= int(args[i]) <= LEDGER_MAX_LIMIT:
+                # The typer option's parser (str.isdigit() took '١' as 1): what it refuses, typer says.
+                from launcher.config.parse import plain_int
+
+                try:
+                    limit = plain_int(args[i])
+                except ValueError:
                     return None
-                limit = int(args[i])
+                if not 1 <= limit <= LEDGER_MAX_LIMIT:
+                    return None
             else:
                 config = Path(args[i])
         elif tok.startswith("-") or run_id is not None or not tok:

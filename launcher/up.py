@@ -18,6 +18,7 @@ from typing import Any, Callable
 from launcher.backends import BACKENDS, backend_class
 from launcher.backends.base import StagedFile
 from launcher.checks.evidence import Check, Kind
+from launcher.config.parse import plain_float, plain_int
 from launcher.config.schema import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
 from launcher.errors import BadInput, Exit, LauncherError, Refused
 from launcher.ladder import Rung, rung_named
@@ -251,7 +252,7 @@ def preempt(
             f"the {backend_name} backend cannot send a leg SIGTERM: `drill preempt` runs on local and docker"
         )
     try:
-        notice_s = NOTICE_S[notice] if notice in NOTICE_S else float(notice)
+        notice_s = NOTICE_S[notice] if notice in NOTICE_S else plain_float(notice)
     except ValueError:
         raise BadInput(f"--notice takes seconds or one of {', '.join(NOTICE_S)}, got {notice!r}") from None
     if not 0 <= notice_s <= 600:
@@ -273,7 +274,7 @@ def preempt(
 def parse_kill_steps(text: str, steps: int) -> list[int]:
     """`--kills-at 7,15`: steps in increasing order, each inside the drill's run (1 .. steps-1)."""
     try:
-        found = [int(part) for part in text.split(",") if part.strip()]
+        found = [plain_int(part.strip()) for part in text.split(",") if part.strip()]
     except ValueError:
         raise BadInput(f"--kills-at takes steps separated by commas, e.g. 7,15; got {text!r}") from None
     if not found or len(found) > MAX_KILLS:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import re
 import sqlite3
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,15 +51,34 @@ BAD_GPUS = [
     "-T4",
     "T4:0x2",
 ]
-BAD_NODES = ["0", "-1", "65", str(10**20), "x", "1.5"]
-BAD_STEPS = ["0", "1", "-5", str(10**9), "99999999999999999999", "x"]
+# Integers spelled other than plain ASCII decimal (launcher.config.parse.PLAIN_INT says why),
+# each of which Python's int(), so click's, would take: refused by every integer flag.
+UNPLAIN_INTS = ["٣", "３", "१०", "1_0", " 20", "20 ", "010", "0x10", "+", "2" * 5000]
+UNPLAIN_FLOATS = ["٣", "٣.٥", "1_0", " 3", "nan", "inf"]
+BAD_NODES = ["0", "-1", "65", str(10**20), "x", "1.5", "١", "01", "1_0", "0x1"]
+BAD_STEPS = ["0", "1", "-5", str(10**9), "99999999999999999999", "x", *UNPLAIN_INTS]
 BAD_BACKENDS = ["", "Local", "k8s", "local "]
 BAD_RUNGS = ["", "Static", "rung0", "probe2", "../static"]
-BAD_KILLS = ["0", "-1", "101", "100000", "x"]
+BAD_KILLS = ["0", "-1", "101", "100000", "x", "٣", "02", "0_3"]
 BAD_AT = ["", "middle", "mid_push", "RANDOM"]
-BAD_TIMEOUTS = ["nan", "inf", "-1", "0", "1e10", "x"]
-BAD_LIMITS = ["0", "-1", "1000000", "x"]
+BAD_TIMEOUTS = ["nan", "inf", "-1", "0", "1e10", "x", *UNPLAIN_FLOATS]
+BAD_LIMITS = ["0", "-1", "1000000", "x", "١", "1_0", "010"]
+BAD_SEEDS = ["x", "1.5", *UNPLAIN_INTS[:5]]
+BAD_KILLS_AT = ["٣,٧", "3,1_0", "0x3", "3,07"]
+BAD_NOTICES = ["٣", "1_0", "x"]
+BAD_AT_STEPS = ["x", *UNPLAIN_INTS[:5]]
 GPU_RUNGS = ["smoke", "probe"]
+
+
+class Raw(str):
+    """A value written into launcher.yaml verbatim, unquoted, as YAML 1.1 would resolve it."""
+
+
+# Numbers PyYAML (YAML 1.1) resolves from a spelling other than plain decimal: 0x10 -> 16,
+# 0b11 -> 3, 017 -> 15 (octal), 1_000 -> 1000, 1:20 -> 80 (base 60). Refused wherever a number
+# goes, naming the key (launcher.config.parse.PLAIN_INT says why each).
+RAW_INTS = [Raw(x) for x in ("0x10", "0b11", "017", "1_000", "1:20")]  # each in range as read
+RAW_FLOATS = [Raw(x) for x in ("1_0.5", "1:30.5", "0x10", "010")]
 
 
 def cli_cases(tmp: Path) -> Iterator[list[str]]:
@@ -87,6 +108,14 @@ def cli_cases(tmp: Path) -> Iterator[list[str]]:
     for extra in ([], ["--json"]):
         for k in BAD_KILLS:
             yield ["drill", "cold-resume", "--kills", k, *extra]
+        for seed in BAD_SEEDS:
+            yield ["drill", "cold-resume", "--at", "random", "--seed", seed, *extra]
+        for k in BAD_KILLS_AT:
+            yield ["drill", "cold-resume", "--kills-at", k, *extra]
+        for n in BAD_NOTICES:
+            yield ["drill", "preempt", "--notice", n, *extra]
+        for a in BAD_AT_STEPS:
+            yield ["drill", "preempt", "--notice", "5", "--at-step", a, *extra]
         for a in BAD_AT:
             yield ["drill", "cold-resume", "--at", a, *extra]
         for b in BAD_BACKENDS:
@@ -217,6 +246,7 @@ BAD_VALUES: dict[tuple[str, ...], list[Any]] = {
 }
 for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
     BAD_VALUES[("rungs", _rung, "steps")] = [0, 1, -1, 10**9, 1.5, "10", None, True, 10**30, NAN]
+    BAD_VALUES[("rungs", _rung, "steps")] += RAW_INTS if _rung in ("rehearsal", "run") else RAW_INTS[:2]
     BAD_VALUES[("rungs", _rung, "budget_minutes")] = [
         NAN,
         INF,
@@ -232,7 +262,10 @@ for _rung in ("rehearsal", "smoke", "probe", "run", "drill"):
         0.001,
     ]
     BAD_VALUES[("rungs", _rung)] = [{"steps": 5, "cadence": 2}, "fast", 3, None]
-BAD_VALUES[("rungs", "run", "max_restarts_on_errors")] = [-1, 101, 1.5, "3", True, None, NAN]
+BAD_VALUES[("rungs", "run", "max_restarts_on_errors")] = [-1, 101, 1.5, "3", True, None, NAN, *RAW_INTS]
+BAD_VALUES[("hub", "files_per_commit")] = RAW_INTS[:3]
+for _float_key in (("rungs", "smoke", "budget_minutes"), ("quota", "gpu_hours"), ("trainer", "events_grace_s")):
+    BAD_VALUES.setdefault(_float_key, []).extend(RAW_FLOATS)
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone
 # Globs that parse but reach into the launcher's own state: refused where globs are expanded.
 BAD_GLOBS = [["**/*"], [".launcher/*"], ["train.py", ".launcher/ledger.db"], ["*", "**/*.db"], [".*/**"]]
@@ -252,11 +285,14 @@ def config_cases(base: dict, tmp: Path, rng: random.Random, extra: int) -> Itera
     afile = str(tmp / "a-file.txt")
 
     def dump(data: dict) -> str:
-        return yaml.safe_dump(data, allow_unicode=True, width=10**6)
+        text = yaml.safe_dump(data, allow_unicode=True, width=10**6)
+        return re.sub(r"'@RAW(.*?)@'", r"\1", text)  # a Raw value, unquoted
 
     def with_values(items: list[tuple[tuple[str, ...], Any]]) -> dict:
         data = copy.deepcopy(base)
         for path, value in items:
+            if isinstance(value, Raw):
+                value = f"@RAW{value}@"
             set_key(data, path, afile if value == "@FILE" else value)
         return data
 
@@ -406,6 +442,39 @@ def test_a_sample_as_real_subprocesses(workdir: Path) -> None:
         res = run_cli(args, cwd=workdir / "proj")
         assert res.code in (2, 3) and "Traceback" not in res.err + res.out, (args, res)
     assert snapshot(workdir) == before
+
+
+# Every decimal digit of every script but ASCII's: int("٣") == 3, so click's INT took them.
+UNICODE_DIGITS = [chr(c) for c in range(0x80, 0x110000) if unicodedata.decimal(chr(c), None) is not None]
+
+
+def test_every_non_ascii_digit_is_refused_by_every_number_parser() -> None:
+    """In-process, the parsers themselves: each integer and float flag's click type (all of them
+    share it), the ledger's fast path, the YAML loader; one spelling in, every other refused."""
+    from typer._click.exceptions import BadParameter
+
+    from launcher.cli.options import NUMBER, WHOLE
+    from launcher.config.parse import StrictLoader, Unplain, plain_int
+    from launcher.entry import fast_ledger
+
+    assert len(UNICODE_DIGITS) > 600, len(UNICODE_DIGITS)
+    for digit in UNICODE_DIGITS:
+        for text in (digit, "1" + digit, digit + "0"):
+            assert int(text) >= 0  # the hazard: Python reads it
+            for parse in (WHOLE.convert, NUMBER.convert):
+                with pytest.raises(BadParameter):
+                    parse(text, None, None)
+            assert fast_ledger(["--limit", text]) is None  # left to typer, which refuses it
+    for text in (*UNPLAIN_INTS, "0b11", "1:20"):
+        with pytest.raises(ValueError):
+            plain_int(text)
+    loader = StrictLoader.make()
+    for raw in RAW_INTS + RAW_FLOATS:
+        assert isinstance(yaml.load(f"n: {raw}", Loader=loader)["n"], Unplain), raw  # noqa: S506
+    # Accepted on purpose: one plain spelling, signed or not (a range check follows).
+    assert [WHOLE.convert(t, None, None) for t in ("0", "+3", "-1", "100000000")] == [0, 3, -1, 100_000_000]
+    assert [NUMBER.convert(t, None, None) for t in ("2.5", ".5", "1e3", "-0")] == [2.5, 0.5, 1000.0, 0.0]
+    assert yaml.load("n: +30", Loader=loader)["n"] == 30  # noqa: S506
 
 
 # file: URIs a leg could be handed (LAUNCHER_STORE, a trainer run by hand): only file:///abs/dir.

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from launcher.cli import climb, records
-from launcher.cli.options import CONFIG, JSON, load
+from launcher.cli.options import CONFIG, JSON, NUMBER, WHOLE, WholeNumber, load
 from launcher.errors import BadInput, Exit, guarded, print_error
 
 app = typer.Typer(
@@ -88,7 +88,7 @@ app.add_typer(climb.drill_app, name="drill")
 @app.command()
 def spend(
     gpus: Optional[str] = typer.Option("T4:1", "--gpus", help="GPUs for the next-rung arithmetic."),
-    nodes: int = typer.Option(1, "--nodes"),
+    nodes: int = typer.Option(1, "--nodes", click_type=WHOLE),
     config: Path = CONFIG,
     json_out: bool = JSON,
 ) -> None:
@@ -117,7 +117,7 @@ def spend(
 @app.command()
 def ledger(
     run_id: Optional[str] = typer.Argument(None, help="Show one run."),
-    limit: int = typer.Option(20, "--limit", min=1, max=100_000, help="Newest N runs."),
+    limit: int = typer.Option(20, "--limit", click_type=WholeNumber(1, 100_000), help="Newest N runs."),
     config: Path = CONFIG,
     json_out: bool = JSON,
 ) -> None:
@@ -148,7 +148,7 @@ def status(
 def stop(
     run_id: str = typer.Argument(..., help="The run to stop."),
     timeout: float = typer.Option(
-        300.0, "--timeout", help="Seconds to wait for the final checkpoint before killing the leg."
+        300.0, "--timeout", click_type=NUMBER, help="Seconds to wait for the final checkpoint before killing the leg."
     ),
     config: Path = CONFIG,
     json_out: bool = JSON,

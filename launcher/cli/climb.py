@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, leg_view, load, show_outcome
+from launcher.cli.options import CONFIG, GPUS, JSON, OVERDRAFT, VERBOSE, WHOLE, leg_view, load, show_outcome
 
 CPU = typer.Option(
     False,
@@ -34,11 +34,13 @@ def up(
     rung: str = typer.Argument(..., help="static | rehearsal | smoke | probe | run"),
     gpus: Optional[str] = GPUS,
     backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
-    nodes: int = typer.Option(1, "--nodes", help="Nodes per leg (sky backend)."),
+    nodes: int = typer.Option(1, "--nodes", click_type=WHOLE, help="Nodes per leg (sky backend)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would launch and the quota arithmetic."),
     allow_overdraft: bool = OVERDRAFT,
     cpu: bool = CPU,
-    steps: Optional[int] = typer.Option(None, "--steps", help="Steps for this rung, overriding the config."),
+    steps: Optional[int] = typer.Option(
+        None, "--steps", click_type=WHOLE, help="Steps for this rung, overriding the config."
+    ),
     retry_until_up: bool = RETRY_UNTIL_UP,
     skip_preflight: Optional[str] = SKIP_PREFLIGHT,
     verbose: bool = VERBOSE,
@@ -123,7 +125,7 @@ drill_app = typer.Typer(help="Kill-and-relaunch drills.", no_args_is_help=True)
 def drill_cold_resume(
     backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
     gpus: Optional[str] = GPUS,
-    kills: int = typer.Option(2, "--kills", help="Kills (= sequential resumes)."),
+    kills: int = typer.Option(2, "--kills", click_type=WHOLE, help="Kills (= sequential resumes)."),
     at: str = typer.Option(
         "auto",
         "--at",
@@ -134,10 +136,11 @@ def drill_cold_resume(
     nodes: int = typer.Option(
         1,
         "--nodes",
+        click_type=WHOLE,
         help="Nodes per leg (local, docker: each runs the rung's run: "
         "script; --at node-lost loses the last one mid-push).",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed for --at random."),
+    seed: int = typer.Option(0, "--seed", click_type=WHOLE, help="Seed for --at random."),
     allow_overdraft: bool = OVERDRAFT,
     verbose: bool = VERBOSE,
     config: Path = CONFIG,
@@ -162,7 +165,9 @@ def drill_preempt(
         help="Seconds from SIGTERM to the kill, or aws | gcp | azure | k8s "
         "(110, 25, 25, 0: launcher/cadence.py says why).",
     ),
-    at_step: Optional[int] = typer.Option(None, "--at-step", help="The step the notice comes at (default: half way)."),
+    at_step: Optional[int] = typer.Option(
+        None, "--at-step", click_type=WHOLE, help="The step the notice comes at (default: half way)."
+    ),
     backend: str = typer.Option("local", "--backend", help="local | docker"),
     allow_overdraft: bool = OVERDRAFT,
     verbose: bool = VERBOSE,

@@ -7,7 +7,44 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from typer._click.types import ParamType  # the click typer vendors (pinned version)
 
+from launcher.config.parse import plain_float, plain_int
+
+
+class WholeNumber(ParamType):
+    """Every integer flag's parser: plain ASCII decimal (launcher.config.parse.PLAIN_INT says
+    why: click's int() takes '٣' as 3), within low..high where given."""
+
+    name = "integer"
+
+    def __init__(self, low: int | None = None, high: int | None = None) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        try:
+            number = value if isinstance(value, int) else plain_int(value)  # an int: the default
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            self.fail(f"{number} is not in the range {self.low}..{self.high}", param, ctx)
+        return number
+
+
+class Number(ParamType):
+    """Every float flag's parser: the same digits, a point, an exponent (PLAIN_FLOAT)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            return value if isinstance(value, float) else plain_float(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+WHOLE = WholeNumber()
+NUMBER = Number()
 CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="Every event of every leg, and every check with its evidence.")

@@ -19,6 +19,51 @@ from launcher.errors import BadInput, ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+"""A whole number as launcher.yaml and every integer flag take it: ASCII digits, a sign, no
+leading zero. One spelling, because every other one means something else to some reader:
+Python's int() (so click's) takes '٣' (Arabic-Indic 3), '1_000' and ' 3 '; YAML 1.1 (PyYAML)
+reads 017 as octal 15 where YAML 1.2 and people read 17, 0b11 and 1_000 as numbers where YAML
+1.2 reads strings, 1:20 as 80 (base 60!); 0x10 is 16 to both, but a hex step count is a paste,
+not a plan; bash reads 010 as 8. (0o17 stays the string '0o17' in PyYAML: "must be an integer".)
+`[0-9]`, not `\\d`: `\\d` matches the digits of every script."""
+PLAIN_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+"""A number as the float flags take it: the same ASCII digits, a point, an exponent."""
+
+
+def plain_int(text: str) -> int:
+    """`text` as a whole number, if it is spelled PLAIN_INT; ValueError naming it otherwise."""
+    if not PLAIN_INT.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a whole number in plain decimal digits 0-9 (such as 16)")
+    if len(text) > 100:  # int() refuses over 4300 digits, with a message of its own
+        raise ValueError(f"{text[:20]!r}... has {len(text)} digits: out of any range")
+    return int(text)
+
+
+def plain_float(text: str) -> float:
+    """`text` as a number, if it is spelled PLAIN_FLOAT; ValueError naming it otherwise."""
+    if not PLAIN_FLOAT.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a number in plain decimal digits 0-9 (such as 2.5)")
+    return float(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unplain:
+    """A number YAML 1.1 resolved from a spelling other than plain decimal (0x10, 0b11, 017,
+    1_000, 1:20, 1_0.5): kept as its text so `coerce` refuses it naming the key."""
+
+    text: str
+    value: int | float
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def error(self, key: str) -> ConfigError:
+        return ConfigError(
+            key,
+            f"{self.text} is not plain decimal: YAML 1.1 reads it as {self.value}, other readers differently; "
+            "write digits 0-9 with no leading 0, '_' or ':'",
+        )
 
 
 def type_name(tp: Any) -> str:
@@ -45,6 +90,8 @@ def show(value: Any) -> str:
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`; return the typed value."""
+    if isinstance(value, Unplain):
+        raise value.error(key)
     args = get_args(tp)
     if type(None) in args:  # Optional[X]
         if value is None:
@@ -133,7 +180,8 @@ def build(cls: type, data: Any, prefix: str) -> Any:
 
 class StrictLoader:
     """yaml.SafeLoader that refuses a key given twice in one mapping (YAML's
-    last-wins would silently drop the first value)."""
+    last-wins would silently drop the first value), and marks a number not written
+    in plain decimal (`Unplain`, refused by `coerce` naming its key)."""
 
     @staticmethod
     def make() -> type:
@@ -155,6 +203,17 @@ class StrictLoader:
                         )
                 return super().construct_mapping(node, deep=deep)
 
+            def construct_int(self, node):  # noqa: ANN001, ANN202
+                value = self.construct_yaml_int(node)
+                return value if PLAIN_INT.fullmatch(node.value) else Unplain(node.value, value)
+
+            def construct_float(self, node):  # noqa: ANN001, ANN202
+                # `_` and base 60 are YAML 1.1's alone; .inf and .nan pass to the finiteness check.
+                value = self.construct_yaml_float(node)
+                return Unplain(node.value, value) if re.search(r"[_:]", node.value) else value
+
+        Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_int)
+        Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_float)
         return Loader
 
 
