@@ -40,7 +40,7 @@ def fast_ledger(args: list[str]) -> Callable[[], None] | None:
                     return None
             else:
                 config = Path(args[i])
-        elif tok.startswith("-") or run_id is not None or not tok:
+        elif tok.startswith("-") or run_id is not None or not tok.strip():  # blank: typer refuses it
             return None
         else:
             run_id = tok

@@ -67,6 +67,8 @@ BAD_SEEDS = ["x", "1.5", *UNPLAIN_INTS[:5]]
 BAD_KILLS_AT = ["٣,٧", "3,1_0", "0x3", "3,07"]
 BAD_NOTICES = ["٣", "1_0", "x"]
 BAD_AT_STEPS = ["x", *UNPLAIN_INTS[:5]]
+# An empty or blank RUN_ID reads as "no run id" (`ledger ''` listed every run): refused.
+BAD_RUN_IDS = ["", " ", "\t", " \n"]
 GPU_RUNGS = ["smoke", "probe"]
 
 
@@ -116,6 +118,12 @@ def cli_cases(tmp: Path) -> Iterator[list[str]]:
             yield ["drill", "preempt", "--notice", n, *extra]
         for a in BAD_AT_STEPS:
             yield ["drill", "preempt", "--notice", "5", "--at-step", a, *extra]
+        for r in BAD_RUN_IDS:
+            yield ["ledger", r, *extra]
+            yield ["status", r, *extra]
+            yield ["stop", r, *extra]
+            yield ["report", r, *extra]
+            yield ["report", "some-run", r, *extra]
         for a in BAD_AT:
             yield ["drill", "cold-resume", "--at", a, *extra]
         for b in BAD_BACKENDS:

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from launcher.cli import climb, records
-from launcher.cli.options import CONFIG, JSON, NUMBER, WHOLE, WholeNumber, load
+from launcher.cli.options import CONFIG, JSON, NUMBER, RUN_ID, WHOLE, WholeNumber, load
 from launcher.errors import BadInput, Exit, guarded, print_error
 
 app = typer.Typer(
@@ -116,7 +116,7 @@ def spend(
 
 @app.command()
 def ledger(
-    run_id: Optional[str] = typer.Argument(None, help="Show one run."),
+    run_id: Optional[str] = typer.Argument(None, click_type=RUN_ID, help="Show one run."),
     limit: int = typer.Option(20, "--limit", click_type=WholeNumber(1, 100_000), help="Newest N runs."),
     config: Path = CONFIG,
     json_out: bool = JSON,
@@ -129,7 +129,9 @@ def ledger(
 
 @app.command()
 def status(
-    run_id: Optional[str] = typer.Argument(None, help="The run (default: the newest running one, else the newest)."),
+    run_id: Optional[str] = typer.Argument(
+        None, click_type=RUN_ID, help="The run (default: the newest running one, else the newest)."
+    ),
     config: Path = CONFIG,
     json_out: bool = JSON,
 ) -> None:
@@ -146,7 +148,7 @@ def status(
 
 @app.command()
 def stop(
-    run_id: str = typer.Argument(..., help="The run to stop."),
+    run_id: str = typer.Argument(..., click_type=RUN_ID, help="The run to stop."),
     timeout: float = typer.Option(
         300.0, "--timeout", click_type=NUMBER, help="Seconds to wait for the final checkpoint before killing the leg."
     ),

@@ -43,8 +43,20 @@ class Number(ParamType):
             self.fail(str(err), param, ctx)
 
 
+class RunId(ParamType):
+    """A RUN_ID argument: never empty or blank, which would read as "no run id" (every run)."""
+
+    name = "run_id"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        if not value.strip():
+            self.fail(f"{value!r} is not a run id (`launcher ledger` lists them; leave it out for all)", param, ctx)
+        return value
+
+
 WHOLE = WholeNumber()
 NUMBER = Number()
+RUN_ID = RunId()
 CONFIG = typer.Option(Path("launcher.yaml"), "--config", "-c", help="Path to launcher.yaml.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="Every event of every leg, and every check with its evidence.")

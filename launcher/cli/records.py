@@ -8,13 +8,15 @@ from typing import Optional
 
 import typer
 
-from launcher.cli.options import CONFIG, JSON, load
+from launcher.cli.options import CONFIG, JSON, RUN_ID, load
 from launcher.errors import BadInput, Exit
 
 
 def report(
     run_ids: Optional[list[str]] = typer.Argument(
-        None, help="Runs to report (default: the newest run of each rung on the newest reviewed files)."
+        None,
+        click_type=RUN_ID,
+        help="Runs to report (default: the newest run of each rung on the newest reviewed files).",
     ),
     out: Optional[Path] = typer.Option(
         None,
