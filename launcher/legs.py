@@ -179,7 +179,9 @@ class _Watch:
     def on_line(self, line: str) -> None:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg
         ctx.show(leg, line)
-        if not self.spoke.is_set() and '{"event": ' in line:
+        # A `log` event may come from beside the trainer (a sky leg's notice watcher): it is no
+        # sign that the trainer speaks the contract.
+        if not self.spoke.is_set() and '{"event": ' in line and '{"event": "log"' not in line:
             self.spoke.set()
         if self.kill_when is not None and not self.trigger.is_set() and self.kill_when(line):
             if self.started and ctx.backend.can_freeze:

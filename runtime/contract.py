@@ -188,6 +188,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "flops": {"step": INT, "flops_per_token": OPT_NUM},
     "stop": {"reason": STR},
     "notice": {"cloud": STR, "detail": STR},
+    "log": {"level": STR, "message": STR},
     "done": {"step": INT},
     "state_digest": {"step": INT, "digests": DICT},
     "trains_from": {"step": INT, "digests": DICT},

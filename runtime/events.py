@@ -6,7 +6,7 @@ can be found inside mixed output (torchrun or SkyPilot prefixes included):
     {"event": "step", "t": 1764500000.123, "rank": 0, "step": 120, "loss": 3.1, ...}
 
 Events (docs/design.md): start, resume, step, push, verify, delete_local, prune,
-stop, done. Every rank prints its own lines (a rank-0-only logger turns a crash
+stop, done; and `log`, the runtime's own word on how it runs, with a level. Every rank prints its own lines (a rank-0-only logger turns a crash
 into silence); `rank` says whose line it is, and `node` on which node, in a world of several.
 """
 
@@ -59,6 +59,18 @@ def emit(event: str, **fields: Any) -> dict[str, Any]:
         sys.stdout.write(line)
         sys.stdout.flush()
     return record
+
+
+LOG = "log"
+INFO, WARNING = "info", "warning"
+
+
+def log(level: str, message: str, **fields: Any) -> dict[str, Any]:
+    """A line of the runtime's own about how the leg runs (not evidence), as a `log` event with
+    its level: `info` says nothing is wrong, and the live view shows it only with -v; `warning`
+    is shown. The leg's log keeps both. `source` names the part speaking."""
+    assert level in (INFO, WARNING), level
+    return emit(LOG, level=level, message=message, **fields)
 
 
 def parse_line(line: str) -> dict[str, Any] | None:

@@ -22,8 +22,10 @@ It ends when the leg does (`--parent` is gone) and never signals twice. Dialects
   EventType is Preempt.
 
 Anything else (Kubernetes, where SkyPilot's agent takes the pod's SIGTERM; no SKYPILOT_CLUSTER_INFO
-on the local and docker backends): nothing to poll; it says so once and ends. PREFLIGHT_METADATA_URL
-replaces the provider's address (tests: a loopback server answering in that provider's dialect).
+on the local and docker backends): nothing to poll; it says so once and ends. It speaks in `log`
+events (runtime.events.log): that one is a warning on a cloud whose spot legs then go without a
+notice, info otherwise. PREFLIGHT_METADATA_URL replaces the provider's address (tests: a loopback
+server answering in that provider's dialect).
 
     python -m runtime.notice --mark FILE --parent PID [--every 5]
 """
@@ -40,7 +42,7 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from runtime.events import emit
+from runtime.events import INFO, WARNING, emit, log
 
 ADDRESS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal", "azure": "http://169.254.169.254"}
 TIMEOUT_S = 2.0
@@ -104,6 +106,17 @@ def alive(pid: int) -> bool:
     return True
 
 
+def node_rank() -> int:
+    """The node the watcher runs on: it runs beside torchrun, so no rank variable tells it."""
+    node = os.environ.get("SKYPILOT_NODE_RANK", "0")
+    return int(node) if node.isdigit() else 0
+
+
+def say(level: str, message: str) -> None:
+    """The watcher's own line about itself, as a `log` event (runtime.events.log)."""
+    log(level, message, source="notice watcher", node=node_rank())
+
+
 def watch(cloud: str, base: str, mark: str, parent: int, every: float) -> int:
     """Poll until a notice (signal the group once) or until the leg ends."""
     poll = DIALECTS[cloud]
@@ -115,14 +128,9 @@ def watch(cloud: str, base: str, mark: str, parent: int, every: float) -> int:
             said = None
             errors += 1
             if errors == 1:
-                print(
-                    f"preflight notice watcher: {cloud} metadata at {base} did not answer ({err}); polling on",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(WARNING, f"{cloud} metadata at {base} did not answer ({err}); polling on")
         if said:
-            node = os.environ.get("SKYPILOT_NODE_RANK", "0")
-            emit("notice", cloud=cloud, detail=said, node=int(node) if node.isdigit() else 0)
+            emit("notice", cloud=cloud, detail=said, node=node_rank())
             with open(mark, "w") as f:
                 f.write(said + "\n")
             os.killpg(os.getpgrp(), signal.SIGTERM)
@@ -140,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its own group's SIGTERM is the one it sends
     cloud = cloud_of(dict(os.environ))
     if cloud not in DIALECTS:
+        # Nothing is missed off a cloud (the local and docker backends' nodes) or on Kubernetes
+        # (SkyPilot's agent hands the pod its SIGTERM): info. On another cloud a spot leg goes
+        # without its notice: a warning.
         where = f"on {cloud}" if cloud else "without SKYPILOT_CLUSTER_INFO"
-        print(
-            f"preflight notice watcher: no metadata notice to watch {where}; the leg gets none",
-            file=sys.stderr,
-            flush=True,
-        )
+        level = INFO if cloud in (None, "kubernetes") else WARNING
+        say(level, f"no metadata notice to watch {where}; the leg gets none")
         return 0
     base = os.environ.get("PREFLIGHT_METADATA_URL") or ADDRESS[cloud]
     return watch(cloud, base.rstrip("/"), args.mark, args.parent, args.every)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.contract import EXIT_PREEMPTED, leg_env
+from runtime.events import parse_line
 from tests.fakes.metadata_server import MetadataServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,15 +63,22 @@ def test_a_notice_in_each_clouds_dialect_sigterms_the_leg_once(cloud: str, says:
 
 @pytest.mark.unit
 def test_no_cloud_named_is_no_watch_and_a_dead_metadata_service_is_polled_on(tmp_path: Path) -> None:
-    for env in ({}, {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "Kubernetes"})}):
+    """Each says so once, as a `log` event: info where nothing is missed (off a cloud, or on
+    Kubernetes), a warning where a spot leg goes without its notice (a cloud with no dialect)."""
+    host = {k: v for k, v in os.environ.items() if k != "SKYPILOT_CLUSTER_INFO"}
+    for cloud, level in ((None, "info"), ("Kubernetes", "info"), ("Lambda", "warning")):
+        env = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud})} if cloud else {}
         done = subprocess.run(
             [sys.executable, "-m", "runtime.notice", "--mark", str(tmp_path / "m"), "--parent", "1"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            env={**host, "PYTHONPATH": str(ROOT), **env},
             capture_output=True,
             text=True,
             timeout=30,
         )
-        assert done.returncode == 0 and "no metadata notice to watch" in done.stderr, done.stderr
+        [said] = [parse_line(line) for line in done.stdout.splitlines()]
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        assert said is not None and (said["event"], said["level"]) == ("log", level), said
+        assert "no metadata notice to watch" in said["message"] and said["source"] == "notice watcher"
     with socket.socket() as s:  # a port nobody answers on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -78,8 +86,9 @@ def test_no_cloud_named_is_no_watch_and_a_dead_metadata_service_is_polled_on(tmp
     time.sleep(1.0)
     assert proc.poll() is None  # still sleeping: an unreachable service is no notice
     os.killpg(proc.pid, 9)
-    _, err = proc.communicate(timeout=10)
-    assert err.count("did not answer") == 1 and not (tmp_path / "mark").exists()
+    out, _ = proc.communicate(timeout=10)
+    [said] = [e for e in map(parse_line, out.splitlines()) if e and "did not answer" in e.get("message", "")]
+    assert said["level"] == "warning" and not (tmp_path / "mark").exists()
 
 
 def test_the_rendered_run_script_stops_on_a_gcp_notice_and_exits_preempted(project: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.contract import exit_code_of
-from runtime.events import DAMAGED, iter_events
+from runtime.events import DAMAGED, LOG, iter_events
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,10 @@ def last_line(path: Path) -> str:
 
 
 def silent(ev: LegEvents) -> bool:
-    """The leg's log holds no event line at all (damaged ones count as events: they tried)."""
-    return not ev.items
+    """The leg's log holds no event line (damaged ones count as events: they tried) but for the
+    runtime's own `log` lines, which processes beside the trainer print (a sky leg's setup, the
+    notice watcher): they are no sign that the trainer speaks the contract."""
+    return all(e["event"] == LOG for _, e in ev.items)
 
 
 def exit_code_from_events(events: LegEvents) -> int | None:

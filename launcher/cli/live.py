@@ -5,8 +5,10 @@ tok/s, the ETA), and one readable line for what matters while it runs: the
 leg's start, its resume (from where, at which sample, with which LR), a
 checkpoint skipped or failed, a push the loop had to wait for, a warning or
 traceback the trainer printed, and how the leg ended. `-v` prints one line for
-every event as well (saves, pushes, verifies, prunes, memory, rate, health).
-The leg's log keeps every line either way; `launcher status` reads it.
+every event as well (saves, pushes, verifies, prunes, memory, rate, health), and
+the runtime's own `log` lines of level info (a line that says nothing is wrong,
+such as a leg's notice watcher with no cloud to watch). The leg's log keeps every
+line either way; `launcher status` reads it.
 """
 
 from __future__ import annotations
@@ -189,7 +191,13 @@ def _notice(e: dict[str, Any]) -> str:
     return f"spot notice from the {e['cloud']} metadata service ({e['detail']}): SIGTERM to the leg"
 
 
+def _log(e: dict[str, Any]) -> str:
+    node = f"(node {e['node']}) " if "node" in e else ""
+    return f"{node}{e.get('source') or 'runtime'}: {e['message']}"
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "log": _log,
     "notice": _notice,
     "hold": _hold,
     "step": _step,
@@ -281,6 +289,8 @@ class LegView:
             return e["reason"] != "max_steps"  # `done` says where a routine leg ended
         if kind == "hold":  # a hold for the SIGTERM lasts as long as the launcher takes to read a line
             return e.get("until") != "sigterm"
+        if kind == "log":  # info says nothing is wrong (once a line per node per leg, it hid what mattered)
+            return e["level"] != "info"
         return kind not in QUIET
 
     def _say(self, text: str) -> None:

@@ -25,6 +25,7 @@ from launcher.ledger.db import Ledger
 from launcher.ops.reconcile import end_dead_runs, pid_alive
 from launcher.storekey import project_key
 from runtime import contract
+from runtime.events import parse_line
 
 WARNING = re.compile(
     r"warn|error|exception|traceback|fatal|nccl|out of memory|\boom\b|autotun|deprecat|"
@@ -47,14 +48,18 @@ def pick_run(ledger: Ledger, run_id: str | None) -> dict[str, Any]:
 
 
 def warnings_in(log: Path) -> list[dict[str, Any]]:
-    """Every warning/error-looking line that is not an event, grouped (digits folded), in order of first sight."""
+    """Every warning/error-looking line that is not an event (but for the runtime's own `log`
+    warnings), grouped (digits folded), in order of first sight."""
     groups: dict[str, dict[str, Any]] = {}
     if not log.is_file():
         return []
     with log.open(encoding="utf-8", errors="replace") as fh:
         for n, raw in enumerate(fh, 1):
             line = raw.strip()
-            if not line or line.startswith("{") or not WARNING.search(line):
+            if not line or not WARNING.search(line):
+                continue
+            event = parse_line(line) if line.startswith("{") else None
+            if line.startswith("{") and not (event and event["event"] == "log" and event.get("level") == "warning"):
                 continue
             key = re.sub(r"\d+", "#", line)[:160]
             g = groups.setdefault(key, {"first_line": n, "count": 0, "text": line[:300]})
