@@ -237,9 +237,13 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
     assert [c for c, _ in standin.calls if c.startswith("jobs.")][:1] == ["jobs.launch"]
 
 
-def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_checkpoint(
+def test_launcher_stop_gets_a_verified_checkpoint_before_skypilot_deletes_the_machine(
     sky_project, cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001, F811
+    """SkyPilot 0.14.1's graceful cancel SIGTERMs the job and deletes its machine without waiting (the
+    stand-in does the same), so the trainer's final push after the SIGTERM may never land. `launcher
+    stop` says so first, waits until the leg has verified a checkpoint newer than the one at the
+    request, and only then cancels: the stop ends with that checkpoint, verified and loadable."""
     import os
     import subprocess
     import sys
@@ -262,12 +266,20 @@ def test_launcher_stop_cancels_the_managed_job_gracefully_with_a_final_verified_
     assert not thread.is_alive()
     st = json.loads(stop.stdout)
     assert stop.returncode == 0 and st["clean"] is True and st["loadable"]["ok"] is True, (st, stop.stderr[-2000:])
+    said = stop.stderr.splitlines()
+    first = next(i for i, line in enumerate(said) if "may not land" in line)
+    assert said[first].startswith("the sky backend's SIGTERM deletes the machine right after it"), said
+    assert first < next(i for i, line in enumerate(said) if line.startswith("SIGTERM -> leg 0")), said
+    waited = st["waited"]
+    assert waited["got"] is not None and (waited["after"] is None or waited["got"] > waited["after"]), waited
+    assert st["checkpoint_step"] >= waited["got_step"] and st["detail"].startswith("stopped"), st["detail"]
     assert ("jobs.cancel", "1") in standin.calls
     run = ledger_run(cfg)
     assert run["verdict"] == "stopped" and len(run["legs"]) == 1
     logs = events(Path(run["legs"][0]["log_path"]))
-    assert next(e for e in logs if e["event"] == "stop")["reason"] == "sigterm"  # graceful: SIGTERM first
-    assert st["final_step"] == st["checkpoint_step"]
+    verified = next(e for e in logs if e["event"] == "verify" and e["ok"] and e["step"] == waited["got_step"])
+    [attempt] = job_record(Path(cloud["PREFLIGHT_TEST_SKY_STATE"]), 1)["attempts"]
+    assert attempt["outcome"] == "cancelled" and verified["t"] <= attempt["sigterm_at"] <= attempt["ended_at"]
 
 
 def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_checkpoint(

@@ -10,8 +10,9 @@ answered by each backend: `can_freeze` (freeze/thaw a leg at an instant: a drill
 lands its kill on a line, a resume rung holds a leg at a step), `can_terminate`
 (the trainer's graceful stop, SIGTERM), `can_lose_node` (one node of a leg of several dies
 alone), `quote` (a provider's price for a leg),
-and, for `launcher stop`, which ledger legs it can signal (`check_signal`) and
-how (`signal_leg`). Callers read the attributes; they never probe for methods.
+and, for `launcher stop`, which ledger legs it can signal (`check_signal`),
+how (`signal_leg`), and whether its SIGTERM deletes the machine at once
+(`sigterm_deletes`). Callers read the attributes; they never probe for methods.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ class Backend:
     """`terminate` works: the leg gets the trainer's graceful stop (SIGTERM)."""
     can_lose_node: bool = False
     """`lose_node` works on a leg of several nodes: one node dies alone, as a lost machine does."""
+    sigterm_deletes: bool = False
+    """`signal_leg(SIGTERM)` deletes the leg's machine right after the signal, without waiting for the
+    trainer's final push (sky: SkyPilot's graceful cancel): `launcher stop` first waits for a
+    checkpoint verified after its request, and says so."""
 
     def launch(
         self, spec: LegSpec, on_line: LineSink | None = None, on_instance: Callable[[LegHandle], None] | None = None

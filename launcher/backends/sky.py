@@ -132,6 +132,10 @@ class SkyBackend(Backend):
 
     name = "sky"
     billing_granularity_s = BILLING_GRANULARITY_S
+    sigterm_deletes = True
+    """SkyPilot 0.14.1 sends a managed job SIGTERM only in `jobs.cancel(graceful=True)`, whose
+    teardown (sky/core.py `down`: `_graceful_job_cancel`, then `backend.teardown`) does not wait for
+    the job: the final push the signal starts races the machine's deletion."""
 
     def __init__(
         self, cfg: Config, image_ref: str, nodes: int = 1, sky: Any = None, retry_until_up: bool = False

@@ -4,7 +4,11 @@
    version cannot signal) before anything is recorded.
 2. Record the request: from now on the run launches no new leg.
 3. SIGTERM the leg: the runtime finishes its step, pushes and verifies a
-   final checkpoint, prints `stop` (reason sigterm) and `done`.
+   final checkpoint, prints `stop` (reason sigterm) and `done`. Where the
+   backend deletes the machine right after its SIGTERM (sky: SkyPilot's
+   graceful cancel does not wait for the job), that final push races the
+   deletion: say so, and first wait (at most `timeout_s`) until the leg has
+   verified a checkpoint newer than the newest at the request, or has ended.
 4. Wait for the leg to end (the `up` process tears its instance down and
    closes the leg's ledger row), at most `timeout_s`.
 5. If it did not, say so and kill it (SIGKILL / docker kill).
@@ -35,6 +39,8 @@ from runtime.store.seal import KEY_ENV
 
 KILL_WAIT_S = 60.0
 MAX_TIMEOUT_S = 24 * 3600.0
+STORE_POLL_S = 2.0
+"""Between two reads of the store while a stop waits for a checkpoint (one listing each: the Hub's too)."""
 
 
 def _leg_row(ledger: Ledger, run_id: str, leg: int) -> dict[str, Any]:
@@ -85,17 +91,73 @@ def stop(cfg: Config, run_id: str, timeout_s: float, say: Callable[[str], None])
             say("no leg was running; the run will launch no further leg")
             return {"run": run_id, "outcome": "no leg running", "stop_id": stop_id}
         began = time.time()
-        say(f"SIGTERM -> leg {leg['leg']} ({leg['instance']}); waiting up to {timeout_s:g} s for its final checkpoint")
-        backend.signal_leg(leg, signal.SIGTERM)
-        graceful = _wait_leg_end(ledger, run_id, leg["leg"], began + timeout_s)
+        waited = _checkpoint_first(cfg, ledger, run, leg, began + timeout_s, say) if backend.sigterm_deletes else None
+        ended = bool(waited and waited.get("ended"))  # it ended by itself while the stop waited
+        graceful = ended or _terminate(backend, ledger, run_id, leg, began, timeout_s, waited, say)
         if not graceful:
             say(f"the leg did not stop within {timeout_s:g} s: killing it")
             backend.signal_leg(leg, signal.SIGKILL)
             _wait_leg_end(ledger, run_id, leg["leg"], time.time() + KILL_WAIT_S)
-        out = _confirm(cfg, ledger, run, leg, stop_id, graceful, timeout_s)
+        out = _confirm(cfg, ledger, run, leg, stop_id, graceful, timeout_s, waited)
         return {**out, "seconds": round(time.time() - began, 1), "stop_id": stop_id}
     finally:
         ledger.close()
+
+
+def _terminate(
+    backend: Any,
+    ledger: Ledger,
+    run_id: str,
+    leg: dict[str, Any],
+    began: float,
+    timeout_s: float,
+    waited: dict[str, Any] | None,
+    say: Callable[[str], None],
+) -> bool:
+    """SIGTERM the leg and wait for its end (its row closed by the `up` process); whether it came
+    in time. Where the SIGTERM deletes the machine (`waited`), its end is the provider's teardown,
+    not the trainer's push: it gets KILL_WAIT_S at least, whatever the checkpoint's wait took."""
+    then = "its machine deleted right after" if waited else f"waiting up to {timeout_s:g} s for its final checkpoint"
+    say(f"SIGTERM -> leg {leg['leg']} ({leg['instance']}); {then}")
+    backend.signal_leg(leg, signal.SIGTERM)
+    until = max(began + timeout_s, time.time() + KILL_WAIT_S) if waited is not None else began + timeout_s
+    return _wait_leg_end(ledger, run_id, leg["leg"], until)
+
+
+def _checkpoint_first(
+    cfg: Config, ledger: Ledger, run: dict[str, Any], leg: dict[str, Any], until: float, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Before a SIGTERM that deletes the machine right after it: wait until the leg has verified a
+    checkpoint newer than the newest one now (the launcher's own read of the store, as `_confirm`
+    reads it: runtime.cycle.newest_verified under the project's key), or has ended, or `until`.
+    What it waited for and what it got (None: nothing newer in time), the wait shown as it goes."""
+    from runtime.cycle import newest_verified
+    from runtime.store import open_store
+    from runtime.store.base import StoreError
+
+    store = open_store(run["store_uri"], f"runs/{run['id']}", key=project_key(cfg.state_path, create=False))
+    base, began = newest_verified(store), time.time()
+    after = base.name if base else "none yet"
+    say(
+        f"the {run['backend']} backend's SIGTERM deletes the machine right after it, so the leg's final push "
+        f"may not land: waiting up to {until - began:.0f} s for leg {leg['leg']} to verify a checkpoint newer "
+        f"than {after} first"
+    )
+    out: dict[str, Any] = {"after": base.name if base else None, "got": None, "got_step": None}
+    while time.time() < until:
+        if _leg_row(ledger, run["id"], leg["leg"])["ended_at"] is not None:
+            say(f"leg {leg['leg']} ended by itself after {time.time() - began:.1f} s")
+            return {**out, "ended": True}
+        try:
+            newest = newest_verified(store)
+        except StoreError as err:  # a store that did not answer this time: asked again
+            newest, out["store_error"] = None, str(err)[:200]
+        if newest is not None and (base is None or newest.step > base.step):
+            say(f"{newest.name} verified {time.time() - began:.1f} s after the request: stopping now")
+            return {**out, "got": newest.name, "got_step": newest.step, "seconds": round(time.time() - began, 1)}
+        time.sleep(STORE_POLL_S)
+    say(f"no checkpoint newer than {after} verified within {until - began:.0f} s: stopping anyway")
+    return out
 
 
 def _stoppable(ledger: Ledger, run_id: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -127,9 +189,12 @@ def _confirm(
     stop_id: int,
     graceful: bool,
     timeout_s: float,
+    waited: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """After the leg ended: its final events, the newest verified checkpoint and whether it
-    loads; the outcome, recorded against the stop request and returned."""
+    loads; the outcome, recorded against the stop request and returned. Where the machine went
+    right after the SIGTERM (`waited`: what `_checkpoint_first` got), the checkpoint verified
+    before the signal is the stop's final one when the leg's own final push did not land."""
     from runtime.cycle import newest_verified
     from runtime.store import open_store
 
@@ -142,20 +207,14 @@ def _confirm(
     load = (
         loadcheck(run["store_uri"], run_id, newest.name, key) if newest else {"ok": False, "error": "nothing verified"}
     )
-    clean = (
-        graceful
-        and stop_ev is not None
-        and stop_ev[1].get("reason") == "sigterm"
-        and done is not None
-        and bool(done[1].get("final_checkpoint_verified"))
-        and newest is not None
-        and newest.step == final_step
-        and load.get("ok")
-    )
+    pushed = _pushed_final(stop_ev, done, newest, final_step)
+    before = bool(waited and waited.get("got") and newest is not None and newest.step >= waited["got_step"])
+    clean = graceful and (pushed or before) and bool(load.get("ok"))
     outcome = (
         "graceful" if clean else "graceful, but not clean" if graceful else f"killed after {timeout_s:g} s timeout"
     )
-    detail = _detail(clean, final_step, newest, load)
+    last = events.last("step")
+    detail = _detail(clean, final_step, newest, load, None if pushed else (last[1]["step"] if last else "none"))
     ledger.end_stop(
         stop_id,
         outcome=outcome,
@@ -175,11 +234,32 @@ def _confirm(
         "checkpoint_step": newest.step if newest else None,
         "loadable": load,
         "detail": detail,
+        "waited": waited,
     }
 
 
-def _detail(clean: bool, final_step: int | None, newest: Any, load: dict[str, Any]) -> str:
-    """The stop's outcome in a line: the final checkpoint, or what a resume falls back to."""
+def _pushed_final(stop_ev: Any, done: Any, newest: Any, final_step: int | None) -> bool:
+    """The leg's own final push landed: it stopped on the SIGTERM, its `done` says verified, and the
+    store's newest verified checkpoint is that step's."""
+    return (
+        stop_ev is not None
+        and stop_ev[1].get("reason") == "sigterm"
+        and done is not None
+        and bool(done[1].get("final_checkpoint_verified"))
+        and newest is not None
+        and newest.step == final_step
+    )
+
+
+def _detail(clean: bool, final_step: int | None, newest: Any, load: dict[str, Any], lost: Any = None) -> str:
+    """The stop's outcome in a line: the final checkpoint, or what a resume falls back to. `lost`: the
+    leg's last step seen, where its own final push did not land (the machine went right after the
+    SIGTERM) and the checkpoint verified before the signal is the final one."""
+    if clean and lost is not None:
+        return (
+            f"stopped: {newest.name} (step {newest.step}) verified before the machine was deleted, and loadable; "
+            f"the leg's own final push after the SIGTERM did not land (its last step seen: {lost})"
+        )
     if clean:
         return f"stopped at step {final_step}; final checkpoint {newest.name} verified and loadable"  # type: ignore[union-attr]
     if newest is not None:
