@@ -28,13 +28,16 @@ LAUNCHER = Path(sys.executable).with_name("launcher")
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def timed(argv: list[str], cwd: Path, runs: int) -> tuple[float, float]:
+def timed(argv: list[str], cwd: Path, runs: int, code: int = 0) -> tuple[float, float]:
+    """Median and min wall time of `argv`, which must exit `code` every time."""
     samples = []
-    subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
-    for _ in range(runs):
+    for i in range(runs + 1):  # the first run warms the bytecode cache and is not counted
         began = time.perf_counter()
-        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
-        samples.append(time.perf_counter() - began)
+        rc = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV).returncode
+        if rc != code:
+            raise SystemExit(f"{argv}: exit {rc}, expected {code}")
+        if i:
+            samples.append(time.perf_counter() - began)
     return statistics.median(samples), min(samples)
 
 
@@ -57,7 +60,8 @@ def main() -> None:
             subprocess.run(
                 [str(LAUNCHER), *args], cwd=project if args[0] != "init" else tmp, stdout=subprocess.DEVNULL, check=True
             )
-        cases = [
+        up_probe = [str(LAUNCHER), "up", "probe", "--gpus", "T4:2"]
+        cases: list[tuple] = [
             ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
             ("launcher --help", [str(LAUNCHER), "--help"]),
             ("baseline: --help with torch imported eagerly", eager(["--help"])),
@@ -65,11 +69,18 @@ def main() -> None:
             ("baseline: ledger parsed by the typer app (no fast path)", typer_path(["ledger"])),
             ("baseline: ledger with torch imported eagerly", eager(["ledger"])),
             ("launcher ledger --json", [str(LAUNCHER), "ledger", "--json"]),
+            # the headline command on a host without two T4s: refused by the plan's gpus guard (exit 3)
+            ("launcher up probe --gpus T4:2 (refused: no such GPUs here, exit 3)", up_probe, 3),
+            ("launcher up probe --gpus T4:2 --dry-run (the same refusal)", [*up_probe, "--dry-run"], 3),
+            (
+                "launcher up rehearsal --dry-run (a plan without the gpus guard)",
+                [str(LAUNCHER), "up", "rehearsal", "--dry-run"],
+            ),
         ]
         print(f"| command | median s | min s |  ({ns.runs} runs each, {sys.platform}, Python {sys.version.split()[0]})")
         print("|---|---|---|")
-        for label, argv in cases:
-            med, best = timed(argv, project, ns.runs)
+        for label, argv, *code in cases:
+            med, best = timed(argv, project, ns.runs, *code)
             print(f"| {label} | {med:.3f} | {best:.3f} |")
 
 
