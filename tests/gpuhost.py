@@ -18,6 +18,18 @@ import pytest
 SOURCE = Path(__file__).parent / "fakes" / "nvml" / "fake_nvml.c"
 
 
+def has_real_driver() -> bool:
+    """Whether this machine has NVIDIA's own driver library (a GPU machine): a test of a host with
+    no driver then has nothing to stand for, and says so."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def fake_nvml_dir() -> Path:
     """A folder holding libnvidia-ml.so.1 built from SOURCE (once per source: xdist's workers
     share it; each builds to a name of its own and renames, so none reads half a file)."""
