@@ -113,23 +113,11 @@ def _node_tag(ndir: Path | str) -> str:
 
 def _node_pids(ndir: Path | str, sid: int | None) -> list[int]:
     """Every live process of a node: its job's session (`sid`), and every process whose environment
-    names the node (those that left the session, and their children)."""
-    marker = f"{NODE_ENV}={_node_tag(ndir)}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        stat = _proc_stat(int(entry)) if entry.isdigit() and int(entry) != os.getpid() else None
-        if not stat or stat[0] in ("Z", "X"):
-            continue
-        if sid is not None and stat[3] == str(sid):
-            found.append(int(entry))
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
+    names the node (those that left the session, and their children). The launcher's own scan of a
+    leg's processes (launcher.backends.leash.leg_pids) with the node's variable: the same rule."""
+    from launcher.backends.leash import leg_pids
+
+    return leg_pids(_node_tag(ndir), sid, var=NODE_ENV)
 
 
 def _kill_node(ndir: Path | str, sid: int | None, start: str | None) -> None:
