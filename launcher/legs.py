@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
+from launcher.backends.local import trainer_python
 from launcher.checks.evidence import LegEvents
 from launcher.config.schema import Config, GpuSpec
 from launcher.errors import LauncherError
@@ -151,6 +152,8 @@ class LegOutcome:
     events: LegEvents
     acted_at: float | None = None
     """When the launcher sent the leg's planned stop (the SIGTERM, or the freeze of a hold)."""
+    python: str | None = None
+    """The interpreter that ran the trainer where it ran on this host (the local backend), else None."""
 
 
 class _Watch:
@@ -330,7 +333,8 @@ def run_leg(
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
         record_end(ctx, leg, result)
-    return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at)
+    here = trainer_python(ctx.cfg.trainer.command) if ctx.backend.name == "local" else None
+    return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at, here)
 
 
 def record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:

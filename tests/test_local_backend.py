@@ -210,3 +210,18 @@ def test_python_runs_under_the_launchers_interpreter(tmp_path: Path) -> None:
 
     assert resolve_command(("python", "train.py"))[0] == sys.executable
     assert resolve_command(("bash", "x.sh")) == ["bash", "x.sh"]
+
+
+def test_the_torch_extra_is_named_only_for_a_trainer_run_in_this_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install 'preflight-launcher[torch]'` helps a trainer that ran in the launcher's own
+    interpreter (a local leg, rung 0): not one in an image (sky, docker) or in a venv of its own."""
+    import importlib.util
+
+    from launcher.backends.local import TORCH_EXTRA, no_torch_hint
+
+    said = "ModuleNotFoundError: No module named 'torch'"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # this interpreter without torch
+    assert TORCH_EXTRA in no_torch_hint(said, sys.executable)
+    assert no_torch_hint(said, None) == ""  # a leg in an image
+    assert no_torch_hint(said, "/opt/venv-hf/bin/python") == ""  # a trainer's own venv
+    assert no_torch_hint("ModuleNotFoundError: No module named 'numpy'", sys.executable) == ""

@@ -71,11 +71,14 @@ def trainer_python(command: tuple[str, ...] | list[str]) -> str:
 TORCH_EXTRA = "pip install 'preflight-launcher[torch]'"
 
 
-def no_torch_hint(said: str) -> str:
-    """What to do when a trainer failed for want of torch in this interpreter (the one a
-    command's `python` runs in here); empty otherwise. The CLI installs without torch, so a
-    plain `pip install preflight-launcher` gets this far (pyproject.toml's [torch] extra)."""
-    if "No module named 'torch'" not in said or importlib.util.find_spec("torch") is not None:
+def no_torch_hint(said: str, python: str | None) -> str:
+    """What to do when a trainer run by `python` failed for want of torch, where `python` is this
+    interpreter (a local leg or rung 0 of a command whose `python` runs in it here: the CLI installs
+    without torch, pyproject.toml's [torch] extra); empty otherwise (a leg in an image, or a
+    trainer's venv of its own, is not helped by this install)."""
+    if python != sys.executable or "No module named 'torch'" not in said:
+        return ""
+    if importlib.util.find_spec("torch") is not None:
         return ""
     return f"the launcher's interpreter has no torch, and `python` in trainer.command runs in it here: {TORCH_EXTRA}"
 

@@ -34,7 +34,7 @@ def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
             f"leg {ev.leg} exited {out.result.exit_code} ({out.result.end_reason}) before printing any "
             f"preflight event; the last line of its log: {last_line(ev.log)!r}"
         )
-        if hint := no_torch_hint(last_line(ev.log)):
+        if hint := no_torch_hint(last_line(ev.log), out.python):
             detail += f"; {hint}"
     elif silent(ev):
         detail = f"leg {ev.leg} ({out.result.end_reason}, exit {out.result.exit_code}): {NO_EVENTS}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +63,7 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         ]
     pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
     checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
-    hint = no_torch_hint(" ".join(c["detail"] for c in reported if not c["ok"])) if argv[0] == sys.executable else ""
+    hint = no_torch_hint(" ".join(c["detail"] for c in reported if not c["ok"]), argv[0])
     if hint:  # one line that says what to do, beside the failures it explains
         checks.append(Check("torch for the trainer", False, hint, pointer, kind=Kind.IMPORT_PARSE))
     return checks
