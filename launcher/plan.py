@@ -222,7 +222,7 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
         and (request.backend == "sky" or request.nodes > 1)
         and not (request.backend == "sky" and rung.name == "run")
     ):
-        from launcher.backends.skytask import leg_script, script_sha256
+        from launcher.backends.sky.task import leg_script, script_sha256
 
         plan.run_sha256 = script_sha256(leg_script(cfg, rung.name))  # the managed job's differs: skyjob
     if rung.legs and plan.ledger is not None:

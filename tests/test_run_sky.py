@@ -51,8 +51,8 @@ def events(log: Path) -> list[dict]:
 
 
 def run_in_thread(cfg, monkeypatch, standin, gpus: str = "T4:1"):  # noqa: ANN001, ANN201
-    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
-    monkeypatch.setattr("launcher.backends.skytask.sky_module", lambda: standin)
+    monkeypatch.setattr("launcher.backends.sky.backend.sky_module", lambda: standin)
+    monkeypatch.setattr("launcher.backends.sky.task.sky_module", lambda: standin)
     result: dict = {}
 
     def go() -> None:
@@ -80,7 +80,7 @@ def wait_for(what, timeout: float = 180.0):  # noqa: ANN001, ANN201
 
 def candidate_prices(cfg) -> tuple[float, float]:  # noqa: ANN001
     """SkyPilot's optimizer's price for the run's spot and on-demand candidates (T4:1)."""
-    from launcher.backends.sky import SkyBackend
+    from launcher.backends.sky.backend import SkyBackend
     from launcher.config.schema import parse_gpus
 
     pick = SkyBackend(cfg, SKY_IMAGE_REF).quote("run", parse_gpus("T4:1"))
@@ -117,8 +117,8 @@ def test_an_attempt_skypilot_shows_on_spot_is_billed_at_the_spot_price(
 
     import sky
     from launcher import legs
-    from launcher.backends.skyapi import Pick, spot_of
-    from launcher.backends.skyjob import ManagedJob
+    from launcher.backends.sky.api import Pick, spot_of
+    from launcher.backends.sky.job import ManagedJob
     from launcher.config.schema import Config, parse_gpus
     from launcher.ladder import rung_named
     from launcher.ledger.db import Ledger

@@ -12,7 +12,7 @@ import yaml
 
 import sky
 from launcher import up as up_module
-from launcher.backends.skytask import render, sky_module
+from launcher.backends.sky.task import render, sky_module
 from launcher.config.load import load_config
 from launcher.config.schema import parse_gpus
 from launcher.errors import BadInput
@@ -75,7 +75,7 @@ def test_the_run_command_is_hard_capped_and_keeps_quoted_arguments(project: Path
     )
     parsed = yaml.safe_load(task.yaml_text)
     assert "timeout --foreground --signal=TERM --kill-after=120" in parsed["run"]
-    assert 'python -m runtime.notice --mark "$mark" --parent $$ &' in parsed["run"]  # the spot notice watcher
+    assert 'python -m runtime.programs.notice --mark "$mark" --parent $$ &' in parsed["run"]  # the spot notice watcher
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
@@ -104,7 +104,7 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(
     managed-secret reference no provider resolves) may survive it."""
     from sky.utils import dag_utils
 
-    from launcher.backends.skytask import task_for_launch
+    from launcher.backends.sky.task import task_for_launch
 
     cfg = load_config(project / "launcher.yaml")
     task = render(cfg, "smoke", gpus=parse_gpus("T4:1"), nodes=1, image_ref=REF, leg_env=ENV, out=tmp_path / "t.yaml")
@@ -127,7 +127,7 @@ def test_secrets_reach_skypilot_as_values_and_survive_its_yaml_round_trip(
 def test_a_template_secret_is_a_name_never_a_value(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.backends.skytask import task_for_launch
+    from launcher.backends.sky.task import task_for_launch
 
     template = yaml.safe_load((Path(__file__).parent.parent / "sky" / "smoke.yaml").read_text())
     (project / "sky").mkdir()
@@ -199,7 +199,7 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
     Run by bash as SkyPilot would, with torchrun standing in as a printer of the deadline."""
     import subprocess
 
-    from launcher.backends.skytask import render_job
+    from launcher.backends.sky.task import render_job
 
     cfg = load_config(project / "launcher.yaml")
     now = int(time.time())
@@ -273,7 +273,7 @@ def test_each_attempt_of_the_managed_job_gets_its_own_deadline_never_past_the_jo
 def test_an_optimizer_stream_cut_before_its_table_is_told_apart_from_a_whole_one() -> None:
     """What `optimizer_pick` re-reads on: the stream of a loaded machine once ended at the
     table's title (seen under three test workers); a whole table has its header and chosen row."""
-    from launcher.backends.skyapi import has_chosen_row, parse_optimizer_table
+    from launcher.backends.sky.api import has_chosen_row, parse_optimizer_table
 
     cut = "Considered resources (1 node):\n"
     whole = cut + (
@@ -292,7 +292,7 @@ def test_a_credentials_failure_is_told_apart_from_no_capacity() -> None:
     CloudUserIdentityError in its failover_history: bad input naming the credentials, with no
     retry hint (--retry-until-up would retry it forever); capacity anywhere in the history
     keeps the capacity refusal and its hint. A history served back as dicts is read the same."""
-    from launcher.backends.skyapi import classify
+    from launcher.backends.sky.api import classify
     from launcher.errors import Refused
 
     e = sky.exceptions

@@ -20,8 +20,8 @@ import yaml
 
 import sky
 from launcher import up as up_module
-from launcher.backends.skyapi import optimizer_pick
-from launcher.backends.skytask import task_for_launch
+from launcher.backends.sky.api import optimizer_pick
+from launcher.backends.sky.task import task_for_launch
 from launcher.config.load import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger.db import Ledger
@@ -73,7 +73,7 @@ def run_sky(
     gpus: str | None,  # noqa: ANN001, ANN201
     nodes: int = 1,
 ):
-    monkeypatch.setattr("launcher.backends.sky.sky_module", lambda: standin)
+    monkeypatch.setattr("launcher.backends.sky.backend.sky_module", lambda: standin)
     return up_module.up(cfg, cfg.root / "launcher.yaml", rung, "sky", gpus, lambda leg, line: None, nodes=nodes)
 
 
@@ -292,7 +292,7 @@ def test_a_kill_right_after_launch_leaves_no_cluster_provisioning(sky_project, c
     """Ctrl-C in the first instant: the launch request may be in flight on the API server,
     which would carry it on without us. The kill cancels it, then downs whatever exists."""
     from launcher.backends.base import LegSpec
-    from launcher.backends.sky import SkyBackend
+    from launcher.backends.sky.backend import SkyBackend
     from launcher.config.schema import parse_gpus
 
     standin = strict(cloud)

@@ -11,9 +11,9 @@ import pytest
 
 import sky
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import SkyBackend
-from launcher.backends.skyapi import down
-from launcher.backends.skyreap import reap
+from launcher.backends.sky.api import down
+from launcher.backends.sky.backend import SkyBackend
+from launcher.backends.sky.reap import reap
 from launcher.config.load import load_config
 from launcher.config.schema import parse_gpus
 from tests.helpers import SKY_IMAGE_REF as REF
@@ -103,7 +103,7 @@ def test_no_exception_is_matched_by_name() -> None:
 def test_the_run_as_a_managed_job_passes_skypilots_parser_and_dry_run(
     project: Path, tmp_path: Path, gpus: str, nodes: int
 ) -> None:
-    from launcher.backends.skyjob import dry_run
+    from launcher.backends.sky.job import dry_run
 
     cfg = load_config(project / "launcher.yaml")
     backend = SkyBackend(cfg, REF, nodes, sky=sky)

@@ -630,7 +630,7 @@ def test_an_autostopped_jobs_controller_answers_only_a_refresh(fake: StrictSky) 
     """SkyPilot's jobs controller autostops 10 idle minutes after its last job; `jobs.queue_v2`
     without a refresh then raises ClusterNotUpError. The launcher's `record` asks again with
     refresh=True, so a dead launcher's ended job is still billed from SkyPilot's record."""
-    from launcher.backends.skyapi import record
+    from launcher.backends.sky.api import record
     from tests.fakes.sky_standin import stop_controller
 
     job_id = launch_job(fake, task(run="echo done"), name="quick")

@@ -29,7 +29,7 @@ def backend_class(name: str) -> type[Backend]:
 
         return DockerBackend
     if name == "sky":
-        from launcher.backends.sky import SkyBackend
+        from launcher.backends.sky.backend import SkyBackend
 
         return SkyBackend
     if name == HOST:
@@ -55,7 +55,7 @@ def make_backend(
 
         return DockerBackend(image=image, cfg=cfg, nodes=nodes)  # type: ignore[arg-type] # _image_for gave one
     if name == "sky":
-        from launcher.backends.sky import SkyBackend
+        from launcher.backends.sky.backend import SkyBackend
 
         return SkyBackend(
             cfg=cfg,

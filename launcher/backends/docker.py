@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 import launcher.backends.leash as leash
 from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
 from launcher.backends.nodes import Cluster, NodeLaunch, close, node_env, start_nodes, task_id, wait_cluster
-from launcher.backends.skytask import script_sha256
+from launcher.backends.sky.task import script_sha256
 from launcher.config.schema import Config
 from launcher.errors import LauncherError
 from launcher.image import docker, docker_cli
@@ -144,7 +144,7 @@ class DockerBackend(Backend):
         """A container per node, on a bridge network made for the leg (each at an address known
         before any starts: SKYPILOT_NODE_IPS), each running the rung's `run:` script with
         SkyPilot's node variables (launcher.backends.nodes)."""
-        from launcher.backends.skytask import HARD_CAP_GRACE_S, leg_script, task_envs
+        from launcher.backends.sky.task import HARD_CAP_GRACE_S, leg_script, task_envs
 
         assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
         names = [f"{container_name(spec)}-node{rank}"[:120] for rank in range(self.nodes)]

@@ -40,7 +40,7 @@ from launcher.backends.nodes import (
     start_nodes,
     wait_cluster,
 )
-from launcher.backends.skytask import script_sha256
+from launcher.backends.sky.task import script_sha256
 from launcher.config.schema import Config
 from launcher.errors import BadInput
 from launcher.manifest import stage_files
@@ -190,7 +190,7 @@ class LocalBackend(Backend):
     ) -> LegHandle:
         """Each of `nodes` fresh folders (under one leg folder: the leash's) runs the rung's
         `run:` script, as SkyPilot's nodes would (launcher.backends.nodes)."""
-        from launcher.backends.skytask import HARD_CAP_GRACE_S, leg_script, task_envs
+        from launcher.backends.sky.task import HARD_CAP_GRACE_S, leg_script, task_envs
 
         assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
         self.root.mkdir(parents=True, exist_ok=True)

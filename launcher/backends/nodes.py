@@ -6,7 +6,7 @@ address, one a line, the head first), `SKYPILOT_NUM_NODES`,
 `SKYPILOT_NUM_GPUS_PER_NODE` and `SKYPILOT_TASK_ID`, beside the task's `envs:`.
 Here each node is a fresh empty folder on this host (the local backend; its
 address the loopback one), running the very script the sky backend renders for
-the rung (launcher.backends.skytask.leg_script: the same bytes, whose sha256 the
+the rung (launcher.backends.sky.task.leg_script: the same bytes, whose sha256 the
 ledger records) under `bash`, with that environment. The script starts torchrun
 across the nodes (a static rendezvous at the head's address); on a CPU leg the
 ranks talk gloo. The nodes share this host's ports, so the leg's rendezvous port

@@ -90,7 +90,7 @@ def _local_nodes(plan: Plan, env: dict[str, str]) -> list[str]:
     """A local leg of several nodes: each a fresh folder running the rung's `run:` script (the
     bytes the sky backend renders) under bash, with SkyPilot's node variables."""
     from launcher.backends.nodes import LOOPBACK, node_env
-    from launcher.backends.skytask import leg_script, task_envs
+    from launcher.backends.sky.task import leg_script, task_envs
 
     cfg, request = plan.cfg, plan.request
     script = leg_script(cfg, request.rung.name)
@@ -121,7 +121,7 @@ def _sky_leg0(plan: Plan, env: dict[str, str]) -> list[str]:
     )
     with tempfile.TemporaryDirectory() as tmp:
         if rung.name == "run":  # one managed job; its first attempt's deadline stands for the job's
-            from launcher.backends.skyjob import dry_run
+            from launcher.backends.sky.job import dry_run
 
             run_cfg = cfg.rungs.run
             deadline = float(env["LAUNCHER_DEADLINE"])

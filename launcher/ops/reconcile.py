@@ -162,10 +162,10 @@ def settle_leg(
 
 def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
     """End what the dead leg left on SkyPilot (its request, its cluster or managed job) and bill
-    the leg to when it stopped (launcher.backends.skyreap)."""
-    from launcher.backends.skyapi import job_id_of
-    from launcher.backends.skyreap import reap, reap_job, reap_submit
-    from launcher.backends.skyrequests import PENDING_JOB_PREFIX
+    the leg to when it stopped (launcher.backends.sky.reap)."""
+    from launcher.backends.sky.api import job_id_of
+    from launcher.backends.sky.inflight import PENDING_JOB_PREFIX
+    from launcher.backends.sky.reap import reap, reap_job, reap_submit
 
     instance = leg["instance"]
     try:

@@ -1,7 +1,7 @@
 """Rung 4 on SkyPilot: the run as one managed job, each recovery a leg.
 
 The same rules as launcher.rungs.run, applied as the job goes: when the job's log shows
-the next attempt (launcher.backends.skyjob.LegSplitter), the attempt before it is
+the next attempt (launcher.backends.sky.job.LegSplitter), the attempt before it is
 closed in the ledger (billed from its start to the next one's), the store is read,
 and the new attempt's resume is checked once it ended. A bad resume, a store that
 lost a verified checkpoint, or a crash loop cancels the job. A job that ends by its
@@ -15,9 +15,9 @@ import math
 import time
 from typing import Any, Callable
 
-from launcher.backends import skyjob
 from launcher.backends.base import LegResult, LegSpec, billed_seconds
-from launcher.backends.skyapi import cancel, record, spot_of
+from launcher.backends.sky import job as skyjob
+from launcher.backends.sky.api import cancel, record, spot_of
 from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.leg_env import redact
 from launcher.legs import LegOutcome, RunContext, record_end

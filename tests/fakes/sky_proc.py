@@ -333,13 +333,13 @@ def optimizer_placement(task: Any) -> dict[str, Any]:
 
 
 def _optimizer_pick(task: Any) -> Any:
-    """SkyPilot's optimizer's chosen row for the task (launcher.backends.sky.Pick: cloud, region,
+    """SkyPilot's optimizer's chosen row for the task (launcher.backends.sky.backend.Pick: cloud, region,
     instance_type, accelerators, use_spot, ...); its errors as SkyPilot raises them. Read as the
-    launcher reads it (launcher.backends.skyapi.optimizer_pick): the optimize request's stream can
+    launcher reads it (launcher.backends.sky.api.optimizer_pick): the optimize request's stream can
     end before its table reached the log on a loaded machine, and a single read then found only
     "Considered resources (1 node):" (a session-16 CI run: a stand-in launch failed so, under load)."""
     import sky as real_sky
-    from launcher.backends.skyapi import optimizer_pick
+    from launcher.backends.sky.api import optimizer_pick
 
     return optimizer_pick(real_sky, task)
 

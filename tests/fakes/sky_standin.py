@@ -58,7 +58,7 @@ What it does not do (stricter than SkyPilot, or simply absent): it never reuses
 a cluster (launching onto an existing name is a RuntimeError: every leg gets a
 fresh one); autostop/autodown is recorded but never fires (only `down` ends a
 cluster); resources are not checked against SkyPilot's catalogs (that needs
-the network; `launcher.backends.skytask` checks accelerator names itself); there are no
+the network; `launcher.backends.sky.task` checks accelerator names itself); there are no
 prices (`cost_report` has no `total_cost`); there is one job per cluster (id 1).
 `api_cancel` kills a request's worker: a cancelled launch that had already
 claimed its cluster leaves it behind (INIT, or UP with its job running if the
@@ -131,8 +131,8 @@ def install_from_env() -> StrictSky | None:
         controller_up_s=float(os.environ.get("PREFLIGHT_TEST_SKY_CONTROLLER_UP_S") or 0),
         cluster_env=json.loads(os.environ.get("PREFLIGHT_TEST_SKY_CLUSTER_ENV") or "{}"),
     )
-    import launcher.backends.sky as backend_module
-    import launcher.backends.skytask as skytask_module
+    import launcher.backends.sky.backend as backend_module
+    import launcher.backends.sky.task as skytask_module
 
     skytask_module.sky_module = lambda: fake  # type: ignore[assignment]
     backend_module.sky_module = lambda: fake  # type: ignore[assignment]

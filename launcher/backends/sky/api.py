@@ -1,7 +1,7 @@
 """SkyPilot's SDK as the launcher speaks it, apart from any backend.
 
-What both the per-leg clusters (launcher.backends.sky) and the managed job
-(launcher.backends.skyjob) say to SkyPilot and read back: its errors told apart
+What both the per-leg clusters (launcher.backends.sky.backend) and the managed job
+(launcher.backends.sky.job) say to SkyPilot and read back: its errors told apart
 by type (`classify`), its optimizer's pick and price (`optimizer_pick`), where a
 cluster landed, its log streams as lines, `down` / `status` / `cost_report` of a
 cluster, and a managed job's record and cancellation. Every function takes the

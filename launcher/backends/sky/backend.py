@@ -1,6 +1,6 @@
 """SkyPilot backend: a fresh cluster per leg, on SkyPilot's Python SDK (0.14 API).
 
-Each leg: render + validate its task YAML (launcher.backends.skytask), ask SkyPilot's
+Each leg: render + validate its task YAML (launcher.backends.sky.task), ask SkyPilot's
 optimizer what it would launch and what that costs (host VM included), name
 the cluster in the ledger (`on_instance`) *before* anything is provisioned,
 `sky.launch`, stream the launch and then the job's logs into the host log, and
@@ -18,8 +18,8 @@ the cluster's backstops (autostop with down, the hard cap; see skytask) and the
 ledger row naming it, which the next launcher command reaps (`reap`).
 
 The SDK calls themselves (errors by type, the optimizer's pick, down, status,
-cost report, a managed job's record and cancel) are launcher.backends.skyapi;
-the run's managed job is launcher.backends.skyjob; the task file, launcher.backends.skytask.
+cost report, a managed job's record and cancel) are launcher.backends.sky.api;
+the run's managed job is launcher.backends.sky.job; the task file, launcher.backends.sky.task.
 
 The `sky` module is imported lazily (the tests inject a strict stand-in for
 what needs a live cluster; pricing and dry runs go to SkyPilot's own API server).
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, LineSink, billed_seconds
-from launcher.backends.skyapi import (
+from launcher.backends.sky.api import (
     Capture,
     LineWriter,
     Pick,
@@ -50,7 +50,7 @@ from launcher.backends.skyapi import (
     optimizer_pick,
     placement_of,
 )
-from launcher.backends.skytask import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
+from launcher.backends.sky.task import HARD_CAP_GRACE_S, RenderedTask, render, sky_module, task_for_launch
 from launcher.checks.evidence import LegEvents, exit_code_from_events
 from launcher.config.schema import Config
 from launcher.errors import BadInput
@@ -128,7 +128,7 @@ def dearest(priced: list[tuple[str, Pick | None]]) -> Pick | None:
 
 class SkyBackend(Backend):
     """Legs as fresh SkyPilot clusters running the pinned image. It can neither freeze a leg
-    nor send it SIGTERM; `launcher stop` signals the run's managed job (launcher.backends.skyjob)."""
+    nor send it SIGTERM; `launcher stop` signals the run's managed job (launcher.backends.sky.job)."""
 
     name = "sky"
     billing_granularity_s = BILLING_GRANULARITY_S

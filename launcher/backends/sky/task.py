@@ -31,7 +31,7 @@ from launcher.config.schema import Config, GpuSpec
 from launcher.errors import BadInput
 from runtime.contract import EXIT_PREEMPTED
 
-SOURCE_SKY = Path(__file__).resolve().parents[2] / "sky"
+SOURCE_SKY = Path(__file__).resolve().parents[3] / "sky"
 # Accelerator names SkyPilot's catalogs use (case-insensitive). SkyPilot itself
 # accepts any name and fails only when it looks for a cloud offering it.
 KNOWN_ACCELERATORS = {
@@ -311,7 +311,7 @@ def watched(run: str) -> str:
     """`run` under the hard cap ($left seconds), the spot notice watcher beside it.
 
     SkyPilot 0.14.1 passes a job no spot notice (docs/notes-preemption.md), so every leg runs
-    runtime/notice.py: it polls the cloud's metadata service and on a notice SIGTERMs the job's
+    runtime/programs/notice.py: it polls the cloud's metadata service and on a notice SIGTERMs the job's
     process group, as SkyPilot's graceful cancel does. The shell stays (no `exec`) to turn a stop
     on a notice into exit EXIT_PREEMPTED, which the managed job's `recover_on_exit_codes` names
     (a trainer's SIGTERM stop exits 0, and a job that exits 0 is done). A SIGTERM to the shell
@@ -322,9 +322,9 @@ def watched(run: str) -> str:
     The watcher (it ignores SIGTERM) is killed once the trainer has ended: it holds the leg's
     output open, and it wrote its mark before it signalled, so before the trainer stopped."""
     return (
-        "# preflight: the spot notice watcher (SkyPilot passes none; runtime/notice.py)\n"
+        "# preflight: the spot notice watcher (SkyPilot passes none; runtime/programs/notice.py)\n"
         'mark=$(mktemp -u "${TMPDIR:-/tmp}/preflight-notice.XXXXXX")\n'
-        'python -m runtime.notice --mark "$mark" --parent $$ & watcher=$!\n'
+        'python -m runtime.programs.notice --mark "$mark" --parent $$ & watcher=$!\n'
         "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
         f'timeout --foreground --signal=TERM --kill-after={HARD_CAP_KILL_AFTER_S} "$left" bash -c {shlex.quote(run)} &\n'
         "child=$!\n"

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.backends.skyapi import (
+from launcher.backends.sky.api import (
     RECORD_FIELDS,
     TERMINAL_JOB_STATUSES,
     cancel,
@@ -35,8 +35,8 @@ from launcher.backends.skyapi import (
     one_line,
     record,
 )
-from launcher.backends.skyrequests import end_requests, ended_unanswered, live_requests, request_state
-from launcher.backends.skytask import sky_module
+from launcher.backends.sky.inflight import end_requests, ended_unanswered, live_requests, request_state
+from launcher.backends.sky.task import sky_module
 
 JOB_END_WAIT_S = 90.0
 """How long a cancelled managed job may take to reach a terminal status (SkyPilot's controller

@@ -1,7 +1,7 @@
 """SkyPilot's requests in flight, as the launcher ends them: a request's state on the API
 server, the live requests of a cluster or job, and cancelling them until the server confirms.
-What a dead launcher left (launcher.backends.skyreap) and the managed job's submission
-(launcher.backends.skyjob) both end their requests through here. Like launcher.backends.skyapi,
+What a dead launcher left (launcher.backends.sky.reap) and the managed job's submission
+(launcher.backends.sky.job) both end their requests through here. Like launcher.backends.sky.api,
 every function takes the `sky` module first; nothing here imports SkyPilot.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from launcher.backends.skyapi import one_line
+from launcher.backends.sky.api import one_line
 
 REQUEST_DONE = ("SUCCEEDED", "FAILED", "CANCELLED")
 """SkyPilot's finished request statuses (RequestStatus.finished_status); PENDING, WAITING and

@@ -9,7 +9,7 @@ legs: the runtime prints a `session` event first thing in every attempt, so a
 second one in the stream is the next attempt. After the job ends, SkyPilot's own
 record (`sky.jobs.queue_v2`: status, recovery_count, job_duration) is read and set
 against what the stream showed. Reading that record, cancelling a job and the
-ledger's name for it (`sky-job-<id>`) are SDK calls: launcher.backends.skyapi.
+ledger's name for it (`sky-job-<id>`) are SDK calls: launcher.backends.sky.api.
 
 The `sky` module is SkyPilot's (or the strict stand-in the tests inject).
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from launcher.backends.base import LegSpec
-from launcher.backends.sky import SkyBackend, dearest
-from launcher.backends.skyapi import JOB_PREFIX, Capture, Pick, classify, one_line
-from launcher.backends.skyrequests import PENDING_JOB_PREFIX, end_requests, ended_unanswered
-from launcher.backends.skytask import RenderedTask, render_job, task_for_launch
+from launcher.backends.sky.api import JOB_PREFIX, Capture, Pick, classify, one_line
+from launcher.backends.sky.backend import SkyBackend, dearest
+from launcher.backends.sky.inflight import PENDING_JOB_PREFIX, end_requests, ended_unanswered
+from launcher.backends.sky.task import RenderedTask, render_job, task_for_launch
 
 
 class LegSplitter:
