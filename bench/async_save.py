@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT)]
 
 import torch  # noqa: E402
 
-from runtime.model import GPT, GPTConfig  # noqa: E402
+from runtime.reference.model import GPT, GPTConfig  # noqa: E402
 from runtime.session import Session, resolve_device  # noqa: E402
 
 

@@ -35,9 +35,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from runtime.cursor import DataOrder, Position  # noqa: E402
-from runtime.data import VOCAB, make_corpus, open_tokens  # noqa: E402
-from runtime.model import GPT, GPTConfig  # noqa: E402
+from runtime.reference.cursor import DataOrder, Position  # noqa: E402
+from runtime.reference.data import VOCAB, make_corpus, open_tokens  # noqa: E402
+from runtime.reference.model import GPT, GPTConfig  # noqa: E402
 from runtime.session import Session  # noqa: E402
 
 

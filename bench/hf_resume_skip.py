@@ -10,7 +10,7 @@ batches into the epoch, three ways, each timed to its first batch:
 - transformers: `Trainer` resumes mid-epoch through accelerate's `skip_first_batches`,
   which for a map-style dataset skips *indices* through the batch sampler (no data is
   loaded for skipped batches, but every skipped index is still drawn);
-- session: `runtime.batches.EpochLoader` with its saved position: the epoch's
+- session: `runtime.session.EpochLoader` with its saved position: the epoch's
   permutation sliced at the position, then the first batch.
 Each must land on the batch its own uninterrupted order has at that position.
 """
@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT)]
 import torch  # noqa: E402
 from accelerate import skip_first_batches  # noqa: E402
 
-from runtime.batches import EpochLoader  # noqa: E402
+from runtime.session import EpochLoader  # noqa: E402
 
 
 class Rows(torch.utils.data.Dataset):

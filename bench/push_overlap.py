@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from runtime import events  # noqa: E402
-from runtime.cycle import Pusher  # noqa: E402
-from runtime.model import GPT, GPTConfig  # noqa: E402
+from runtime.checkpoint.cycle import Pusher  # noqa: E402
+from runtime.reference.model import GPT, GPTConfig  # noqa: E402
 from runtime.store import FileEntry, Manifest, checkpoint_name, open_store  # noqa: E402
 
 

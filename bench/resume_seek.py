@@ -36,8 +36,8 @@ sys.path[:0] = [str(ROOT)]
 
 import numpy as np  # noqa: E402
 
-from runtime.cursor import DataOrder  # noqa: E402
-from runtime.data import make_corpus, open_tokens  # noqa: E402
+from runtime.reference.cursor import DataOrder  # noqa: E402
+from runtime.reference.data import make_corpus, open_tokens  # noqa: E402
 
 Batch = tuple[np.ndarray, np.ndarray, int]
 

@@ -13,7 +13,7 @@ same steps two ways, interleaved in blocks so drift hits both alike:
 
 Also: `batch_digest` alone on the reference batch (4 KiB of token ids) and on a
 154 MB image-sized batch (hashed in 64 sampled windows) against a full sha256;
-and the state digests of one checkpoint (`runtime.evidence.state_digests`,
+and the state digests of one checkpoint (`runtime.session.step_evidence.state_digests`,
 computed on the pusher's thread from the snapshot) of a 1 GB state, beside
 `torch.save` of the same state to this machine's disk.
 
@@ -40,11 +40,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from runtime.batches import batch_digest  # noqa: E402
-from runtime.cursor import DataOrder, Position  # noqa: E402
-from runtime.data import VOCAB, make_corpus, open_tokens  # noqa: E402
-from runtime.model import GPT, GPTConfig  # noqa: E402
+from runtime.reference.cursor import DataOrder, Position  # noqa: E402
+from runtime.reference.data import VOCAB, make_corpus, open_tokens  # noqa: E402
+from runtime.reference.model import GPT, GPTConfig  # noqa: E402
 from runtime.session import Session  # noqa: E402
+from runtime.session.batches import batch_digest  # noqa: E402
 
 
 def build(work: Path):  # noqa: ANN201
@@ -60,7 +60,7 @@ def build(work: Path):  # noqa: ANN201
 
 def digest_cost(work: Path) -> tuple[float, float]:
     """(state digests, torch.save) seconds for one checkpoint of a 1 GB state."""
-    from runtime.evidence import state_digests
+    from runtime.session.step_evidence import state_digests
 
     state = {
         "model": {f"w{i}": torch.rand(64 << 20) for i in range(4)},  # 4 x 256 MB

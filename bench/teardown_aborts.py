@@ -2,7 +2,7 @@
 
 A gloo rank that dies of SIGABRT ("terminate called without an active exception") after
 its checkpoint verified turns a good leg into a failed one, and the chance grows with the
-rank count. This runs the reference trainer (runtime.trainer) for a few steps, many times,
+rank count. This runs the reference trainer (runtime.reference.trainer) for a few steps, many times,
 in two shapes, and counts the legs where any rank did not exit 0 (and, of those, the
 SIGABRTs, from torchrun's own report of each rank's exit code):
 
@@ -12,7 +12,7 @@ SIGABRTs, from torchrun's own report of each rank's exit code):
 - the control, `--held N`: plain torch, two ranks that all-reduce once, destroy the process
   group and exit while a reference to the gloo group is still held (what `World.ctrl` did
   before `World.close` let go of it): the loop must see aborts there, or it proves nothing;
-- `--no-close N`: two ranks on `runtime.dist` that never call `World.close` (a rank leaving on
+- `--no-close N`: two ranks on `runtime.session.world` that never call `World.close` (a rank leaving on
   an exception): only the exit hook `init_world` registers leaves the world.
 
     .venv/bin/python bench/teardown_aborts.py [--single 60] [--multi 30] [--held 60] [--no-close 60]
@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def trainer_args() -> list[str]:
-    return ["-m", "runtime.trainer", "--ckpt-every", "2", "--data-tokens", "20000", "--metrics-every", "2"]
+    return ["-m", "runtime.reference.trainer", "--ckpt-every", "2", "--data-tokens", "20000", "--metrics-every", "2"]
 
 
 def env_for(work: Path, steps: int, run: str) -> dict[str, str]:
@@ -116,7 +116,7 @@ t = torch.ones(1)
 dist.all_reduce(t, group=held)
 dist.destroy_process_group()
 """
-NO_CLOSE = """from runtime.dist import init_world
+NO_CLOSE = """from runtime.session.world import init_world
 world = init_world("cpu")
 assert world.max(float(world.rank)) == world.world_size - 1
 # no world.close(): a rank on its way out on an exception
@@ -160,7 +160,7 @@ def main() -> int:
         ("1 node x 2 ranks", a.single, single),
         ("2 nodes x 2 ranks", a.multi, multi),
         ("control: group held past destroy", a.held, script("held", HELD)),
-        ("runtime.dist, no close()", a.no_close, script("noclose", NO_CLOSE)),
+        ("runtime.session.world, no close()", a.no_close, script("noclose", NO_CLOSE)),
     )
     for shape, count, run in shapes:
         if not count:

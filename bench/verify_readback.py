@@ -3,7 +3,7 @@
 Against the loopback Hub (tests/fakes/hub_server.py) and the real huggingface_hub
 client: a checkpoint of each size is pushed once, then verified both ways:
 
-- ranged: runtime.verify.verify_checkpoint (head + tail + K random windows per
+- ranged: runtime.checkpoint.verify.verify_checkpoint (head + tail + K random windows per
   file, each a Range GET checked for 206 / Content-Range / length / sha256);
 - whole: stream the whole object back through the same session and compare
   its sha256 with the manifest (what "read it back" costs without ranges).
@@ -30,9 +30,9 @@ os.environ["HF_HUB_DISABLE_XET"] = "1"
 
 from huggingface_hub import get_session  # noqa: E402
 
+from runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
 from runtime.store import FileEntry, Manifest, checkpoint_name  # noqa: E402
 from runtime.store.hub import HubStore  # noqa: E402
-from runtime.verify import verify_checkpoint  # noqa: E402
 from tests.fakes.hub_server import HubServer  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 Read from a leg's events, re-derived here rather than taken from the trainer's
 own `mfu` field: FLOPs per token from the `flops` event (counted by the leg API
-on the leg's first step, runtime.flops), the sustained rate from the `rate`
+on the leg's first step, runtime.measure.flops), the sustained rate from the `rate`
 event, the GPU type from the device's own name (checked against the ledger's),
 and the dense peak from runtime.peaks. MFU = tok/s x FLOPs/token / (peak per GPU
 x GPUs). Where no peak is known (a CPU, an unlisted GPU, a dtype the GPU has no

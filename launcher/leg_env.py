@@ -93,7 +93,7 @@ class Ending:
     """LAUNCHER_DEADLINE_AFTER_RESUME: the deadline also this many seconds after the leg's resume."""
     hold_at: int | None = None
     """LAUNCHER_HOLD_AT_STEP: the leg waits at this step until its deadline is within its stop
-    margin (runtime.leg.hold), or with `sigterm_at` until the SIGTERM comes (LAUNCHER_HOLD_UNTIL),
+    margin (runtime.session.rules.hold), or with `sigterm_at` until the SIGTERM comes (LAUNCHER_HOLD_UNTIL),
     so the stop lands mid-run, at a known step, on any machine speed and any backend. The trainer
     holds itself: the launcher freezing the leg when it read the step came too late under load (a
     docker leg ran on 6 steps to its limit)."""

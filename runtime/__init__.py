@@ -1,13 +1,18 @@
 """preflight runtime: what runs inside a leg (the instance side).
 
-Submodules that need torch import it themselves; `runtime.events` and
-`runtime.store` are torch-free so the host can read the same wire format.
-Never imports typer or skypilot.
+Four audiences, four kinds of place:
+- the wire, torch-free modules at the top that both sides import: `contract` (exit codes, events,
+  the leg's environment), `events` (the event lines), `hashing`, `metrics` (throughput, ETA and
+  loss-continuity arithmetic) and `peaks` (accelerators' peak FLOP/s); with `store/` (the
+  checkpoint stores), these are all the launcher imports (tests/test_layout.py holds it);
+- the trainer's API: `session/` (`from runtime.session import Session`) and `adapters/` (HF
+  `Trainer`, Lightning, Accelerate), built on `checkpoint/` (a checkpoint's disk, push, read-back
+  and restore) and `measure/` (step time, FLOPs, health, the metrics window);
+- `programs/`: what the launcher runs with `python -m` in the trainer's interpreter;
+- `reference/`: the trainer `launcher init` copies, with its model and data.
 
-`from runtime import Session` is the trainer's way in (runtime.session); the
-framework adapters are `runtime.adapters.hf`, `.lightning` and `.accelerate`,
-each exposing `Preflight`. Session is loaded on first use, so importing
-`runtime.events` still costs no torch.
+`from runtime import Session` works too; Session is loaded on first use, so importing
+`runtime.events` still costs no torch. Never imports typer or skypilot.
 """
 
 from __future__ import annotations

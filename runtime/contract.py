@@ -36,7 +36,7 @@ start, and a leg of fast steps that started a second early would reach its step 
 HOLD_AT = "LAUNCHER_HOLD_AT_STEP"
 """Step (optional; a resume rung's middle leg): on reaching it the leg waits, training nothing,
 until its deadline is within its stop margin, so the deadline lands at this step on any machine
-speed and any backend. The runtime holds itself (runtime.leg.local_stop), with a `hold` event: a
+speed and any backend. The runtime holds itself (runtime.session.rules.local_stop), with a `hold` event: a
 hold from outside (the launcher freezing the leg when it read the step) came late wherever the
 step line or the freeze was slow -- under load a docker leg ran 6 steps past it to its step limit."""
 HOLD_UNTIL = "LAUNCHER_HOLD_UNTIL"
@@ -145,7 +145,7 @@ STOP_REASONS: dict[str, int] = {
 """Each stop reason a leg prints and the exit code it means (a graceful stop's 0 holds only
 if its `done` then says the final checkpoint verified)."""
 EXIT_PREEMPTED = 75
-"""A sky leg's `run:` script after its trainer stopped on a spot notice (runtime/notice.py): the
+"""A sky leg's `run:` script after its trainer stopped on a spot notice (runtime/programs/notice.py): the
 managed job's `recover_on_exit_codes` names it, so SkyPilot recovers without counting a failure."""
 REFUSED_REASONS = frozenset(r for r, code in STOP_REASONS.items() if code == EXIT_REFUSED)
 STOP_CODES = {1: "sigterm", 2: "deadline"}

@@ -14,7 +14,7 @@ Dtype keys (DTYPES):
   fp32  plain FP32 on the CUDA cores, no tensor cores. PyTorch's default fp32 matmul
         precision ('highest') runs here, not on TF32: an fp32 step is measured
         against this row unless `torch.set_float32_matmul_precision('high')` (or
-        'medium') lets it use TF32 (runtime.flops.matmul_dtype decides which).
+        'medium') lets it use TF32 (runtime.measure.flops.matmul_dtype decides which).
   tf32  TF32 tensor cores (Ampere and later).
   bf16  BF16 tensor cores (Ampere and later), FP32 accumulate.
   fp16  FP16 tensor cores with FP32 accumulate where the sheet distinguishes (T4's

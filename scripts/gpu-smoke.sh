@@ -22,7 +22,7 @@ step launcher review
 step launcher up static
 step launcher up rehearsal
 step launcher up smoke --gpus "$GPUS" -v
-# Smoke and the drill run in the deterministic mode (runtime/determinism.py): their checks say
+# Smoke and the drill run in the deterministic mode (runtime/session/determinism.py): their checks say
 # "deterministic mode: exact comparisons" when it held, or name the op that had no
 # deterministic kernel; `launcher ledger --json` keeps the line.
 step launcher drill cold-resume --gpus "$GPUS" --kills 2 --at mid-push -v

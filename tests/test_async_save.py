@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-import runtime.checkpoint as ckpt
+import runtime.checkpoint.disk as ckpt
 from launcher.checks.evidence import LegEvents
 from launcher.checks.measure import cycle_cost
-from runtime.checkpoint import SnapshotPool, load_local, snapshot_state
-from runtime.model import GPT, GPTConfig
-from runtime.resume import restore_newest
+from runtime.checkpoint.disk import SnapshotPool, load_local, snapshot_state
+from runtime.checkpoint.restore import restore_newest
+from runtime.reference.model import GPT, GPTConfig
 from runtime.session import Session
 from runtime.store import open_store
 from runtime.store.base import checkpoint_name
@@ -281,7 +281,7 @@ import io, os, sys, time
 
 import torch
 
-import runtime.checkpoint as ckpt
+import runtime.checkpoint.disk as ckpt
 
 TEAR = int(os.environ["TEAR_STEP"])
 _write = ckpt.write_state
@@ -313,7 +313,7 @@ if os.environ.get("TEAR_MODE") == "sync":
 
     Session.__init__ = sync_init
 
-from runtime import trainer
+from runtime.reference import trainer
 
 sys.exit(trainer.main(sys.argv[1:]))
 '''
@@ -382,7 +382,7 @@ def kill_mid_write(tmp_path: Path, mode: str, tear: int = 8) -> tuple[Path, Path
 
 def plain_leg(store: Path, work: Path, max_steps: int) -> tuple[int, list[dict[str, Any]]]:
     res = subprocess.run(
-        [sys.executable, "-m", "runtime.trainer", "--workdir", str(work), *TRAINER_ARGS],
+        [sys.executable, "-m", "runtime.reference.trainer", "--workdir", str(work), *TRAINER_ARGS],
         cwd=ROOT,
         env=leg_env(store, max_steps, LAUNCHER_LEG="1"),
         capture_output=True,

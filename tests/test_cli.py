@@ -51,7 +51,7 @@ def test_ledger_json_and_table(project: Path) -> None:
     assert run_cli(["up", "static"], cwd=project).code == 0
     runs = run_cli(["ledger", "--json"], cwd=project).json()
     assert len(runs) == 1 and runs[0]["rung"] == "static" and runs[0]["legs"][0]["backend"] == "host"
-    assert "runtime.static_check" in runs[0]["legs"][0]["command"]
+    assert "runtime.programs.static_check" in runs[0]["legs"][0]["command"]
     one = run_cli(["ledger", runs[0]["id"], "--json"], cwd=project).json()
     assert one == runs
     table = run_cli(["ledger"], cwd=project)

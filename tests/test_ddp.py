@@ -42,7 +42,9 @@ def leg(tmp_path: Path, name: str, max_steps: int) -> tuple[int, list[dict]]:
         "LAUNCHER_MAX_STEPS": str(max_steps),
     }
     return torchrun(
-        ["-m", "runtime.trainer", "--ckpt-every", "3", "--data-tokens", "20000", "--metrics-every", "3"], work, env
+        ["-m", "runtime.reference.trainer", "--ckpt-every", "3", "--data-tokens", "20000", "--metrics-every", "3"],
+        work,
+        env,
     )
 
 
@@ -72,8 +74,8 @@ def test_two_ranks_resume_at_the_same_cursor(tmp_path: Path) -> None:
 
 BALLAST = r"""
 import json, sys, torch
-from runtime.dist import init_world
-from runtime.window import device_memory
+from runtime.session.world import init_world
+from runtime.measure.window import device_memory
 world = init_world("cpu")
 ballast = torch.ones(80_000_000, dtype=torch.float32) if world.rank == 1 else None  # ~320 MB on rank 1
 _, _, peak = device_memory("cpu")
@@ -95,7 +97,7 @@ def test_memory_max_reflects_the_larger_rank(tmp_path: Path) -> None:
 
 WAITER = r"""
 import json, sys, time
-from runtime.dist import RankTimeout, init_world
+from runtime.session.world import RankTimeout, init_world
 world = init_world("cpu")
 if world.rank == 0:
     time.sleep(6)  # rank 0 is busy (pushing, say) past rank 1's patience
@@ -127,10 +129,10 @@ def test_a_barrier_timeout_names_what_was_waited_for(tmp_path: Path) -> None:
 
 def test_closing_the_world_lets_go_of_its_process_group() -> None:
     """The group must die in close(), not at interpreter teardown (where gloo's destructor
-    aborted a rank that had already exited cleanly: runtime.dist.World.close)."""
+    aborted a rank that had already exited cleanly: runtime.session.world.World.close)."""
     import gc
 
-    from runtime.dist import World
+    from runtime.session.world import World
 
     world = World(rank=0, world_size=2, ctrl=object())
     try:

@@ -1,4 +1,4 @@
-"""The deterministic mode of the rungs that compare runs (runtime.determinism), on the CPU:
+"""The deterministic mode of the rungs that compare runs (runtime.session.determinism), on the CPU:
 the flags the session sets, an op without a deterministic kernel named on the step that ran
 it, and what the launcher makes of both (launcher.checks.determinism.check_determinism)."""
 

@@ -24,10 +24,10 @@ from launcher.efficiency import (
     what_if,
 )
 from runtime.contract import check_event
-from runtime.flops import StepFlops, transformer_flops_per_token
-from runtime.health import smi_utilisation
-from runtime.model import GPT, GPTConfig
+from runtime.measure.flops import StepFlops, transformer_flops_per_token
+from runtime.measure.health import smi_utilisation
 from runtime.peaks import gpu_of_device_name, peak_flops
+from runtime.reference.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.unit
 

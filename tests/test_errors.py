@@ -90,7 +90,7 @@ def test_a_refused_token_during_stop_or_a_drill_is_exit_3_with_a_hint(
 ) -> None:
     """The store calls `stop` and a drill make (the newest verified checkpoint) through the real
     huggingface_hub client: a token the Hub refuses is the user's to fix (3), never a bug (70)."""
-    from runtime.cycle import newest_verified
+    from runtime.store.base import newest_verified
     from tests.helpers import hub_store
 
     assert newest_verified(hub_store(hub_server)) is None  # the good token reads (an empty store)

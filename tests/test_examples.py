@@ -196,7 +196,7 @@ def test_the_stateful_loader_example_climbs_the_ladder(tmp_path: Path, leg_tmp: 
     persistent), tracked by the Session: two resumes inside one epoch (the rehearsal's SIGTERM
     leg and its deadline leg), every batch the straight-through run's; then the drill and the
     report. The SIGTERM leg is also the one whose workers once died of the leg's group SIGTERM
-    (runtime.loaders)."""
+    (runtime.session.workers)."""
     assert changed_lines(EXAMPLES / "stateful_loader" / "ladder.diff") <= 65
     root = copy_example("stateful_loader", tmp_path)
     assert run_cli(["up", "static", "--json"], cwd=root).code == 0

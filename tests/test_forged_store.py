@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import trainer
+from runtime.reference import trainer
 from runtime.store import CheckpointDamaged, Manifest, checkpoint_name, open_store
 from runtime.store.base import canonical_json
 from runtime.store.seal import KEY_ENV, make_seal
@@ -133,7 +133,7 @@ def skips(events: list[dict]) -> dict[str, str]:
 
 
 def test_a_pickle_payload_never_runs_in_the_leg_or_on_the_host(forger: Forger, monkeypatch, capsys) -> None:  # noqa: ANN001
-    from runtime.loadcheck import check
+    from runtime.programs.loadcheck import check
 
     marker = forger.tmp / "PWNED"
     assert leg(forger, "a", 8, monkeypatch, capsys)[0] == 0

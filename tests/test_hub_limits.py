@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from runtime import contract
-from runtime.cycle import Pusher, newest_verified, run_cycle
+from runtime.checkpoint.cycle import Pusher, run_cycle
+from runtime.checkpoint.verify import verify_checkpoint
 from runtime.store import CheckpointDamaged, StoreError, TransientStoreError, open_store
-from runtime.store.base import FileEntry, Manifest, checkpoint_name
+from runtime.store.base import FileEntry, Manifest, checkpoint_name, newest_verified
 from runtime.store.hub_limits import CommitBudget, CommitBudgetExceeded, HubLimits, limits_from_env
 from runtime.store.hub_parts import PARTS_INDEX, batches
-from runtime.verify import verify_checkpoint
 from tests.helpers import assert_one_line_error, edit_config, hub_store, run_cli, run_rows
 
 pytestmark = pytest.mark.unit
@@ -117,7 +117,7 @@ def test_the_cycle_and_the_launchers_readback_across_parts(small_hub, tmp_path: 
 
 
 def test_a_nodes_part_is_split_too_and_the_index_comes_with_the_manifest(small_hub, tmp_path: Path) -> None:  # noqa: ANN001
-    """Several nodes (runtime.node_cycle): each pushes its own files, then one commits the manifest."""
+    """Several nodes (runtime.checkpoint.node_cycle): each pushes its own files, then one commits the manifest."""
     folder, manifest = big_checkpoint(tmp_path / "a", 10)
     store = limited(small_hub)
     store.push_part(folder, manifest.name, ["state.pt"])

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cycle import PruneRefused, newest_verified, prune, run_cycle
+from runtime.checkpoint.cycle import PruneRefused, prune, run_cycle
+from runtime.checkpoint.verify import verify_checkpoint
 from runtime.store import StoreAuthError, TransientStoreError, checkpoint_name
-from runtime.verify import verify_checkpoint
+from runtime.store.base import newest_verified
 from tests.helpers import hub_store
 from tests.test_store import make_checkpoint
 
@@ -133,7 +134,7 @@ def test_real_sized_checkpoint_cycles_reading_under_1_percent(hub_server, tmp_pa
     """~12 bytes/param: a real torch model + AdamW state of 22.4M params, >= 256 MiB on disk."""
     import torch
 
-    from runtime.checkpoint import save_local
+    from runtime.checkpoint.disk import save_local
 
     model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(21)), torch.nn.Linear(1024, 368))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -132,8 +132,8 @@ def test_a_leg_holds_itself_once_at_its_step_until_the_deadline_is_due(
     import json
     import time
 
-    from runtime import leg as runtime_leg
     from runtime.contract import HOLD_AT
+    from runtime.session import rules as runtime_leg
 
     slept: list[float] = []
     monkeypatch.setattr(runtime_leg.time, "sleep", slept.append)
@@ -164,8 +164,8 @@ def test_a_held_leg_places_its_deadline_a_quarter_second_out_and_stops_there(
     import time
 
     from launcher.leg_env import Ending, ending_env
-    from runtime import leg as runtime_leg
     from runtime.contract import HOLD_AT, HOLD_DEADLINE_S, HOLD_UNTIL, deadline_after
+    from runtime.session import rules as runtime_leg
 
     env = ending_env(Ending(deadline_s=60.0, hold_at=13))
     assert env == {HOLD_AT: "13", HOLD_DEADLINE_S: "0.25"}  # the launcher's deadline leg

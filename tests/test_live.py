@@ -123,7 +123,7 @@ def test_a_line_that_says_nothing_is_wrong_is_logged_and_shown_only_with_verbose
     way, and on the terminal only with -v."""
     env = {k: v for k, v in os.environ.items() if k != "SKYPILOT_CLUSTER_INFO"}
     watcher = subprocess.run(
-        [sys.executable, "-m", "runtime.notice", "--mark", str(tmp_path / "mark"), "--parent", "1"],
+        [sys.executable, "-m", "runtime.programs.notice", "--mark", str(tmp_path / "mark"), "--parent", "1"],
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,

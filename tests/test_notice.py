@@ -1,4 +1,4 @@
-"""The spot notice watcher (runtime/notice.py) against a loopback metadata service in each cloud's
+"""The spot notice watcher (runtime/programs/notice.py) against a loopback metadata service in each cloud's
 dialect (tests/fakes/metadata_server.py), and the rendered `run:` script carrying it: on a GCP notice
 the trainer stops, its final checkpoint verifies, and the script exits EXIT_PREEMPTED."""
 
@@ -21,7 +21,7 @@ from runtime.events import parse_line
 from tests.fakes.metadata_server import MetadataServer
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUP = 'python -m runtime.notice --mark "$MARK" --parent $$ --every 0.1 & sleep 30\n'
+GROUP = 'python -m runtime.programs.notice --mark "$MARK" --parent $$ --every 0.1 & sleep 30\n'
 
 
 def group(env: dict[str, str], mark: Path) -> subprocess.Popen:
@@ -69,7 +69,7 @@ def test_no_cloud_named_is_no_watch_and_a_dead_metadata_service_is_polled_on(tmp
     for cloud, level in ((None, "info"), ("Kubernetes", "info"), ("Lambda", "warning")):
         env = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud})} if cloud else {}
         done = subprocess.run(
-            [sys.executable, "-m", "runtime.notice", "--mark", str(tmp_path / "m"), "--parent", "1"],
+            [sys.executable, "-m", "runtime.programs.notice", "--mark", str(tmp_path / "m"), "--parent", "1"],
             env={**host, "PYTHONPATH": str(ROOT), **env},
             capture_output=True,
             text=True,
@@ -95,7 +95,7 @@ def test_the_rendered_run_script_stops_on_a_gcp_notice_and_exits_preempted(proje
     """The very `run:` a sky leg executes (leg_script), torchrun and the reference trainer: the
     metadata flips at step 8; the trainer stops on the SIGTERM, its final checkpoint verifies
     within GCP's 25 s, and the script exits EXIT_PREEMPTED (the managed job then recovers)."""
-    from launcher.backends.skytask import leg_script, train_args
+    from launcher.backends.sky.task import leg_script, train_args
     from launcher.config.load import load_config
 
     cfg = load_config(project / "launcher.yaml")

@@ -228,9 +228,9 @@ def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) ->
 
 VERIFY_LOCAL = """
 import hashlib as _h
-import runtime.cycle as _cycle
+import runtime.checkpoint.cycle as _cycle
 import runtime.store.local as _local
-from runtime.verify import VerifyResult as _VR
+from runtime.checkpoint.verify import VerifyResult as _VR
 
 _push = _local.LocalDirStore.push
 
@@ -319,7 +319,7 @@ TORN_SAVE = """
 import threading as _th
 import time as _tm
 
-import runtime.session as _sess
+import runtime.session.core as _sess
 
 _ckpt, _fin = _sess.Session.checkpoint, _sess.Session.finish
 
@@ -449,7 +449,7 @@ def test_a_resume_from_a_host_local_cache_is_named_by_the_launchers_read(tmp_pat
 
 SLOW_VERIFY = """
 import time as _time
-import runtime.cycle as _cycle
+import runtime.checkpoint.cycle as _cycle
 
 _verify = _cycle.verify_checkpoint
 

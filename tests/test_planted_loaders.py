@@ -14,7 +14,7 @@ from tests.test_planted_bugs import failed, plant, rehearse, report_fails
 def test_a_stateful_loader_left_untracked_re_reads_its_epoch(tmp_path: Path, leg_tmp: Path) -> None:
     """The loader's own state is what knows the position: not tracked, a resumed leg starts the
     epoch over and trains on batches it already trained on. Without workers here: with them, an
-    untracked loader's workers are not shielded from the group's SIGTERM (runtime.loaders), and
+    untracked loader's workers are not shielded from the group's SIGTERM (runtime.session.workers), and
     the rehearsal's SIGTERM leg either stops cleanly or dies of "DataLoader worker exited
     unexpectedly" when the signal lands between its stop check and its next batch (seen: both)."""
     root = copy_example("stateful_loader", tmp_path)
@@ -70,7 +70,7 @@ def test_a_ranks_shard_left_out_of_the_manifest_never_verifies(tmp_path: Path, l
         root,
         "from runtime.session import Session\n",
         "from runtime.session import Session\n"
-        "import runtime.sharded_session as ss  # planted: rank 1's shard lost before the manifest\n"
+        "import runtime.session.sharded as ss  # planted: rank 1's shard lost before the manifest\n"
         "_write = ss.write_manifest\n"
         "ss.write_manifest = lambda folder, step, meta: ((folder / '__1_0.distcp').unlink(), "
         "_write(folder, step, meta))[1]\n",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cycle import Pusher
+from runtime.checkpoint.cycle import Pusher
 from runtime.store import StoreError
 from runtime.store.local import LocalDirStore
 from tests.test_store import make_checkpoint

@@ -1,4 +1,4 @@
-"""The session's own evidence (runtime.evidence) and the checks that read it
+"""The session's own evidence (runtime.session.step_evidence) and the checks that read it
 (launcher.checks.state), on real torch objects and on event logs written here."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from launcher.checks.state import (
     check_state_straight,
 )
 from runtime.contract import check_event
-from runtime.evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
+from runtime.session.step_evidence import StepEvidence, kind_of, state_digest, state_digests, trained_state_digests
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.state import rng_state, set_rng_state
+from runtime.session.rng import rng_state, set_rng_state
 
 pytestmark = pytest.mark.unit
 

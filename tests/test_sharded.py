@@ -1,4 +1,4 @@
-"""Sharded state through torch.distributed.checkpoint (runtime.sharded): an FSDP2 model on two
+"""Sharded state through torch.distributed.checkpoint (runtime.checkpoint.dcp): an FSDP2 model on two
 gloo ranks saves through DCP, every rank its part, through the storage cycle; a leg on a fresh
 disk resumes it exactly; a forged index runs no code; a manifest that leaves out a rank's files
 never verifies; another number of ranks is refused naming both."""
@@ -86,12 +86,12 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
     digests = {e["step"]: e["digests"] for e in of(second, "state_digest")}
     assert digests == {e["step"]: e["digests"] for e in of(straight, "state_digest") if e["step"] > 6}
     # the launcher's read of the store, in one process, digests the whole state as the session did
-    from runtime.loadcheck import read
+    from runtime.programs.loadcheck import read
     from runtime.store import open_store
 
     answer, state = read(open_store((tmp_path / "store").as_uri(), "runs/fsdp"), "step-00000010")
     assert answer["ok"] and answer["step"] == 10, answer
-    from runtime.evidence import state_digests
+    from runtime.session.step_evidence import state_digests
 
     assert state_digests(state, sorted(state)) == digests[10]
     # another number of ranks: refused, naming both (the rank exits 3; torchrun says 1 for any failure)
@@ -112,7 +112,7 @@ class _Boom:
 
 @pytest.mark.unit
 def test_a_forged_index_runs_no_code_and_names_only_listed_files(tmp_path: Path) -> None:
-    from runtime.sharded import METADATA, coverage_failures, read_metadata
+    from runtime.checkpoint.dcp import METADATA, coverage_failures, read_metadata
 
     marker = Path("/tmp/preflight-sharded-forged")
     marker.unlink(missing_ok=True)
@@ -131,8 +131,8 @@ def test_a_forged_index_runs_no_code_and_names_only_listed_files(tmp_path: Path)
 def test_a_manifest_that_leaves_out_a_ranks_shard_never_verifies(tmp_path: Path) -> None:
     """The index names every rank's shard file; a manifest without one (a rank's shard left out)
     is refused by the verify, the checkpoint never counts, and a resume never loads it."""
-    from runtime.checkpoint import write_manifest
-    from runtime.cycle import run_cycle
+    from runtime.checkpoint.cycle import run_cycle
+    from runtime.checkpoint.disk import write_manifest
     from runtime.store import open_store
 
     code, first = leg(tmp_path, "leg0", 3)

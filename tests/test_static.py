@@ -171,7 +171,7 @@ def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix
 
 
 def test_a_warning_is_not_quoted_as_the_reason_a_script_stopped() -> None:
-    from runtime.static_check import last_error_line
+    from runtime.programs.static_check import last_error_line
 
     err = (
         "train.py:40: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.\n"

@@ -22,7 +22,7 @@ WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line.
 import signal
 import sys
 
-from runtime.trainer import build_parser, main  # noqa: F401 - rung 0 parses with build_parser
+from runtime.reference.trainer import build_parser, main  # noqa: F401 - rung 0 parses with build_parser
 
 print("UserWarning: NCCL_P2P_LEVEL unset, falling back to sockets (printed early for the status test)",
       file=sys.stderr, flush=True)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cycle import PruneRefused, newest_verified, prune
+from runtime.checkpoint.cycle import PruneRefused, prune
+from runtime.checkpoint.verify import verify_checkpoint
 from runtime.store import FileEntry, Manifest, checkpoint_name, open_store
+from runtime.store.base import newest_verified
 from runtime.store.local import LocalDirStore
-from runtime.verify import verify_checkpoint
 
 pytestmark = pytest.mark.unit
 
@@ -152,7 +153,7 @@ def test_fetch_and_delete(store: LocalDirStore, tmp_path: Path) -> None:
 
 
 def test_cycle_replaces_an_unverified_copy_never_a_verified_one(store: LocalDirStore, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    from runtime.cycle import run_cycle
+    from runtime.checkpoint.cycle import run_cycle
     from runtime.store import StoreError
 
     folder, manifest = make_checkpoint(tmp_path / "dead-leg", 10)
@@ -172,7 +173,7 @@ def test_a_verify_line_is_printed_only_once_the_store_holds_it_verified(
 ) -> None:  # noqa: ANN001
     # A kill between the read-back and the mark must not leave a log claiming a
     # verified checkpoint the store does not hold (the report's proof 6 relies on it).
-    from runtime.cycle import run_cycle
+    from runtime.checkpoint.cycle import run_cycle
 
     printed_before_mark: list[str] = []
     real_mark = store.mark_verified

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cycle import newest_verified, run_cycle
+from runtime.checkpoint.cycle import run_cycle
+from runtime.checkpoint.verify import verify_checkpoint
 from runtime.store import Store, checkpoint_name, open_store
-from runtime.verify import verify_checkpoint
+from runtime.store.base import newest_verified
 from tests.helpers import hub_store
 from tests.test_store import make_checkpoint, mark_verified
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import contract, trainer
-from runtime.cursor import CursorMismatch, DataOrder
-from runtime.data import make_corpus, open_tokens
+from runtime import contract
+from runtime.reference import trainer
+from runtime.reference.cursor import CursorMismatch, DataOrder
+from runtime.reference.data import make_corpus, open_tokens
 
 
 def run_leg(work: Path, store: Path, max_steps: int, monkeypatch: pytest.MonkeyPatch, capsys, *extra: str):  # noqa: ANN001, ANN201

@@ -11,8 +11,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import Subset, TensorDataset
 
-from runtime.batches import EpochLoader
-from runtime.session import Session
+from runtime.session import EpochLoader, Session
 
 parser = argparse.ArgumentParser(description="FSDP2 toy language model")
 parser.add_argument("--steps", type=int, default=40)

@@ -9,8 +9,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import TensorDataset
 
-from runtime.batches import EpochLoader
-from runtime.session import Session
+from runtime.session import EpochLoader, Session
 
 parser = argparse.ArgumentParser(description="LSTM language model")
 parser.add_argument("--epochs", type=int, default=4)

@@ -1,4 +1,4 @@
-"""The legs' deterministic mode (runtime.determinism), and what it lets the resume checks
+"""The legs' deterministic mode (runtime.session.determinism), and what it lets the resume checks
 compare exactly: said as a check, never a failure (the mode is ours to ask for).
 """
 

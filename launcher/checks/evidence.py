@@ -91,7 +91,7 @@ class Kind(StrEnum):
     COMMAND_LINE = "command_line"
     """The command line the legs run, recorded."""
     TRAINER_STATIC = "trainer_static"
-    """A check the trainer's static check (runtime/static_check.py) reported in its interpreter."""
+    """A check the trainer's static check (runtime/programs/static_check.py) reported in its interpreter."""
     IMPORT_PARSE = "import_parse"
     """The static check itself ran and answered."""
     # launcher/checks/resume.py

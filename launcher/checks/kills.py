@@ -80,7 +80,7 @@ def read_states(
 ) -> dict[int, dict[str, Any]]:
     """The state the next leg must train from, as the launcher reads it: the store's newest
     verified checkpoint, and each newer one that never verified (to name it if a leg trains
-    from one), digested by `runtime.loadcheck` (StateReader)."""
+    from one), digested by `runtime.programs.loadcheck` (StateReader)."""
     kinds = tracked_kinds([o.events for o in outs]) or {}
     found = [c for c in store.scan().checkpoints if newest is None or c.step >= newest]
     return {c.step: reader.read(c.name, kinds) for c in found}

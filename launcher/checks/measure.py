@@ -249,7 +249,7 @@ def _device_phases(e: dict[str, Any]) -> dict[str, float]:
 def step_breakdown(ev: LegEvents) -> dict[str, Any] | None:
     """Where step time went over the sustained window (or every step past the
     warm-up when no rate was measured), by phase; background pushes apart. On a GPU
-    the lapped phases are the device's own seconds (runtime.steptime)."""
+    the lapped phases are the device's own seconds (runtime.measure.steptime)."""
     rate = sustained(ev)
     steps = [(n, e) for n, e in ev.all("step") if isinstance(e.get("phases"), dict)]
     if not steps:

@@ -119,7 +119,7 @@ def check_leg_store(store: Any, ev: LegEvents) -> Check:
 
 
 class StateReader:
-    """The launcher's read of checkpoints' *state*: `runtime.loadcheck --serve` in the trainer's
+    """The launcher's read of checkpoints' *state*: `runtime.programs.loadcheck --serve` in the trainer's
     interpreter (the launcher has no torch), started at once (its torch import overlaps the
     drill's first legs) and kept for every read, so torch is imported once. Each read fetches
     the checkpoint whole, checks every file against its manifest, loads it as a leg would
@@ -129,7 +129,7 @@ class StateReader:
     READ_TIMEOUT_S = 1800.0
 
     def __init__(self, python: str, store_uri: str, prefix: str, env: dict[str, str]) -> None:
-        self.argv = [python, "-m", "runtime.loadcheck", "--serve", store_uri, prefix]
+        self.argv = [python, "-m", "runtime.programs.loadcheck", "--serve", store_uri, prefix]
         self.proc: Any = None
         self.broken: str | None = None
         self.errors = tempfile.TemporaryFile()  # a file, not a pipe: warnings can never fill it and block the reader

@@ -1,4 +1,4 @@
-"""Resume checks on what the session measured itself (runtime.evidence), not on what the
+"""Resume checks on what the session measured itself (runtime.session.step_evidence), not on what the
 loop handed it: the batch the model was fed, the optimizer that stepped, the digest of every
 tracked object's state, and every field a step event prints.
 

@@ -15,7 +15,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "launcher.yaml
 def reference_trainer() -> Path:
     import runtime  # torch-free package init; the trainer module itself is not imported
 
-    return Path(runtime.__file__).parent / "trainer.py"
+    return Path(runtime.__file__).parent / "reference" / "trainer.py"
 
 
 def project_name(directory: Path) -> str:

@@ -14,7 +14,7 @@
 5. If it did not, say so and kill it (SIGKILL / docker kill).
 6. Confirm the newest verified checkpoint in the store is loadable: fetched
    whole, every file's sha256 against its manifest, the state deserialized
-   (`python -m runtime.loadcheck`, in an interpreter with torch).
+   (`python -m runtime.programs.loadcheck`, in an interpreter with torch).
 7. Record the outcome.
 """
 
@@ -56,13 +56,13 @@ def _wait_leg_end(ledger: Ledger, run_id: str, leg: int, until: float) -> bool:
 
 
 def loadcheck(store_uri: str, run_id: str, name: str, key: bytes | None, python: str | None = None) -> dict[str, Any]:
-    """Run runtime.loadcheck in a torch interpreter (this one's, by default); the key
+    """Run runtime.programs.loadcheck in a torch interpreter (this one's, by default); the key
     travels in its environment, never on its command line."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     if key is not None:
         env[KEY_ENV] = key.hex()
     proc = subprocess.run(
-        [python or sys.executable, "-m", "runtime.loadcheck", store_uri, f"runs/{run_id}", name],
+        [python or sys.executable, "-m", "runtime.programs.loadcheck", store_uri, f"runs/{run_id}", name],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -129,11 +129,10 @@ def _checkpoint_first(
 ) -> dict[str, Any]:
     """Before a SIGTERM that deletes the machine right after it: wait until the leg has verified a
     checkpoint newer than the newest one now (the launcher's own read of the store, as `_confirm`
-    reads it: runtime.cycle.newest_verified under the project's key), or has ended, or `until`.
+    reads it: runtime.checkpoint.cycle.newest_verified under the project's key), or has ended, or `until`.
     What it waited for and what it got (None: nothing newer in time), the wait shown as it goes."""
-    from runtime.cycle import newest_verified
     from runtime.store import open_store
-    from runtime.store.base import StoreError
+    from runtime.store.base import StoreError, newest_verified
 
     store = open_store(run["store_uri"], f"runs/{run['id']}", key=project_key(cfg.state_path, create=False))
     base, began = newest_verified(store), time.time()
@@ -195,8 +194,8 @@ def _confirm(
     loads; the outcome, recorded against the stop request and returned. Where the machine went
     right after the SIGTERM (`waited`: what `_checkpoint_first` got), the checkpoint verified
     before the signal is the stop's final one when the leg's own final push did not land."""
-    from runtime.cycle import newest_verified
     from runtime.store import open_store
+    from runtime.store.base import newest_verified
 
     run_id = run["id"]
     events = LegEvents.read(leg["leg"], Path(leg["log_path"]))

@@ -42,7 +42,7 @@ from launcher.checks.readback import StateReader, check_leg_store
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
-from runtime.cycle import newest_verified
+from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
 

@@ -22,7 +22,7 @@ from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
-from runtime.cycle import newest_verified
+from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
 

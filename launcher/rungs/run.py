@@ -65,7 +65,7 @@ def min_leg_s(outs: list[LegOutcome]) -> float:
 
 
 def newest_in_store(store: Any) -> tuple[int | None, str | None]:
-    from runtime.cycle import newest_verified
+    from runtime.store.base import newest_verified
 
     newest = newest_verified(store)
     return (newest.step, newest.name) if newest else (None, None)

@@ -2,7 +2,7 @@
 
 Does it import? Does the launch command line parse? Do the hashes of the files
 about to run match the reviewed ones? The import and the parse run in the
-trainer's interpreter (`runtime.static_check`), inside a temp dir holding
+trainer's interpreter (`runtime.programs.static_check`), inside a temp dir holding
 exactly the reviewed files, as a leg would see them: a module the trainer
 imports but nobody reviewed fails here, not on a billed GPU.
 """
@@ -48,7 +48,7 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
     # In the trainer's interpreter: a command that names its own python (a venv of the
     # trainer's) is checked with it, not with the launcher's.
     leg_argv = resolve_command(ctx.cfg.trainer.command)
-    argv = [trainer_python(leg_argv), "-m", "runtime.static_check", "--parser", ctx.cfg.trainer.parser]
+    argv = [trainer_python(leg_argv), "-m", "runtime.programs.static_check", "--parser", ctx.cfg.trainer.parser]
     for module in ctx.cfg.trainer.modules:
         argv += ["--module", module]
     argv += ["--", *leg_argv]

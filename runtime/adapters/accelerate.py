@@ -54,11 +54,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.batches import FedInputs
+from runtime.checkpoint.cycle import Pusher
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
-from runtime.cycle import Pusher
-from runtime.evidence import state_digest
-from runtime.leg import local_stop
+from runtime.session.batches import FedInputs
+from runtime.session.rules import local_stop
+from runtime.session.step_evidence import state_digest
 from runtime.store.base import MANIFEST, checkpoint_name
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime import contract, events
-from runtime.checkpoint import write_manifest
+from runtime.checkpoint.disk import write_manifest
+from runtime.checkpoint.restore import Restored, restore_newest
 from runtime.contract import EXIT_REFUSED
-from runtime.leg import DEFAULT_MAX_STEPS, stale_code_refused
-from runtime.resume import Restored, restore_newest
+from runtime.session.rules import DEFAULT_MAX_STEPS, stale_code_refused
 from runtime.store import StoreError, open_store
 
 

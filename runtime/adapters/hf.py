@@ -38,10 +38,10 @@ from transformers import TrainerCallback
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.batches import batch_digest
+from runtime.checkpoint.cycle import Pusher
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
-from runtime.cycle import Pusher
-from runtime.leg import local_stop
+from runtime.session.batches import batch_digest
+from runtime.session.rules import local_stop
 from runtime.store.base import MANIFEST, checkpoint_name
 
 

@@ -30,7 +30,7 @@ the leg contract around it:
   mid-epoch from), then `trainer.should_stop`; `done` says whether it verified, and a
   final checkpoint that did not verify exits 1. Lightning's own SIGTERM stop (raise after
   the batch, exit 0, no save) is set aside: the callback's stop is the one.
-- a loader's worker processes leave SIGTERM to the main process (runtime.loaders), and the
+- a loader's worker processes leave SIGTERM to the main process (runtime.session.workers), and the
   sampler's epoch is set before a restarted epoch's iterator exists (Lightning #21938).
 Supported, and executed here: the `lightning` package (lightning.pytorch), one CPU device,
 a StatefulDataLoader with workers. Not supported: several devices or nodes (DDP is not
@@ -59,13 +59,13 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.batches import batch_digest
+from runtime.checkpoint.cycle import Pusher
+from runtime.checkpoint.restore import as_loaded
 from runtime.contract import EXIT_FAILED, STOP_CODES
-from runtime.cycle import Pusher
-from runtime.evidence import state_digests
-from runtime.leg import local_stop
-from runtime.loaders import quiet_sigchld, shield_workers
-from runtime.resume import as_loaded
+from runtime.session.batches import batch_digest
+from runtime.session.rules import local_stop
+from runtime.session.step_evidence import state_digests
+from runtime.session.workers import quiet_sigchld, shield_workers
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 CKPT_FILE = "lightning.ckpt"
@@ -128,7 +128,7 @@ def _epoch_before_iter(loop: Any) -> None:
         load()
         for loader in loop._combined_loader.flattened:
             _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
-            shield_workers(loader)  # its workers leave SIGTERM to the main process (runtime.loaders)
+            shield_workers(loader)  # its workers leave SIGTERM to the main process (runtime.session.workers)
 
     load_then_set_epoch._preflight = True  # type: ignore[attr-defined]
     loop._load_combined_loader_states = load_then_set_epoch

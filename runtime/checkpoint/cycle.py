@@ -19,19 +19,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime import events
-from runtime.store.base import CheckpointInfo, Manifest, Store, StoreError
+from runtime.checkpoint.verify import DEFAULT_BUDGET_BYTES, verify_checkpoint
+from runtime.store.base import Manifest, Store, StoreError
 from runtime.store.seal import make_seal
-from runtime.verify import DEFAULT_BUDGET_BYTES, verify_checkpoint
 
 
 class PruneRefused(StoreError):
     """Prune was asked to act relative to a checkpoint that is not verified."""
-
-
-def newest_verified(store: Store) -> CheckpointInfo | None:
-    """The checkpoint a resume may use: the newest verified one."""
-    verified = [c for c in store.list() if c.verified]
-    return verified[-1] if verified else None
 
 
 def prune(store: Store, anchor: str, keep: int) -> tuple[list[str], list[str]]:
@@ -98,7 +92,7 @@ def run_cycle(
 
     result = verify_checkpoint(store, manifest, local_dir, budget_bytes=verify_budget)
     if result.ok and manifest.meta.get("format") == "dcp":  # every rank's shards, or it never counts
-        from runtime.sharded import coverage_failures
+        from runtime.checkpoint.dcp import coverage_failures
 
         result.failures += coverage_failures(
             local_dir, {f.path for f in manifest.files}, manifest.meta.get("world_size")
@@ -221,7 +215,7 @@ class Pusher:
             job = None if isinstance(item, tuple) else item
             step, name = (item.step, item.name) if job is not None else (item[1].step, item[1].name)
             try:
-                if job is not None and hasattr(job, "run_cycle"):  # one node's part (runtime.node_cycle)
+                if job is not None and hasattr(job, "run_cycle"):  # one node's part (runtime.checkpoint.node_cycle)
                     done = job.run_cycle(self.store, self.keep, self.verify_budget, self.replace)
                     self.results += [done] if done is not None else []
                     continue

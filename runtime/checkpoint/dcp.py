@@ -21,9 +21,9 @@ World size: a resume on another number of ranks than the save is refused, naming
 (`world_size_changed`): the per-rank state (a loader's position, the RNG streams) has no meaning
 for ranks that did not exist. DCP could reshard the model and the optimizer; that is not done yet.
 
-State digests (runtime.evidence) of sharded objects are computed over the full tensors (each
+State digests (runtime.session.step_evidence) of sharded objects are computed over the full tensors (each
 DTensor gathered, `full_tensor()`, a collective every rank joins) and flattened keys, so the
-launcher's read of the store (runtime.loadcheck, one process) computes the same: a cost that
+launcher's read of the store (runtime.programs.loadcheck, one process) computes the same: a cost that
 grows with the model, paid at each checkpoint on the critical path (said in the README).
 """
 
@@ -137,7 +137,7 @@ def _reader(folder: Path, listed: set[str]) -> Any:
 
 def _planner(whole: bool = False) -> Any:
     """DCP's load planner, non-tensor items loaded `weights_only`; `whole`: the one that builds the
-    state from the metadata (no model needed: the launcher's read of the store, runtime.loadcheck)."""
+    state from the metadata (no model needed: the launcher's read of the store, runtime.programs.loadcheck)."""
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 
@@ -241,7 +241,7 @@ def full_flat(state: Any) -> dict[str, Any]:
 
 def digests(tracked: dict[str, Any]) -> dict[str, str]:
     """The digest of each DCP-saved object (model, optimizers) over its full tensors (a collective)."""
-    from runtime.evidence import state_digest
+    from runtime.session.step_evidence import state_digest
 
     return {name: state_digest(full_flat(value)) for name, value in dcp_state(tracked).items()}
 

@@ -1,4 +1,4 @@
-"""The storage cycle of a sharded checkpoint written on several nodes (runtime.sharded).
+"""The storage cycle of a sharded checkpoint written on several nodes (runtime.checkpoint.dcp).
 
 Each node's shards sit on that node's disk, so each node pushes its own: the local rank 0 of
 every node (a *leader*) runs this in its pusher thread, in step order, and the leaders agree
@@ -11,7 +11,7 @@ never meets the training loop's collectives. For one checkpoint:
    (`Store.commit`: the checkpoint exists from here, whole);
 4. each leader verifies its own files against its own local bytes (ranged reads, its share of
    the verify budget): only a node holds the bytes its files must equal;
-5. rank 0 holds the manifest to cover every shard and every rank (runtime.sharded), seals the
+5. rank 0 holds the manifest to cover every shard and every rank (runtime.checkpoint.dcp), seals the
    windows every leader read (`verified.json`), or says why not;
 6. each leader deletes its local copy only once the checkpoint is verified; rank 0 prunes.
 
@@ -60,7 +60,7 @@ class Leaders:
 
 
 class NodeCheckpoint:
-    """A pusher job (runtime.cycle.Pusher): this node's part of checkpoint `step`, written in `folder`."""
+    """A pusher job (runtime.checkpoint.cycle.Pusher): this node's part of checkpoint `step`, written in `folder`."""
 
     def __init__(self, folder: Path, step: int, meta: dict[str, Any], leaders: Leaders) -> None:
         self.folder, self.step, self.meta, self.leaders = folder, step, meta, leaders
@@ -70,8 +70,8 @@ class NodeCheckpoint:
         """Nothing held in memory: the files stay on disk until verified."""
 
     def run_cycle(self, store: Store, keep: int, verify_budget: int, replace: frozenset[str]) -> Any:
-        from runtime.cycle import CycleResult
-        from runtime.verify import verify_checkpoint
+        from runtime.checkpoint.cycle import CycleResult
+        from runtime.checkpoint.verify import verify_checkpoint
 
         leaders, name = self.leaders, self.name
         began = time.perf_counter()
@@ -103,7 +103,7 @@ class NodeCheckpoint:
 
     def _push(self, store: Store, replace: frozenset[str]) -> tuple[tuple[FileEntry, ...], Manifest] | None:
         """Steps 1-3: clear an earlier attempt, push this node's files, commit the manifest; None if one failed."""
-        from runtime.cycle import _clear_unverified
+        from runtime.checkpoint.cycle import _clear_unverified
 
         leaders, name = self.leaders, self.name
         cleared = (
@@ -133,7 +133,7 @@ class NodeCheckpoint:
 
     def _seal(self, store: Store, manifest: Manifest, mine: Any) -> bool:
         """Step 5: rank 0 joins every leader's read-back, checks coverage, seals or says why not; whether verified."""
-        from runtime.sharded import coverage_failures
+        from runtime.checkpoint.dcp import coverage_failures
         from runtime.store.seal import make_seal
 
         leaders, name = self.leaders, self.name
@@ -162,7 +162,7 @@ class NodeCheckpoint:
 
     def _delete_local(self, store: Store, own: tuple[FileEntry, ...], keep: int) -> None:
         """Step 6, once verified: delete this node's local copy; rank 0 prunes."""
-        from runtime.cycle import prune
+        from runtime.checkpoint.cycle import prune
 
         shutil.rmtree(self.folder)
         events.emit(

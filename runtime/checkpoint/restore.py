@@ -34,7 +34,7 @@ def restore_newest(
     """Fetch, check and load the newest usable verified checkpoint (None: start fresh).
     `check(folder, seal)`, when given, replaces the load (a checkpoint in another
     framework's format): it raises CheckpointDamaged, and returns the state or None."""
-    from runtime.checkpoint import load_local
+    from runtime.checkpoint.disk import load_local
 
     scan = store.scan()
     verified = [c for c in scan.checkpoints if c.verified]
@@ -71,8 +71,8 @@ def load_tracked(
     updated with the saved values); the resume event's facts: each object's own
     (`resume_facts`) and, where `digests`, the digest of each object as loaded (restoration
     proved, not assumed: the launcher compares them with the digests saved at that step)."""
-    from runtime.evidence import state_digest
-    from runtime.leg import ResumeRefused
+    from runtime.session.rules import ResumeRefused
+    from runtime.session.step_evidence import state_digest
 
     facts: dict[str, Any] = {}
     loaded: dict[str, str] = {}

@@ -14,7 +14,7 @@ Host phases: what the trainer lapped (data, compute, optimizer, ...), `sync`
 (hashing the batch) and `other` (the trainer's code after its last lap).
 Device phases (`gpu_phases`): the device's seconds between consecutive laps.
 
-`FlopProbe` counts the leg's first step's FLOPs (runtime.flops) and says which
+`FlopProbe` counts the leg's first step's FLOPs (runtime.measure.flops) and says which
 dtype its products ran in and on what device.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from runtime.flops import StepFlops, matmul_dtype
+from runtime.measure.flops import StepFlops, matmul_dtype
 
 
 class StepClock:

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from runtime import events
-from runtime.dist import World
-from runtime.flops import compiled_graphs
+from runtime.measure.flops import compiled_graphs
+from runtime.measure.steptime import device_name
 from runtime.metrics import host_rss_bytes, sustained_rate
 from runtime.peaks import gpu_of_device_name, peak_flops
-from runtime.steptime import device_name
+from runtime.session.world import World
 
 
 def device_memory(device: str) -> tuple[int, int, int]:

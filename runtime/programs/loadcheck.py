@@ -1,7 +1,7 @@
 """Is a stored checkpoint loadable? Fetch it whole, check every file against its
 manifest, deserialize the state, and print one JSON line.
 
-    python -m runtime.loadcheck STORE_URI PREFIX NAME
+    python -m runtime.programs.loadcheck STORE_URI PREFIX NAME
 
 `launcher stop` runs this (in an interpreter that has torch; the launcher
 itself never imports it) on the final checkpoint before it calls a stop clean.
@@ -9,12 +9,12 @@ It runs on the host, so it loads exactly as a leg does: no symlink followed,
 no byte past the manifest's sizes, `torch.load(weights_only=True)`.
 Exit 0 loadable, 1 not.
 
-    python -m runtime.loadcheck --serve STORE_URI PREFIX
+    python -m runtime.programs.loadcheck --serve STORE_URI PREFIX
 
 reads one request a line on stdin (`{"name": NAME, "kinds": {tracked name: kind}}`) and
 answers each with the same JSON line plus the state's digests: `digests`, per object as
 the session's `state_digest` event computes them, and `trains_from`, the weights and
-moments a leg resumed from it must train from (runtime.evidence). The drill runs one per
+moments a leg resumed from it must train from (runtime.session.step_evidence). The drill runs one per
 drill, in the trainer's interpreter, so torch is imported once, not once per kill.
 """
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.checkpoint import load_local
+from runtime.checkpoint.disk import load_local
 from runtime.store import open_store
 from runtime.store.base import Store
 
@@ -90,7 +90,7 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
                 }
                 out.update(FRAMEWORK_FORMATS[fmt](folder, info.step))
                 return {**out, "seconds": round(time.perf_counter() - began, 3)}, None
-            if fmt == "dcp":  # every rank's shards, whole, in this one process (runtime.sharded)
+            if fmt == "dcp":  # every rank's shards, whole, in this one process (runtime.checkpoint.dcp)
                 state, manifest = _load_sharded(folder, info), info.manifest
             else:
                 state, manifest = load_local(folder, seal=info.seal, fetched=True)
@@ -125,7 +125,7 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
 def _load_sharded(folder: Path, info: Any) -> dict:
     """A sharded checkpoint as one state: the DCP-saved objects whole and flattened (as the session
     digests them), rank 0's own state, and every rank's RNG streams."""
-    from runtime.sharded import full_flat, load_whole
+    from runtime.checkpoint.dcp import full_flat, load_whole
     from runtime.store.seal import check_windows
 
     if info.seal is not None:
@@ -139,7 +139,7 @@ def _load_sharded(folder: Path, info: Any) -> dict:
 
 def serve(uri: str, prefix: str, requests: Any, answer: Any) -> None:
     """One answer line per request line (module docstring), until stdin closes."""
-    from runtime.evidence import state_digests, trained_state_digests
+    from runtime.session.step_evidence import state_digests, trained_state_digests
 
     store = open_store(uri, prefix)
     for line in requests:
@@ -166,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         serve(args[1], args[2], sys.stdin, sys.stdout)
         return 0
     if len(args) != 3:
-        print("usage: python -m runtime.loadcheck STORE_URI PREFIX NAME | --serve STORE_URI PREFIX", file=sys.stderr)
+        print(
+            "usage: python -m runtime.programs.loadcheck STORE_URI PREFIX NAME | --serve STORE_URI PREFIX",
+            file=sys.stderr,
+        )
         return 2
     result = check(*args)
     print(json.dumps(result))

@@ -27,7 +27,7 @@ events (runtime.events.log): that one is a warning on a cloud whose spot legs th
 notice, info otherwise. PREFLIGHT_METADATA_URL replaces the provider's address (tests: a loopback
 server answering in that provider's dialect).
 
-    python -m runtime.notice --mark FILE --parent PID [--every 5]
+    python -m runtime.programs.notice --mark FILE --parent PID [--every 5]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The host launcher never imports torch, so it runs this module in the trainer's
 interpreter:
 
-    python -m runtime.static_check --parser build_parser [--module M ...] -- <leg command...>
+    python -m runtime.programs.static_check --parser build_parser [--module M ...] -- <leg command...>
 
 and reads one JSON line back: {"checks": [{"name", "ok", "detail"}, ...]}.
 The leg command is understood in three shapes: `python [-u] script.py ARGS`,
@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from runtime import contract
-from runtime.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
+from runtime.programs.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
 
 PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 

@@ -1,6 +1,6 @@
 """Rung 0's reading of the reviewed files' source (nothing run): the configurator a script
 execs to read its command line, whether any file uses argparse, and the imports a fresh
-instance would not find. Standard library only, like runtime.static_check which uses it."""
+instance would not find. Standard library only, like runtime.programs.static_check which uses it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def allowed_roots(root: Path) -> set[Path]:
 
     allowed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     allowed |= {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
-    return allowed | {root.resolve(), Path(__file__).resolve().parent}
+    return allowed | {root.resolve(), Path(__file__).resolve().parents[1]}  # runtime/
 
 
 def reviewed_trees(root: Path) -> Iterator[tuple[Path, ast.Module]]:

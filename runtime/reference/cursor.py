@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.leg import ResumeRefused
+from runtime.session.rules import ResumeRefused
 
 CURSOR_VERSION = 1
 

@@ -38,13 +38,13 @@ import time
 import numpy as np
 import torch
 
-from runtime.cursor import DataOrder, Position
-from runtime.data import VOCAB, make_corpus, open_tokens
-from runtime.dist import RankTimeout
-from runtime.flops import transformer_flops_per_token
 from runtime.hashing import sha256_file
-from runtime.model import GPT, GPTConfig
+from runtime.measure.flops import transformer_flops_per_token
+from runtime.reference.cursor import DataOrder, Position
+from runtime.reference.data import VOCAB, make_corpus, open_tokens
+from runtime.reference.model import GPT, GPTConfig
 from runtime.session import Session
+from runtime.session.world import RankTimeout
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from runtime.leg import ResumeRefused
+from runtime.session.rules import ResumeRefused
 
 FULL_HASH_BYTES = 4 << 20
 SAMPLED_WINDOWS = 64

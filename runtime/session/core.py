@@ -12,21 +12,21 @@
     sys.exit(sess.finish())                             # final push, verified; `done`
 
 What it does for the trainer (docs/design.md's leg contract):
-- refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.leg);
+- refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.session.rules);
 - restores everything tracked (anything with `state_dict`/`load_state_dict`), every RNG
   stream per rank, the step and the tokens, from the newest verified checkpoint that fetches,
   checks and loads (damaged ones skipped with `resume_skip`); an FSDP2 model's state goes
-  through torch.distributed.checkpoint, every rank its part (runtime.sharded);
+  through torch.distributed.checkpoint, every rank its part (runtime.checkpoint.dcp);
 - `step()` prints the `step` event with the hash of the inputs the tracked model was fed
-  (runtime.evidence), snapshots the state on the cadence and runs the storage cycle in the
+  (runtime.session.step_evidence), snapshots the state on the cadence and runs the storage cycle in the
   background (write, push, verify by reading back, delete the local copy, prune);
-- counts the first step's FLOPs, times each step's phases without a device sync (runtime.steptime):
-  `flops`, `gpu_phases` on `step`, per window `memory` and `rate` with MFU (runtime.window);
+- counts the first step's FLOPs, times each step's phases without a device sync (runtime.measure.steptime):
+  `flops`, `gpu_phases` on `step`, per window `memory` and `rate` with MFU (runtime.measure.window);
 - stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
   (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
   every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
   verify and prints `done`.
-Loader workers leave SIGTERM to the leg (runtime.loaders). Cost per step: bench/session_overhead.py.
+Loader workers leave SIGTERM to the leg (runtime.session.workers). Cost per step: bench/session_overhead.py.
 """
 
 from __future__ import annotations
@@ -40,16 +40,18 @@ from typing import Any, Callable
 
 import torch
 
-from runtime import contract, events, session_resume, sharded_session
-from runtime.checkpoint import PendingCheckpoint, SnapshotPool, save_local, snapshot_state, tensor_bytes
+from runtime import contract, events
+from runtime.checkpoint.disk import PendingCheckpoint, SnapshotPool, save_local, snapshot_state, tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
-from runtime.dist import RankTimeout, World, init_world
-from runtime.evidence import StepEvidence, state_digests
-from runtime.leg import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
-from runtime.loaders import shield_workers
-from runtime.state import rng_state
-from runtime.steptime import FlopProbe, StepClock
-from runtime.window import emit_memory, emit_rate
+from runtime.measure.steptime import FlopProbe, StepClock
+from runtime.measure.window import emit_memory, emit_rate
+from runtime.session import resume as session_resume
+from runtime.session import sharded as sharded_session
+from runtime.session.rng import rng_state
+from runtime.session.rules import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
+from runtime.session.step_evidence import StepEvidence, state_digests
+from runtime.session.workers import shield_workers
+from runtime.session.world import RankTimeout, World, init_world
 
 _no_step_hook: Callable[[], None] = lambda: None  # noqa: E731 - an object with no on_step()
 
@@ -111,7 +113,7 @@ class Session:
         self.flops_dtype = "fp32"
         self.tracked: dict[str, Any] = {}
         self.evidence = StepEvidence()
-        """The batch the model ate, the tracked optimizer's steps, state digests (runtime.evidence)."""
+        """The batch the model ate, the tracked optimizer's steps, state digests (runtime.session.step_evidence)."""
         self.extra: dict[str, Any] = {}
         """Plain values (numbers, strings, lists, dicts, tensors) saved and restored with the state."""
         self.step_count = self.tokens = 0
@@ -156,7 +158,7 @@ class Session:
 
     def resume(self, **start_facts: Any) -> int:
         """Print `start`, restore from the newest verified checkpoint; the step to continue from
-        (runtime.session_resume)."""
+        (runtime.session.resume)."""
         return session_resume.resume(self, start_facts)
 
     # --- the loop -------------------------------------------------------------------
@@ -189,7 +191,7 @@ class Session:
     def lap(self, phase: str) -> None:
         """Charge the time since the previous lap (or the step's start) to `phase`
         (data, compute, optimizer...): the step event's breakdown. Never syncs the device
-        (runtime.steptime)."""
+        (runtime.measure.steptime)."""
         self.clock.lap(phase)
 
     def step(
@@ -281,9 +283,9 @@ class Session:
     def checkpoint(self) -> None:
         """Snapshot the state now (on the critical path: the state at one step), then hand the
         rest to the background pusher. `async_save`: the snapshot copies every tensor
-        (runtime.checkpoint.snapshot_state) once the pusher's queue has a place, and its worker
+        (runtime.checkpoint.disk.snapshot_state) once the pusher's queue has a place, and its worker
         serialises it (`serialized`); False: torch.save + manifest here. Sharded state: every
-        rank writes its part here (runtime.sharded_session). `save`: `seconds` on the critical
+        rank writes its part here (runtime.session.sharded). `save`: `seconds` on the critical
         path, `bytes` the state's tensor bytes (async) or the checkpoint's."""
         began = time.perf_counter()
         rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
@@ -344,7 +346,7 @@ class Session:
             events.emit("flops", **flops)
 
     def _emit_window(self) -> None:
-        """Per window (runtime.window): memory (cross-rank MAX), the sustained rate + ETA + MFU; a health line."""
+        """Per window (runtime.measure.window): memory (cross-rank MAX), the sustained rate + ETA + MFU; a health line."""
         step = self.step_count
         self._mem_max = emit_memory(self.world, self.device, step)
         emit_rate(

@@ -1,5 +1,5 @@
 """The session's resume (runtime.session.Session.resume): open the store and print `start`;
-rank 0 restores the newest verified checkpoint that fetches, checks and loads (runtime.resume),
+rank 0 restores the newest verified checkpoint that fetches, checks and loads (runtime.checkpoint.restore),
 every rank learns which, gets its pusher and health line, and loads that checkpoint's state (the
 tracked objects, its RNG stream, the step and the tokens) before the `resume` event.
 """
@@ -15,17 +15,18 @@ from typing import Any
 
 import torch
 
-from runtime import contract, events, sharded_session
-from runtime.checkpoint import load_local
+from runtime import contract, events
+from runtime.checkpoint.cycle import Pusher
+from runtime.checkpoint.dcp import is_sharded
+from runtime.checkpoint.disk import load_local
+from runtime.checkpoint.node_cycle import node_leaders
+from runtime.checkpoint.restore import load_tracked, restore_newest
 from runtime.contract import EXIT_REFUSED
-from runtime.cycle import Pusher
-from runtime.health import Health
-from runtime.leg import ResumeRefused
-from runtime.loaders import quiet_sigchld
-from runtime.node_cycle import node_leaders
-from runtime.resume import load_tracked, restore_newest
-from runtime.sharded import is_sharded
-from runtime.state import set_rng_state
+from runtime.measure.health import Health
+from runtime.session import sharded as sharded_session
+from runtime.session.rng import set_rng_state
+from runtime.session.rules import ResumeRefused
+from runtime.session.workers import quiet_sigchld
 from runtime.store import StoreError, open_store
 
 
@@ -52,7 +53,9 @@ def resume(sess: Any, start_facts: dict[str, Any]) -> int:
     if sess.sharded is None:
         sess.sharded = any(is_sharded(o) for o in sess.tracked.values())
     several = sess.sharded and sharded_session.several_nodes(world.world_size)
-    sess.leaders = node_leaders(world) if several else None  # each node pushes its shards (runtime.node_cycle)
+    sess.leaders = (
+        node_leaders(world) if several else None
+    )  # each node pushes its shards (runtime.checkpoint.node_cycle)
     choice, state = None, None
     if world.is_main:
         try:
@@ -96,7 +99,7 @@ def load(sess: Any, name: str, state: dict[str, Any] | None, restore: Path) -> N
         sess.store.fetch(name, restore)  # once per node: the node's disk is shared by its ranks
     world.barrier(f"local rank 0 fetching {name} from the store")
     try:
-        if sess.sharded:  # every rank loads its part (runtime.sharded_session)
+        if sess.sharded:  # every rank loads its part (runtime.session.sharded)
             loaded = sharded_session.load(sess, name, restore)
             state, facts = {**loaded["own"], "rng": {world.rank: loaded["own"]["rng"]}}, loaded["facts"]
         elif state is None:

@@ -1,4 +1,4 @@
-"""The session's sharded path (runtime.sharded): save at a step, check and load at a resume.
+"""The session's sharded path (runtime.checkpoint.dcp): save at a step, check and load at a resume.
 
 Save, at the step boundary, on the critical path (every rank): the leg's disk gets a hidden
 `.step-<N>.partial` folder; every rank writes its shards through DCP and its own state; once
@@ -6,7 +6,7 @@ every rank is done, rank 0 digests the state, writes the manifest over every ran
 the folder its real name and hands it to the pusher (push -> verify -> delete -> prune, as for
 one file; the verify also holds the manifest to cover every shard `.metadata` names, and every
 rank's own file). On several nodes each node's shards sit on its own disk: every node's local
-rank 0 pushes them, and rank 0 seals the whole (runtime.node_cycle).
+rank 0 pushes them, and rank 0 seals the whole (runtime.checkpoint.node_cycle).
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime import events, sharded
-from runtime.checkpoint import partial_name, write_manifest
-from runtime.leg import ResumeRefused
-from runtime.resume import load_tracked
+from runtime import events
+from runtime.checkpoint import dcp as sharded
+from runtime.checkpoint.disk import partial_name, write_manifest
+from runtime.checkpoint.restore import load_tracked
+from runtime.session.rules import ResumeRefused
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 
 def several_nodes(world_size: int) -> bool:
     """Ranks on more than one node (torchrun's LOCAL_WORLD_SIZE short of the world's): each
-    node's shards are then pushed from that node (runtime.node_cycle)."""
+    node's shards are then pushed from that node (runtime.checkpoint.node_cycle)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))) != world_size
 
 
@@ -72,7 +73,7 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
         "world_size": world.world_size,
     }
     if world.is_main:
-        from runtime.evidence import state_digests
+        from runtime.session.step_evidence import state_digests
 
         whole = {**own, "rng": rngs}
         events.emit("state_digest", step=step, digests={**digests, **state_digests(whole, list(whole))})
@@ -84,8 +85,8 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
         os.rename(partial, folder)
     if sess.pusher is None:
         return
-    if manifest is None:  # several nodes: every node's leader pushes its part (runtime.node_cycle)
-        from runtime.node_cycle import NodeCheckpoint
+    if manifest is None:  # several nodes: every node's leader pushes its part (runtime.checkpoint.node_cycle)
+        from runtime.checkpoint.node_cycle import NodeCheckpoint
 
         blocked = sess.pusher.submit_job(step, lambda: NodeCheckpoint(folder, step, meta, sess.leaders))
     else:

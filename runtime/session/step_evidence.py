@@ -1,6 +1,6 @@
 """The session's own evidence of each step and each checkpoint, measured, not declared.
 
-- **The batch the model ate** (`runtime.batches.FedInputs`): a step's `batch_hash` is the
+- **The batch the model ate** (`runtime.session.batches.FedInputs`): a step's `batch_hash` is the
   digest of the tracked model's training-forward inputs (`batch_from: "forward"`). A
   `step(batch=...)` becomes a cross-check (`step_batch_fed`: every tensor given was among those
   fed). A loop whose model is not tracked, or never runs a training forward, falls back to the
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from runtime import events
-from runtime.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
-from runtime.determinism import Determinism
+from runtime.session.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
+from runtime.session.determinism import Determinism
 
 KINDS = ("model", "optimizer", "scheduler", "data", "other")
 
@@ -61,7 +61,7 @@ class StepEvidence:
         self.opt_steps = 0
         self.kinds: dict[str, str] = {}
         self.determinism = Determinism()
-        """The rung's deterministic mode (runtime.determinism), on from the session's start."""
+        """The rung's deterministic mode (runtime.session.determinism), on from the session's start."""
 
     def watch(self, name: str, obj: Any) -> None:
         self.kinds[name] = kind = kind_of(obj)
@@ -153,7 +153,7 @@ TRAINED_KINDS = ("model", "optimizer")
 def trained_state_digests(states: dict[str, Any], kinds: dict[str, str]) -> dict[str, str]:
     """What a resumed leg trains from: each model's weights and each optimizer's moments (its
     `state`; not its `param_groups`, whose LR a loop may set before the forward, as nanoGPT
-    does). The launcher computes the same from the store's checkpoint (runtime.loadcheck)."""
+    does). The launcher computes the same from the store's checkpoint (runtime.programs.loadcheck)."""
     out = {}
     for name, kind in kinds.items():
         value = states.get(name)

@@ -236,3 +236,9 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None:
         """Delete checkpoint `name` (manifest first, so it stops counting at once)."""
+
+
+def newest_verified(store: Store) -> CheckpointInfo | None:
+    """The checkpoint a resume may use: the newest verified one."""
+    verified = [c for c in store.list() if c.verified]
+    return verified[-1] if verified else None

@@ -1,7 +1,7 @@
 """Hugging Face Hub store (`hf://owner/repo[@revision]`), on the real `huggingface_hub` client.
 
 Wire protocol only: commits, listings, ranged GETs. What to verify or prune is
-decided in `runtime.cycle`, never here.
+decided in `runtime.checkpoint.cycle`, never here.
 
 - A checkpoint is pushed as one commit holding its files and its manifest, so
   it exists whole or not at all; a checkpoint of more files than a commit may hold

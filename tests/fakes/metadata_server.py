@@ -1,4 +1,4 @@
-"""A loopback cloud metadata service for runtime/notice.py: AWS IMDSv2, GCP and Azure, each in its
+"""A loopback cloud metadata service for runtime/programs/notice.py: AWS IMDSv2, GCP and Azure, each in its
 own dialect, no notice until `announce()`.
 
 Strict where the real ones are: AWS answers `spot/instance-action` only with a token from

@@ -1,6 +1,6 @@
 """A small FSDP2 trainer on the Session: the model and its AdamW sharded over the ranks
 (`fully_shard`, gloo on a CPU), its state saved through torch.distributed.checkpoint by every
-rank (runtime.sharded). Each rank draws its batches from a seeded stream at its step."""
+rank (runtime.checkpoint.dcp). Each rank draws its batches from a seeded stream at its step."""
 
 import random
 import sys

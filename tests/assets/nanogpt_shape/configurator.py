@@ -2,7 +2,7 @@
 (`exec(open("configurator.py").read())`), so it runs in train.py's globals: each argument is
 either a config file, exec'd in turn, or `--key=value` for a global train.py already defines,
 the value keeping that global's type. No argparse: rung 0 runs train.py up to the end of this
-file, then stops it (runtime/static_check.py)."""
+file, then stops it (runtime/programs/static_check.py)."""
 
 import sys
 from ast import literal_eval
