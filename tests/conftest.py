@@ -102,6 +102,20 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+TIERS = ("unit", "legs", "install", "docker", "sky")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's tier is its folder (tests/unit, tests/legs, ...): the folder marks it, so `-m`
+    selects by what a test starts, and a test cannot sit in one tier and claim another."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        folder = Path(str(item.path)).resolve().relative_to(here).parts[0]
+        if folder not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, folder))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """SkyPilot's own API server for the whole session (tests/fakes/sky_server.py), started before
     any test module imports `sky`: the client reads SKY_RUNTIME_DIR (where the vendored

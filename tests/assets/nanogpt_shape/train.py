@@ -2,7 +2,7 @@
 `# session`): its configuration is module-level globals that configurator.py overrides from
 the command line (no argparse), its logging library is imported only behind a flag, torch
 warns at import that its AMP scaler's spelling is deprecated, and the next batch is fetched
-right after the forward. Rung 0 must pass it as it is (tests/test_static.py)."""
+right after the forward. Rung 0 must pass it as it is (tests/legs/test_static.py)."""
 
 import math
 import sys

@@ -3,7 +3,7 @@ scripts do to overlap the copy with the backward, put on the ladder with the ses
 only (marked `# session`). Each batch is a pure function of its step (a generator seeded
 by the step), so a resume that fetches the first batch *after* `sess.resume()` reads
 exactly the batch due; a script that fetches it before re-trains on leg 0's first batch
-(tests/test_planted_bugs.py plants that). `sess.step()` is given no `batch=`: the batch it
+(tests/legs/test_planted_bugs.py plants that). `sess.step()` is given no `batch=`: the batch it
 is handed here would be the next one; the session hashes what the model was fed."""
 
 import argparse

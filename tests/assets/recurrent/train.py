@@ -2,7 +2,7 @@
 of pytorch/examples' word_language_model: the hidden state runs on from one chunk of the
 stream to the next (detached), so it is training state as much as the weights are. The loop
 keeps it in `sess.extra`, which every checkpoint carries, and a resume takes it back from
-there (tests/test_planted_bugs.py plants a resume that starts it from zeros instead). Lines
+there (tests/legs/test_planted_bugs.py plants a resume that starts it from zeros instead). Lines
 marked `# session` are the ones the ladder needs."""
 
 import argparse

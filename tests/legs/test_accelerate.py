@@ -1,0 +1,75 @@
+"""The Accelerate custom loop (examples/accelerate) on the ladder, and two resume bugs such
+loops have, planted one at a time, each caught by a named check and a FAILed proof:
+- the loader skipped twice: a stateful loader (`use_stateful_dataloader=True`, restored by
+  `load_state`) *and* the loop's own `skip_first_batches`;
+- the optimizer not registered: left out of `accelerator.prepare`, so `save_state` never saves
+  it and every resume starts AdamW's moments afresh.
+The trainer runs in .venv-hf (accelerate 1.15.0), as tests/legs/test_examples.py maps it; the example's
+own climb (static -> rehearsal -> drill -> report) is there too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import run_cli
+from tests.legs.test_examples import copy_example
+from tests.legs.test_planted_bugs import failed, plant, rehearse, report_fails
+
+STATEFUL = "DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True)"
+
+
+def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batches(
+    tmp_path: Path, leg_tmp: Path
+) -> None:
+    """The "skips twice" trap: `load_state` restores the stateful loader's position *and* the loop
+    skips the batches itself. The skipped loader finishes the epoch right; the position loaded
+    into the prepared loader is still pending, so the next epoch starts that many batches in.
+    The first batch after each resume is right (the data-position check on it holds); the loader
+    state saved at the next checkpoint is not the straight-through run's, and the batches of the
+    next epoch are not its either."""
+    root = copy_example("accelerate", tmp_path)
+    plant(root, "DataLoaderConfiguration(use_seedable_sampler=True)", STATEFUL)
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "data's state" in bad["state digests = straight-through run (data)"], bad
+    assert "batch_hash" in bad["resumed run = straight-through run"], bad
+    assert checks["leg 1: exact data position (batch hashes)"]["ok"]  # the first batch after the resume is right
+    moved = bad["every resumed step's batch = straight-through run's"]
+    assert "read the straight-through run's batch of step" in moved and "the data position moved" in moved, moved
+    fails = report_fails(root, 2, 4)
+    assert "every resumed step's batch" in fails[2] and "state digests = straight-through run (data)" in fails[2], fails
+
+
+def test_an_optimizer_left_out_of_prepare_restarts_its_moments_on_every_resume(tmp_path: Path, leg_tmp: Path) -> None:
+    """The optimizer is not passed to `accelerator.prepare`: `save_state` does not save it, and
+    each resume starts AdamW's moments afresh. The weights are restored, so the first resumed
+    step's loss is right; the step after differs from the straight-through run's. The checkpoint
+    holds no optimizer state (about 4.6 B a parameter: proof 7), and torch's global step hook
+    sees an optimizer step that no prepared one took (proof 3)."""
+    root = copy_example("accelerate", tmp_path)
+    plant(
+        root,
+        "model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)",
+        "model, loader, sched = accelerator.prepare(model, loader, sched)",
+    )
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    detail = bad.get("resumed run = straight-through run", "")
+    assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
+    assert (
+        "an optimizer that `accelerator.prepare` was not given"
+        in bad["leg 1: the tracked optimizer is the one stepping"]
+    ), bad
+    assert set(bad) <= {
+        "resumed run = straight-through run",
+        "leg 1: loss continuity",
+        "leg 2: loss continuity",
+        "leg 1: the tracked optimizer is the one stepping",
+        "leg 2: the tracked optimizer is the one stepping",
+    }, bad
+    assert checks["leg 1: LR follows the schedule"]["ok"]  # the scheduler was prepared: its LR is restored
+    res = run_cli(["report", "--json"], cwd=root, timeout=600)
+    status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
+    assert res.code == 1 and status[4][0] == "FAIL" and "resumed run = straight-through run" in status[4][1], status
+    assert status[7][0] == "FAIL" and "much smaller than the ~12 B/param" in status[7][1], status[7]
+    assert status[3][0] == "FAIL" and "accelerator.prepare" in status[3][1], status[3]

@@ -1,0 +1,179 @@
+"""`launcher drill cold-resume` on the local backend: kills at chosen moments, resumes checked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import edit_config, run_cli
+
+
+def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
+    res = run_cli(["drill", "cold-resume", "--json", *args], cwd=project, timeout=1200)
+    out = res.json()
+    run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
+    return res.code, {c["name"]: c for c in out["checks"]}, run
+
+
+def fell_back(checks: dict[str, dict], leg: int, moment: str, at_event: str) -> None:
+    """Leg `leg` of a passing drill was killed at `moment` (the line of `at_event` for step S): an
+    older step V was the newest verified in the store, and the next leg resumed there, exactly."""
+    found = re.search(
+        rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
+        r"kill: step (\d+)",
+        checks[f"leg {leg} killed {moment}"]["detail"],
+    )
+    saving, verified = int(found.group(1)), int(found.group(3))
+    assert verified < saving
+    assert (
+        f"resumed at step {verified};" in checks[f"leg {leg + 1} resumed from the newest verified checkpoint"]["detail"]
+    )
+    assert checks[f"leg {leg}: the store after the kill holds the newest verified checkpoint"]["ok"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+
+
+def test_a_kill_during_the_background_write_never_leaves_a_verified_checkpoint(project: Path) -> None:
+    """Killed while the snapshot of step S was being written off the critical path: S never
+    reaches the store; the next leg resumes from the newest verified V < S."""
+    code, checks, _ = drill(project, "--kills", "1", "--at", "mid-save")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    fell_back(checks, 0, "mid-save", "save")
+
+
+def test_a_broken_resume_fails_the_drill_naming_the_check(project: Path) -> None:
+    train = project / "train.py"
+    text = train.read_text()
+    assert "scheduler=sched, " in text
+    train.write_text(text.replace("scheduler=sched, ", ""))  # the bug: the schedule is not saved, its warm-up restarts
+    assert run_cli(["review"], cwd=project).code == 0
+    # mid-step: the killed leg has run steps past the checkpoint, so the re-run shows their LR
+    res = run_cli(["drill", "cold-resume", "--kills", "1", "--at", "mid-step"], cwd=project, timeout=600)
+    assert res.code == 1
+    assert "leg 1: LR follows the schedule" in res.out.splitlines()[-1]  # the answer line names the failed check
+
+
+@pytest.mark.slow
+def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
+    """8 kills at random moments, each of step/push/verify/prune twice (seed 3); every resume
+    exact, each checked against the launcher's read of the store's state. (It was 20 kills over
+    130 steps, 92 s of a 20-minute suite; all 20 resumed exactly in every run on record.) The
+    same drill is the record of its kills (a leg each, the straight run last, in the ledger) and
+    the kill mid-push that falls back to the previous verified checkpoint: two drills of their
+    own until session 14."""
+    edit_config(project, rungs__drill={"steps": 60, "budget_minutes": 10})
+    code, checks, run = drill(project, "--kills", "8", "--at", "random", "--seed", "3")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    moments = {int(name.split()[1]): name.split("killed ")[1] for name in checks if " killed " in name}
+    assert sorted(moments.values()) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each twice
+    resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
+    assert len(resumed) == 8 and all(
+        c["ok"] and "the launcher's read of that checkpoint" in c["detail"] for c in resumed
+    ), resumed
+    # the record: a leg per kill, each ended by its kill, then the last leg and the straight run
+    assert run["rung"] == "drill" and run["verdict"] == "pass"
+    assert [leg["role"] for leg in run["legs"]] == [None] * 9 + ["straight"]
+    assert [leg["leg"] for leg in run["legs"] if leg["killed"]] == sorted(moments) == list(range(8))
+    assert all(leg["end_reason"].startswith(f"drill kill {moments[leg['leg']]} at ") for leg in run["legs"][:8])
+    assert {c["name"] for c in run["checks"]} >= {
+        f"leg {i} resumed from the newest verified checkpoint" for i in range(1, 9)
+    }
+    # a kill mid-push (written, its upload in flight) falls back to the previous verified checkpoint
+    leg = min(i for i, m in moments.items() if m == "mid-push")
+    fell_back(checks, leg, "mid-push", "serialized")
+    replay = checks[f"leg {leg + 1}: loss continuity"]
+    assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
+    assert "re-run reading the same batches" in checks[f"leg {leg + 1}: exact data position (batch hashes)"]["detail"]
+
+
+def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
+    """torchrun starts its workers in sessions of their own: a kill of the leg's process group
+    left them training and writing to the store. Every kill must take every process."""
+    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
+    assert run_cli(["review"], cwd=project).code == 0
+    code, checks, run = drill(project, "--kills", "2", "--at", "mid-push")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    for leg in (0, 1):
+        left = checks[f"leg {leg}: no process outlived the kill"]
+        # torchrun and its two workers (and whatever they started) all carried the leg's token
+        found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
+        assert left["ok"] and found and int(found.group(1)) >= 3, left
+    assert (
+        checks["the run ended at exactly its step count"]["ok"]
+        and checks["no batch read twice (3 legs, 40 steps)"]["ok"]
+    )
+
+
+def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_boundary(
+    tmp_path: Path, leg_tmp: Path
+) -> None:
+    """`--at auto`, the default: the straight-through run goes first and its events say where
+    the rare state changes. plain_loop (8 batches an epoch, the LR halved on a plateau): the
+    SIGTERM lands just after the first epoch boundary, the SIGKILL just after the LR's first
+    cut; every check holds (the scheduler is in the state)."""
+    from tests.legs.test_planted_bugs import copy_example
+
+    root = copy_example("plain_loop", tmp_path)
+    edit_config(
+        root,
+        trainer={"command": "python train.py --ckpt-every 5 --batch 32"},
+        rungs={"rehearsal": {"steps": 20, "budget_minutes": 5}, "drill": {"steps": 32, "budget_minutes": 5}},
+    )
+    assert run_cli(["review"], cwd=root).code == 0
+    code, checks, run = drill(root)
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert "leg 0 stopped on sigterm" in checks and checks["leg 0 stopped on sigterm"]["ok"]
+    final = checks["leg 0: its final checkpoint on SIGTERM is the store's newest verified"]
+    assert final["ok"] and "on the SIGTERM sent at step 10" in final["detail"], final  # epoch 1 begins at step 9
+    assert "leg 1 killed at step 18" in checks  # the LR is first cut at step 17
+    assert [leg["killed"] for leg in run["legs"]] == [False, True, False, False]
+
+
+def test_a_trainer_that_dies_on_sigterm_fails_the_default_drill(project: Path) -> None:
+    """No final push on SIGTERM (the default handler kills the process): the default drill's
+    SIGTERM moment says so; no kill-only drill could."""
+    from tests.legs.test_planted_bugs import SIGTERM_DEFAULT, plant
+
+    plant(
+        project,
+        "    model.train()\n",
+        "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()),
+    )
+    code, checks, _ = drill(project)
+    bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    sigterm = next(n for n in checks if n.endswith("its final checkpoint on SIGTERM is the store's newest verified"))
+    assert code == 1 and sigterm in bad and any(n.endswith("stopped on sigterm") for n in bad), bad
+
+
+def test_kills_at_the_users_own_steps(project: Path) -> None:
+    code, checks, run = drill(project, "--kills-at", "13")
+    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert "leg 0 killed at step 13" in checks and len(run["legs"]) == 3  # one kill, the last leg, the straight run
+    assert [leg["end_reason"] for leg in run["legs"] if leg["killed"]] == [
+        'drill kill at step 13 at {"event": "step", "step": 13}'
+    ]
+    for bad in ("17,8", "0,3", "3,x"):
+        res = run_cli(["drill", "cold-resume", "--kills-at", bad], cwd=project)
+        assert res.code == 2 and "--kills-at" in res.err and "Traceback" not in res.err, (bad, res.err)
+
+
+def test_the_auto_plan_reads_the_straight_run_and_says_when_no_step_is_left() -> None:
+    """Where `--at auto` puts the kills, from a straight run's events alone: the LR's first turn
+    after the first storage cycle (a SIGKILL a step later), the first epoch boundary (a SIGTERM
+    a step later); and nothing when the first cycle leaves no step before the run's end (the
+    drill then answers no, naming the fix, instead of running fewer kills than asked)."""
+    from launcher.checks.evidence import LegEvents
+    from launcher.rungs.drill_moments import Planned, auto_plan
+
+    def straight(prune_at: int, lrs: list[float], epochs: list[int]) -> LegEvents:
+        items = [
+            (s, {"event": "step", "step": s, "lr": lr, "epoch": ep})
+            for s, (lr, ep) in enumerate(zip(lrs, epochs), start=1)
+        ]
+        return LegEvents(9, Path("leg-9-straight.log"), items + [(99, {"event": "prune", "step": prune_at})])
+
+    ev = straight(5, [2.0] * 16 + [1.0] * 8, [0] * 8 + [1] * 16)  # epoch 1 from step 9, the LR cut at 17
+    assert auto_plan(2, 24, ev) == [Planned("sigterm", 10), Planned("step", 18)]
+    assert auto_plan(1, 24, ev) == [Planned("step", 18)]  # one kill: the LR's turn comes first
+    assert auto_plan(2, 8, straight(7, [2.0] * 8, [0] * 8)) == []  # the first cycle at 7 of 8 steps

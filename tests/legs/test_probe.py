@@ -1,0 +1,260 @@
+"""The probe rung: its requests, and its measurements read from a leg's events."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from launcher.checks.evidence import LegEvents
+from launcher.checks.measure import check_cadence, check_memory, check_sustained
+from launcher.ladder import probe_plan
+from tests.gpuhost import gpu_host_env
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+
+
+def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -> None:
+    assert_one_line_error(run_cli(["up", "probe"], cwd=project), 2, "--gpus", "--cpu")
+    assert_one_line_error(run_cli(["up", "probe", "--cpu", "--gpus", "T4:1"], cwd=project), 2, "pick one")
+    assert_one_line_error(run_cli(["up", "rehearsal", "--cpu"], cwd=project), 2, "already runs on the CPU")
+    assert_one_line_error(run_cli(["up", "probe", "--cpu", "--steps", "1"], cwd=project), 2, "--steps 1")
+    assert_one_line_error(run_cli(["up", "static", "--steps", "5"], cwd=project), 2, "trains nothing")
+    assert_one_line_error(
+        run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", ""], cwd=project),
+        2,
+        "--skip-preflight needs a reason",
+    )
+    assert run_rows(project) == 0
+    dry = run_cli(["up", "probe", "--gpus", "T4:2", "--dry-run"], cwd=project, env=gpu_host_env("Tesla T4", "Tesla T4"))
+    assert dry.code == 0 and "2 legs x 90 min x 2 GPUs" in dry.out
+
+
+def test_cpu_probe_measures_and_resumes_cold(project: Path, hub_server, tmp_path: Path) -> None:  # noqa: ANN001
+    """Also (issue 33): a store slowed on the final checkpoint (its first read held 27 s) makes the
+    report say the final push does not fit GCP's 25 s notice, and fits AWS's 110 s, with seconds."""
+    edit_config(project, store="hf://tester/ckpts")
+    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+    final = probe_plan(80)[0]
+    hub_server.inject("hang", 1, f"runs/*/step-{final:08d}/*", seconds=27.0)
+    res = run_cli(["up", "probe", "--cpu", "--steps", "80", "--json"], cwd=project, env=env)
+    assert res.code in (0, 1), res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
+        assert name in checks and checks[name]["evidence"], name
+    assert "tok/s over steps" in checks["leg 0: sustained rate measured"]["detail"]
+    # FLOPs counted on the leg's first step, FLOP/s at the sustained rate, and no MFU on a CPU (no peak)
+    flops = checks["leg 0: FLOPs and MFU"]["detail"]
+    assert "MFLOP/token (counted on one step; 6N + 12LdT gives" in flops and "fp32 products" in flops
+    assert "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in flops
+    for name in (
+        "leg 1 resumed from the store",
+        "leg 1: LR follows the schedule",
+        "leg 1: exact data position (batch hashes)",
+        "no batch read twice (2 legs, 80 steps)",
+        "leg 1: the launcher read back its checkpoint from the store",
+    ):
+        assert checks[name]["ok"], checks[name]
+    # the rehearsal's oracle: a third leg straight through, the resumed run equal to it, and the length
+    for name in (
+        "straight-through run (leg 2, no restart) finished",
+        "resumed run = straight-through run",
+        "the run ended at exactly its step count",
+    ):
+        assert checks[name]["ok"], checks[name]
+    assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["rung"] == "probe" and run["gpu_count"] == 0 and run["billed_gpu_hours"] == 0
+    assert not hub_server.faults  # the hang was taken
+    report = run_cli(["report", "--out", str(tmp_path / "rep"), "--json"], cwd=project, env=env)
+    assert report.code == 0, report.err
+    notice = report.json()["plan"]["notice"]
+    assert notice["step"] == final and 27.0 <= notice["seconds"] < 80 and notice["needed_s"] > notice["seconds"]
+    fits = {f["provider"]: f for f in notice["per_provider"]}
+    assert not fits["gcp"]["fits"] and fits["gcp"]["margin_s"] == pytest.approx(25 - notice["needed_s"], abs=1e-3)
+    assert fits["aws"]["fits"] and fits["aws"]["margin_s"] == pytest.approx(110 - notice["needed_s"], abs=1e-3)
+    assert not fits["k8s"]["fits"]
+    text = (tmp_path / "rep" / "preflight.md").read_text()
+    # the seconds as the plan holds them (a margin of 2.15 printed from 27.15 - 25 could read 2.1)
+    assert f"**does not fit GCP's notice** (25 s) by {-fits['gcp']['margin_s']:.1f} s" in text
+    assert f"fits AWS's notice (110 s) with a margin of {fits['aws']['margin_s']:.1f} s" in text
+    # the cadence section: Young's interval from the measured C and the default M, R from leg 1
+    c = report.json()["plan"]["cadence"]
+    assert c["r_from"].startswith(run["id"] + " leg 1") and c["m_hours_instance"] == 160.0
+    assert c["tau_young_s"] == pytest.approx(math.sqrt(2 * c["c_s"] * c["m_s"]))
+    assert f"sqrt(2 x {c['c_s']:.3f} x {c['m_s']:,.0f}) = **{c['tau_young_s']:,.1f} s**" in text
+    assert "evidence (C)" in text and "evidence (R)" in text
+
+
+def _leg(tmp_path: Path, events: list[dict]) -> LegEvents:
+    log = tmp_path / "leg-0.log"
+    log.write_text("".join(json.dumps(dict(e, rank=0)) + "\n" for e in events))
+    return LegEvents.read(0, log)
+
+
+def test_a_leak_is_named_with_its_projection_over_the_run(tmp_path: Path) -> None:
+    mib = 2**20
+    flat = [
+        {
+            "event": "memory",
+            "step": s,
+            "kind": "cuda",
+            "peak_max": 1000 * mib + (s % 20) * 1024,
+            "reserved_max": 1200 * mib,
+        }
+        for s in range(10, 210, 10)
+    ]
+    assert check_memory(_leg(tmp_path, flat), 100_000).ok
+    leak = [
+        {
+            "event": "memory",
+            "step": s,
+            "kind": "cuda",
+            "peak_max": 1000 * mib + s * 512 * 1024,
+            "reserved_max": 1200 * mib,
+        }
+        for s in range(10, 210, 10)
+    ]
+    check = check_memory(_leg(tmp_path, leak), 100_000)
+    assert not check.ok and "0.50 MiB per 1000 steps" not in check.detail
+    assert (
+        "leaking 500.00 MiB per 1000 steps" in check.detail
+        and "+48.83 GiB over the run's 100,000 steps" in check.detail
+    )
+
+
+def test_cadence_cost_and_push_waits(tmp_path: Path) -> None:
+    def leg(save_s: float, wait: bool) -> LegEvents:
+        ev: list[dict] = []
+        for s in range(1, 41):
+            ev.append({"event": "step", "step": s, "loss": 3.0, "lr": 1e-3, "step_s": 0.1, "tokens": s * 100})
+            if s % 10 == 0:
+                ev += [
+                    {"event": "save", "step": s, "bytes": 10, "seconds": save_s},
+                    {"event": "push", "step": s, "name": f"c{s}", "bytes": 10, "seconds": 0.5},
+                    {
+                        "event": "verify",
+                        "step": s,
+                        "name": f"c{s}",
+                        "ok": True,
+                        "seconds": 0.1,
+                        "windows": 1,
+                        "bytes_read": 10,
+                    },
+                ]
+                if wait:
+                    ev.append({"event": "push_wait", "step": s, "seconds": 0.2})
+        return _leg(tmp_path, ev)
+
+    cheap = check_cadence(leg(0.02, False))
+    assert cheap.ok and "2.00 % of 10 x 0.1000 s steps" in cheap.detail
+    assert not check_cadence(leg(0.2, False)).ok  # 20 % of step time on the critical path
+    assert not check_cadence(leg(0.02, True)).ok  # uploads fall behind the cadence
+    assert (
+        "standard error"
+        in check_sustained(
+            _leg(
+                tmp_path,
+                [
+                    {
+                        "event": "rate",
+                        "step": 9,
+                        "tok_s": 5.0,
+                        "window_first": 2,
+                        "window_last": 9,
+                        "seconds": 1.0,
+                        "rel_err": None,
+                    }
+                ],
+            )
+        ).detail
+    )
+
+
+def test_a_cpu_probe_catches_a_reseeded_rng_by_the_straight_through_run(tmp_path: Path, leg_tmp: Path) -> None:
+    """The probe's cold resume was compared within a band, with no oracle: a batch RNG
+    reseeded on resume (every resumed batch one leg 0 already drew) passed it. With --cpu the
+    straight-through run names the first batch that differs."""
+    from tests.legs.test_planted_bugs import copy_example, plant
+
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\ntorch.manual_seed(1337)\n")
+    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert res.code == 1 and checks["leg 1 resumed from the store"]["ok"], checks
+    oracle = checks["resumed run = straight-through run"]
+    assert not oracle["ok"] and "batch_hash" in oracle["detail"], oracle
+
+
+def test_a_cpu_probe_names_a_leg_that_trains_past_its_step_limit(tmp_path: Path, leg_tmp: Path) -> None:
+    """The trainer hands the session its own step count, so LAUNCHER_MAX_STEPS is ignored: the
+    probe asked for 30 steps and the legs trained to the script's 200. The run length says so."""
+    from tests.legs.test_planted_bugs import copy_example, plant
+
+    root = copy_example("flat_gpt", tmp_path)
+    plant(root, "total_steps=args.max_iters,", "total_steps=args.max_iters, max_steps=args.max_iters,")
+    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    length = checks["the run ended at exactly its step count"]
+    assert res.code == 1 and not length["ok"] and "at step 200 of 30" in length["detail"], checks
+
+
+PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it had the straight-through run
+    "optimizer-untracked": (
+        "flat_gpt",
+        "sess.track(model=model, optimizer=optimizer)",
+        "sess.track(model=model)",
+        "resumed run = straight-through run",
+        "loss",
+    ),
+    "optimizer-re-created": (
+        "flat_gpt",
+        "iter_num = sess.resume()\n",
+        "iter_num = sess.resume()\nif iter_num:\n"
+        "    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)\n",
+        "leg 1: the tracked optimizer is the one stepping",
+        "does not track",
+    ),
+    "optimizer-on-a-stale-model": (
+        "flat_gpt",
+        "iter_num = sess.resume()\n",
+        "iter_num = sess.resume()\nif iter_num:\n"
+        "    import copy\n    model = copy.deepcopy(model)  # the optimizer keeps the old\n",
+        "resumed run = straight-through run",
+        "first difference at step",
+    ),
+    "curriculum-restarted": (
+        "plain_loop",
+        "        loss = criterion(model(x)",
+        "        seen = globals().get('seen', 0) + 1  # not in sess.extra\n"
+        "        globals()['seen'] = seen\n"
+        "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
+        "        loss = criterion(model(x)",
+        "resumed run = straight-through run",
+        "batch_hash",
+    ),
+    "reshuffled-per-leg": (
+        "plain_loop",
+        "seed=args.seed)  # a shuffle",
+        "seed=args.seed + int(__import__('os').environ['LAUNCHER_LEG']))  # a shuffle",
+        "leg 1 finished",
+        "cursor_mismatch",
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PROBE_PLANTS))
+def test_a_cpu_probe_catches_the_classic_resume_bugs(bug: str, tmp_path: Path, leg_tmp: Path) -> None:
+    """Each caught by the check that names it: with the reseeded RNG and the overrun above, what
+    the probe passed when it compared its cold resume within a band, with no straight-through run."""
+    from tests.legs.test_planted_bugs import copy_example, plant
+
+    example, old, new, check, said = PROBE_PLANTS[bug]
+    root = copy_example(example, tmp_path)
+    plant(root, old, new)
+    res = run_cli(["up", "probe", "--cpu", "--steps", "20", "--json"], cwd=root, timeout=600)
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert res.code == 1 and not checks[check]["ok"] and said in checks[check]["detail"], {
+        n: c["detail"] for n, c in checks.items() if not c["ok"]
+    }

@@ -1,0 +1,138 @@
+"""Rung 1 end to end on the embedded default: the real trainer, two legs, a resume from the store."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+from tests.helpers import edit_config, run_cli
+
+ASSETS = Path(__file__).parents[1] / "assets"
+
+
+def dry_run_env(text: str) -> dict[str, str]:
+    """The leg-0 environment a local dry run prints (`$ cd <dir> && K=V ... command`)."""
+    line = next(ln for ln in text.splitlines() if ln.startswith("$ cd "))
+    words = shlex.split(line.split(" && ", 1)[1])
+    return dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+
+
+def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
+    dry = run_cli(["up", "rehearsal", "--dry-run", "--json"], cwd=project)
+    assert dry.code == 0, dry.err
+    shown, shown_at = dry_run_env(dry.json()["text"]), time.time()
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env={"HF_TOKEN": "hf_test_secret_value"})
+    assert res.code == 0, res.out + res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    # Three legs, two sequential resumes, each at the step the previous leg pushed: leg 0 ended by
+    # SIGTERM once it printed step 6, leg 1 by its deadline (it holds itself at step 13 until it comes).
+    s0 = int(checks["leg 1 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
+    assert s0 in (6, 7, 8) and f"leg 0 pushed step {s0}" in checks["leg 1 resumed from the store"]["detail"]
+    assert checks["leg 0 stopped on sigterm"]["ok"] and checks["leg 1 stopped on deadline"]["ok"]
+    s1 = int(checks["leg 2 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
+    assert s1 == 13, checks["leg 2 resumed from the store"]  # the hold: at the planned step, on any machine speed
+    for leg in (0, 1, 2):  # the launcher's own read of the store after each leg
+        assert (
+            "fetched whole, every file's sha256 matches"
+            in checks[f"leg {leg}: the launcher read back its checkpoint from the store"]["detail"]
+        )
+    assert f"step {s0 + 1} read" in checks["leg 1: exact data position (batch hashes)"]["detail"]
+    assert "samples 0..159 read once each" in checks["sample index continues (the trainer's own witness)"]["detail"]
+    assert "steps 1..20: 20 batch hashes, none read twice" in checks["no batch read twice (3 legs, 20 steps)"]["detail"]
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert "straight-through run's LR" in checks["leg 2: LR follows the schedule"]["detail"]
+
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["rung"] == "rehearsal" and run["verdict"] == "pass" and run["exit_code"] == 0
+    assert [leg["exit_code"] for leg in run["legs"]] == [0, 0, 0, 0]
+    assert [leg["role"] for leg in run["legs"]] == [None, None, None, "straight"]
+    assert run["legs"][0]["command"][1:] == ["train.py", "--ckpt-every", "5"]
+    assert [leg["env"]["LAUNCHER_MAX_STEPS"] for leg in run["legs"]] == ["12", "19", "20", "20"]
+    assert json.loads(run["legs"][0]["env"]["LAUNCHER_FILES_SHA256"]) == run["files"]
+    assert set(run["files"]) == {"train.py"} and len(run["files"]["train.py"]) == 64
+    assert run["billed_gpu_hours"] == 0.0  # CPU legs bill no GPU time
+    assert len({leg["instance"] for leg in run["legs"]}) == 4  # a fresh disk per leg
+
+    # The dry run showed leg 0 the environment the real leg 0 got (one runtime.contract.leg_env):
+    # the same names and values but the run's id and a deadline as far from its start.
+    real = run["legs"][0]
+    assert set(shown) == set(real["env"]) and shown["CUDA_VISIBLE_DEVICES"] == ""
+    for name in set(shown) - {"LAUNCHER_RUN_ID", "LAUNCHER_DEADLINE"}:
+        assert shown[name] == real["env"][name], name
+    assert shown["LAUNCHER_RUN_ID"] == "dry-run" and real["env"]["LAUNCHER_RUN_ID"] == run["id"]
+    ahead = int(real["env"]["LAUNCHER_DEADLINE"]) - real["started_at"]
+    assert abs((int(shown["LAUNCHER_DEADLINE"]) - shown_at) - ahead) <= 5, (shown, real["env"])
+
+    # The secret reached the legs' environment but was written down nowhere.
+    state = project / ".launcher"
+    assert "hf_test_secret_value" not in res.out + res.err
+    assert "hf_test_secret_value" not in (state / "ledger.db").read_bytes().decode("latin-1")
+    for log in (state / "runs").rglob("*.log"):
+        assert "hf_test_secret_value" not in log.read_text()
+
+
+def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
+    shutil.copyfile(ASSETS / "forgetful_train.py", project / "train.py")
+    edit_config(project, trainer__modules=[])
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project)
+    assert res.code == 1
+    failed = [c["name"] for c in res.json()["checks"] if not c["ok"]]
+    # It ignores SIGTERM and pushes nothing the launcher can read: the rung stops at leg 0.
+    assert "leg 0 stopped on sigterm" in failed
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["verdict"] == "fail" and run["exit_code"] == 1
+
+
+def test_rehearsal_cycles_through_the_hub_when_configured(project: Path, hub_server) -> None:  # noqa: ANN001
+    edit_config(project, store="hf://tester/ckpts")
+    env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+    res = run_cli(["up", "rehearsal", "-v"], cwd=project, env=env)
+    assert res.code == 0, res.out + res.err
+    # -v: every event as a sentence (the checkpoint cycle's deletes too), then the check table.
+    assert len(res.out.splitlines()) > 60 and "delete" in res.out, res.out[-2000:]
+    run = run_cli(["ledger", "--json"], cwd=project).json()[0]
+    assert run["checks"] and all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
+    assert run["store_uri"] == "hf://tester/ckpts"
+    # The checkpoints went through the Hub: LFS uploads on the second origin, ranged reads back.
+    puts = [r for r in hub_server.requests if r.method == "PUT" and r.origin == "lfs"]
+    assert len(puts) >= 4
+    repo = hub_server.repos["tester/ckpts"]
+    head = repo.commits[repo.branches["main"]]
+    assert f"runs/{run['id']}/step-00000020/verified.json" in head.files
+
+
+def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server) -> None:  # noqa: ANN001
+    """The store guard asks the store the launcher reads (tests/legs/test_plan.py); a leg whose own
+    store refuses its token (here `leg_env` sends the legs to another Hub, which knows another
+    token) stops at its first push and says why."""
+    from tests.fakes.hub_server import HubServer
+
+    with HubServer(token="hf_other") as elsewhere:
+        edit_config(project, store="hf://tester/ckpts", leg_env={"HF_ENDPOINT": elsewhere.url})
+        assert run_cli(["review"], cwd=project).code == 0
+        env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
+        res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
+    assert res.code == 1, res.out + res.err
+    leg0 = next(c for c in res.json()["checks"] if c["name"] == "leg 0 finished")
+    assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
+
+
+def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
+    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
+    res = run_cli(["up", "rehearsal", "--json"], cwd=project)
+    assert res.code == 0, res.out + res.err
+    checks = {c["name"]: c for c in res.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
+    assert "stride 16" in checks["sample index continues (the trainer's own witness)"]["detail"]  # 2 ranks x 8
+    logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
+    ranks = {
+        json.loads(line[line.find('{"event": ') :])["rank"]
+        for line in logs[-1].read_text().splitlines()
+        if '"event": "resume"' in line
+    }
+    assert ranks == {0, 1}

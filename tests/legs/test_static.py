@@ -1,0 +1,183 @@
+"""Rung 0: imports, command-line parse with the trainer's own parser, hash guard."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+
+
+def checks_of(res) -> dict[str, dict]:  # noqa: ANN001
+    return {c["name"]: c for c in res.json()["checks"]}
+
+
+def test_static_passes_and_reports_evidence(project: Path) -> None:
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.err
+    checks = checks_of(res)
+    assert all(c["ok"] for c in checks.values())
+    assert "train.py --ckpt-every 5" in checks["command line"]["detail"]
+    assert '"ckpt_every": 5' in checks["parse"]["detail"]
+    pointer = checks["parse"]["evidence"][0]
+    log_lines = Path(pointer["log"]).read_text().splitlines()
+    assert log_lines[pointer["line"] - 1] == pointer["text"]  # the pointer points at the evidence
+    assert run_rows(project) == 1
+
+
+def test_flag_typo_fails_on_host_with_exit_1(project: Path) -> None:
+    edit_config(project, trainer__command="python train.py --ckpt-evry 5")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    parse = checks_of(res)["parse"]
+    assert not parse["ok"] and "unrecognized arguments: --ckpt-evry" in parse["detail"]
+
+
+def test_torchrun_handed_the_interpreter_fails(project: Path) -> None:
+    edit_config(project, trainer__command="torchrun --nproc_per_node=2 python train.py")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    shape = checks_of(res)["command shape"]
+    assert not shape["ok"] and "interpreter" in shape["detail"]
+
+
+def test_torchrun_command_parses_script_args(project: Path) -> None:
+    edit_config(project, trainer__command="torchrun --nproc_per_node=2 train.py --ckpt-every 5")
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+
+
+def test_unreviewed_import_fails_in_staged_dir(project: Path) -> None:
+    """train.py imports a helper that is not in the reviewed set: a leg would not have it."""
+    (project / "helper.py").write_text("VALUE = 1\n")
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\nimport helper  # noqa: E402\n")
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1
+    imp = checks_of(res)["imports from reviewed files only"]
+    assert not imp["ok"] and "helper (imported by train.py): not found" in imp["detail"]
+
+
+FLAT = """import argparse, sys
+p = argparse.ArgumentParser()
+p.add_argument("--iters", type=int, default=10)
+args = p.parse_args()          # at module level, like many public scripts
+open("TRAINED", "w").write("rung 0 must never get here")
+"""
+
+
+def test_a_flat_script_is_parsed_with_its_own_argv_and_never_trains(project: Path) -> None:
+    (project / "flat.py").write_text(FLAT)
+    edit_config(project, trainer={"command": "python flat.py --iters 3"}, reviewed=["flat.py"])
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+    assert '"iters": 3' in checks_of(res)["parse"]["detail"]
+    edit_config(project, trainer={"command": "python flat.py --itres 3"})  # a typo: argparse's own message, quoted
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 1 and "unrecognized arguments: --itres 3" in checks_of(res)["parse"]["detail"]
+
+
+def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) -> None:
+    """A sys.path edit that works here and fails on a fresh instance."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret_helper.py").write_text("X = 1\n")
+    (project / "flat.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(tmp_path / 'outside')!r})\nimport secret_helper\n" + FLAT
+    )
+    edit_config(project, trainer={"command": "python flat.py"}, reviewed=["flat.py"])
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    imp = checks_of(res)["imports from reviewed files only"]
+    assert res.code == 1 and not imp["ok"] and "secret_helper" in imp["detail"], imp
+
+
+def test_hash_mismatch_refused_exit_3_lists_file(project: Path) -> None:
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\n# edited after review\n")
+    for rung in ("static", "rehearsal"):
+        res = run_cli(["up", rung], cwd=project)
+        assert_one_line_error(res, 3, "changed: train.py")
+        assert "launcher review" in res.err
+    assert run_rows(project) == 0
+
+
+def test_missing_reviewed_file_refused(project: Path) -> None:
+    (project / "train.py").unlink()
+    res = run_cli(["up", "static"], cwd=project)
+    assert_one_line_error(res, 3, "missing: train.py")
+
+
+def test_no_review_refused(tmp_path: Path, leg_tmp: Path) -> None:
+    assert run_cli(["init", "p"], cwd=tmp_path).code == 0
+    res = run_cli(["up", "static"], cwd=tmp_path / "p")
+    assert_one_line_error(res, 3, "no review")
+
+
+def test_review_then_accepts_edit(project: Path) -> None:
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\n# reviewed edit\n")
+    assert run_cli(["review"], cwd=project).code == 0
+    assert run_cli(["up", "static"], cwd=project).code == 0
+
+
+def nanogpt_shape(tmp_path: Path) -> Path:
+    root = tmp_path / "nanogpt_shape"
+    shutil.copytree(Path(__file__).parents[1] / "assets" / "nanogpt_shape", root)
+    assert run_cli(["review"], cwd=root).code == 0
+    return root
+
+
+def test_a_nanogpt_shaped_script_passes_rung_0_as_it_is(tmp_path: Path, leg_tmp: Path) -> None:
+    """Module-level config overridden by `exec(open("configurator.py").read())`, `import wandb`
+    under `if wandb_log:` (not installed), a FutureWarning at import, under the default
+    `parser: argv`: run up to the end of its configurator, its overrides shown, nothing trained;
+    the guarded import is a note. A key the script has no global for fails with the
+    configurator's own error, and so does a configurator left out of `reviewed:`."""
+    root = nanogpt_shape(tmp_path)
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    checks = checks_of(res)
+    assert res.code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    parse = checks["parse"]["detail"]
+    assert "read by configurator.py" in parse and '"ckpt_every": 5' in parse and '"learning_rate": 0.01' in parse, parse
+    imports = checks["imports from reviewed files only"]["detail"]
+    assert "note: imported only under an `if`" in imports and "wandb (imported by train.py)" in imports, imports
+    edit_config(root, trainer={"command": "python train.py --ckpt_evry=5"})
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    assert res.code == 1 and "Unknown config key: ckpt_evry" in checks_of(res)["parse"]["detail"], res.out
+    edit_config(root, trainer={"command": "python train.py"}, reviewed=["train.py"])
+    assert run_cli(["review"], cwd=root).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    detail = checks_of(res)["parse"]["detail"]
+    assert res.code == 1 and "configurator.py is not among the reviewed files" in detail, detail
+
+
+def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix(project: Path) -> None:
+    """A script that reads sys.argv by hand cannot be stopped after its parse: rung 0 says to
+    set `trainer.parser: none` instead of running it (to its end, training) to find out; with
+    that set, it compiles and passes."""
+    (project / "by_hand.py").write_text(
+        "import sys\nITERS = int(sys.argv[1])\nopen('TRAINED', 'w').write('rung 0 must never get here')\n"
+    )
+    edit_config(project, trainer={"command": "python by_hand.py 3"}, reviewed=["by_hand.py"])
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    parse = checks_of(res)["parse"]
+    assert res.code == 1 and "set trainer.parser: none" in parse["detail"], parse
+    edit_config(project, trainer={"command": "python by_hand.py 3", "parser": "none"})
+    res = run_cli(["up", "static", "--json"], cwd=project)
+    assert res.code == 0, res.out
+
+
+def test_a_warning_is_not_quoted_as_the_reason_a_script_stopped() -> None:
+    from runtime.programs.static_check import last_error_line
+
+    err = (
+        "train.py:40: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.\n"
+        "  scaler = torch.cuda.amp.GradScaler(enabled=False)\n"
+        "usage: train.py [-h]\ntrain.py: error: the following arguments are required: --data\n"
+        "/x/y.py:3: UserWarning: late\n  warnings.warn('late')\n"
+    )
+    assert last_error_line(err) == "train.py: error: the following arguments are required: --data"
+    assert last_error_line("a.py:1: DeprecationWarning: x\n  y\n") is None

@@ -1,0 +1,45 @@
+"""A Hugging Face `datasets` stream (an IterableDataset of 4 shards) read by torchdata's
+StatefulDataLoader and tracked by the Session, in the .venv-hf interpreter: without a shuffle
+buffer two resumes within the stream are exact; with one (its contents are not in the
+dataset's state_dict) the rehearsal does not pass, and says how many batches differ."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.helpers import run_cli
+from tests.legs.test_examples import hf_python
+
+ASSET = Path(__file__).resolve().parents[1] / "assets" / "streaming"
+
+
+def rehearse_stream(tmp_path: Path, buffer: int) -> tuple[int, dict[str, dict]]:
+    root = tmp_path / "streaming"
+    shutil.copytree(ASSET, root)
+    cfg = root / "launcher.yaml"
+    cfg.write_text(
+        cfg.read_text().replace(
+            "command: python train.py --ckpt-every 5",
+            f"command: {hf_python()} train.py --ckpt-every 5 --shuffle-buffer {buffer}",
+        )
+    )
+    assert run_cli(["review"], cwd=root).code == 0
+    res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
+    return res.code, {c["name"]: c for c in res.json()["checks"]}
+
+
+def test_a_stream_without_a_shuffle_buffer_resumes_exactly(tmp_path: Path, leg_tmp: Path) -> None:
+    code, checks = rehearse_stream(tmp_path, 0)
+    assert code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert checks["leg 1: loader loaded as saved (state digests)"]["ok"]  # the stream's position, as saved
+
+
+def test_a_shuffle_buffer_lost_on_resume_is_counted_not_passed(tmp_path: Path, leg_tmp: Path) -> None:
+    code, checks = rehearse_stream(tmp_path, 64)
+    bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    assert code == 1 and "resumed run = straight-through run" in bad, bad
+    detail = bad["resumed run = straight-through run"]
+    differ, total = (int(w) for w in detail.split("; ")[-1].split(" batches differ")[0].split(" of "))
+    assert 0 < differ < total == 20, detail

@@ -1,0 +1,243 @@
+"""The tree's rules, read from the source (ast, nothing imported): what may import what,
+how long a file or a function may grow, and no import cycle (a module-level one, one
+inside a function, or one under TYPE_CHECKING)."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("launcher", "runtime")
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+FORBIDDEN = {
+    "launcher": {"torch"},  # the host never needs torch (docs/design.md): `launcher --help` starts in a blink
+    "runtime": {"launcher", "typer", "sky", "skypilot", "click"},  # the instance side knows no host code
+}
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of launcher/ and runtime/."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def module_level(tree: ast.AST) -> list[ast.AST]:
+    """The nodes that run when the module is imported: no function body, no TYPE_CHECKING block."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo += child.orelse
+                continue
+            todo.append(child)
+    return found
+
+
+def imports(name: str, path: Path, on_import_only: bool = False) -> list[tuple[str, int]]:
+    """Every module `name` imports (absolute names, relative ones resolved), anywhere in the file
+    (`on_import_only`: only what importing the module runs)."""
+    out = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in module_level(tree) if on_import_only else ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules()]
+            if len(submodules) < len(node.names):  # a name from the package's own namespace
+                out.append((base, node.lineno))
+            out += [(sub, node.lineno) for sub in submodules]  # `from runtime import events` imports a module
+    return out
+
+
+def test_each_side_imports_only_what_it_may() -> None:
+    bad = []
+    for name, path in modules().items():
+        banned = FORBIDDEN[name.split(".")[0]]
+        bad += [
+            f"{path.relative_to(ROOT)}:{line} imports {target}"
+            for target, line in imports(name, path)
+            if target.split(".")[0] in banned
+        ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_host_reaches_no_torch_through_the_runtime_modules_it_imports() -> None:
+    """launcher/ imports no torch itself (above), nor through the runtime modules it imports:
+    what importing those runs, followed to the end (each package's __init__ too), reaches none.
+    `pip install preflight-launcher` brings no torch (pyproject.toml's [torch] extra);
+    tests/install/test_install.py runs the CLI in such a venv."""
+    names = modules()
+    reached = {n: "" for n in names if n.startswith("launcher")}
+    todo = list(reached)
+    bad = []
+    while todo:
+        name = todo.pop()
+        on_import_only = name.startswith("runtime")  # a launcher module's every import may run
+        for target, line in imports(name, names[name], on_import_only):
+            if target.split(".")[0] == "torch":
+                bad.append(f"{names[name].relative_to(ROOT)}:{line} imports {target} (reached {reached[name]})")
+            parts = target.split(".")
+            for parent in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):  # `import a.b` runs a too
+                if parent in names and parent not in reached:
+                    reached[parent] = f"{reached[name]} <- {name}" if reached[name] else f"from {name}"
+                    todo.append(parent)
+    assert "runtime.events" in reached and "runtime.store.hub" in reached  # the walk does follow the host's imports
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_over_400_lines_and_no_function_over_60() -> None:
+    long_files, long_functions = [], []
+    for path in modules().values():
+        text = path.read_text()
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long_files and not long_functions, "\n".join(long_files + long_functions)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_even_inside_a_function() -> None:
+    names = modules()
+    graph = {
+        name: {target for target, _ in imports(name, path) if target in names and target != name}
+        for name, path in names.items()
+    }
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one
+    found = cycles(graph)
+    assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
+    """A check is selected by its `Kind`, never by its words (launcher/checks/evidence.py): every
+    `Check(...)` made in launcher/ passes `kind=Kind.X` (or a `kind` handed in), and every
+    member of `Kind` is made somewhere — a kind nobody makes is a reader waiting for nothing."""
+    evidence = ast.parse((ROOT / "launcher" / "checks" / "evidence.py").read_text())
+    kind_class = next(n for n in evidence.body if isinstance(n, ast.ClassDef) and n.name == "Kind")
+    members = {t.id for n in kind_class.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    unkinded, made = [], set()
+    for name, path in modules().items():
+        if not name.startswith("launcher."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Kind":
+                made.add(node.attr)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Check"
+                and not any(k.arg == "kind" for k in node.keywords)
+            ):
+                unkinded.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unkinded, f"checks made without kind=: {unkinded}"
+    assert len(members) > 40 and not members - made, f"kinds no check is made with: {sorted(members - made)}"
+
+
+MAX_TOP_MODULES = 12
+RUNG_MODULES = ("static", "rehearsal", "smoke", "probe", "run", "run_sky", "drill", "drill_preempt")
+
+
+def test_launcher_is_in_rooms_and_each_rung_is_climbed_one_way() -> None:
+    """At most 12 modules flat in launcher/ (the rest in packages named for what they hold), every
+    rung module named for its rung with one entry, `climb`, and one function called `run_rung`
+    (the dispatcher): three functions of that name once did three different things."""
+    top = sorted(p.name for p in (ROOT / "launcher").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules flat in launcher/: {top}"
+    named: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.col_offset == 0:
+                named.setdefault(node.name, []).append(name)
+    assert named["run_rung"] == ["launcher.rungs"], named["run_rung"]
+    for rung in RUNG_MODULES:
+        assert f"launcher.rungs.{rung}" in named["climb"], f"launcher/rungs/{rung}.py has no climb()"
+    from launcher.ladder import DRILL, RUNGS
+
+    for entry in (*RUNGS, DRILL):
+        for runner in filter(None, (entry.runner, entry.runner_sky)):
+            module, function = runner.split(":")
+            assert function == "climb" and module in RUNG_MODULES, f"{entry.name}: runner {runner}"
+
+
+def test_runtime_exports_session_without_loading_torch_for_the_wire_format() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runtime.events, runtime.store; assert 'torch' not in sys.modules, 'torch loaded'; "
+        "from runtime import Session; from runtime.session import Session as S; assert Session is S"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_fakes_keep_to_the_source_cap() -> None:
+    """The stand-ins are code the suite trusts as much as the product: the same 400-line cap."""
+    fakes = sorted((ROOT / "tests" / "fakes").glob("*.py"))
+    assert len(fakes) >= 10, fakes  # the stand-ins are here, not back in tests/
+    long = [
+        f"{p.relative_to(ROOT)}: {p.read_text().count(chr(10))} lines"
+        for p in fakes
+        if p.read_text().count("\n") > MAX_FILE_LINES
+    ]
+    assert not long, "\n".join(long)
