@@ -6,7 +6,7 @@ rank count. This runs the reference trainer (runtime.reference.trainer) for a fe
 in two shapes, and counts the legs where any rank did not exit 0 (and, of those, the
 SIGABRTs, from torchrun's own report of each rank's exit code):
 
-- one node, two ranks: `torchrun --standalone --nproc_per_node=2` (what tests/test_ddp.py runs);
+- one node, two ranks: `torchrun --standalone --nproc_per_node=2` (what tests/legs/test_ddp.py runs);
 - two nodes of two ranks on loopback: two torchruns, `--nnodes 2 --node_rank 0|1`, a static
   rendezvous at 127.0.0.1 on a free port (what `--backend local --nodes 2` starts);
 - the control, `--held N`: plain torch, two ranks that all-reduce once, destroy the process

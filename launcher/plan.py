@@ -42,7 +42,7 @@ GUARDS: dict[str, str] = {
     "quota": "used + reserved + this rung within the GPU-hour quota and the USD budget (exit 3)",
 }
 """Every guard a launch passes, in the order it meets them: the one list the launch, the dry
-run and the parity test (tests/test_plan.py) read."""
+run and the parity test (tests/legs/test_plan.py) read."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Four audiences, four kinds of place:
 - the wire, torch-free modules at the top that both sides import: `contract` (exit codes, events,
   the leg's environment), `events` (the event lines), `hashing`, `metrics` (throughput, ETA and
   loss-continuity arithmetic) and `peaks` (accelerators' peak FLOP/s); with `store/` (the
-  checkpoint stores), these are all the launcher imports (tests/test_layout.py holds it);
+  checkpoint stores), these are all the launcher imports (tests/unit/test_layout.py holds it);
 - the trainer's API: `session/` (`from runtime.session import Session`) and `adapters/` (HF
   `Trainer`, Lightning, Accelerate), built on `checkpoint/` (a checkpoint's disk, push, read-back
   and restore) and `measure/` (step time, FLOPs, health, the metrics window);

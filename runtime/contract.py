@@ -43,7 +43,7 @@ HOLD_UNTIL = "LAUNCHER_HOLD_UNTIL"
 """`sigterm` (optional, with HOLD_AT; a resume rung's leg 0): the hold ends when the SIGTERM comes
 (the deadline's margin still bounds it), so the launcher's SIGTERM, sent when it reads the step,
 lands at that step however late it reads it. Under load a fast trainer had run two steps on, to an
-epoch boundary, and a planted loader bug then showed another face (tests/test_accelerate.py)."""
+epoch boundary, and a planted loader bug then showed another face (tests/legs/test_accelerate.py)."""
 HOLD_DEADLINE_S = "LAUNCHER_HOLD_DEADLINE_S"
 """Seconds (optional, with HOLD_AT and no HOLD_UNTIL: a resume rung's deadline leg): on reaching
 its hold step the leg places its deadline this long plus its stop margin ahead, where that is

@@ -33,7 +33,7 @@ class Kind(StrEnum):
     """What a check is: a stable id every check carries, which its readers (the report, the
     gate, status, a user's script over `--json`) match instead of its wording, which is free
     to change. Grouped by the module that makes them; `leg` and `facts` say where the check
-    uses them. A new check needs a member (tests/test_layout.py holds every `Check(` call in
+    uses them. A new check needs a member (tests/unit/test_layout.py holds every `Check(` call in
     `launcher/` to a `kind=`, and every member to a check made with it)."""
 
     # launcher/checks/readback.py
