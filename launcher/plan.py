@@ -379,8 +379,8 @@ def _backend(plan: Plan, dry_run: bool) -> Backend:
 
 
 def _gate(plan: Plan) -> dict[str, Any]:
-    """The run launches only past a passing report (launcher.checks.gate), or with a recorded reason."""
-    from launcher.checks import gate
+    """The run launches only past a passing report (launcher.report.gate), or with a recorded reason."""
+    from launcher.report import gate
 
     if plan.request.skip_preflight is not None:
         return gate.skipped(plan.request.skip_preflight)

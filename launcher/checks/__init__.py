@@ -1,4 +1,4 @@
-"""Every check the rungs, the drills, the gate and the report run, each with its evidence.
+"""Every check the rungs, the drills and the report run, each with its evidence.
 
 evidence.py     Check, Kind and LegEvents: every claim points at an event line (leg + line)
 leg.py          one leg: it ended on its own, on the device it asked for
@@ -8,5 +8,4 @@ state.py        resume checks on what the session measured itself (optimizer, RN
 determinism.py  what the legs' deterministic mode lets the checks compare exactly
 readback.py     the launcher's own read of the store after a leg (proofs 1, 6 and 7)
 measure.py      the probe's measurements: sustained rate, memory trend, checkpoint-cycle cost
-gate.py         the gate in front of rung 4: a signed report with every proof PASS
 """

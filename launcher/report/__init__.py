@@ -13,6 +13,8 @@ digest over them all. `launcher report --check DIR` re-verifies a folder.
     folder.py        build and write the folder atomically; sign and check it
     markdown.py      preflight.md, rendered from preflight.json alone
     plots.py         the plots (SVG, drawn by svg.py)
+    gate.py          the gate in front of rung 4: the newest signed report for the files, every
+                     proof derived again from the ledger and PASS
 
 Submodules import each other directly, never through this package.
 """

@@ -18,6 +18,10 @@ from typing import Any
 from launcher.config.schema import Config, GpuSpec
 from launcher.errors import Refused
 from launcher.ledger.db import Ledger
+from launcher.report.folder import SIGNATURE
+from launcher.report.folder import check as check_folder
+from launcher.report.proofs import TITLES, derive
+from launcher.report.runs import PASS, Evidence, load_run
 
 GPU_PROOFS = (1, 2, 3, 4, 5, 6, 7, 8)
 CPU_PROOFS = (1, 2, 3, 4, 6, 7, 8)
@@ -84,8 +88,6 @@ def reports_for(cfg: Config, files: dict[str, str]) -> list[tuple[Path, dict[str
 def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None, gpus: GpuSpec | None) -> Passed:
     """The newest report for these files, checked and re-derived; Refused (exit 3) naming
     every proof that is missing or failed and the command that produces it."""
-    from launcher import report as rep
-
     need = GPU_PROOFS if gpus else CPU_PROOFS
     make = producers(gpus)
     found = reports_for(cfg, files)
@@ -97,30 +99,30 @@ def check(cfg: Config, ledger: Ledger, files: dict[str, str], image: str | None,
             hint=_ladder_hint(need, make) + '; or --skip-preflight "REASON" (recorded)',
         )
     folder, data = found[0]
-    problems = rep.check(folder)
+    problems = check_folder(folder)
     if problems:
         raise Refused(
             f"report {folder.name} fails its signature ({problems[0]}): it was changed after it was signed",
             hint="run `launcher report` again to write a fresh one",
         )
-    proofs = rep.derive(cfg, _ledger_runs(folder, data, ledger, files), rep.Evidence())
+    proofs = derive(cfg, _ledger_runs(folder, data, ledger, files), Evidence())
     signed = {p.get("number"): p.get("status") for p in data.get("proofs") or [] if isinstance(p, dict)}
-    lies = [n for n in need if signed.get(n) == rep.PASS and proofs[n].status != rep.PASS]
+    lies = [n for n in need if signed.get(n) == PASS and proofs[n].status != PASS]
     if lies:
         raise Refused(
             f"report {folder.name} says proof {lies[0]} PASS, but its runs in the ledger give "
             f"{proofs[lies[0]].status}: {proofs[lies[0]].summary[:160]}",
             hint="run `launcher report` again from this ledger",
         )
-    bad = [n for n in need if proofs[n].status != rep.PASS]
+    bad = [n for n in need if proofs[n].status != PASS]
     if bad:
-        listed = "; ".join(f"proof {n} {proofs[n].status} ({rep.TITLES[n]}): {make[n]}" for n in bad)
+        listed = "; ".join(f"proof {n} {proofs[n].status} ({TITLES[n]}): {make[n]}" for n in bad)
         raise Refused(
             f"report {folder.name}: not every proof PASS: {listed}",
             hint=_ladder_hint(bad, make) + '; or --skip-preflight "REASON" (recorded)',
         )
     _same_gpu_and_image(folder, data, proofs, gpus, image)
-    digest = json.loads((folder / rep.SIGNATURE).read_text())["digest"]
+    digest = json.loads((folder / SIGNATURE).read_text())["digest"]
     return Passed(folder, digest, str(data.get("generated_at")), need, dict(data.get("plan") or {}))
 
 
@@ -131,8 +133,6 @@ def _ladder_hint(numbers: tuple[int, ...] | list[int], make: dict[int, str]) -> 
 
 def _ledger_runs(folder: Path, data: dict[str, Any], ledger: Ledger, files: dict[str, str]) -> list[Any]:
     """The report's runs as the ledger holds them (with these files, ended): Refused otherwise."""
-    from launcher import report as rep
-
     runs = []
     for entry in data.get("runs") or []:
         rows = ledger.runs(run_id=str(entry.get("id")))
@@ -141,7 +141,7 @@ def _ledger_runs(folder: Path, data: dict[str, Any], ledger: Ledger, files: dict
                 f"report {folder.name} names run {entry.get('id')!r}, which the ledger does not hold with these files",
                 hint="run `launcher report` again from this ledger",
             )
-        runs.append(rep.load_run(rows[0]))
+        runs.append(load_run(rows[0]))
     return runs
 
 
