@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.checks.evidence import Check, Kind, LegEvents
-from launcher.checks.leg import check_leg_exit
+from launcher.checks.leg import check_ending, check_leg_exit
 from launcher.checks.readback import StateReader, read_checkpoint
 from launcher.checks.state import tracked_kinds
 from launcher.leg_env import Ending
@@ -140,8 +140,6 @@ def drill_checks(
 def _sigterm_checks(out: LegOutcome, k: Kill, torchrun: bool) -> list[Check]:
     """A graceful stop in place of a kill: the leg stopped on the SIGTERM, exited as it should, and
     its final checkpoint is the store's newest verified."""
-    from launcher.rungs.resume_legs import check_ending
-
     step = k.sigterm_at
     checks: list[Check] = []
     ended = check_ending(out, Ending(sigterm_at=step))

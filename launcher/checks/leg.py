@@ -1,11 +1,13 @@
 """What every rung checks of one leg it launched: that it ended on its own (every rank's
-`done`, its final checkpoint verified), and that it ran where it should (the accelerator).
-The resume checks are launcher.checks.resume."""
+`done`, its final checkpoint verified), that it stopped the way the launcher ended it (a
+SIGTERM, a deadline), and that it ran where it should (the accelerator). The resume checks
+are launcher.checks.resume."""
 
 from __future__ import annotations
 
 from launcher.backends.local import no_torch_hint
 from launcher.checks.evidence import NO_EVENTS, Check, Kind, last_line, silent
+from launcher.leg_env import Ending
 from launcher.legs import LegOutcome
 
 
@@ -52,3 +54,52 @@ def check_device(out: LegOutcome) -> Check:
         kind=Kind.ON_ACCELERATOR,
         leg=out.events.leg,
     )
+
+
+def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
+    """The leg stopped the way the launcher ended it."""
+    want = "sigterm" if ending.sigterm_at is not None else "deadline" if ending.deadline_s is not None else None
+    if want is None:
+        return None
+    stop = out.events.last("stop")
+    got = stop[1].get("reason") if stop else None
+    detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
+    if got != want:
+        detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")
+    return Check(
+        f"leg {out.events.leg} stopped on {want}",
+        got == want,
+        detail,
+        out.events.pointer(stop),
+        kind=Kind.STOPPED_AS_ASKED,
+        leg=out.events.leg,
+        facts={"want": want, "got": got},
+    )
+
+
+def _outran(out: LegOutcome, action: str) -> str:
+    """Where the trainer stood when the launcher's stop went out, from its own step times: a
+    trainer that ignored it, or one whose steps outran the launcher (then the stop was never
+    exercised, and the rung needs more steps, not a fix in the trainer)."""
+    if out.acted_at is None:
+        if action == "the hold":
+            return (
+                "; the trainer never held at the planned step (rank 0 printed no `hold` event: a trainer "
+                "off the runtime ignores LAUNCHER_HOLD_AT_STEP, and its deadline lands where its speed puts it)"
+            )
+        return f"; the launcher never sent {action} (rank 0 never printed the step it waits for)"
+    steps = [
+        (int(e["step"]), float(e["t"]))
+        for _, e in out.events.all("step")
+        if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)
+    ]
+    before = [s for s, t in steps if t <= out.acted_at]
+    if not before:
+        return ""
+    at, last = max(before), max(s for s, _ in steps)
+    if at >= last:
+        return (
+            f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
+            f"outran the launcher, so the stop was never exercised; give the rung more steps"
+        )
+    return f"; {action} went out at step {at}, and the trainer went on to step {last}"

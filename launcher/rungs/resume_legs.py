@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
-from launcher.checks.leg import check_device, check_leg_exit
+from launcher.checks.leg import check_device, check_ending, check_leg_exit
 from launcher.checks.resume import check_resumed
 from launcher.ladder import RESUME_LEGS as LEGS
 from launcher.ladder import leg_steps, resume_leg0_hold, resume_plan
@@ -67,55 +67,6 @@ def _startup_s(out: LegOutcome) -> float:
 def _step_s(out: LegOutcome) -> float:
     times = [e["t"] for _, e in out.events.all("step") if "t" in e]
     return max(0.01, (times[-1] - times[0]) / (len(times) - 1)) if len(times) > 1 else 1.0
-
-
-def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
-    """The leg stopped the way the launcher ended it."""
-    want = "sigterm" if ending.sigterm_at is not None else "deadline" if ending.deadline_s is not None else None
-    if want is None:
-        return None
-    stop = out.events.last("stop")
-    got = stop[1].get("reason") if stop else None
-    detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
-    if got != want:
-        detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")
-    return Check(
-        f"leg {out.events.leg} stopped on {want}",
-        got == want,
-        detail,
-        out.events.pointer(stop),
-        kind=Kind.STOPPED_AS_ASKED,
-        leg=out.events.leg,
-        facts={"want": want, "got": got},
-    )
-
-
-def _outran(out: LegOutcome, action: str) -> str:
-    """Where the trainer stood when the launcher's stop went out, from its own step times: a
-    trainer that ignored it, or one whose steps outran the launcher (then the stop was never
-    exercised, and the rung needs more steps, not a fix in the trainer)."""
-    if out.acted_at is None:
-        if action == "the hold":
-            return (
-                "; the trainer never held at the planned step (rank 0 printed no `hold` event: a trainer "
-                "off the runtime ignores LAUNCHER_HOLD_AT_STEP, and its deadline lands where its speed puts it)"
-            )
-        return f"; the launcher never sent {action} (rank 0 never printed the step it waits for)"
-    steps = [
-        (int(e["step"]), float(e["t"]))
-        for _, e in out.events.all("step")
-        if isinstance(e.get("t"), (int, float)) and isinstance(e.get("step"), int)
-    ]
-    before = [s for s, t in steps if t <= out.acted_at]
-    if not before:
-        return ""
-    at, last = max(before), max(s for s, _ in steps)
-    if at >= last:
-        return (
-            f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
-            f"outran the launcher, so the stop was never exercised; give the rung more steps"
-        )
-    return f"; {action} went out at step {at}, and the trainer went on to step {last}"
 
 
 def run_resume_legs(ctx: RunContext, steps: int, need_gpu: bool, legs: int = LEGS) -> list[Check]:

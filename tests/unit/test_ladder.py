@@ -201,9 +201,9 @@ def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_t
     last step before it did (the rung needs more steps)."""
     from launcher.backends.base import LegResult
     from launcher.checks.evidence import LegEvents
+    from launcher.checks.leg import check_ending
     from launcher.leg_env import Ending
     from launcher.legs import LegOutcome
-    from launcher.rungs.resume_legs import check_ending
 
     steps = [(n, {"event": "step", "step": n, "t": 100.0 + n}) for n in range(1, 13)]
     stop = [(13, {"event": "stop", "step": 12, "reason": "max_steps", "t": 112.5})]
