@@ -52,21 +52,6 @@ class RunContext:
     gpu_hour_price: float | None = None
     allow_overdraft: bool = False
 
-    def hold_leg(self, want_gpu_hours: float):  # noqa: ANN201 - launcher.ops.spend.LegGrant
-        """The next leg's share of the quota (launcher.ops.spend.hold_leg)."""
-        from launcher.ops.spend import hold_leg
-
-        assert self.reservation_id is not None
-        return hold_leg(
-            self.cfg,
-            self.ledger,
-            self.reservation_id,
-            self.run_id,
-            want_gpu_hours,
-            self.gpu_hour_price,
-            self.allow_overdraft,
-        )
-
     def leg_deadline(self, budget_s: float) -> float:
         """LAUNCHER_DEADLINE: the leg's budget, the session cap, and what the quota still allows."""
         return leg_deadline(self.cfg, budget_s, self.quota_left_hours, self.gpus_total)

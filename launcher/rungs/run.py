@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
 from launcher.checks.leg import check_leg_exit
 from launcher.errors import Refused
 from launcher.legs import LegOutcome, RunContext, run_leg
+
+if TYPE_CHECKING:
+    from launcher.ops.spend import LegGrant
 
 MIN_LEG_S = 30.0
 """The shortest leg worth launching before the run has measured one (the quota's floor for
@@ -52,6 +55,16 @@ class QuotaOut(Refused):
     def __init__(self, message: str, checks: list[Check], hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.checks = checks
+
+
+def hold_leg(ctx: RunContext, want_gpu_hours: float) -> LegGrant:
+    """The next leg's share of the quota, out of the run's reservation (launcher.ops.spend.hold_leg)."""
+    from launcher.ops.spend import hold_leg as hold
+
+    assert ctx.reservation_id is not None
+    return hold(
+        ctx.cfg, ctx.ledger, ctx.reservation_id, ctx.run_id, want_gpu_hours, ctx.gpu_hour_price, ctx.allow_overdraft
+    )
 
 
 def min_leg_s(outs: list[LegOutcome]) -> float:
@@ -243,7 +256,7 @@ def climb(ctx: RunContext, cmp: object = None) -> list[Check]:
     budget_h = ctx.cfg.rungs.run.budget_minutes / 60.0 * gpus
     for leg in range(MAX_LEGS):
         if ctx.reservation_id is not None and gpus:
-            grant = ctx.hold_leg(budget_h)
+            grant = hold_leg(ctx, budget_h)
             shortest = min_leg_s(outs)
             if grant.gpu_hours * 3600.0 / gpus < shortest:
                 raise quota_out(ctx, outs, grant, progress.newest, steps, checks, shortest)

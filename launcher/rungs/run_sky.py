@@ -21,7 +21,16 @@ from launcher.backends.sky.api import cancel, record, spot_of
 from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.leg_env import redact
 from launcher.legs import LegOutcome, RunContext, record_end
-from launcher.rungs.run import Progress, finished, judge_leg, min_leg_s, newest_in_store, quota_out, reached_end
+from launcher.rungs.run import (
+    Progress,
+    finished,
+    hold_leg,
+    judge_leg,
+    min_leg_s,
+    newest_in_store,
+    quota_out,
+    reached_end,
+)
 
 MAX_JOB_S = 7 * 24 * 3600.0
 """A job's deadline when no quota bounds it: a week (the longest leg budget there is)."""
@@ -162,7 +171,7 @@ def _prepare_job(
     leg ends the run (launcher.rungs.run.quota_out)."""
     run_cfg = ctx.cfg.rungs.run
     gpus = max(1, ctx.gpus_total)
-    grant = ctx.hold_leg(math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
+    grant = hold_leg(ctx, math.inf) if ctx.reservation_id is not None and ctx.gpu_count else None
     job_s = MAX_JOB_S if grant is None or not math.isfinite(grant.gpu_hours) else grant.gpu_hours * 3600 / gpus
     if job_s < min_leg_s(outs):
         raise quota_out(ctx, outs, grant, progress.newest, run_cfg.steps, checks, min_leg_s(outs))
