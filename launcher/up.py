@@ -116,18 +116,13 @@ def dry_run(
     steps: int | None = None,
     allow_overdraft: bool = False,
     skip_preflight: str | None = None,
-) -> tuple[str, LauncherError | None, dict[str, Any]]:
-    """The launch plan `up` would execute (launcher.plan), shown: launches, records and creates
-    nothing. Returns the text, the error the real launch would end in (None: it would
-    launch; every guard decided as the real launch decides it, in its order), and the plan's facts."""
-    from launcher.cli.dryrun import describe
-
+) -> Plan:
+    """The launch plan `up` would execute (launcher.plan), made to be shown: launches, records
+    and creates nothing; every guard decided as the real launch decides it, in its order
+    (`plan.refusal(dry_run=True)`: the error the real launch would end in). The caller renders
+    it (launcher.cli.dryrun) and closes it."""
     request, cfg = _request(cfg, rung_name, backend_name, gpus_text, nodes, cpu, steps, allow_overdraft, skip_preflight)
-    plan = make_plan(cfg, request, dry_run=True)
-    try:
-        return describe(plan), plan.refusal(dry_run=True), plan.to_json()
-    finally:
-        plan.close()
+    return make_plan(cfg, request, dry_run=True)
 
 
 def _request(

@@ -88,10 +88,11 @@ def _show_dry_run(
 ) -> None:
     """`launcher up --dry-run`: the very plan the launch would execute, shown; raises the refusal
     the launch would end in (its exit code)."""
+    from launcher.cli.dryrun import describe
     from launcher.cli.render import print_json
-    from launcher.up import dry_run as describe_dry_run
+    from launcher.up import dry_run
 
-    text, refusal, plan = describe_dry_run(
+    made = dry_run(
         cfg,
         rung,
         backend,
@@ -102,6 +103,10 @@ def _show_dry_run(
         allow_overdraft=allow_overdraft,
         skip_preflight=skip_preflight,
     )
+    try:
+        text, refusal, plan = describe(made), made.refusal(dry_run=True), made.to_json()
+    finally:
+        made.close()
     if json_out:
         print_json(
             {
