@@ -1,5 +1,6 @@
 """Helpers the tests share (fixtures stay in conftest.py): the CLI runner, the one
-config-editing helper, one-line-error assertions, a Hub store on the loopback server."""
+config-editing helper, one-line-error assertions, a Hub store on the loopback server, and the
+checks of a run selected by their `Kind`."""
 
 from __future__ import annotations
 
@@ -128,3 +129,49 @@ def sky_server_of():  # noqa: ANN201 - tests.fakes.sky_server.SkyServer
     from tests.fakes.sky_server import SESSION
 
     return SESSION[-1]
+
+
+def checks_of(src: Any, kind: str | None = None, *, leg: int | None = None, ok: bool | None = None) -> list[dict]:
+    """The checks in `src` of `kind` (every kind if None), of leg `leg` and passed or not where
+    given. `src` is a command's Result (its `--json` output), that output or a ledger run (a dict
+    with "checks"), a list of checks as JSON, or launcher `Check`s. Tests select checks by their
+    `Kind` (launcher/checks/evidence.py), never by their wording, which is free to change
+    (tests/unit/test_tests_by_kind.py holds the tests to that)."""
+    if isinstance(src, Result):
+        src = src.json()
+    if isinstance(src, dict):
+        src = src["checks"]
+    rows = [c if isinstance(c, dict) else c.to_json() for c in getattr(src, "checks", src)]
+    return [
+        c
+        for c in rows
+        if (kind is None or c.get("kind") == kind)
+        and (leg is None or c.get("leg") == leg)
+        and (ok is None or bool(c["ok"]) == ok)
+    ]
+
+
+def check(src: Any, kind: str, *, leg: int | None = None, ok: bool | None = None) -> dict:
+    """The one check in `src` of `kind` (and `leg`, `ok` where given); fails naming what there is
+    when none or several match."""
+    found = checks_of(src, kind, leg=leg, ok=ok)
+    if len(found) != 1:
+        have = [(c.get("kind"), c.get("leg"), c["ok"], c["name"]) for c in checks_of(src)]
+        raise AssertionError(f"{len(found)} checks of kind {kind} leg {leg} ok {ok}, not one, among {have}")
+    return found[0]
+
+
+def failed(src: Any) -> list[dict]:
+    """The checks in `src` that did not pass: a source for `check` and `checks_of` by kind."""
+    return checks_of(src, ok=False)
+
+
+def details(src: Any, kind: str, *, leg: int | None = None, ok: bool | None = None) -> str:
+    """The details of every check of `kind` in `src` (and `leg`, `ok` where given), one a line:
+    for a kind several checks share (the trainer's static checks, the state digests of each
+    kind of object) and a test that asserts what one of them says. Fails when none matches."""
+    found = checks_of(src, kind, leg=leg, ok=ok)
+    assert found, (
+        f"no check of kind {kind} leg {leg} ok {ok} among {[(c.get('kind'), c.get('leg')) for c in checks_of(src)]}"
+    )
+    return "\n".join(c["detail"] for c in found)

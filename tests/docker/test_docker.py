@@ -19,7 +19,8 @@ import pytest
 
 from launcher.backends.base import LegSpec
 from launcher.backends.docker import DockerBackend
-from tests.helpers import assert_one_line_error, edit_config, run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import assert_one_line_error, check, checks_of, edit_config, failed, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "preflight-base:bookworm"
@@ -95,10 +96,10 @@ def test_rehearsal_in_fresh_containers(built: Path) -> None:
     image = run_cli(["image", "list", "--json"], cwd=built).json()[0]["image_id"]
     assert run["backend"] == "docker" and run["image"] == image  # the ledger carries the image digest
     assert len({leg["instance"] for leg in run["legs"]}) == 4  # a new container per leg (+ the straight run)
-    checks = {c["name"]: c for c in res.json()["checks"]}
     # SIGTERM reaches the trainer in its container; the deadline leg is held by `docker pause`.
-    assert checks["leg 0 stopped on sigterm"]["ok"] and checks["leg 1 stopped on deadline"]["ok"]
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    stops = [check(res, Kind.STOPPED_AS_ASKED, leg=leg)["facts"] for leg in (0, 1)]
+    assert stops == [{"want": "sigterm", "got": "sigterm"}, {"want": "deadline", "got": "deadline"}], stops
+    assert "identical at every step" in check(res, Kind.TIMELINE)["detail"]
     assert all(leg["command"][1] == "run" and image in leg["command"] for leg in run["legs"])
     assert containers(f"preflight-{run['id']}") == []  # every instance is gone
 
@@ -217,8 +218,8 @@ def test_drill_in_containers(built: Path) -> None:
         timeout=900,
     )
     out = res.json()
-    assert res.code == 0, [c for c in out["checks"] if not c["ok"]]
-    resumed = [c["detail"] for c in out["checks"] if c["name"].endswith("resumed from the newest verified checkpoint")]
+    assert res.code == 0, failed(out)
+    resumed = [c["detail"] for c in checks_of(out, Kind.RESUMED_NEWEST)]
     assert len(resumed) == 2 and all("the launcher's read of that checkpoint" in d for d in resumed), resumed
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=built).json()[0]
     assert run["backend"] == "docker" and [leg["killed"] for leg in run["legs"]] == [True, True, False, False]
@@ -309,16 +310,15 @@ def test_a_run_in_containers_carried_across_a_killed_container(built: Path, tmp_
     run = run_cli(["ledger", "--json"], cwd=root).json()[0]
     assert run["rung"] == "run" and run["backend"] == "docker" and run["verdict"] == "pass" and len(run["legs"]) == 2
     assert run["legs"][0]["instance"] != run["legs"][1]["instance"]
-    checks = {c["name"]: c for c in run["checks"]}
-    assert all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
-    for name in (
-        "leg 1 resumed from the newest verified checkpoint",
-        "leg 1: exact data position (batch hashes)",
-        "leg 1: LR follows the schedule",
-        "leg 1: loss continuity",
-        "the run ended at exactly its step count",
+    assert all(c["ok"] for c in run["checks"]), failed(run)
+    for kind, leg in (
+        (Kind.RESUMED_NEWEST, 1),
+        (Kind.DATA_POSITION, 1),
+        (Kind.LR, 1),
+        (Kind.LOSS_CONTINUITY, 1),
+        (Kind.RUN_LENGTH, None),
     ):
-        assert checks[name]["ok"], checks[name]
+        assert check(run, kind, leg=leg)["ok"], kind
     assert containers(f"preflight-{run['id']}") == []
 
 

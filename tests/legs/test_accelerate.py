@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, details, failed, run_cli
 from tests.legs.test_examples import copy_example
-from tests.legs.test_planted_bugs import failed, plant, rehearse, report_fails
+from tests.legs.test_planted_bugs import plant, rehearse, report_fails
 
 STATEFUL = "DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True)"
 
@@ -31,10 +32,10 @@ def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batc
     plant(root, "DataLoaderConfiguration(use_seedable_sampler=True)", STATEFUL)
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "data's state" in bad["state digests = straight-through run (data)"], bad
-    assert "batch_hash" in bad["resumed run = straight-through run"], bad
-    assert checks["leg 1: exact data position (batch hashes)"]["ok"]  # the first batch after the resume is right
-    moved = bad["every resumed step's batch = straight-through run's"]
+    assert code == 1 and "data's state" in details(bad, Kind.STATE_STRAIGHT), bad
+    assert "batch_hash" in check(bad, Kind.TIMELINE)["detail"], bad
+    assert check(checks, Kind.DATA_POSITION, leg=1, ok=True)["ok"]  # the first batch after the resume is right
+    moved = check(bad, Kind.DATA_POSITION, ok=False)["detail"]
     assert "read the straight-through run's batch of step" in moved and "the data position moved" in moved, moved
     fails = report_fails(root, 2, 4)
     assert "every resumed step's batch" in fails[2] and "state digests = straight-through run (data)" in fails[2], fails
@@ -54,20 +55,19 @@ def test_an_optimizer_left_out_of_prepare_restarts_its_moments_on_every_resume(t
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    detail = bad.get("resumed run = straight-through run", "")
+    detail = details(bad, Kind.TIMELINE)
     assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
     assert (
-        "an optimizer that `accelerator.prepare` was not given"
-        in bad["leg 1: the tracked optimizer is the one stepping"]
+        "an optimizer that `accelerator.prepare` was not given" in check(bad, Kind.OPTIMIZER_IN_USE, leg=1)["detail"]
     ), bad
-    assert set(bad) <= {
-        "resumed run = straight-through run",
-        "leg 1: loss continuity",
-        "leg 2: loss continuity",
-        "leg 1: the tracked optimizer is the one stepping",
-        "leg 2: the tracked optimizer is the one stepping",
+    assert {(c["kind"], c.get("leg")) for c in bad} <= {
+        (Kind.TIMELINE, None),
+        (Kind.LOSS_CONTINUITY, 1),
+        (Kind.LOSS_CONTINUITY, 2),
+        (Kind.OPTIMIZER_IN_USE, 1),
+        (Kind.OPTIMIZER_IN_USE, 2),
     }, bad
-    assert checks["leg 1: LR follows the schedule"]["ok"]  # the scheduler was prepared: its LR is restored
+    assert check(checks, Kind.LR, leg=1)["ok"]  # the scheduler was prepared: its LR is restored
     res = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
     assert res.code == 1 and status[4][0] == "FAIL" and "resumed run = straight-through run" in status[4][1], status

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from launcher.checks.determinism import BAND_ON_GPU, EXACT_ON_GPU, check_determinism
-from launcher.checks.evidence import LegEvents
+from launcher.checks.evidence import Kind, LegEvents
 from runtime import contract
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,12 +93,15 @@ def legs(*specs: tuple[dict | None, list[str] | None]) -> list[LegEvents]:
 def test_a_gpu_run_is_compared_exactly_only_while_the_mode_held() -> None:
     on = {"algorithms": True}
     held = check_determinism(legs((on, None), (on, None)), on_gpu=True)
-    assert held is not None and held.name == EXACT_ON_GPU and held.ok
+    assert held is not None and held.kind == Kind.GPU_EXACT and held.name == EXACT_ON_GPU and held.ok
     named = check_determinism(legs((on, None), (on, ["index_add_cuda_"])), on_gpu=True)
-    assert named is not None and named.name == BAND_ON_GPU and "index_add_cuda_" in named.detail
+    assert named is not None and named.kind == Kind.GPU_BAND and named.name == BAND_ON_GPU  # its wording, on purpose
+    assert "index_add_cuda_" in named.detail
     assert "noise band" in named.detail and "leg 1 step 1" in named.detail
     off = check_determinism(legs((on, None), (None, None)), on_gpu=True)
-    assert off is not None and off.name == "deterministic mode" and "legs [1]" in off.detail
+    assert (
+        off is not None and off.kind == Kind.GPU_BAND and off.name == "deterministic mode" and "legs [1]" in off.detail
+    )
     assert check_determinism(legs((on, None)), on_gpu=False) is None  # CPU: exact anyway, nothing to say
     cpu_named = check_determinism(legs((on, ["put_"])), on_gpu=False)
     assert cpu_named is not None and "stay exact" in cpu_named.detail

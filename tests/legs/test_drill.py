@@ -7,38 +7,39 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import edit_config, run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, checks_of, edit_config, failed, run_cli
 
 
-def drill(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
+def drill(project: Path, *args: str) -> tuple[int, list[dict], dict]:
     res = run_cli(["drill", "cold-resume", "--json", *args], cwd=project, timeout=1200)
     out = res.json()
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
-    return res.code, {c["name"]: c for c in out["checks"]}, run
+    return res.code, out["checks"], run
 
 
-def fell_back(checks: dict[str, dict], leg: int, moment: str, at_event: str) -> None:
+def fell_back(checks: list[dict], leg: int, moment: str, at_event: str) -> None:
     """Leg `leg` of a passing drill was killed at `moment` (the line of `at_event` for step S): an
     older step V was the newest verified in the store, and the next leg resumed there, exactly."""
+    killed = check(checks, Kind.KILLED, leg=leg)
+    assert killed["facts"]["moment"] == moment, killed
     found = re.search(
         rf'"{at_event}", "step": (\d+)(, "name": "step-\d+")?\}}; newest verified in store after the '
         r"kill: step (\d+)",
-        checks[f"leg {leg} killed {moment}"]["detail"],
+        killed["detail"],
     )
     saving, verified = int(found.group(1)), int(found.group(3))
     assert verified < saving
-    assert (
-        f"resumed at step {verified};" in checks[f"leg {leg + 1} resumed from the newest verified checkpoint"]["detail"]
-    )
-    assert checks[f"leg {leg}: the store after the kill holds the newest verified checkpoint"]["ok"]
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert f"resumed at step {verified};" in check(checks, Kind.RESUMED_NEWEST, leg=leg + 1)["detail"]
+    assert check(checks, Kind.STORE_AFTER_KILL, leg=leg)["ok"]
+    assert "identical at every step" in check(checks, Kind.TIMELINE)["detail"]
 
 
 def test_a_kill_during_the_background_write_never_leaves_a_verified_checkpoint(project: Path) -> None:
     """Killed while the snapshot of step S was being written off the critical path: S never
     reaches the store; the next leg resumes from the newest verified V < S."""
     code, checks, _ = drill(project, "--kills", "1", "--at", "mid-save")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert code == 0, failed(checks)
     fell_back(checks, 0, "mid-save", "save")
 
 
@@ -64,10 +65,10 @@ def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
     own until session 14."""
     edit_config(project, rungs__drill={"steps": 60, "budget_minutes": 10})
     code, checks, run = drill(project, "--kills", "8", "--at", "random", "--seed", "3")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    moments = {int(name.split()[1]): name.split("killed ")[1] for name in checks if " killed " in name}
+    assert code == 0, failed(checks)
+    moments = {c["leg"]: c["facts"]["moment"] for c in checks_of(checks, Kind.KILLED)}
     assert sorted(moments.values()) == sorted(["after-push", "mid-push", "mid-verify", "mid-step"] * 2)  # each twice
-    resumed = [c for name, c in checks.items() if name.endswith("resumed from the newest verified checkpoint")]
+    resumed = checks_of(checks, Kind.RESUMED_NEWEST)
     assert len(resumed) == 8 and all(
         c["ok"] and "the launcher's read of that checkpoint" in c["detail"] for c in resumed
     ), resumed
@@ -76,15 +77,13 @@ def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
     assert [leg["role"] for leg in run["legs"]] == [None] * 9 + ["straight"]
     assert [leg["leg"] for leg in run["legs"] if leg["killed"]] == sorted(moments) == list(range(8))
     assert all(leg["end_reason"].startswith(f"drill kill {moments[leg['leg']]} at ") for leg in run["legs"][:8])
-    assert {c["name"] for c in run["checks"]} >= {
-        f"leg {i} resumed from the newest verified checkpoint" for i in range(1, 9)
-    }
+    assert {c["leg"] for c in checks_of(run, Kind.RESUMED_NEWEST)} == set(range(1, 9))
     # a kill mid-push (written, its upload in flight) falls back to the previous verified checkpoint
     leg = min(i for i, m in moments.items() if m == "mid-push")
     fell_back(checks, leg, "mid-push", "serialized")
-    replay = checks[f"leg {leg + 1}: loss continuity"]
+    replay = check(checks, Kind.LOSS_CONTINUITY, leg=leg + 1)
     assert replay["ok"] and "must match exactly" in replay["detail"]  # the lost steps re-run exactly
-    assert "re-run reading the same batches" in checks[f"leg {leg + 1}: exact data position (batch hashes)"]["detail"]
+    assert "re-run reading the same batches" in check(checks, Kind.DATA_POSITION, leg=leg + 1)["detail"]
 
 
 def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
@@ -93,16 +92,13 @@ def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) 
     edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
     assert run_cli(["review"], cwd=project).code == 0
     code, checks, run = drill(project, "--kills", "2", "--at", "mid-push")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
+    assert code == 0, failed(checks)
     for leg in (0, 1):
-        left = checks[f"leg {leg}: no process outlived the kill"]
+        left = check(checks, Kind.NOTHING_LEFT, leg=leg)
         # torchrun and its two workers (and whatever they started) all carried the leg's token
         found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
         assert left["ok"] and found and int(found.group(1)) >= 3, left
-    assert (
-        checks["the run ended at exactly its step count"]["ok"]
-        and checks["no batch read twice (3 legs, 40 steps)"]["ok"]
-    )
+    assert check(checks, Kind.RUN_LENGTH)["ok"] and check(checks, Kind.NO_REPEAT)["ok"]
 
 
 def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_boundary(
@@ -122,11 +118,12 @@ def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_
     )
     assert run_cli(["review"], cwd=root).code == 0
     code, checks, run = drill(root)
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    assert "leg 0 stopped on sigterm" in checks and checks["leg 0 stopped on sigterm"]["ok"]
-    final = checks["leg 0: its final checkpoint on SIGTERM is the store's newest verified"]
+    assert code == 0, failed(checks)
+    stopped = check(checks, Kind.STOPPED_AS_ASKED, leg=0)
+    assert stopped["ok"] and stopped["facts"]["want"] == "sigterm", stopped
+    final = check(checks, Kind.SIGTERM_FINAL, leg=0)
     assert final["ok"] and "on the SIGTERM sent at step 10" in final["detail"], final  # epoch 1 begins at step 9
-    assert "leg 1 killed at step 18" in checks  # the LR is first cut at step 17
+    assert check(checks, Kind.KILLED, leg=1)["facts"]["moment"] == "at step 18"  # the LR is first cut at step 17
     assert [leg["killed"] for leg in run["legs"]] == [False, True, False, False]
 
 
@@ -141,15 +138,15 @@ def test_a_trainer_that_dies_on_sigterm_fails_the_default_drill(project: Path) -
         "    model.train()\n" + "".join("    " + ln + "\n" for ln in SIGTERM_DEFAULT.splitlines()),
     )
     code, checks, _ = drill(project)
-    bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    sigterm = next(n for n in checks if n.endswith("its final checkpoint on SIGTERM is the store's newest verified"))
-    assert code == 1 and sigterm in bad and any(n.endswith("stopped on sigterm") for n in bad), bad
+    bad = failed(checks)
+    assert code == 1 and checks_of(bad, Kind.SIGTERM_FINAL) and checks_of(bad, Kind.STOPPED_AS_ASKED), bad
 
 
 def test_kills_at_the_users_own_steps(project: Path) -> None:
     code, checks, run = drill(project, "--kills-at", "13")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    assert "leg 0 killed at step 13" in checks and len(run["legs"]) == 3  # one kill, the last leg, the straight run
+    assert code == 0, failed(checks)
+    killed = check(checks, Kind.KILLED, leg=0)["facts"]["moment"]
+    assert killed == "at step 13" and len(run["legs"]) == 3  # one kill, the last leg, the straight run
     assert [leg["end_reason"] for leg in run["legs"] if leg["killed"]] == [
         'drill kill at step 13 at {"event": "step", "step": 13}'
     ]

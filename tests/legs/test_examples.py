@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, failed, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REPO = EXAMPLES.parent
@@ -63,7 +64,7 @@ def drill_and_report(root: Path) -> None:
     """`drill cold-resume --kills 2 --at mid-push` passes, then the report: proofs 1-4 and 6-8
     PASS, 5 MISSING (no GPU rung here), exit 0."""
     drill = run_cli(["drill", "cold-resume", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900)
-    assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
+    assert drill.code == 0, failed(drill)
     report = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
     assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, {
@@ -85,9 +86,8 @@ def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path)
     static = run_cli(["up", "static", "--json"], cwd=root)
     assert static.code == 0, static.out
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
-    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
     drill_and_report(root)
 
 
@@ -121,16 +121,15 @@ def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_
     train.write_text(train.read_text().replace("torch.manual_seed(args.seed)\n", "", 1))
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    failed = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
+    bad = failed(res)
     # The finding, whatever the band says: a trainer that is random on every start may also land
     # outside the band on a resume (seen: a 0.249 loss drop across a restart against a band of
     # 0.245), so the band checks may fail too; every other check must hold.
-    band = {"resumed run = straight-through run"} | {f"leg {i}: loss continuity" for i in (1, 2)}
-    assert res.code == 1 and "CPU determinism" in failed and set(failed) <= {"CPU determinism"} | band, failed
-    assert "two straight-through runs differ at step 1: loss" in failed["CPU determinism"]
-    assert "trainer.deterministic: false" in failed["CPU determinism"]
-    assert "band" in checks["resumed run = straight-through run"]["detail"]
+    band = {(Kind.TIMELINE, None)} | {(Kind.LOSS_CONTINUITY, i) for i in (1, 2)}
+    said = check(bad, Kind.CPU_DETERMINISM)["detail"]
+    assert res.code == 1 and {(c["kind"], c.get("leg")) for c in bad} <= {(Kind.CPU_DETERMINISM, None)} | band, bad
+    assert "two straight-through runs differ at step 1: loss" in said and "trainer.deterministic: false" in said, said
+    assert "band" in check(res, Kind.TIMELINE)["detail"]
     status = {p["number"]: p for p in run_cli(["report", "--json"], cwd=root, timeout=600).json()["proofs"]}
     assert status[4]["status"] == "FAIL" and "CPU determinism" in status[4]["summary"], status[4]
 
@@ -147,16 +146,15 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     assert run_cli(["up", "static", "--json"], cwd=root).code == 0
     planned = run_cli(["up", "rehearsal", "--nodes", "2", "--dry-run", "--json"], cwd=root).json()
     rehearsal = run_cli(["up", "rehearsal", "--nodes", "2", "--json"], cwd=root, timeout=900)
-    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
-    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    ranks = checks["every rank's data position (4 ranks)"]
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    ranks = check(rehearsal, Kind.RANK_DATA)
     assert ranks["ok"] and ranks["kind"] == "rank_data" and "80 batch hashes across the ranks" in ranks["detail"]
     each_node_ran_the_sky_script(root, rehearsal.json()["run_id"], planned, steps=20)
     drill = run_cli(
         ["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
     )
-    assert drill.code == 0, [c for c in drill.json()["checks"] if not c["ok"]]
+    assert drill.code == 0, failed(drill)
     drill_legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
     each_node_pushed_its_own_shards(drill_legs[-2])  # the last drill leg, after the two kills
     manifests = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
@@ -201,10 +199,10 @@ def test_the_stateful_loader_example_climbs_the_ladder(tmp_path: Path, leg_tmp: 
     root = copy_example("stateful_loader", tmp_path)
     assert run_cli(["up", "static", "--json"], cwd=root).code == 0
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
-    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    assert "sigterm" in checks["leg 0 stopped on sigterm"]["detail"]
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    stopped = check(rehearsal, Kind.STOPPED_AS_ASKED, leg=0)
+    assert stopped["facts"]["want"] == "sigterm" and "sigterm" in stopped["detail"], stopped
     drill_and_report(root)
 
 
@@ -220,7 +218,6 @@ def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path
     )
     assert run_cli(["review"], cwd=root).code == 0
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    assert rehearsal.code == 0, [c for c in rehearsal.json()["checks"] if not c["ok"]]
-    checks = {c["name"]: c for c in rehearsal.json()["checks"]}
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    assert checks["every rank's data position (2 ranks)"]["ok"]
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    assert check(rehearsal, Kind.RANK_DATA)["ok"]

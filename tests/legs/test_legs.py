@@ -14,11 +14,12 @@ import pytest
 from launcher import legs
 from launcher.backends.base import StagedFile
 from launcher.backends.local import LocalBackend
+from launcher.checks.evidence import Kind
 from launcher.config.schema import Config, RungConfig, RungsConfig, TrainerConfig, parse_gpus
 from launcher.ladder import rung_named
 from launcher.ledger.db import Ledger
 from tests.gpuhost import gpu_host_env, has_real_driver
-from tests.helpers import LAUNCHER, assert_one_line_error, run_cli, run_rows
+from tests.helpers import LAUNCHER, assert_one_line_error, check, run_cli, run_rows
 from tests.legs.test_ledger import leg_pids, next_log, wait_for_line
 
 
@@ -180,10 +181,8 @@ def test_smoke_on_a_host_whose_t4_the_trainer_left_idle_answers_no_and_bills_the
     gpu_host("Tesla T4", 1)
     res = run_cli(["up", "smoke", "--gpus", "T4:1", "--json"], cwd=project)
     assert res.code == 1
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    assert (
-        not checks["leg 0 ran on the accelerator"]["ok"] and "'cpu'" in checks["leg 0 ran on the accelerator"]["detail"]
-    )
+    on_gpu = check(res, Kind.ON_ACCELERATOR, leg=0)
+    assert not on_gpu["ok"] and "'cpu'" in on_gpu["detail"], on_gpu
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     wall = sum(leg["ended_at"] - leg["started_at"] for leg in run["legs"])
     assert run["gpu_name"] == "T4" and run["gpu_count"] == 1

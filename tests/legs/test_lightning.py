@@ -9,8 +9,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from launcher.checks.evidence import Kind
+from tests.helpers import check, failed
 from tests.legs.test_examples import REPO, copy_example, pl_python
-from tests.legs.test_planted_bugs import failed, plant, rehearse, report_fails
+from tests.legs.test_planted_bugs import plant, rehearse, report_fails
 
 
 def test_fit_from_last_on_a_fresh_disk_trains_from_scratch(tmp_path: Path, leg_tmp: Path) -> None:
@@ -20,9 +22,9 @@ def test_fit_from_last_on_a_fresh_disk_trains_from_scratch(tmp_path: Path, leg_t
     plant(root, "ckpt_path=pf.resume())", 'ckpt_path="last")')
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "printed no `resume` event: it started from scratch" in bad["leg 1 resumed from the store"], (
-        bad
-    )
+    assert (
+        code == 1 and "printed no `resume` event: it started from scratch" in check(bad, Kind.RESUMED, leg=1)["detail"]
+    ), bad
     assert "did not pull a checkpoint back" in report_fails(root, 1, 2, 3, 4)[1]
 
 
@@ -39,8 +41,8 @@ def test_a_module_that_drops_the_scheduler_on_load_restarts_its_warm_up(tmp_path
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "the straight-through run's LR there is" in bad["leg 1: LR follows the schedule"], bad
-    assert "scheduler as loaded at step" in bad["leg 1: optimizer, scheduler loaded as saved (state digests)"], bad
+    assert code == 1 and "the straight-through run's LR there is" in check(bad, Kind.LR, leg=1)["detail"], bad
+    assert "scheduler as loaded at step" in check(bad, Kind.STATE_RESTORED, leg=1)["detail"], bad
     assert "LR follows the schedule" in report_fails(root, 3)[3]
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import edit_config, run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, edit_config, failed, run_cli
 
 
 def two_by_two(project: Path) -> None:
@@ -87,11 +88,11 @@ def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: in
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--json"], cwd=project, timeout=900)
     assert res.code == 1, res.out + res.err
-    bad = {c["name"]: c for c in res.json()["checks"] if not c["ok"]}
-    assert set(bad) == {"every rank's data position (4 ranks)", "resumed run = straight-through run"}, bad
-    check = bad["every rank's data position (4 ranks)"]
-    assert check["detail"].startswith(f"rank {rank}: ") and "re-read data" in check["detail"], check
-    assert check["facts"]["rank"] == rank
+    bad = failed(res)
+    assert sorted(c["kind"] for c in bad) == [Kind.RANK_DATA, Kind.TIMELINE], bad
+    ranks = check(bad, Kind.RANK_DATA)
+    assert ranks["detail"].startswith(f"rank {rank}: ") and "re-read data" in ranks["detail"], ranks
+    assert ranks["facts"] == {"rank": rank, "ranks": 4}
 
 
 def test_a_node_lost_alone_ends_the_leg_and_the_cluster_with_it(project: Path, tmp_path: Path) -> None:

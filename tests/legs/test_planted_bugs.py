@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, checks_of, details, failed, run_cli
 from tests.legs.test_examples import copy_example
 from tests.legs.test_report import reword_checks
 
@@ -25,13 +26,9 @@ def plant(root: Path, old: str, new: str) -> None:
     assert run_cli(["review"], cwd=root).code == 0
 
 
-def rehearse(root: Path) -> tuple[int, dict[str, dict]]:
+def rehearse(root: Path) -> tuple[int, list[dict]]:
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    return res.code, {c["name"]: c for c in res.json()["checks"]}
-
-
-def failed(checks: dict[str, dict]) -> dict[str, str]:
-    return {name: c["detail"] for name, c in checks.items() if not c["ok"]}
+    return res.code, res.json()["checks"]
 
 
 def report_fails(root: Path, *numbers: int) -> dict[int, str]:
@@ -48,8 +45,8 @@ def test_a_loader_position_not_saved_re_reads_the_epoch(tmp_path: Path, leg_tmp:
     plant(root, "scheduler=sched, loader=loader)", "scheduler=sched)")  # the loader restarts its epoch
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
-    assert "resumed run = straight-through run" in bad
+    assert code == 1 and "already consumed" in details(bad, Kind.DATA_POSITION, leg=1), bad
+    assert checks_of(bad, Kind.TIMELINE)
     report_fails(root, 2, 8)
 
 
@@ -60,8 +57,8 @@ def test_the_batch_rng_reseeded_on_resume_draws_old_batches(tmp_path: Path, leg_
     bad = failed(checks)
     # Leg 1's first batch is the one the seed first gave (an eval batch at step 0): wrong, and new;
     # the straight-through run names it; leg 2's resume then re-reads a batch leg 1 trained on.
-    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
-    assert "already consumed" in bad["leg 2: exact data position (batch hashes)"], bad
+    assert code == 1 and "batch_hash" in check(bad, Kind.TIMELINE)["detail"], bad
+    assert "already consumed" in details(bad, Kind.DATA_POSITION, leg=2), bad
     report_fails(root, 2, 8)
 
 
@@ -77,11 +74,11 @@ def test_a_fresh_optimizer_state_breaks_bit_identity(tmp_path: Path, leg_tmp: Pa
     plant(root, "sess.track(model=model, optimizer=optimizer)", "sess.track(model=model)")
     code, checks = rehearse(root)
     bad = failed(checks)
-    detail = bad["resumed run = straight-through run"]
+    detail = check(bad, Kind.TIMELINE)["detail"]
     assert code == 1 and "first difference at step" in detail and "loss" in detail, bad
     # leg 0 (a fresh start) agreed with the straight-through run over its steps: no second
     # straight-through leg was spent to ask whether the trainer reproduces itself
-    assert "CPU determinism" not in bad
+    assert not checks_of(bad, Kind.CPU_DETERMINISM)
     legs = run_cli(["ledger", "--json"], cwd=root).json()[0]["legs"]
     assert [leg["role"] for leg in legs][-1] == "straight" and len(legs) == 4, [leg["role"] for leg in legs]
     status = report_status(root)
@@ -104,9 +101,9 @@ def test_an_optimizer_re_created_after_the_resume_is_named(tmp_path: Path, leg_t
     assert (
         code == 1
         and "the loop steps an optimizer the session does not track"
-        in bad["leg 1: the tracked optimizer is the one stepping"]
+        in check(bad, Kind.OPTIMIZER_IN_USE, leg=1)["detail"]
     ), bad
-    assert checks["leg 1: LR follows the schedule"]["ok"]  # the LR alone would have passed it
+    assert check(checks, Kind.LR, leg=1)["ok"]  # the LR alone would have passed it
     status = report_status(root)
     assert status[3][0] == "FAIL" and "does not track" in status[3][1], status
 
@@ -126,8 +123,8 @@ def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path
     code, checks = rehearse(good)
     assert code == 0, failed(checks)
     assert (
-        checks["leg 1: exact data position (batch hashes)"]["ok"]
-        and checks["leg 2: exact data position (batch hashes)"]["ok"]
+        check(checks, Kind.DATA_POSITION, leg=1, ok=True)["ok"]
+        and check(checks, Kind.DATA_POSITION, leg=2, ok=True)["ok"]
     )
     bad_root = copy_asset("prefetch", tmp_path / "bad")
     plant(
@@ -137,7 +134,7 @@ def test_a_prefetching_loop_is_checked_on_the_batch_the_model_ate(tmp_path: Path
     )
     code, checks = rehearse(bad_root)
     bad = failed(checks)
-    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
+    assert code == 1 and "already consumed" in details(bad, Kind.DATA_POSITION, leg=1), bad
     report_fails(bad_root, 2)
 
 
@@ -152,7 +149,7 @@ def test_a_report_over_legs_that_crashed_after_a_verified_checkpoint_fails(tmp_p
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "leg 0 finished" in bad and "exited 1" in bad["leg 0 finished"], bad
+    assert code == 1 and "exited 1" in check(bad, Kind.LEG_FINISHED, leg=0)["detail"], bad
     res = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
     assert res.code == 1 and not [n for n, (st, _) in status.items() if st == "PASS"], status
@@ -176,9 +173,9 @@ def test_a_recurrent_state_zeroed_on_resume_is_a_state_digest_difference(tmp_pat
     plant(root, 'hidden = sess.extra.get("hidden")', "hidden = None")
     code, checks = rehearse(root)
     bad = failed(checks)
-    state = next((d for n, d in bad.items() if n.startswith("state digests = straight-through run")), "")
+    state = " ".join(c["detail"] for c in checks_of(bad, Kind.STATE_STRAIGHT))
     assert code == 1 and "extra's state" in state, bad
-    assert checks["leg 1: exact data position (batch hashes)"]["ok"]  # not a data bug, and not said to be one
+    assert check(checks, Kind.DATA_POSITION, leg=1, ok=True)["ok"]  # not a data bug, and not said to be one
     fails = report_fails(root, 4)
     assert "extra" in fails[4], fails
 
@@ -194,8 +191,8 @@ def test_an_epoch_counter_restarted_on_resume_is_a_field_difference(tmp_path: Pa
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "epoch" in bad["printed fields = straight-through run"], bad
-    assert checks["resumed run = straight-through run"]["ok"]  # not the loss comparison that saw it
+    assert code == 1 and "epoch" in check(bad, Kind.FIELDS_STRAIGHT)["detail"], bad
+    assert check(checks, Kind.TIMELINE)["ok"]  # not the loss comparison that saw it
     report_fails(root, 4)
 
 
@@ -205,7 +202,11 @@ def test_a_reshuffle_with_another_seed_each_leg_is_refused(tmp_path: Path, leg_t
     plant(root, "import sys\n", "import os\nimport sys\n")
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "cursor_mismatch" in bad["leg 1 finished"] and "seed=" in bad["leg 1 finished"], bad
+    assert (
+        code == 1
+        and "cursor_mismatch" in check(bad, Kind.LEG_FINISHED, leg=1)["detail"]
+        and "seed=" in check(bad, Kind.LEG_FINISHED, leg=1)["detail"]
+    ), bad
     report_fails(root, 1, 2)
 
 
@@ -221,8 +222,8 @@ def test_a_cursor_one_batch_off_behind_an_honest_looking_index(project: Path) ->
     plant(project, "sample_index=first_sample)", "sample_index=sess.step_count * 8)")  # derived, so it looks right
     code, checks = rehearse(project)
     bad = failed(checks)
-    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
-    assert checks["sample index continues (the trainer's own witness)"]["ok"]  # the index alone says all is well
+    assert code == 1 and "batch_hash" in check(bad, Kind.TIMELINE)["detail"], bad
+    assert check(checks, Kind.SAMPLE_INDEX)["ok"]  # the index alone says all is well
     report_fails(project, 8)
 
 
@@ -255,7 +256,7 @@ def test_a_verify_that_reads_the_local_copy_is_caught_by_the_launchers_read(proj
     plant(project, "from runtime.session import", VERIFY_LOCAL + "\nfrom runtime.session import")
     code, checks = rehearse(project)
     bad = failed(checks)
-    read = bad["leg 0: the launcher read back its checkpoint from the store"]
+    read = check(bad, Kind.READBACK, leg=0)["detail"]
     assert code == 1 and "CheckpointDamaged" in read and "the manifest says" in read, bad
     assert "CheckpointDamaged" in report_fails(project, 1)[1]
 
@@ -273,7 +274,7 @@ def test_no_final_push_on_sigterm(project: Path) -> None:
     )
     code, checks = rehearse(project)
     bad = failed(checks)
-    assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+    assert code == 1 and check(bad, Kind.STOPPED_AS_ASKED, leg=0)["facts"]["want"] == "sigterm", bad
     assert "stopped on sigterm" in report_fails(project, 1)[1]
 
 
@@ -285,7 +286,7 @@ def test_no_final_push_on_sigterm_in_the_examples(example: str, after: str, tmp_
     plant(root, after, after + SIGTERM_DEFAULT)
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "leg 0 stopped on sigterm" in bad, bad
+    assert code == 1 and check(bad, Kind.STOPPED_AS_ASKED, leg=0)["facts"]["want"] == "sigterm", bad
     report_fails(root, 1)
 
 
@@ -295,7 +296,7 @@ def test_the_hf_trainer_told_to_ignore_its_data_skip_re_reads_the_epoch(tmp_path
     plant(root, "dataloader_num_workers=0,", "dataloader_num_workers=0, ignore_data_skip=True,")
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "already consumed" in bad["leg 1: exact data position (batch hashes)"], bad
+    assert code == 1 and "already consumed" in details(bad, Kind.DATA_POSITION, leg=1), bad
     report_fails(root, 2)
 
 
@@ -311,8 +312,7 @@ def test_an_import_by_absolute_path_fails_rung_0(example: str, tmp_path: Path, l
         f"import argparse\nimport sys\nsys.path.insert(0, {str(outside)!r})\nimport helpers_outside\n",
     )
     res = run_cli(["up", "static", "--json"], cwd=root)
-    imports = next(c for c in res.json()["checks"] if c["name"] == "imports from reviewed files only")
-    assert res.code == 1 and not imports["ok"] and "helpers_outside" in imports["detail"], imports
+    assert res.code == 1 and "helpers_outside" in details(res, Kind.TRAINER_STATIC, ok=False), res.out
 
 
 TORN_SAVE = """
@@ -355,10 +355,10 @@ def test_a_checkpoint_torn_by_a_save_that_does_not_snapshot_first(tmp_path: Path
     # The rehearsal resumes from final checkpoints (not torn: taken at the stop); a kill after a
     # cadence push makes the next leg resume from a torn one.
     res = run_cli(["drill", "cold-resume", "--kills", "2", "--at", "after-push", "--json"], cwd=root, timeout=900)
-    bad = failed({c["name"]: c for c in res.json()["checks"]})
-    detail = bad.get("resumed run = straight-through run", "")
+    bad = failed(res)
+    detail = " ".join(c["detail"] for c in checks_of(bad, Kind.TIMELINE))
     assert res.code == 1 and "first difference at step" in detail and "loss" in detail, bad
-    assert any("loss continuity" in name for name in bad), bad  # the re-run steps differ from the killed leg's
+    assert checks_of(bad, Kind.LOSS_CONTINUITY), bad  # the re-run steps differ from the killed leg's
     report_fails(root, 4)
 
 
@@ -375,7 +375,7 @@ def test_a_curriculum_that_restarts_on_resume(tmp_path: Path, leg_tmp: Path) -> 
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "batch_hash" in bad["resumed run = straight-through run"], bad
+    assert code == 1 and "batch_hash" in check(bad, Kind.TIMELINE)["detail"], bad
     report_fails(root, 8)
 
 
@@ -393,15 +393,15 @@ def test_a_plateau_scheduler_left_out_of_the_state(tmp_path: Path, leg_tmp: Path
     )  # 8 batches an epoch, 4 epochs
     plant(root, "scheduler=sched, loader=loader)", "loader=loader)")
     res = run_cli(["drill", "cold-resume", "--json"], cwd=root, timeout=900)
-    bad = failed({c["name"]: c for c in res.json()["checks"]})
-    assert res.code == 1 and "lr" in bad["resumed run = straight-through run"], bad
-    assert any("LR follows the schedule" in name for name in bad), bad
+    bad = failed(res)
+    assert res.code == 1 and "lr" in check(bad, Kind.TIMELINE)["detail"], bad
+    assert checks_of(bad, Kind.LR), bad
     report_fails(root, 3)
 
 
-def drill(root: Path, *args: str) -> tuple[int, dict[str, dict]]:
+def drill(root: Path, *args: str) -> tuple[int, list[dict]]:
     res = run_cli(["drill", "cold-resume", *args, "--json"], cwd=root, timeout=900)
-    return res.code, {c["name"]: c for c in res.json()["checks"]}
+    return res.code, res.json()["checks"]
 
 
 def short_drill(root: Path) -> None:
@@ -439,7 +439,7 @@ def test_a_resume_from_a_host_local_cache_is_named_by_the_launchers_read(tmp_pat
     )
     code, checks = drill(root, "--kills", "1", "--at", "mid-step")  # two steps past the first verified one
     bad = failed(checks)
-    resumed = bad["leg 1 resumed from the newest verified checkpoint"]
+    resumed = check(bad, Kind.RESUMED_NEWEST, leg=1)["detail"]
     assert code == 1 and "is not that checkpoint's: model" in resumed, bad
     assert "matches no checkpoint the store held" in resumed, resumed
     assert "matches no checkpoint the store held" in report_fails(root, 6)[6]
@@ -486,7 +486,7 @@ def test_a_resume_from_a_checkpoint_that_never_verified_is_named_by_the_launcher
     )
     code, checks = drill(root, "--kills", "1", "--at", "mid-verify")
     bad = failed(checks)
-    resumed = bad["leg 1 resumed from the newest verified checkpoint"]
+    resumed = check(bad, Kind.RESUMED_NEWEST, leg=1)["detail"]
     assert code == 1 and "resumed at step 5" in resumed, bad
     assert "the store's step-10 checkpoint, which never verified" in resumed, resumed
     assert "which never verified" in report_fails(root, 6)[6]

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, checks_of, details, failed, run_cli
 from tests.legs.test_examples import copy_example
-from tests.legs.test_planted_bugs import failed, plant, rehearse, report_fails
+from tests.legs.test_planted_bugs import plant, rehearse, report_fails
 
 
 def test_a_stateful_loader_left_untracked_re_reads_its_epoch(tmp_path: Path, leg_tmp: Path) -> None:
@@ -23,8 +24,8 @@ def test_a_stateful_loader_left_untracked_re_reads_its_epoch(tmp_path: Path, leg
     plant(root, "sess.track(model=model, optimizer=opt, loader=loader)", "sess.track(model=model, optimizer=opt)")
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "already consumed" in bad.get("leg 1: exact data position (batch hashes)", ""), bad
-    assert "resumed run = straight-through run" in bad
+    assert code == 1 and "already consumed" in details(bad, Kind.DATA_POSITION, leg=1), bad
+    assert checks_of(bad, Kind.TIMELINE)
     report_fails(root, 2, 8)
 
 
@@ -40,10 +41,8 @@ def test_a_resume_that_skips_by_hand_on_top_of_the_loaders_state_skips_twice(tmp
     )
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "batches: the resume moved the data position" in bad.get(
-        "leg 1: exact data position (batch hashes)", ""
-    ), bad
-    assert "resumed run = straight-through run" in bad and "state digests = straight-through run (data)" in bad, bad
+    assert code == 1 and "batches: the resume moved the data position" in details(bad, Kind.DATA_POSITION, leg=1), bad
+    assert checks_of(bad, Kind.TIMELINE) and checks_of(bad, Kind.STATE_STRAIGHT), bad  # the loader's state: data
     report_fails(root, 2, 8)
 
 
@@ -78,7 +77,7 @@ def test_a_ranks_shard_left_out_of_the_manifest_never_verifies(tmp_path: Path, l
     code, checks = rehearse(root)
     bad = failed(checks)
     why = ".metadata names '__1_0.distcp', which the manifest does not list"
-    assert code == 1 and why in bad["leg 0: the launcher read back its checkpoint from the store"], bad
+    assert code == 1 and why in check(bad, Kind.READBACK, leg=0)["detail"], bad
     assert why in report_fails(root, 1)[1]
 
 
@@ -90,8 +89,6 @@ def test_a_sharded_resume_that_drops_the_optimizer_state_is_named(tmp_path: Path
     plant(root, "sess.resume()\n", "sess.resume()\nopt = torch.optim.AdamW(model.parameters(), lr=3e-3)\n")
     code, checks = rehearse(root)
     bad = failed(checks)
-    assert code == 1 and "resumed run = straight-through run" in bad, bad
-    assert "the loop steps an optimizer the session does not track" in bad.get(
-        "leg 1: the tracked optimizer is the one stepping", ""
-    ), bad
+    assert code == 1 and checks_of(bad, Kind.TIMELINE), bad
+    assert "the loop steps an optimizer the session does not track" in details(bad, Kind.OPTIMIZER_IN_USE, leg=1), bad
     report_fails(root, 3)

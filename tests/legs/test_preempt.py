@@ -5,39 +5,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, failed, run_cli
 from tests.legs.test_planted_bugs import plant
 
 
-def preempt(project: Path, *args: str) -> tuple[int, dict[str, dict], dict]:
+def preempt(project: Path, *args: str) -> tuple[int, list[dict], dict]:
     res = run_cli(["drill", "preempt", "--json", *args], cwd=project, timeout=900)
     out = res.json()
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
-    return res.code, {c["name"]: c for c in out["checks"]}, run
+    return res.code, out["checks"], run
 
 
 def test_with_gcps_notice_the_final_checkpoint_verifies_and_the_next_leg_resumes_there(project: Path) -> None:
     code, checks, run = preempt(project, "--notice", "gcp", "--at-step", "18")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    notice = checks["leg 0: the final checkpoint within the 25 s notice"]
+    assert code == 0, failed(checks)
+    notice = check(checks, Kind.PREEMPT_NOTICE, leg=0)
+    assert notice["facts"]["notice_s"] == 25, notice
     stopped = notice["facts"]["stop_step"]  # the step it was in when the signal came may finish first
     assert stopped in (18, 19) and notice["facts"]["expected"] == stopped, notice
     assert notice["detail"].startswith(f"SIGTERM at step 18; stopped at step {stopped} and its checkpoint verified")
     assert notice["facts"]["verify_s"] < 25 and notice["facts"]["stop_reason"] == "sigterm"
-    assert f"resumed at step {stopped};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
-    assert checks["leg 0: work lost to the preemption"]["facts"]["steps"] == 0
+    assert f"resumed at step {stopped};" in check(checks, Kind.RESUMED_NEWEST, leg=1)["detail"]
+    assert check(checks, Kind.WORK_LOST, leg=0)["facts"]["steps"] == 0
     assert run["rung"] == "drill" and [leg["killed"] for leg in run["legs"]] == [False, False]
 
 
 def test_with_no_notice_the_next_leg_resumes_from_the_previous_verified_checkpoint(project: Path) -> None:
     code, checks, run = preempt(project, "--notice", "0", "--at-step", "18")
-    assert code == 0, [c for c in checks.values() if not c["ok"]]
-    notice = checks["leg 0: the final checkpoint within the 0 s notice"]
+    assert code == 0, failed(checks)
+    notice = check(checks, Kind.PREEMPT_NOTICE, leg=0)
+    assert notice["facts"]["notice_s"] == 0, notice
     newest = notice["facts"]["expected"]  # what the cadence had verified by step 18 (a push may still be in flight)
     assert newest is not None and newest < 18 and newest % 5 == 0, notice
     assert notice["detail"] == f"no notice: killed at step 18; the store's newest verified checkpoint was step {newest}"
-    assert f"resumed at step {newest};" in checks["leg 1 resumed from the newest verified checkpoint"]["detail"]
-    lost = checks["leg 0: work lost to the preemption"]
+    assert f"resumed at step {newest};" in check(checks, Kind.RESUMED_NEWEST, leg=1)["detail"]
+    lost = check(checks, Kind.WORK_LOST, leg=0)
     assert lost["facts"]["steps"] == 18 - newest and lost["detail"].startswith(f"{18 - newest} steps ("), lost
     assert run["legs"][0]["killed"] and "preempted at step 18 with no notice" in run["legs"][0]["end_reason"]
 
@@ -62,18 +65,18 @@ def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_c
     )
     assert run_cli(["review"], cwd=project).code == 0
     code, checks, run = preempt(project, "--notice", "2", "--at-step", "12")
-    notice = checks["leg 0: the final checkpoint within the 2 s notice"]
+    notice = check(checks, Kind.PREEMPT_NOTICE, leg=0)
     assert code == 1 and not notice["ok"] and "the leg never stopped on the SIGTERM" in notice["detail"], notice
     assert "the 2 s notice ran out" in run["legs"][0]["end_reason"] and run["legs"][0]["killed"]
-    resumed = checks["leg 1 resumed from the newest verified checkpoint"]
-    lost = checks["leg 0: work lost to the preemption"]
+    resumed = check(checks, Kind.RESUMED_NEWEST, leg=1)
+    lost = check(checks, Kind.WORK_LOST, leg=0)
     at, steps = lost["facts"]["resumed_at"], lost["facts"]["steps"]
     assert resumed["ok"] and f"resumed at step {at};" in resumed["detail"] and at == notice["facts"]["expected"]
     assert (
         f"{steps} steps (" in lost["detail"]
         and f"trained to step {at + steps}, leg 1 resumed at step {at}" in lost["detail"]
     ), lost
-    assert [c["name"] for c in checks.values() if not c["ok"]] == ["leg 0: the final checkpoint within the 2 s notice"]
+    assert failed(checks) == [notice] and notice["facts"]["notice_s"] == 2, failed(checks)
     # the report says it too, with the steps
     rep = run_cli(["report", "--out", str(tmp_path / "rep"), "--json"], cwd=project)
     assert rep.code == 0, rep.err

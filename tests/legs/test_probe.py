@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checks.evidence import LegEvents
+from launcher.checks.evidence import Kind, LegEvents
 from launcher.checks.measure import check_cadence, check_memory, check_sustained
 from launcher.ladder import probe_plan
 from tests.gpuhost import gpu_host_env
-from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+from tests.helpers import assert_one_line_error, check, checks_of, edit_config, failed, run_cli, run_rows
 
 
 def test_probe_requests_are_checked_before_anything_is_recorded(project: Path) -> None:
@@ -40,30 +40,20 @@ def test_cpu_probe_measures_and_resumes_cold(project: Path, hub_server, tmp_path
     hub_server.inject("hang", 1, f"runs/*/step-{final:08d}/*", seconds=27.0)
     res = run_cli(["up", "probe", "--cpu", "--steps", "80", "--json"], cwd=project, env=env)
     assert res.code in (0, 1), res.err
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    for name in ("leg 0: sustained rate measured", "leg 0: memory flat", "leg 0: checkpoint cadence affordable"):
-        assert name in checks and checks[name]["evidence"], name
-    assert "tok/s over steps" in checks["leg 0: sustained rate measured"]["detail"]
+    for kind in (Kind.SUSTAINED_RATE, Kind.MEMORY_FLAT, Kind.CADENCE):
+        assert check(res, kind, leg=0)["evidence"], kind
+    assert "tok/s over steps" in check(res, Kind.SUSTAINED_RATE, leg=0)["detail"]
     # FLOPs counted on the leg's first step, FLOP/s at the sustained rate, and no MFU on a CPU (no peak)
-    flops = checks["leg 0: FLOPs and MFU"]["detail"]
+    flops = check(res, Kind.MFU, leg=0)["detail"]
     assert "MFLOP/token (counted on one step; 6N + 12LdT gives" in flops and "fp32 products" in flops
     assert "GFLOP/s at the sustained rate; no MFU: no peak is known for a CPU" in flops
-    for name in (
-        "leg 1 resumed from the store",
-        "leg 1: LR follows the schedule",
-        "leg 1: exact data position (batch hashes)",
-        "no batch read twice (2 legs, 80 steps)",
-        "leg 1: the launcher read back its checkpoint from the store",
-    ):
-        assert checks[name]["ok"], checks[name]
+    for kind in (Kind.RESUMED, Kind.LR, Kind.DATA_POSITION, Kind.READBACK):
+        assert check(res, kind, leg=1)["ok"], kind
+    assert check(res, Kind.NO_REPEAT)["ok"]
     # the rehearsal's oracle: a third leg straight through, the resumed run equal to it, and the length
-    for name in (
-        "straight-through run (leg 2, no restart) finished",
-        "resumed run = straight-through run",
-        "the run ended at exactly its step count",
-    ):
-        assert checks[name]["ok"], checks[name]
-    assert "ran on the accelerator" not in " ".join(checks)  # a CPU dress rehearsal makes no GPU claim
+    for kind, leg in ((Kind.STRAIGHT_FINISHED, 2), (Kind.TIMELINE, None), (Kind.RUN_LENGTH, None)):
+        assert check(res, kind, leg=leg)["ok"], kind
+    assert not checks_of(res, Kind.ON_ACCELERATOR)  # a CPU dress rehearsal makes no GPU claim
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "probe" and run["gpu_count"] == 0 and run["billed_gpu_hours"] == 0
     assert not hub_server.faults  # the hang was taken
@@ -181,9 +171,8 @@ def test_a_cpu_probe_catches_a_reseeded_rng_by_the_straight_through_run(tmp_path
     root = copy_example("flat_gpt", tmp_path)
     plant(root, "iter_num = sess.resume()\n", "iter_num = sess.resume()\ntorch.manual_seed(1337)\n")
     res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    assert res.code == 1 and checks["leg 1 resumed from the store"]["ok"], checks
-    oracle = checks["resumed run = straight-through run"]
+    assert res.code == 1 and check(res, Kind.RESUMED, leg=1)["ok"], failed(res)
+    oracle = check(res, Kind.TIMELINE)
     assert not oracle["ok"] and "batch_hash" in oracle["detail"], oracle
 
 
@@ -195,9 +184,8 @@ def test_a_cpu_probe_names_a_leg_that_trains_past_its_step_limit(tmp_path: Path,
     root = copy_example("flat_gpt", tmp_path)
     plant(root, "total_steps=args.max_iters,", "total_steps=args.max_iters, max_steps=args.max_iters,")
     res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=root, timeout=600)
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    length = checks["the run ended at exactly its step count"]
-    assert res.code == 1 and not length["ok"] and "at step 200 of 30" in length["detail"], checks
+    length = check(res, Kind.RUN_LENGTH)
+    assert res.code == 1 and not length["ok"] and "at step 200 of 30" in length["detail"], failed(res)
 
 
 PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it had the straight-through run
@@ -205,7 +193,7 @@ PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it ha
         "flat_gpt",
         "sess.track(model=model, optimizer=optimizer)",
         "sess.track(model=model)",
-        "resumed run = straight-through run",
+        (Kind.TIMELINE, None),
         "loss",
     ),
     "optimizer-re-created": (
@@ -213,7 +201,7 @@ PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it ha
         "iter_num = sess.resume()\n",
         "iter_num = sess.resume()\nif iter_num:\n"
         "    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)\n",
-        "leg 1: the tracked optimizer is the one stepping",
+        (Kind.OPTIMIZER_IN_USE, 1),
         "does not track",
     ),
     "optimizer-on-a-stale-model": (
@@ -221,7 +209,7 @@ PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it ha
         "iter_num = sess.resume()\n",
         "iter_num = sess.resume()\nif iter_num:\n"
         "    import copy\n    model = copy.deepcopy(model)  # the optimizer keeps the old\n",
-        "resumed run = straight-through run",
+        (Kind.TIMELINE, None),
         "first difference at step",
     ),
     "curriculum-restarted": (
@@ -231,14 +219,14 @@ PROBE_PLANTS = {  # the classic resume bugs the probe's band passed before it ha
         "        globals()['seen'] = seen\n"
         "        x, y = x[:, :min(args.seq, 4 + seen)], y[:, :min(args.seq, 4 + seen)]\n"
         "        loss = criterion(model(x)",
-        "resumed run = straight-through run",
+        (Kind.TIMELINE, None),
         "batch_hash",
     ),
     "reshuffled-per-leg": (
         "plain_loop",
         "seed=args.seed)  # a shuffle",
         "seed=args.seed + int(__import__('os').environ['LAUNCHER_LEG']))  # a shuffle",
-        "leg 1 finished",
+        (Kind.LEG_FINISHED, 1),
         "cursor_mismatch",
     ),
 }
@@ -250,11 +238,9 @@ def test_a_cpu_probe_catches_the_classic_resume_bugs(bug: str, tmp_path: Path, l
     the probe passed when it compared its cold resume within a band, with no straight-through run."""
     from tests.legs.test_planted_bugs import copy_example, plant
 
-    example, old, new, check, said = PROBE_PLANTS[bug]
+    example, old, new, (kind, leg), said = PROBE_PLANTS[bug]
     root = copy_example(example, tmp_path)
     plant(root, old, new)
     res = run_cli(["up", "probe", "--cpu", "--steps", "20", "--json"], cwd=root, timeout=600)
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    assert res.code == 1 and not checks[check]["ok"] and said in checks[check]["detail"], {
-        n: c["detail"] for n, c in checks.items() if not c["ok"]
-    }
+    caught = check(res, kind, leg=leg)
+    assert res.code == 1 and not caught["ok"] and said in caught["detail"], failed(res)

@@ -8,7 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-from tests.helpers import edit_config, run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, checks_of, edit_config, failed, run_cli
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -26,25 +27,23 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
     shown, shown_at = dry_run_env(dry.json()["text"]), time.time()
     res = run_cli(["up", "rehearsal", "--json"], cwd=project, env={"HF_TOKEN": "hf_test_secret_value"})
     assert res.code == 0, res.out + res.err
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    assert all(c["ok"] for c in checks.values()), checks
+    assert all(c["ok"] for c in checks_of(res)), failed(res)
     # Three legs, two sequential resumes, each at the step the previous leg pushed: leg 0 ended by
     # SIGTERM once it printed step 6, leg 1 by its deadline (it holds itself at step 13 until it comes).
-    s0 = int(checks["leg 1 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
-    assert s0 in (6, 7, 8) and f"leg 0 pushed step {s0}" in checks["leg 1 resumed from the store"]["detail"]
-    assert checks["leg 0 stopped on sigterm"]["ok"] and checks["leg 1 stopped on deadline"]["ok"]
-    s1 = int(checks["leg 2 resumed from the store"]["detail"].split(" at step ")[1].split(";")[0])
-    assert s1 == 13, checks["leg 2 resumed from the store"]  # the hold: at the planned step, on any machine speed
+    resumed = check(res, Kind.RESUMED, leg=1)["detail"]
+    s0 = int(resumed.split(" at step ")[1].split(";")[0])
+    assert s0 in (6, 7, 8) and f"leg 0 pushed step {s0}" in resumed
+    stops = [check(res, Kind.STOPPED_AS_ASKED, leg=leg)["facts"] for leg in (0, 1)]
+    assert stops == [{"want": "sigterm", "got": "sigterm"}, {"want": "deadline", "got": "deadline"}], stops
+    s1 = int(check(res, Kind.RESUMED, leg=2)["detail"].split(" at step ")[1].split(";")[0])
+    assert s1 == 13, check(res, Kind.RESUMED, leg=2)  # the hold: at the planned step, on any machine speed
     for leg in (0, 1, 2):  # the launcher's own read of the store after each leg
-        assert (
-            "fetched whole, every file's sha256 matches"
-            in checks[f"leg {leg}: the launcher read back its checkpoint from the store"]["detail"]
-        )
-    assert f"step {s0 + 1} read" in checks["leg 1: exact data position (batch hashes)"]["detail"]
-    assert "samples 0..159 read once each" in checks["sample index continues (the trainer's own witness)"]["detail"]
-    assert "steps 1..20: 20 batch hashes, none read twice" in checks["no batch read twice (3 legs, 20 steps)"]["detail"]
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    assert "straight-through run's LR" in checks["leg 2: LR follows the schedule"]["detail"]
+        assert "fetched whole, every file's sha256 matches" in check(res, Kind.READBACK, leg=leg)["detail"]
+    assert f"step {s0 + 1} read" in check(res, Kind.DATA_POSITION, leg=1)["detail"]
+    assert "samples 0..159 read once each" in check(res, Kind.SAMPLE_INDEX)["detail"]
+    assert "steps 1..20: 20 batch hashes, none read twice" in check(res, Kind.NO_REPEAT)["detail"]
+    assert "identical at every step" in check(res, Kind.TIMELINE)["detail"]
+    assert "straight-through run's LR" in check(res, Kind.LR, leg=2)["detail"]
 
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["rung"] == "rehearsal" and run["verdict"] == "pass" and run["exit_code"] == 0
@@ -81,9 +80,8 @@ def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=project)
     assert res.code == 1
-    failed = [c["name"] for c in res.json()["checks"] if not c["ok"]]
     # It ignores SIGTERM and pushes nothing the launcher can read: the rung stops at leg 0.
-    assert "leg 0 stopped on sigterm" in failed
+    assert check(failed(res), Kind.STOPPED_AS_ASKED, leg=0)["facts"]["want"] == "sigterm"
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     assert run["verdict"] == "fail" and run["exit_code"] == 1
 
@@ -118,7 +116,7 @@ def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server
         env = {"HF_ENDPOINT": hub_server.url, "HF_TOKEN": "hf_good", "HF_HOME": str(project / "hf-home")}
         res = run_cli(["up", "rehearsal", "--json"], cwd=project, env=env)
     assert res.code == 1, res.out + res.err
-    leg0 = next(c for c in res.json()["checks"] if c["name"] == "leg 0 finished")
+    leg0 = check(res, Kind.LEG_FINISHED, leg=0)
     assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
 
 
@@ -126,9 +124,8 @@ def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
     edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
     res = run_cli(["up", "rehearsal", "--json"], cwd=project)
     assert res.code == 0, res.out + res.err
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    assert all(c["ok"] for c in checks.values()), [c for c in checks.values() if not c["ok"]]
-    assert "stride 16" in checks["sample index continues (the trainer's own witness)"]["detail"]  # 2 ranks x 8
+    assert all(c["ok"] for c in checks_of(res)), failed(res)
+    assert "stride 16" in check(res, Kind.SAMPLE_INDEX)["detail"]  # 2 ranks x 8
     logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
     ranks = {
         json.loads(line[line.find('{"event": ') :])["rank"]

@@ -20,7 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LAUNCHER, assert_one_line_error, edit_config, plant_crash_at_step_12, run_cli, run_rows
+from launcher.checks.evidence import Kind
+from tests.helpers import (
+    LAUNCHER,
+    assert_one_line_error,
+    check,
+    edit_config,
+    failed,
+    plant_crash_at_step_12,
+    run_cli,
+    run_rows,
+)
 
 
 def configure(
@@ -124,20 +134,14 @@ def test_a_run_carried_through_two_kills_mid_push_to_its_last_step(
     assert run["verdict"] == "pass" and run["exit_code"] == 0 and len(run["legs"]) == 3
     assert run["preflight"] == {"gate": "skipped", "reason": "the chain's own test"}
     assert run["billed_gpu_hours"] == pytest.approx(sum(leg["billed_gpu_hours"] for leg in run["legs"]))
-    checks = {c["name"]: c for c in run["checks"]}
-    assert all(c["ok"] for c in run["checks"]), [c for c in run["checks"] if not c["ok"]]
+    assert all(c["ok"] for c in run["checks"]), failed(run)
     for leg, step in ((1, pushed[0]), (2, pushed[1])):
         logs = events(Path(run["legs"][leg]["log_path"]))
         resumed = next(e for e in logs if e["event"] == "resume")["from_step"]
         assert resumed == step - 5  # the checkpoint in flight was lost: back to the one before, verified
-        assert checks[f"leg {leg} resumed from the newest verified checkpoint"]["ok"]
-        for name in (
-            f"leg {leg}: LR follows the schedule",
-            f"leg {leg}: exact data position (batch hashes)",
-            f"leg {leg}: loss continuity",
-        ):
-            assert checks[name]["ok"], checks[name]
-    assert checks["the run ended at exactly its step count"]["ok"]
+        for kind in (Kind.RESUMED_NEWEST, Kind.LR, Kind.DATA_POSITION, Kind.LOSS_CONTINUITY):
+            assert check(run, kind, leg=leg)["ok"], (kind, leg)
+    assert check(run, Kind.RUN_LENGTH)["ok"]
     after = run_cli(["status", run_id, "--json"], cwd=project).json()
     assert after["run_progress"]["step"] == 60 and after["run_progress"]["restarts"] == 2
     human = run_cli(["status", run_id], cwd=project).out
@@ -152,7 +156,7 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
     res = run_cli(["up", "run", "--cpu", "--skip-preflight", "crash loop", "--json"], cwd=project)
     out = res.json()
     assert res.code == 1, out
-    [loop] = [c for c in out["checks"] if c["name"] == "the run makes progress"]
+    loop = check(out, Kind.PROGRESS)
     assert not loop["ok"] and "2 leg(s) in a row" in loop["detail"]
     run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
     # Leg 0 verified steps 5 and 10, then crashed; legs 1 and 2 each resumed from step 10 and
@@ -181,9 +185,8 @@ def test_a_quota_that_runs_out_mid_run_stops_with_a_verified_final_checkpoint(pr
     step = int(re.search(r"stopped at step-(\d+)", res.err).group(1))
     assert step == done["step"]  # the final checkpoint is the one the launcher found verified in the store
     assert run["billed_gpu_hours"] <= 0.01 + 1e-9
-    checks = {c["name"]: c for c in run["checks"]}
-    assert checks["the quota allows another leg"]["ok"] is False
-    assert checks["leg 0: the store after its end holds the newest verified checkpoint"]["ok"]
+    assert check(run, Kind.QUOTA_LEG)["ok"] is False
+    assert check(run, Kind.STORE_AFTER_KILL, leg=0)["ok"]  # the store after the leg's end
 
 
 def test_without_a_report_the_run_is_refused_naming_the_proofs(project: Path, gpu_host) -> None:

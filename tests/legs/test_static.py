@@ -5,21 +5,21 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+from launcher.checks.evidence import Kind
+from tests.helpers import assert_one_line_error, check, checks_of, details, edit_config, run_cli, run_rows
 
-
-def checks_of(res) -> dict[str, dict]:  # noqa: ANN001
-    return {c["name"]: c for c in res.json()["checks"]}
+STATIC = Kind.TRAINER_STATIC
+"""The checks runtime/programs/static_check.py reports (command shape, parse, imports, ...): one
+kind, so a test reads what they say together (`details`), or the one that failed."""
 
 
 def test_static_passes_and_reports_evidence(project: Path) -> None:
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 0, res.err
-    checks = checks_of(res)
-    assert all(c["ok"] for c in checks.values())
-    assert "train.py --ckpt-every 5" in checks["command line"]["detail"]
-    assert '"ckpt_every": 5' in checks["parse"]["detail"]
-    pointer = checks["parse"]["evidence"][0]
+    assert all(c["ok"] for c in checks_of(res))
+    assert "train.py --ckpt-every 5" in check(res, Kind.COMMAND_LINE)["detail"]
+    assert '"ckpt_every": 5' in details(res, STATIC)
+    pointer = checks_of(res, STATIC)[0]["evidence"][0]  # one line: what the static check printed
     log_lines = Path(pointer["log"]).read_text().splitlines()
     assert log_lines[pointer["line"] - 1] == pointer["text"]  # the pointer points at the evidence
     assert run_rows(project) == 1
@@ -29,16 +29,14 @@ def test_flag_typo_fails_on_host_with_exit_1(project: Path) -> None:
     edit_config(project, trainer__command="python train.py --ckpt-evry 5")
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
-    parse = checks_of(res)["parse"]
-    assert not parse["ok"] and "unrecognized arguments: --ckpt-evry" in parse["detail"]
+    assert "unrecognized arguments: --ckpt-evry" in check(res, STATIC, ok=False)["detail"]
 
 
 def test_torchrun_handed_the_interpreter_fails(project: Path) -> None:
     edit_config(project, trainer__command="torchrun --nproc_per_node=2 python train.py")
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
-    shape = checks_of(res)["command shape"]
-    assert not shape["ok"] and "interpreter" in shape["detail"]
+    assert "interpreter" in details(res, STATIC, ok=False)
 
 
 def test_torchrun_command_parses_script_args(project: Path) -> None:
@@ -55,8 +53,7 @@ def test_unreviewed_import_fails_in_staged_dir(project: Path) -> None:
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 1
-    imp = checks_of(res)["imports from reviewed files only"]
-    assert not imp["ok"] and "helper (imported by train.py): not found" in imp["detail"]
+    assert "helper (imported by train.py): not found" in details(res, STATIC, ok=False)
 
 
 FLAT = """import argparse, sys
@@ -73,10 +70,10 @@ def test_a_flat_script_is_parsed_with_its_own_argv_and_never_trains(project: Pat
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 0, res.out
-    assert '"iters": 3' in checks_of(res)["parse"]["detail"]
+    assert '"iters": 3' in details(res, STATIC)
     edit_config(project, trainer={"command": "python flat.py --itres 3"})  # a typo: argparse's own message, quoted
     res = run_cli(["up", "static", "--json"], cwd=project)
-    assert res.code == 1 and "unrecognized arguments: --itres 3" in checks_of(res)["parse"]["detail"]
+    assert res.code == 1 and "unrecognized arguments: --itres 3" in details(res, STATIC, ok=False)
 
 
 def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) -> None:
@@ -89,8 +86,7 @@ def test_an_import_by_absolute_path_is_refused(project: Path, tmp_path: Path) ->
     edit_config(project, trainer={"command": "python flat.py"}, reviewed=["flat.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
-    imp = checks_of(res)["imports from reviewed files only"]
-    assert res.code == 1 and not imp["ok"] and "secret_helper" in imp["detail"], imp
+    assert res.code == 1 and "secret_helper" in details(res, STATIC, ok=False), res.out
 
 
 def test_hash_mismatch_refused_exit_3_lists_file(project: Path) -> None:
@@ -137,19 +133,17 @@ def test_a_nanogpt_shaped_script_passes_rung_0_as_it_is(tmp_path: Path, leg_tmp:
     configurator's own error, and so does a configurator left out of `reviewed:`."""
     root = nanogpt_shape(tmp_path)
     res = run_cli(["up", "static", "--json"], cwd=root)
-    checks = checks_of(res)
-    assert res.code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    parse = checks["parse"]["detail"]
-    assert "read by configurator.py" in parse and '"ckpt_every": 5' in parse and '"learning_rate": 0.01' in parse, parse
-    imports = checks["imports from reviewed files only"]["detail"]
-    assert "note: imported only under an `if`" in imports and "wandb (imported by train.py)" in imports, imports
+    assert res.code == 0, checks_of(res, ok=False)
+    said = details(res, STATIC)  # the parse's and the imports' checks among them
+    assert "read by configurator.py" in said and '"ckpt_every": 5' in said and '"learning_rate": 0.01' in said, said
+    assert "note: imported only under an `if`" in said and "wandb (imported by train.py)" in said, said
     edit_config(root, trainer={"command": "python train.py --ckpt_evry=5"})
     res = run_cli(["up", "static", "--json"], cwd=root)
-    assert res.code == 1 and "Unknown config key: ckpt_evry" in checks_of(res)["parse"]["detail"], res.out
+    assert res.code == 1 and "Unknown config key: ckpt_evry" in details(res, STATIC, ok=False), res.out
     edit_config(root, trainer={"command": "python train.py"}, reviewed=["train.py"])
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["up", "static", "--json"], cwd=root)
-    detail = checks_of(res)["parse"]["detail"]
+    detail = details(res, STATIC, ok=False)
     assert res.code == 1 and "configurator.py is not among the reviewed files" in detail, detail
 
 
@@ -163,8 +157,7 @@ def test_a_script_with_no_argparse_and_no_configurator_is_refused_naming_the_fix
     edit_config(project, trainer={"command": "python by_hand.py 3"}, reviewed=["by_hand.py"])
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "static", "--json"], cwd=project)
-    parse = checks_of(res)["parse"]
-    assert res.code == 1 and "set trainer.parser: none" in parse["detail"], parse
+    assert res.code == 1 and "set trainer.parser: none" in details(res, STATIC, ok=False), res.out
     edit_config(project, trainer={"command": "python by_hand.py 3", "parser": "none"})
     res = run_cli(["up", "static", "--json"], cwd=project)
     assert res.code == 0, res.out

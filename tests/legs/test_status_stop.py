@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LAUNCHER, assert_one_line_error, run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import LAUNCHER, assert_one_line_error, check, run_cli
 
 WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line."""
 import signal
@@ -157,8 +158,7 @@ def test_stop_refuses_what_it_cannot_stop(project: Path) -> None:
 def test_breakdown_names_the_bottleneck(tmp_path: Path, delay: float, largest: str) -> None:
     root = make_project(tmp_path / "proj", delay=delay)
     res = run_cli(["up", "probe", "--cpu", "--steps", "60", "--json"], cwd=root, env={"TMPDIR": str(tmp_path)})
-    checks = {c["name"]: c for c in res.json()["checks"]}
-    detail = checks["leg 0: where step time goes"]["detail"]
+    detail = check(res, Kind.STEP_BREAKDOWN, leg=0)["detail"]
     label = {"data": "data wait", "compute": "forward/backward"}[largest]
     assert re.search(rf"\. {label} \d+ % of step time", detail), detail
     s = run_cli(["status", "--json"], cwd=root).json()

@@ -8,13 +8,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.helpers import run_cli
+from launcher.checks.evidence import Kind
+from tests.helpers import check, checks_of, failed, run_cli
 from tests.legs.test_examples import hf_python
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "streaming"
 
 
-def rehearse_stream(tmp_path: Path, buffer: int) -> tuple[int, dict[str, dict]]:
+def rehearse_stream(tmp_path: Path, buffer: int) -> tuple[int, list[dict]]:
     root = tmp_path / "streaming"
     shutil.copytree(ASSET, root)
     cfg = root / "launcher.yaml"
@@ -26,20 +27,21 @@ def rehearse_stream(tmp_path: Path, buffer: int) -> tuple[int, dict[str, dict]]:
     )
     assert run_cli(["review"], cwd=root).code == 0
     res = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    return res.code, {c["name"]: c for c in res.json()["checks"]}
+    return res.code, res.json()["checks"]
 
 
 def test_a_stream_without_a_shuffle_buffer_resumes_exactly(tmp_path: Path, leg_tmp: Path) -> None:
     code, checks = rehearse_stream(tmp_path, 0)
-    assert code == 0, {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    assert "identical at every step" in checks["resumed run = straight-through run"]["detail"]
-    assert checks["leg 1: loader loaded as saved (state digests)"]["ok"]  # the stream's position, as saved
+    assert code == 0, failed(checks)
+    assert "identical at every step" in check(checks, Kind.TIMELINE)["detail"]
+    loaded = check(checks, Kind.STATE_RESTORED, leg=1)  # the stream's position, as saved
+    assert loaded["ok"] and "1 objects" in loaded["detail"], loaded
 
 
 def test_a_shuffle_buffer_lost_on_resume_is_counted_not_passed(tmp_path: Path, leg_tmp: Path) -> None:
     code, checks = rehearse_stream(tmp_path, 64)
-    bad = {n: c["detail"] for n, c in checks.items() if not c["ok"]}
-    assert code == 1 and "resumed run = straight-through run" in bad, bad
-    detail = bad["resumed run = straight-through run"]
+    bad = failed(checks)
+    assert code == 1 and checks_of(bad, Kind.TIMELINE), bad
+    detail = check(bad, Kind.TIMELINE)["detail"]
     differ, total = (int(w) for w in detail.split("; ")[-1].split(" batches differ")[0].split(" of "))
     assert 0 < differ < total == 20, detail

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from launcher import up as up_module
+from launcher.checks.evidence import Kind
 from tests.fakes.sky_standin import job_record, preempt_job
-from tests.helpers import SKY_IMAGE_REF, edit_config, plant_crash_at_step_12
+from tests.helpers import SKY_IMAGE_REF, check, checks_of, edit_config, failed, plant_crash_at_step_12
 from tests.sky.test_sky_live import cloud, ledger_run, strict  # noqa: F401 - the fixture
 
 SKIP = "the sky run's own test"
@@ -204,8 +205,7 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
     thread.join(600)
     assert not thread.is_alive() and "error" not in result, result
     outcome = result["outcome"]
-    checks = {c.name: c for c in outcome.checks}
-    assert outcome.ok, {n: c.detail for n, c in checks.items() if not c.ok}
+    assert outcome.ok, failed(outcome)
     run = ledger_run(cfg)
     assert run["verdict"] == "pass" and len(run["legs"]) == 2
     assert run["preflight"] == {"gate": "skipped", "reason": SKIP}
@@ -214,16 +214,16 @@ def test_a_preempted_managed_job_recovers_as_a_new_leg_that_resumes_from_the_sto
     pushed = [e["step"] for e in events(Path(run["legs"][0]["log_path"])) if e["event"] == "verify" and e["ok"]]
     resume = next(e for e in events(Path(run["legs"][1]["log_path"])) if e["event"] == "resume")
     assert resume["from_step"] == max(pushed)  # the newest verified before the preemption
-    for name in (
-        "leg 1 resumed from the newest verified checkpoint",
-        "leg 1: LR follows the schedule",
-        "leg 1: exact data position (batch hashes)",
-        "leg 1: loss continuity",
-        "the run ended at exactly its step count",
-        f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg",
+    for kind, leg in (
+        (Kind.RESUMED_NEWEST, 1),
+        (Kind.LR, 1),
+        (Kind.DATA_POSITION, 1),
+        (Kind.LOSS_CONTINUITY, 1),
+        (Kind.RUN_LENGTH, None),
+        (Kind.RECOVERIES, None),
     ):
-        assert name in checks and checks[name].ok, (name, "\n".join(f"{c.name}: {c.detail}" for c in outcome.checks))
-    assert "recovery_count 1" in checks[f"managed job {job_id.rsplit('-', 1)[1]}: every recovery became a leg"].detail
+        assert check(outcome, kind, leg=leg)["ok"], (kind, checks_of(outcome))
+    assert "recovery_count 1" in check(outcome, Kind.RECOVERIES)["detail"]
     assert all(leg["billed_gpu_hours"] > 0 and leg["cost_source"] == "skypilot optimizer" for leg in run["legs"])
     # Each attempt billed at the price of what it ran on: spot first, then the on-demand fallback
     # (SkyPilot's optimizer's own prices for each candidate of `ordered`).
@@ -320,7 +320,7 @@ def test_a_crash_loop_in_the_managed_job_stops_it_naming_the_newest_verified_che
     assert not thread.is_alive() and "error" not in result, result
     outcome = result["outcome"]
     assert outcome.exit_code == 1
-    [loop] = [c for c in outcome.checks if c.name == "the run makes progress"]
-    assert not loop.ok and "step-00000010" in loop.detail, loop.detail
+    loop = check(outcome, Kind.PROGRESS)
+    assert not loop["ok"] and "step-00000010" in loop["detail"], loop
     run = ledger_run(cfg)
     assert run["verdict"] == "fail" and 2 <= len(run["legs"]) <= 3

@@ -22,12 +22,13 @@ import sky
 from launcher import up as up_module
 from launcher.backends.sky.api import optimizer_pick
 from launcher.backends.sky.task import task_for_launch
+from launcher.checks.evidence import Kind
 from launcher.config.load import load_config
 from launcher.errors import BadInput, Refused
 from launcher.ledger.db import Ledger
 from tests.fakes.sky_standin import StrictSky
 from tests.helpers import SKY_IMAGE_REF as REF
-from tests.helpers import edit_config
+from tests.helpers import check, edit_config, failed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,11 +99,9 @@ def test_every_leg_a_fresh_cluster_downed_and_billed_at_skypilots_price(
     them. (Until session 14 the two nodes had a 3-leg smoke of their own.)"""
     standin = strict(cloud)
     outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1", nodes=2)
-    checks = {c.name: c for c in outcome.checks}
     # The stand-in's "GPUs" are this CPU: smoke's device checks say no; everything else holds.
-    assert {n for n, c in checks.items() if not c.ok} == {f"leg {i} ran on the accelerator" for i in range(3)}, {
-        n: c.detail for n, c in checks.items() if not c.ok
-    }
+    bad = failed(outcome)
+    assert sorted((c["kind"], c["leg"]) for c in bad) == [(Kind.ON_ACCELERATOR, i) for i in range(3)], bad
     launched = standin.clusters_of("launch")
     assert len(launched) == len(set(launched)) == 3
     assert standin.clusters_of("down") == launched  # down for every leg, in order
@@ -152,8 +151,7 @@ def test_a_failed_setup_is_a_failed_leg_still_downed_and_billed(
     outcome = run_sky(sky_project, monkeypatch, standin, "smoke", "T4:1")
     assert outcome.exit_code == 1
     assert standin.clusters_of("down") == standin.clusters_of("launch") and len(standin.clusters_of("launch")) == 1
-    leg0 = next(c for c in outcome.checks if c.name == "leg 0 finished")
-    assert not leg0.ok
+    assert not check(outcome, Kind.LEG_FINISHED, leg=0)["ok"]
     [leg] = ledger_run(sky_project)["legs"]
     assert leg["billed_gpu_hours"] == pytest.approx(60 / 3600)  # the one-minute minimum is billed all the same
 
