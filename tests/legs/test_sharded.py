@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from runtime.store.base import CheckpointDamaged
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parents[2]
@@ -103,29 +100,6 @@ def test_a_sharded_state_resumes_on_a_fresh_disk_exactly_as_the_straight_run(tmp
         and "saved by 2 ranks" in stop["error"]
         and "has 1" in stop["error"]
     ), stop
-
-
-class _Boom:
-    def __reduce__(self):  # noqa: ANN204 - what a forged index would hold
-        return (os.system, ("touch /tmp/preflight-sharded-forged",))
-
-
-@pytest.mark.unit
-def test_a_forged_index_runs_no_code_and_names_only_listed_files(tmp_path: Path) -> None:
-    from runtime.checkpoint.dcp import METADATA, coverage_failures, read_metadata
-
-    marker = Path("/tmp/preflight-sharded-forged")
-    marker.unlink(missing_ok=True)
-    (tmp_path / METADATA).write_bytes(pickle.dumps(_Boom()))
-    with pytest.raises(CheckpointDamaged, match="posix.system|os.system"):
-        read_metadata(tmp_path, {METADATA})
-    assert not marker.exists()
-    (tmp_path / METADATA).write_bytes(b"\x80\x05not a pickle")
-    with pytest.raises(CheckpointDamaged, match="does not parse"):
-        read_metadata(tmp_path, {METADATA})
-    assert "rank-00001.pt: rank 1's own state is not in the manifest" in coverage_failures(
-        tmp_path, {METADATA, "rank-00000.pt"}, 2
-    )
 
 
 def test_a_manifest_that_leaves_out_a_ranks_shard_never_verifies(tmp_path: Path) -> None:
