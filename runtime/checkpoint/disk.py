@@ -293,7 +293,7 @@ class _StateCopier:
         if id(value) in memo:  # the same container twice stays one object, as pickle keeps it
             return memo[id(value)]
         if isinstance(value, dict):
-            out = copy.copy(value)  # same type and attributes (a module state_dict's `_metadata`)
+            out: Any = copy.copy(value)  # same type and attributes (a module state_dict's `_metadata`)
             memo[id(value)] = out
             for k, v in value.items():
                 out[k] = self.walk(v)

@@ -106,13 +106,15 @@ class NodeCheckpoint:
         from runtime.checkpoint.cycle import _clear_unverified
 
         leaders, name = self.leaders, self.name
-        cleared = (
-            _attempt(lambda: (_clear_unverified(store, name, replace), store.drop_parts(name)))
-            if leaders.is_main
-            else None
-        )
+
+        def clear() -> None:
+            _clear_unverified(store, name, replace)
+            store.drop_parts(name)
+
+        cleared = _attempt(clear) if leaders.is_main else None
         if leaders.from_main(cleared) is not None:
-            return self._failed("clear", str(cleared))
+            self._failed("clear", str(cleared))
+            return None
         own = tuple(
             FileEntry(p.relative_to(self.folder).as_posix(), p.stat().st_size, sha256_file(p))
             for p in sorted(self.folder.rglob("*"))
@@ -128,7 +130,8 @@ class NodeCheckpoint:
             errors = [f"node leader {leaders.ranks[i]}: {err}" for i, (err, _) in enumerate(parts) if err]
             committed = "; ".join(errors) if errors else _attempt(lambda: store.commit(manifest))
         if (committed := leaders.from_main(committed)) is not None:
-            return self._failed("push", str(committed))
+            self._failed("push", str(committed))
+            return None
         return own, manifest
 
     def _seal(self, store: Store, manifest: Manifest, mine: Any) -> bool:

@@ -220,7 +220,8 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
 
     err = io.StringIO()
     argv0 = sys.argv[:]
-    argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = parse_args, parse_known_args
+    # Patched on purpose, for this one run of the entry, and put back in `finally`.
+    argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = parse_args, parse_known_args  # type: ignore[method-assign]
     builtins.exec = exec_
     try:
         with contextlib.redirect_stderr(err):
@@ -245,7 +246,7 @@ def run_to_parse(kind: str, target: str, args: list[str], configurator: str | No
         last = traceback.format_exception_only(type(err_), err_)[-1].strip()
         return _check("parse", False, f"running {target} up to its argument parsing failed: {last}")
     finally:
-        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = orig_args, orig_known
+        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = orig_args, orig_known  # type: ignore[method-assign]
         builtins.exec = orig_exec
         sys.argv = argv0
 

@@ -18,6 +18,7 @@ never dies on one bad checkpoint, it reports it as `Damaged` and goes on.
 
 from __future__ import annotations
 
+import builtins  # builtins.list in signatures below Store.list(), which shadows the name there
 import hashlib
 import json
 import re
@@ -126,7 +127,7 @@ class Manifest:
             raise CheckpointDamaged(f"manifest version {str(data.get('version'))[:20]!r} is not supported (expected 1)")
         name = data.get("name")
         step = step_of(name) if isinstance(name, str) else None
-        if step is None or _whole(data.get("step"), "step", 10**18) != step:
+        if not isinstance(name, str) or step is None or _whole(data.get("step"), "step", 10**18) != step:
             raise CheckpointDamaged(f"manifest name/step {str(name)[:40]!r}/{str(data.get('step'))[:20]!r} disagree")
         raw_files = data.get("files")
         if not isinstance(raw_files, list) or not 1 <= len(raw_files) <= MAX_FILES:
@@ -220,7 +221,7 @@ class Store(Protocol):
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         """Upload the files of `local_dir` plus the manifest, atomically."""
 
-    def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
+    def remote_files(self, name: str, paths: builtins.list[str]) -> dict[str, RemoteFile]:
         """What the store reports for each of `paths` in checkpoint `name`; absent paths are left out."""
 
     def read_range(self, name: str, path: str, start: int, length: int) -> bytes:
@@ -236,6 +237,18 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None:
         """Delete checkpoint `name` (manifest first, so it stops counting at once)."""
+
+    # A sharded checkpoint written on several nodes (runtime.checkpoint.node_cycle): each node
+    # pushes its part, then rank 0 writes the one manifest.
+
+    def push_part(self, local_dir: Path, name: str, paths: builtins.list[str]) -> None:
+        """One node's files of checkpoint `name`, staged where nothing lists them."""
+
+    def commit(self, manifest: Manifest) -> None:
+        """The staged parts plus the manifest become checkpoint `manifest.name`."""
+
+    def drop_parts(self, name: str) -> None:
+        """Whatever an earlier attempt staged for `name`."""
 
 
 def newest_verified(store: Store) -> CheckpointInfo | None:

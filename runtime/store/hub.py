@@ -28,6 +28,7 @@ decided in `runtime.checkpoint.cycle`, never here.
 
 from __future__ import annotations
 
+import builtins  # builtins.list in signatures below the class's own list() method, which shadows the name there
 import json
 import os
 import time
@@ -245,7 +246,7 @@ class HubStore:
     def push(self, local_dir: Path, manifest: Manifest) -> None:
         self._push(local_dir, manifest.name, {f.path: f.size for f in manifest.files}, manifest)
 
-    def push_part(self, local_dir: Path, name: str, paths: list[str]) -> None:
+    def push_part(self, local_dir: Path, name: str, paths: builtins.list[str]) -> None:
         """One node's files of checkpoint `name`, in commits of `files_per_commit`; no manifest,
         so nothing lists the checkpoint until `commit`."""
         self._push(local_dir, name, {p: (local_dir / p).stat().st_size for p in paths}, None)
@@ -284,14 +285,18 @@ class HubStore:
         for n, chunk in enumerate(chunks, 1):
             suffix = f" ({n}/{len(chunks)})" if len(chunks) > 1 else ""
             title = f"checkpoint {name}{suffix}" if manifest else f"checkpoint {name} part"
-            self._commit(title, lambda chunk=chunk: [self._add(name, local_dir, item, blobs) for item in chunk])
+
+            def ops(chunk: list[Any] = chunk) -> list[Any]:
+                return [self._add(name, local_dir, item, blobs) for item in chunk]
+
+            self._commit(title, ops)
         if manifest is not None:
             self._indexes[name] = index
 
     def drop_parts(self, name: str) -> None:
         """Files an earlier attempt committed are overwritten by the next; nothing to do first."""
 
-    def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
+    def remote_files(self, name: str, paths: builtins.list[str]) -> dict[str, RemoteFile]:
         """A split file: its parts' summed size (or -1 when they cannot make one file), no hash."""
         index = self._parts(name)
         split = {p: index.parts(p) for p in paths if index and p in index.files}
@@ -358,7 +363,7 @@ class HubStore:
         (target / MANIFEST).write_bytes(canonical_json(info.manifest.to_json()))
         return target
 
-    def _download(self, sources: list[tuple[str, int]], root: Path, rel: str, sha256: str, label: str) -> None:
+    def _download(self, sources: builtins.list[tuple[str, int]], root: Path, rel: str, sha256: str, label: str) -> None:
         """GET one file into root/rel from its `sources` (the file, or its parts in order, each with
         its size), retried (runtime.store.hub_http.download)."""
         located = [(where, self._url(where), size) for where, size in sources]

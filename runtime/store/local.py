@@ -11,6 +11,7 @@ followed, only regular files are read, never past the manifest's sizes.
 
 from __future__ import annotations
 
+import builtins  # builtins.list in signatures below the class's own list() method, which shadows the name there
 import json
 import os
 import shutil
@@ -124,7 +125,7 @@ class LocalDirStore:
     def _parts(self, name: str) -> Path:
         return self.dir / f".parts-{self._ckpt(name).name}"
 
-    def push_part(self, local_dir: Path, name: str, paths: list[str]) -> None:
+    def push_part(self, local_dir: Path, name: str, paths: builtins.list[str]) -> None:
         """One node's files of checkpoint `name` (sharded state, several nodes), staged where
         nothing lists them; `commit` makes the checkpoint exist once every node's are there."""
         staging = self._parts(name)
@@ -158,7 +159,7 @@ class LocalDirStore:
         """Whatever an earlier attempt staged for `name`."""
         shutil.rmtree(self._parts(name), ignore_errors=True)
 
-    def remote_files(self, name: str, paths: list[str]) -> dict[str, RemoteFile]:
+    def remote_files(self, name: str, paths: builtins.list[str]) -> dict[str, RemoteFile]:
         folder = self._ckpt(name)
         if not (folder / MANIFEST).is_file():
             raise FileNotFoundError(f"{name} is not in {self.uri}")
