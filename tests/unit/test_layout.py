@@ -1,6 +1,7 @@
-"""The tree's rules, read from the source (ast, nothing imported): what may import what,
-how long a file or a function may grow, and no import cycle (a module-level one, one
-inside a function, or one under TYPE_CHECKING)."""
+"""The tree's rules, read from the source (ast, nothing imported): what may import what
+(launcher/'s floors; the runtime modules the host may import), how long a file or a function
+may grow, no import cycle (a module-level one, one inside a function, or one under
+TYPE_CHECKING), and every package saying what it holds."""
 
 from __future__ import annotations
 
@@ -166,6 +167,129 @@ def test_no_import_cycle_even_inside_a_function() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one
     found = cycles(graph)
     assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("the commands", ("launcher.entry", "launcher.cli")),
+    ("the plan", ("launcher.up", "launcher.plan")),
+    ("the rungs and the report", ("launcher.rungs", "launcher.report")),
+    ("the operations", ("launcher.ops",)),
+    ("the checks", ("launcher.checks", "launcher.efficiency")),
+    ("the leg", ("launcher.legs",)),
+    ("the backends", ("launcher.backends", "launcher.image")),
+    ("what a leg is given", ("launcher.manifest", "launcher.leg_env", "launcher.storekey")),
+    (
+        "the record and the settings",
+        ("launcher.ledger", "launcher.config", "launcher.ladder", "launcher.cadence", "launcher.errors"),
+    ),
+    ("the vocabulary", ("launcher", "launcher.checks.evidence")),
+)
+"""launcher/'s floors, top first: a module imports from its own floor or the floors below it,
+never from one above (docs/design.md, "Structure: a picture in words"). A module is on the floor
+of the longest name here that holds it: launcher.checks.evidence (Check, Kind, LegEvents, read by
+the legs and the backends alike) sits at the bottom, the rest of launcher.checks on
+the checks' floor. The errors share the ledger's floor: their table names who holds a locked one."""
+
+
+def holds(member: str, name: str) -> bool:
+    """A FLOORS entry holds the module of its name and, for a package, every module in it; the
+    package face (launcher/__init__.py) holds only itself, so a new package is placed on purpose."""
+    return name == member or (member != "launcher" and name.startswith(member + "."))
+
+
+def floor_of(name: str) -> int | None:
+    """The index in FLOORS of the floor holding module `name` (None: no floor holds it)."""
+    best = None
+    for index, (_, members) in enumerate(FLOORS):
+        for member in members:
+            if holds(member, name) and (best is None or len(member) > len(best[1])):
+                best = (index, member)
+    return best[0] if best else None
+
+
+def floor_name(index: int) -> str:
+    what, members = FLOORS[index]
+    return f"floor {index} ({what}: {', '.join(members)})"
+
+
+def test_no_upward_import_between_launcher_packages() -> None:
+    """Every launcher/ module is on a floor, and none imports from a floor above its own,
+    counting imports inside functions and under TYPE_CHECKING: a lower floor that needs a
+    higher one's code gets the code moved down, or is handed what it needs."""
+    names = [name for name in modules() if name.split(".")[0] == "launcher"]
+    homeless = [name for name in names if floor_of(name) is None]
+    assert not homeless, f"modules on no floor of FLOORS (tests/unit/test_layout.py): {homeless}"
+    for _, members in FLOORS:
+        assert all(any(holds(m, n) for n in names) for m in members), f"no such module: {members}"
+    up = []
+    for name in names:
+        path, mine = modules()[name], floor_of(name)
+        for target, line in imports(name, path):
+            theirs = floor_of(target) if target.split(".")[0] == "launcher" else None
+            if theirs is not None and mine is not None and theirs < mine:
+                up.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {target}, from a floor above its own: "
+                    f"{name} is on {floor_name(mine)}, {target} on {floor_name(theirs)}"
+                )
+    assert not up, "upward imports (move the code down a floor, or hand it in from above):\n" + "\n".join(up)
+
+
+RUNTIME_WIRE = ("runtime.contract", "runtime.events", "runtime.hashing", "runtime.metrics", "runtime.peaks")
+"""The wire: what both sides read (the leg environment's names, the event lines, the hashes, the
+loss arithmetic, the GPUs' peak rates). Torch-free, stdlib only."""
+RUNTIME_FOR_THE_HOST = ("runtime", *RUNTIME_WIRE, "runtime.store")
+"""All launcher/ may import of runtime/: the wire, the package face (`launcher init` finds the
+reference trainer by its path) and the store (torch-free: the launcher reads a store itself).
+The rest (the session, the checkpoint cycle, the programs) runs in a leg, by `python -m` when the
+launcher starts it."""
+
+
+def test_the_host_imports_of_the_runtime_only_the_wire_the_face_and_the_store() -> None:
+    bad = []
+    for name, path in modules().items():
+        if name.split(".")[0] != "launcher":
+            continue
+        for target, line in imports(name, path):
+            if target.split(".")[0] != "runtime":
+                continue
+            if not any(
+                target == ok or (ok == "runtime.store" and target.startswith("runtime.store."))
+                for ok in RUNTIME_FOR_THE_HOST
+            ):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, f"launcher/ imports of runtime/ beyond {', '.join(RUNTIME_FOR_THE_HOST)}:\n" + "\n".join(bad)
+
+
+def test_runtime_has_only_the_wire_at_its_top_and_the_wire_imports_only_itself_and_the_stdlib() -> None:
+    import sys
+
+    top = sorted(f"runtime.{p.stem}" for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert top == sorted(RUNTIME_WIRE), (
+        f"modules flat in runtime/ other than the wire: {sorted(set(top) - set(RUNTIME_WIRE))} "
+        "(a module of the instance side lives in the package named for what it holds)"
+    )
+    bad = []
+    for name in RUNTIME_WIRE:
+        path = modules()[name]
+        for target, line in imports(name, path):
+            if target.split(".")[0] not in sys.stdlib_module_names and target not in RUNTIME_WIRE:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "the wire imports only the stdlib and the wire:\n" + "\n".join(bad)
+
+
+def test_every_package_says_what_it_holds() -> None:
+    """Every folder of modules in launcher/ and runtime/ is a package whose __init__.py has a
+    docstring saying what it holds."""
+    folders = sorted({p.parent for package in PACKAGES for p in (ROOT / package).rglob("*.py")})
+    bare = [f"{f.relative_to(ROOT)}/" for f in folders if not (f / "__init__.py").exists()]
+    mute = [
+        f"{(f / '__init__.py').relative_to(ROOT)}"
+        for f in folders
+        if (f / "__init__.py").exists()
+        and not (ast.get_docstring(ast.parse((f / "__init__.py").read_text())) or "").strip()
+    ]
+    assert not bare, f"folders of modules with no __init__.py: {bare}"
+    assert not mute, f"packages whose __init__.py has no docstring saying what they hold: {mute}"
 
 
 def test_every_check_says_its_kind_and_every_kind_is_made() -> None:
