@@ -70,19 +70,22 @@ test-fast: $(STAMP)
 	@bash scripts/c-compiler.sh
 	$(PY) -m pytest -q -m unit -p no:cacheprovider --basetemp=$(CURDIR)/.pytest-tmp-fast
 
-# ruff, pinned in pyproject.toml's dev extra (the pin is read from there) and configured there.
+# ruff and mypy, pinned in pyproject.toml's dev extra (the pins are read from there) and configured
+# there (mypy: what it checks, runtime/, and why torch and the rest are read as Any).
 # A venv of its own, so that a fresh clone lints in seconds, before any torch is installed.
 LINT_VENV ?= .venv-lint
 RUFF_PIN := $(shell grep -o '"ruff==[0-9.]*"' pyproject.toml | tr -d '"')
+MYPY_PIN := $(shell grep -o '"mypy==[0-9.]*"' pyproject.toml | tr -d '"')
 
 $(LINT_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(LINT_VENV)
-	$(LINT_VENV)/bin/python -m pip install -q $(RUFF_PIN)
+	$(LINT_VENV)/bin/python -m pip install -q $(RUFF_PIN) $(MYPY_PIN)
 	touch $@
 
 lint: $(LINT_VENV)/.installed
 	$(LINT_VENV)/bin/ruff check .
 	$(LINT_VENV)/bin/ruff format --check .
+	$(LINT_VENV)/bin/mypy
 
 bench: $(STAMP) $(HF_STAMP)
 	$(PY) bench/cli_startup.py
