@@ -15,7 +15,10 @@ import os
 import sys
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from launcher.checks.evidence import Check
 
 
 class Exit(IntEnum):
@@ -69,10 +72,21 @@ class Refused(LauncherError):
     exit_code = int(Exit.REFUSED)
 
 
-class RungFailed(LauncherError):
-    """The rung ran and its answer is 'no'."""
+class DockerError(LauncherError):
+    """The Docker engine or CLI failed (exit 1: the build ran and its answer is no)."""
 
-    exit_code = int(Exit.NO)
+
+class QuotaOut(Refused):
+    """The quota ran out mid-run (exit 3); the checks so far travel with it into the ledger."""
+
+    def __init__(self, message: str, checks: list[Check], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.checks = checks
+
+
+class RunStopped(Exception):
+    """`launcher stop` asked the run to stop: no further leg is launched. Not a LauncherError:
+    the rung records the stop as its verdict and ends as its checks say."""
 
 
 @dataclass(frozen=True)

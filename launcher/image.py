@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.config.schema import Config
-from launcher.errors import BadInput, LauncherError, Refused
+from launcher.errors import BadInput, DockerError, LauncherError, Refused
 from launcher.ledger.db import Ledger
 from launcher.manifest import guard_hashes, reviewed_paths, stage_files
 from runtime.hashing import digest_lines, sha256_file
@@ -51,10 +51,6 @@ PLATFORM_FLAGS = [
     "--platform",
     "manylinux2014_x86_64",
 ]
-
-
-class DockerError(LauncherError):
-    """The Docker engine or CLI failed (exit 1: the build ran and its answer is no)."""
 
 
 @dataclass(frozen=True)

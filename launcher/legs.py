@@ -16,7 +16,7 @@ from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, Stage
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import LegEvents
 from launcher.config.schema import Config, GpuSpec
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, RunStopped
 from launcher.ladder import Rung
 from launcher.ledger.db import Ledger
 from launcher.leg_env import Ending, ending_env, exported_secrets, leg_deadline, leg_env, redact
@@ -111,10 +111,6 @@ class RunContext:
         if price is not None:
             return hours, hours * price, "config prices"
         return hours, (0.0 if gpu_per_instance == 0 and self.backend.name != "sky" else None), "none"
-
-
-class RunStopped(Exception):
-    """`launcher stop` asked the run to stop: no further leg is launched."""
 
 
 def _rank0_event(line: str, name: str) -> dict | None:

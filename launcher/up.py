@@ -20,10 +20,10 @@ from launcher.backends.base import StagedFile
 from launcher.checks.evidence import Check, Kind
 from launcher.config.parse import plain_float, plain_int
 from launcher.config.schema import MAX_NODES, MAX_STEPS, Config, GpuSpec, parse_gpus, store_uri
-from launcher.errors import BadInput, Exit, LauncherError, Refused
+from launcher.errors import BadInput, Exit, LauncherError, Refused, RunStopped
 from launcher.ladder import Rung, rung_named
 from launcher.leg_env import new_run_id
-from launcher.legs import RunContext, RunStopped, ledger_run_row
+from launcher.legs import RunContext, ledger_run_row
 from launcher.manifest import reviewed_paths
 from launcher.plan import Plan, Request, make_plan
 from launcher.storekey import project_key

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.checks.evidence import Check, Kind, LegEvents, silent
 from launcher.checks.leg import check_leg_exit
-from launcher.errors import Refused
+from launcher.errors import QuotaOut
 from launcher.legs import LegOutcome, RunContext, run_leg
 
 if TYPE_CHECKING:
@@ -47,14 +47,6 @@ def first_leg_gpu_hours(gpus: int) -> float:
 
 
 MAX_LEGS = 10_000
-
-
-class QuotaOut(Refused):
-    """The quota ran out mid-run (exit 3); the checks so far travel with it into the ledger."""
-
-    def __init__(self, message: str, checks: list[Check], hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.checks = checks
 
 
 def hold_leg(ctx: RunContext, want_gpu_hours: float) -> LegGrant:

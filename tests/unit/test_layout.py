@@ -187,7 +187,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """launcher/'s floors, top first: a module imports from its own floor or the floors below it,
 never from one above (docs/design.md, "Structure: a picture in words"). A module is on the floor
 of the longest name here that holds it: launcher.checks.evidence (Check, Kind, LegEvents, read by
-the legs and the backends alike) sits at the bottom, the rest of launcher.checks on
+the legs, the backends and the errors alike) sits at the bottom, the rest of launcher.checks on
 the checks' floor. The errors share the ledger's floor: their table names who holds a locked one."""
 
 
