@@ -112,7 +112,7 @@ def main() -> int:
                     checkpoint(sessions[name], step)
             for sess in sessions.values():
                 sess.pusher.drain()
-            pool = sessions["async"].__dict__.get("_snapshot_pool")
+            pool = sessions["async"].saver.pool
             allocations = pool.allocations if pool is not None else 0
         wall = time.perf_counter() - began
         evs = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"event"')]

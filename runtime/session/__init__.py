@@ -9,6 +9,7 @@ process group (`world`) and loader workers under the leg's stop (`workers`). Imp
 """
 
 from runtime.session.batches import EpochLoader
-from runtime.session.core import Session, resolve_device
+from runtime.session.core import Session
+from runtime.session.world import resolve_device
 
 __all__ = ["EpochLoader", "Session", "resolve_device"]

@@ -33,33 +33,33 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 
 from runtime import contract, events
-from runtime.checkpoint.disk import PendingCheckpoint, SnapshotPool, save_local, snapshot_state, tensor_bytes
+from runtime.checkpoint.cycle import Pusher
+from runtime.checkpoint.dcp import is_sharded
+from runtime.checkpoint.node_cycle import node_leaders
 from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
+from runtime.measure.health import Health
 from runtime.measure.steptime import FlopProbe, StepClock
 from runtime.measure.window import emit_memory, emit_rate
 from runtime.session import resume as session_resume
 from runtime.session import sharded as sharded_session
+from runtime.session.resume import Parts, Resumed, tracked_lr
 from runtime.session.rng import rng_state
-from runtime.session.rules import DEFAULT_MAX_STEPS, local_stop, stale_code_refused
-from runtime.session.step_evidence import StepEvidence, state_digests
-from runtime.session.workers import shield_workers
-from runtime.session.world import RankTimeout, World, init_world
+from runtime.session.rules import DEFAULT_MAX_STEPS, LegEnd, local_stop, stale_code_refused
+from runtime.session.saver import AtStep, StateSaver
+from runtime.session.step_evidence import StepEvidence
+from runtime.session.workers import quiet_sigchld, shield_workers
+from runtime.session.world import RankTimeout, World, place
+from runtime.store import Store, open_store
 
 _no_step_hook: Callable[[], None] = lambda: None  # noqa: E731 - an object with no on_step()
-
-
-def resolve_device(requested: str = "auto") -> str:
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
 
 
 class Session:
@@ -97,37 +97,51 @@ class Session:
         self.metrics_every, self.total_steps = metrics_every, total_steps or self.max_steps
         self.lr_schedule, self.health_every = lr_schedule, health_every
         self.meta = dict(meta or {})
-        device = resolve_device(device)
-        self.world = world or init_world(device)
-        if device == "cuda":
-            device = f"cuda:{self.world.local_rank}"
-            torch.cuda.set_device(device)
-        self.device = device
-        self.clock = StepClock(device, breakdown)
-        self.flop_probe = FlopProbe(device, count_flops)
+        self.world, self.device = place(device, world)
+        self.clock = StepClock(self.device, breakdown)
+        self.flop_probe = FlopProbe(self.device, count_flops)
         self.flops_formula = flops_formula  # the trainer's own FLOPs/token, shown beside the count MFU rests on
         self.async_save = async_save
         self.sharded = sharded  # through torch.distributed.checkpoint; None: if the model holds DTensors (FSDP2)
-        self._snapshot_pool: SnapshotPool | None = None  # async_save's reusable host buffers
+        self.saver = StateSaver(self.work)  # the saves, the storage cycle (runtime.session.saver)
+        self.store: Store | None = None  # opened by `resume`
+        self.health: Health | None = None  # local rank 0, from `resume`
+        self.resumed = Resumed()  # where this leg started (runtime.session.resume), from `resume`
         self.flops_per_token: float | None = None
         self.flops_dtype = "fp32"
         self.tracked: dict[str, Any] = {}
-        self.evidence = StepEvidence()
-        """The batch the model ate, the tracked optimizer's steps, state digests (runtime.session.step_evidence)."""
-        self.extra: dict[str, Any] = {}
-        """Plain values (numbers, strings, lists, dicts, tensors) saved and restored with the state."""
-        self.step_count = self.tokens = 0
+        self.evidence = StepEvidence()  # the batch the model ate, optimizer steps, digests (step_evidence)
+        self.extra: dict[str, Any] = {}  # plain values (numbers, strings, lists, tensors) saved with the state
+        self.step_count = self.tokens = self._resume_tokens = 0
         self.exit_code: int | None = None
+        self.reason = "max_steps"  # why the loop stopped (runtime.contract.STOP_CODES)
         self._sigterm: list[bool] = []
+        self._t0 = self._last_step_s = self._ckpt_s = 0.0  # this step's start; the last step's seconds, its save's
+        self._lr: float | None = None  # the optimizer's LR as the step began
+        self._history: list[tuple[int, float, float]] = []  # (step, tokens since the resume, time): the rate
+        self._mem_max: float | None = None
         events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid())  # alive: before any slow build
         if stale_code_refused():
-            self._exit(EXIT_REFUSED)
+            self._exit(EXIT_REFUSED, "stale_code")
 
     # --- setup ------------------------------------------------------------------
 
-    def _exit(self, code: int) -> None:
+    def _exit(self, code: int, reason: str) -> NoReturn:
+        """The leg ends here, its `stop` line printed: the process group closed, LegEnd raised."""
         self.world.close()
-        sys.exit(code)
+        raise LegEnd(code, reason)
+
+    @property
+    def pusher(self) -> Pusher | None:  # the saver's (None on ranks that push nothing, and before `resume`)
+        return self.saver.pusher
+
+    @property
+    def pushed_at(self) -> int:  # the step last handed to the storage cycle (or resumed at)
+        return self.saver.pushed_at
+
+    @pushed_at.setter
+    def pushed_at(self, step: int) -> None:
+        self.saver.pushed_at = step
 
     def track(self, **objects: Any) -> "Session":
         """Saved with every checkpoint, restored on resume, by name; `on_step()` is called every step."""
@@ -146,20 +160,60 @@ class Session:
         model = self.tracked.get("model")
         return sum(p.numel() for p in model.parameters()) if isinstance(model, torch.nn.Module) else 0
 
-    @property
-    def _optimizer(self) -> Any:
-        return next((o for o in self.tracked.values() if isinstance(o, torch.optim.Optimizer)), None)
-
     def current_lr(self) -> float | None:
-        opt = self._optimizer
-        return float(opt.param_groups[0]["lr"]) if opt is not None else None
+        return tracked_lr(self.tracked)
 
     # --- resume -------------------------------------------------------------------
 
     def resume(self, **start_facts: Any) -> int:
         """Print `start`, restore from the newest verified checkpoint; the step to continue from
         (runtime.session.resume)."""
-        return session_resume.resume(self, start_facts)
+        store = self.store = open_store(
+            os.environ.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}"
+        )
+        self._start(store, start_facts)
+        world, restore = self.world, self.work / "restore"
+        sharded = self.sharded = (
+            any(is_sharded(o) for o in self.tracked.values()) if self.sharded is None else self.sharded
+        )
+        self.saver.leaders = (
+            node_leaders(world) if sharded and sharded_session.several_nodes(world.world_size) else None
+        )
+        parts = Parts(self.tracked, self.extra, self.evidence, self.lr_schedule)
+        try:
+            choice = session_resume.choose(world, store, restore, self.device, sharded)
+            signal.signal(signal.SIGTERM, lambda *_: (self._sigterm.append(True), quiet_sigchld()))
+            self.saver.open(store, world, self.keep, self.verify_bytes, replace=choice.skipped)
+            self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
+            resumed = self.resumed = session_resume.load(world, store, choice, restore, self.device, parts, sharded)
+        except LegEnd:
+            self.world.close()
+            raise
+        self.step_count, self.tokens = resumed.step, resumed.tokens
+        self.deadline = contract.resumed_deadline(self.deadline, dict(os.environ), time.time())
+        self.saver.start_at(self.step_count)
+        self._resume_tokens = self.tokens
+        self._history, self._mem_max = [], None
+        self._ckpt_s = self._last_step_s = 0.0
+        return self.step_count
+
+    def _start(self, store: Store, start_facts: dict[str, Any]) -> None:
+        events.emit(
+            "start",
+            run_id=self.run_id,
+            leg=self.leg,
+            rung=self.rung,
+            device=self.device,
+            torch=torch.__version__,
+            world_size=self.world.world_size,
+            params=self.params,
+            max_steps=self.max_steps,
+            total_steps=self.total_steps,
+            store=store.uri,
+            tracked=self.evidence.kinds,
+            deterministic=self.evidence.determinism.settings,
+            **start_facts,
+        )
 
     # --- the loop -------------------------------------------------------------------
 
@@ -173,13 +227,7 @@ class Session:
         if self.step_count >= self.max_steps:
             self.reason = "max_steps"
             return False
-        local = local_stop(
-            self.deadline,
-            self.pusher.last_cycle_s if self.pusher else 0.0,
-            self._last_step_s,
-            self._sigterm,
-            self.step_count,
-        )
+        local = local_stop(self.deadline, self.saver.last_cycle_s, self._last_step_s, self._sigterm, self.step_count)
         code = int(self.world.max(local))
         if code:
             self.reason = STOP_CODES[code]
@@ -215,9 +263,8 @@ class Session:
         local, global_loss, extra = self._close_step(loss, batch, tokens)
         if not math.isfinite(global_loss):  # never push a poisoned state
             events.emit("stop", reason="nonfinite_loss", step=self.step_count, loss=global_loss)
-            if self.pusher:
-                self.pusher.drain()
-            self._exit(EXIT_FAILED)
+            self.saver.drain()
+            self._exit(EXIT_FAILED, "nonfinite_loss")
         step = self.step_count
         for obj in self.tracked.values():
             getattr(obj, "on_step", _no_step_hook)()
@@ -282,56 +329,19 @@ class Session:
 
     def checkpoint(self) -> None:
         """Snapshot the state now (on the critical path: the state at one step), then hand the
-        rest to the background pusher. `async_save`: the snapshot copies every tensor
-        (runtime.checkpoint.disk.snapshot_state) once the pusher's queue has a place, and its worker
-        serialises it (`serialized`); False: torch.save + manifest here. Sharded state: every
-        rank writes its part here (runtime.session.sharded). `save`: `seconds` on the critical
-        path, `bytes` the state's tensor bytes (async) or the checkpoint's."""
+        rest to the background pusher (runtime.session.saver: async or sync, `async_save`).
+        Sharded state: every rank writes its part here (runtime.session.sharded)."""
         began = time.perf_counter()
         rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
         self.pushed_at = step = self.step_count
-        if self.sharded:
-            return sharded_session.checkpoint(self, began, rngs)
-        if self.pusher is None:
+        if not self.sharded and self.pusher is None:
             return
         meta = {"run_id": self.run_id, "params": self.params, **self.meta}
-        sizes: dict[str, int] = {}
-
-        def digests(state: dict[str, Any]) -> None:  # async: on the pusher's thread, from the snapshot
-            events.emit("state_digest", step=step, digests=state_digests(state, list(state)))
-
-        def take() -> dict[str, Any]:
-            state = {name: obj.state_dict() for name, obj in self.tracked.items()}
-            state.update(rng=rngs, step=step, tokens=self.tokens, extra=self.extra)
-            sizes.update((name, tensor_bytes(value)) for name, value in state.items() if name != "rng")
-            return state
-
-        if self.async_save:
-            pool = self._snapshot_pool = self._snapshot_pool or SnapshotPool()
-            copied: list[int] = []
-
-            def build() -> PendingCheckpoint:
-                snap = snapshot_state(take(), pool)
-                copied.append(snap.bytes)
-                return PendingCheckpoint(snap, self.work / "ckpt", step, meta, before_save=digests)
-
-            blocked = self.pusher.submit_job(step, build)  # a place in the queue first: two snapshots at most
-            nbytes = copied[0]
+        at = AtStep(step, self.tokens, rngs, self.tracked, self.extra, meta)
+        if self.sharded:
+            sharded_session.checkpoint(at, self.world, self.work, self.pusher, self.saver.leaders, began)
         else:
-            digests(state := take())
-            folder, manifest = save_local(state, self.work / "ckpt", step, meta)
-            blocked = self.pusher.submit(folder, manifest)
-            nbytes = manifest.total_bytes
-        events.emit(
-            "save",
-            step=step,
-            bytes=nbytes,
-            seconds=round(time.perf_counter() - began, 4),
-            blocked_s=round(blocked, 4),
-            state_bytes={k: v for k, v in sizes.items() if v},
-            params=self.params,
-            async_save=self.async_save,
-        )
+            self.saver.save(at, self.async_save, began)
 
     def _gpu_phases(self) -> dict[str, Any]:
         gpu = self.clock.gpu_phases()
@@ -363,14 +373,10 @@ class Session:
         if self.exit_code is not None:
             return self.exit_code
         step = self.step_count
-        events.emit("stop", reason=getattr(self, "reason", "max_steps"), step=step)
+        events.emit("stop", reason=self.reason, step=step)
         if step > self.pushed_at:
             self.checkpoint()
-        ok = True
-        if self.pusher is not None:
-            self.pusher.drain()  # every snapshot serialised, every checkpoint through its cycle
-            self._snapshot_pool = None  # the reusable host buffers go
-            ok = step == self.resumed_at or self.pusher.verified(step)
+        ok = self.saver.final(step)  # every snapshot serialised, every checkpoint through its cycle
         self.world.barrier("rank 0 finishing its pushes")
         ok = bool(self.world.broadcast(ok))  # only rank 0 can know; every rank exits the same way
         events.emit("done", step=step, final_checkpoint_verified=ok)

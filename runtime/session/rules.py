@@ -6,7 +6,9 @@ trainer adapters (runtime/adapters/) share these pieces.
 - `local_stop`: one rank's stop decision before a step (deadline with room for one
   more push, SIGTERM), which the ranks then agree on;
 - `ResumeRefused`: what a tracked object (a loader, a data cursor) raises when the
-  state it is asked to load does not describe this run.
+  state it is asked to load does not describe this run;
+- `LegEnd`: the leg's end before its loop is done (a refusal, a non-finite loss, an
+  unverified final checkpoint), raised with its exit code and its reason.
 
 The stop reasons and the exit codes they mean are runtime.contract's.
 """
@@ -34,6 +36,19 @@ class ResumeRefused(RuntimeError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class LegEnd(SystemExit):
+    """The leg ends here: a SystemExit with the leg's exit code (runtime.contract, which the
+    launcher reads) and the reason its `stop` line gave. Uncaught, the process exits with `code`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code)
+        self.exit_code = code
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"leg ends with exit {self.exit_code}: {self.reason}"
 
 
 def stale_files(expected_json: str | None, root: Path) -> list[str]:

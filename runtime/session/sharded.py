@@ -20,9 +20,14 @@ from typing import Any
 
 from runtime import events
 from runtime.checkpoint import dcp as sharded
+from runtime.checkpoint.cycle import Pusher
 from runtime.checkpoint.disk import partial_name, write_manifest
+from runtime.checkpoint.node_cycle import Leaders
 from runtime.checkpoint.restore import load_tracked
 from runtime.session.rules import ResumeRefused
+from runtime.session.saver import AtStep
+from runtime.session.step_evidence import StepEvidence
+from runtime.session.world import World
 from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
 
 
@@ -48,10 +53,12 @@ def check(folder: Path, seal: dict[str, Any] | None) -> None:
     return None
 
 
-def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
-    """Every rank: write this step's sharded checkpoint; rank 0 queues it for the storage cycle."""
-    world, step = sess.world, sess.step_count
-    root = sess.work / "ckpt"
+def checkpoint(
+    at: AtStep, world: World, work: Path, pusher: Pusher | None, leaders: Leaders | None, began: float
+) -> None:
+    """Every rank: write the sharded checkpoint of `at`; rank 0 queues it for the storage cycle."""
+    step = at.step
+    root = work / "ckpt"
     partial = root / partial_name(step)
     if world.local_rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -59,38 +66,35 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
             shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir()
     world.barrier(f"local rank 0 making {partial.name}")
-    _, _, _, rest = sharded.split_tracked(sess.tracked)
+    _, _, _, rest = sharded.split_tracked(at.tracked)
     own = {name: obj.state_dict() for name, obj in rest.items()}
-    own.update(rng=rngs[world.rank], step=step, tokens=sess.tokens, extra=sess.extra)
-    sharded.save(partial, sess.tracked, own, world.rank)
-    digests = sharded.digests(sess.tracked)  # a collective: the full tensors
+    own.update(rng=at.rngs[world.rank], step=step, tokens=at.tokens, extra=at.extra)
+    sharded.save(partial, at.tracked, own, world.rank)
+    digests = sharded.digests(at.tracked)  # a collective: the full tensors
     world.barrier(f"every rank writing its shards of step {step}")
-    meta = {
-        "run_id": sess.run_id,
-        "params": sess.params,
-        **sess.meta,
-        "format": sharded.FORMAT,
-        "world_size": world.world_size,
-    }
+    meta = {**at.meta, "format": sharded.FORMAT, "world_size": world.world_size}
     if world.is_main:
         from runtime.session.step_evidence import state_digests
 
-        whole = {**own, "rng": rngs}
+        whole = {**own, "rng": at.rngs}
         events.emit("state_digest", step=step, digests={**digests, **state_digests(whole, list(whole))})
-    manifest = write_manifest(partial, step, meta) if sess.leaders is None and world.is_main else None
+    manifest = write_manifest(partial, step, meta) if leaders is None and world.is_main else None
     folder = root / checkpoint_name(step)
     if world.local_rank == 0:
         if folder.exists():
             shutil.rmtree(folder)
         os.rename(partial, folder)
-    if sess.pusher is None:
+    if pusher is None:
         return
-    if manifest is None:  # several nodes: every node's leader pushes its part (runtime.checkpoint.node_cycle)
+    if leaders is not None:  # several nodes: every node's leader pushes its part (runtime.checkpoint.node_cycle)
         from runtime.checkpoint.node_cycle import NodeCheckpoint
 
-        blocked = sess.pusher.submit_job(step, lambda: NodeCheckpoint(folder, step, meta, sess.leaders))
+        group = leaders
+        blocked = pusher.submit_job(step, lambda: NodeCheckpoint(folder, step, meta, group))
+    elif manifest is not None:  # one node: rank 0, the one that pushes
+        blocked = pusher.submit(folder, manifest)
     else:
-        blocked = sess.pusher.submit(folder, manifest)
+        return
     if world.is_main:
         events.emit(
             "save",
@@ -98,16 +102,19 @@ def checkpoint(sess: Any, began: float, rngs: list[Any]) -> None:
             bytes=sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
             seconds=round(time.perf_counter() - began, 4),
             blocked_s=round(blocked, 4),
-            params=sess.params,
+            params=at.meta.get("params", 0),
             async_save=False,
             sharded=sharded.FORMAT,
         )
 
 
-def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
+def load(
+    world: World, tracked: dict[str, Any], extra: dict[str, Any], evidence: StepEvidence, name: str, restore: Path
+) -> dict[str, Any]:
     """Every rank: the checkpoint `name` (fetched into `restore` on each node), loaded through
-    DCP; the resume event's facts. Refuses (`world_size_changed`) another number of ranks."""
-    world, folder = sess.world, restore / name
+    DCP into `tracked` and `extra`; the resume event's facts. Refuses (`world_size_changed`)
+    another number of ranks."""
+    folder = restore / name
     manifest = json.loads((folder / MANIFEST).read_text())
     saved = manifest.get("meta", {}).get("world_size")
     if saved != world.world_size:
@@ -115,13 +122,13 @@ def load(sess: Any, name: str, restore: Path) -> dict[str, Any]:
             "world_size_changed",
             f"{name} was saved by {saved} ranks; this leg has {world.world_size}: resharding is not supported",
         )
-    own = sharded.load(folder, sess.tracked, {f["path"] for f in manifest["files"]}, world.rank)
+    own = sharded.load(folder, tracked, {f["path"] for f in manifest["files"]}, world.rank)
     # DCP's set_state_dict makes an empty optimizer's state with one step (zero grads, lr 0): not
     # a training step; counted, it hid an optimizer re-created after the resume (1 step in 7).
-    sess.evidence.opt_steps = 0
-    _, _, _, rest = sharded.split_tracked(sess.tracked)
-    facts = load_tracked(rest, own, name, sess.extra, digests=world.is_main)  # what each rank keeps its own
-    digests = sharded.digests(sess.tracked)  # a collective: the model and optimizers, whole
+    evidence.opt_steps = 0
+    _, _, _, rest = sharded.split_tracked(tracked)
+    facts = load_tracked(rest, own, name, extra, digests=world.is_main)  # what each rank keeps its own
+    digests = sharded.digests(tracked)  # a collective: the model and optimizers, whole
     if world.is_main:
         facts["digests"] = {**digests, **facts["digests"]}
     return {"own": own, "facts": {"sharded": sharded.FORMAT, "world_size_saved": saved, **facts}}

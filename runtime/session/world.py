@@ -110,6 +110,24 @@ class World:
         gc.freeze()
 
 
+def resolve_device(requested: str = "auto") -> str:
+    """ "auto": cuda where torch sees a GPU, else cpu; any other name as given."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def place(requested: str, world: World | None = None) -> tuple[World, str]:
+    """The process group (`world`, or the one torchrun's environment describes) and this rank's
+    device: "cuda" becomes this rank's cuda:<local rank>, made current."""
+    device = resolve_device(requested)
+    world = world or init_world(device)
+    if device == "cuda":
+        device = f"cuda:{world.local_rank}"
+        torch.cuda.set_device(device)
+    return world, device
+
+
 def init_world(device: str) -> World:
     """Join the torchrun world if there is one (WORLD_SIZE > 1)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

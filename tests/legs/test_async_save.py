@@ -242,7 +242,7 @@ def test_the_worker_keeps_the_cycle_order_and_two_snapshots_at_most(
     sess, model, opt = session(tmp_path, monkeypatch, "order", max_steps=7, ckpt_every=1)
     assert sess.running()
     one_step(sess, model, opt)  # step 1: the first snapshot allocates one set of buffers
-    pool: SnapshotPool = sess._snapshot_pool
+    pool: SnapshotPool = sess.saver.pool
     per_set = pool.allocations
     while sess.running():
         one_step(sess, model, opt)

@@ -320,6 +320,7 @@ import threading as _th
 import time as _tm
 
 import runtime.session.core as _sess
+from runtime.checkpoint.disk import save_local as _save_local
 
 _ckpt, _fin = _sess.Session.checkpoint, _sess.Session.finish
 
@@ -334,7 +335,7 @@ def _torn_checkpoint(self):  # the bug: no snapshot; the state is serialised lat
         _tm.sleep(0.3)  # training goes on meanwhile: the weights below belong to a later step
         state = {n: o.state_dict() for n, o in self.tracked.items()}
         state.update(rng=rngs, step=step, tokens=tokens, extra=self.extra)
-        folder, manifest = _sess.save_local(state, self.work / "ckpt", step, {"run_id": self.run_id})
+        folder, manifest = _save_local(state, self.work / "ckpt", step, {"run_id": self.run_id})
         self.pusher.submit(folder, manifest)
     _th.Thread(target=later).start()
 
