@@ -17,17 +17,24 @@ import random
 import re
 import signal
 import subprocess
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlparse
 
 import launcher.backends.leash as leash
-from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
-from launcher.backends.nodes import Cluster, NodeLaunch, close, node_env, start_nodes, task_id, wait_cluster
-from launcher.backends.sky.task import script_sha256
+from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink
+from launcher.backends.nodes import (
+    NodeLaunch,
+    ProcessHandle,
+    close,
+    node_env,
+    start_nodes,
+    start_process,
+    task_id,
+    wait_cluster,
+)
 from launcher.config.schema import Config
 from launcher.errors import LauncherError
 from launcher.image import docker, docker_cli
@@ -63,25 +70,13 @@ def run_argv(spec: LegSpec, image: str, network: str, program: str | None = None
 
 
 @dataclass
-class _DockerHandle(LegHandle):
-    proc: subprocess.Popen[str] | None = None
-    pump: threading.Thread | None = None
-    log: IO[str] | None = None
-    leash: subprocess.Popen[bytes] | None = None
-    cluster: Cluster | None = None
-    """A leg of several nodes: a container each, on the leg's own network (`instance`)."""
-    leashes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    stopping: bool = False
+class _DockerHandle(ProcessHandle):
+    """A leg held by its container, which `instance` names; on a leg of several nodes, `instance`
+    names the leg's own network, with a container for each node on it."""
 
     @property
     def containers(self) -> list[str]:
         return [n.instance for n in self.cluster.nodes] if self.cluster is not None else [self.instance]
-
-    def ledger_fields(self) -> dict[str, Any]:
-        fields = {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
-        if self.cluster is not None:
-            fields.update(run_sha256=script_sha256(self.cluster.script), nodes=self.cluster.records())
-        return fields
 
 
 class DockerBackend(Backend):
@@ -111,18 +106,7 @@ class DockerBackend(Backend):
         argv = run_argv(spec, self.image, self.network)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = spec.log_path.open("w", encoding="utf-8")
-        env = {**os.environ, **spec.secrets}
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            errors="replace",
-            start_new_session=True,
-        )
+        proc = start_process(argv, {**os.environ, **spec.secrets})
         handle = _DockerHandle(
             spec,
             name,
@@ -130,10 +114,9 @@ class DockerBackend(Backend):
             tuple(argv),
             proc=proc,
             log=log,
-            leash=leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=docker_cli()),
+            leashes=[leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=docker_cli())],
         )
-        handle.pump = threading.Thread(target=pump_lines, args=(proc.stdout, log, on_line), daemon=True)
-        handle.pump.start()
+        handle.follow(on_line)
         if on_instance is not None:
             on_instance(handle)
         return handle
@@ -189,13 +172,7 @@ class DockerBackend(Backend):
     def _finish(
         self, handle: _DockerHandle, rc: int | None, killed: bool, reason: str, count: bool = False
     ) -> LegResult:
-        for held in [handle.leash, *handle.leashes]:
-            leash.release(held)
-        handle.leash, handle.leashes = None, []
-        if handle.pump is not None:
-            handle.pump.join(timeout=30)
-        if handle.log is not None and not handle.log.closed:
-            handle.log.close()
+        handle.let_go()
         docker("rm", "-f", *handle.containers, check=False)  # the instances and their disks are gone
         if handle.cluster is not None:
             remove_network(handle.instance, [])

@@ -21,26 +21,25 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import launcher.backends.leash as leash
-from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink, pump_lines
+from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink
 from launcher.backends.leash import LEGS_ROOT, NODE_TOKEN_ENV, TOKEN_ENV, kill_leg, leg_pids, leg_token
 from launcher.backends.nodes import (
-    Cluster,
+    ProcessHandle,
     close,
     free_port,
     local_launches,
     node_token,
     path_with,
     start_nodes,
+    start_process,
     wait_cluster,
 )
-from launcher.backends.sky.task import script_sha256
 from launcher.config.schema import Config
 from launcher.errors import BadInput
 from launcher.manifest import stage_files
@@ -94,29 +93,23 @@ def leg_process_env(spec: LegSpec) -> dict[str, str]:
     return env
 
 
+def _stage(spec: LegSpec, workdir: Path) -> None:
+    """The leg's reviewed files onto its fresh disk, each checked against its hash on the way."""
+    stage_files(
+        {rel: f.source for rel, f in spec.files.items()}, {rel: f.sha256 for rel, f in spec.files.items()}, workdir
+    )
+
+
 @dataclass
-class _LocalHandle(LegHandle):
+class _LocalHandle(ProcessHandle):
     workdir: Path | None = None
-    proc: subprocess.Popen[str] | None = None
-    """The leg's process; on a leg of several nodes, the head node's."""
-    pump: threading.Thread | None = None
-    log: IO[str] | None = None
+    """The leg's fresh folder (a leg of several nodes: the folder holding each node's)."""
     early_exit: int | None = None
-    leash: subprocess.Popen[bytes] | None = None
-    cluster: Cluster | None = None
-    """The nodes of a leg of several (launcher.backends.nodes); None for one."""
-    stopping: bool = False
-    """SIGTERM was sent: every node is waited for, a failing one does not tear the others down."""
+    """The code of a leg whose program could not be started (127)."""
 
     @property
     def token(self) -> str:
         return leg_token(self.spec.run_id, self.spec.leg)
-
-    def ledger_fields(self) -> dict[str, Any]:
-        fields = {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
-        if self.cluster is not None:
-            fields.update(run_sha256=script_sha256(self.cluster.script), nodes=self.cluster.records())
-        return fields
 
 
 class LocalBackend(Backend):
@@ -143,11 +136,7 @@ class LocalBackend(Backend):
         self.root.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
         try:
-            stage_files(
-                {rel: f.source for rel, f in spec.files.items()},
-                {rel: f.sha256 for rel, f in spec.files.items()},
-                workdir,
-            )
+            _stage(spec, workdir)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -156,18 +145,7 @@ class LocalBackend(Backend):
         argv = resolve_command(spec.command)
         handle = _LocalHandle(spec, str(workdir), time.time(), tuple(argv), workdir=workdir, log=log)
         try:
-            handle.proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env=leg_process_env(spec),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                errors="replace",
-                start_new_session=True,
-            )
+            handle.proc = start_process(argv, leg_process_env(spec), workdir)
         except OSError as err:  # e.g. the program does not exist: the leg ran and failed
             line = f"launcher: cannot start {spec.command[0]!r}: {err.strerror or err}\n"
             log.write(line)
@@ -178,9 +156,8 @@ class LocalBackend(Backend):
             if on_instance is not None:
                 on_instance(handle)
             return handle
-        handle.leash = self._leash(handle)
-        handle.pump = threading.Thread(target=pump_lines, args=(handle.proc.stdout, log, on_line), daemon=True)
-        handle.pump.start()
+        handle.leashes = [self._leash(handle)]
+        handle.follow(on_line)
         if on_instance is not None:
             on_instance(handle)  # a local leg costs nothing before it starts: recorded once it has a pid
         return handle
@@ -199,11 +176,7 @@ class LocalBackend(Backend):
             dirs = [legdir / f"node-{rank}" for rank in range(self.nodes)]
             for workdir in dirs:
                 workdir.mkdir()
-                stage_files(
-                    {rel: f.source for rel, f in spec.files.items()},
-                    {rel: f.sha256 for rel, f in spec.files.items()},
-                    workdir,
-                )
+                _stage(spec, workdir)
             script = leg_script(self.cfg, spec.rung)
             deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
             envs = {
@@ -226,7 +199,7 @@ class LocalBackend(Backend):
             proc=cluster.head.proc,
             cluster=cluster,
         )
-        handle.leash = self._leash(handle)
+        handle.leashes = [self._leash(handle)]
         if on_instance is not None:
             on_instance(handle)
         return handle
@@ -254,12 +227,7 @@ class LocalBackend(Backend):
         reason: str,
         counted: tuple[int | None, int | None] = (None, None),
     ) -> LegResult:
-        leash.release(handle.leash)  # the leg is over: the leash kills whatever it left running, and exits
-        handle.leash = None
-        if handle.pump is not None:
-            handle.pump.join(timeout=30)
-        if handle.log is not None and not handle.log.closed:
-            handle.log.close()
+        handle.let_go()  # the leg is over: the leash kills whatever it left running, and exits
         if handle.workdir is not None and (killed or not self.keep_dirs):
             shutil.rmtree(handle.workdir, ignore_errors=True)
         return LegResult(

@@ -1,4 +1,6 @@
-"""A leg of several nodes on one host: each node runs the `run:` script SkyPilot would run.
+"""Legs held by processes this launcher starts on this host (the local and docker backends):
+the process, the handle both backends keep of it, and a leg of several nodes on one host, each
+node running the `run:` script SkyPilot would run.
 
 SkyPilot runs a task's `run:` script once on every node of the cluster, with the
 node's own environment: `SKYPILOT_NODE_RANK`, `SKYPILOT_NODE_IPS` (every node's
@@ -29,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
-from launcher.backends.base import LegSpec, LineSink
+import launcher.backends.leash as leash
+from launcher.backends.base import LegHandle, LegSpec, LineSink, pump_lines
+from launcher.backends.sky.task import script_sha256
 
 LOOPBACK = "127.0.0.1"
 NODE_VARS = (
@@ -62,6 +66,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def start_process(argv: list[str], env: Mapping[str, str], cwd: Path | None = None) -> subprocess.Popen[str]:
+    """A leg's process, or one node's: in a session of its own, its stdout and stderr one stream
+    of text lines (bytes that are not UTF-8 replaced)."""
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+        start_new_session=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,46 @@ class Cluster:
         return [n.record() for n in self.nodes]
 
 
+@dataclass
+class ProcessHandle(LegHandle):
+    """A leg held by processes this launcher started (local: the trainer's; docker: `docker run`'s):
+    the leg's process, the thread pumping its lines to its log, the leashes that end the leg if the
+    launcher dies (launcher.backends.leash), and its nodes when it has several."""
+
+    proc: subprocess.Popen[str] | None = None
+    """The leg's process; on a leg of several nodes, the head node's."""
+    pump: threading.Thread | None = None
+    log: IO[str] | None = None
+    leashes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    cluster: Cluster | None = None
+    """The nodes of a leg of several (start_nodes); None for one."""
+    stopping: bool = False
+    """SIGTERM was sent: every node is waited for, a failing one does not tear the others down."""
+
+    def ledger_fields(self) -> dict[str, Any]:
+        fields = {**super().ledger_fields(), "pid": self.proc.pid if self.proc is not None else None}
+        if self.cluster is not None:
+            fields.update(run_sha256=script_sha256(self.cluster.script), nodes=self.cluster.records())
+        return fields
+
+    def follow(self, on_line: LineSink | None) -> None:
+        """The leg's lines to its log (and to `on_line`), from a thread of their own."""
+        assert self.proc is not None and self.log is not None
+        self.pump = threading.Thread(target=pump_lines, args=(self.proc.stdout, self.log, on_line), daemon=True)
+        self.pump.start()
+
+    def let_go(self) -> None:
+        """The leg is over: every leash released (it kills whatever the leg left running, and
+        exits), the leg's lines drained into its log, the log closed."""
+        for held in self.leashes:
+            leash.release(held)
+        self.leashes = []
+        if self.pump is not None:
+            self.pump.join(timeout=30)
+        if self.log is not None and not self.log.closed:
+            self.log.close()
+
+
 def start_nodes(spec: LegSpec, script: str, launches: list[NodeLaunch], on_line: LineSink | None) -> Cluster:
     """Start every node (head first), each in a session of its own; its lines to the leg's log
     (prefixed) and to the node's own."""
@@ -123,18 +184,7 @@ def start_nodes(spec: LegSpec, script: str, launches: list[NodeLaunch], on_line:
     for rank, launch in enumerate(launches):
         node = Node(rank, launch.instance, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
         node.log = node.log_path.open("w", encoding="utf-8")
-        node.proc = subprocess.Popen(
-            launch.argv,
-            cwd=launch.cwd,
-            env=launch.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            errors="replace",
-            start_new_session=True,
-        )
+        node.proc = start_process(launch.argv, launch.env, launch.cwd)
         node.pump = threading.Thread(target=_pump, args=(cluster, node, on_line), daemon=True)
         node.pump.start()
         cluster.nodes.append(node)
@@ -152,8 +202,6 @@ def local_launches(
     """The local backend's nodes: `bash -c SCRIPT` in each fresh folder, on loopback. `envs`: the
     task's envs (leg environment and secrets included); `base_env`: the process environment
     beneath them (PATH, the leg's token)."""
-    from launcher.backends.leash import NODE_TOKEN_ENV, leg_token
-
     ips = [LOOPBACK] * len(workdirs)
     return [
         NodeLaunch(
@@ -163,7 +211,7 @@ def local_launches(
                 **envs,
                 **node_env(rank, ips, gpus_per_node, task_id(spec)),
                 "LAUNCHER_APP_DIR": str(workdir),
-                NODE_TOKEN_ENV: node_token(leg_token(spec.run_id, spec.leg), rank),
+                leash.NODE_TOKEN_ENV: node_token(leash.leg_token(spec.run_id, spec.leg), rank),
             },
             workdir,
             str(workdir),
