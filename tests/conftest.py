@@ -1,6 +1,6 @@
 """Fixtures only (the helpers tests share are in tests/helpers.py): a fresh project made
-by `launcher init`, a loopback Hub, a project wired to it, and SkyPilot's own API server
-for the session.
+by `launcher init`, a loopback Hub, a project wired to it, each item marked by its tier (its
+folder), and SkyPilot's own API server for a session with an item that needs it.
 """
 
 from __future__ import annotations
@@ -117,29 +117,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """SkyPilot's own API server for the whole session (tests/fakes/sky_server.py), started before
-    any test module imports `sky`: the client reads SKY_RUNTIME_DIR (where the vendored
-    catalog is) at import, and a client that finds no server starts one of its own in the
-    real HOME. Every test and every launcher subprocess talks to this one."""
-    import shutil
-    import tempfile
-
+    """Where SkyPilot's API server for this session (tests/fakes/sky_server.py) will run: its home
+    and port, in the environment before any test module imports `sky` (the client reads
+    SKY_RUNTIME_DIR, where the vendored catalog is, at import, and tests/sky's modules import it
+    at collection). The server itself starts once collection is over, and only where an item
+    needs it (`pytest_collection_finish`)."""
     from tests.fakes import sky_server
 
-    if config.getoption("markexpr", "") == "unit":
-        return  # the fast tier (`make test-fast`) talks to no SkyPilot server
     if _xdist_controller(config):
         return  # under pytest-xdist each worker runs tests, and starts a server of its own
+    planned = sky_server.plan(Path(tempfile.mkdtemp(prefix="preflight-skyhome-")))
+    os.environ.update(planned.env)
+    config.stash[_SKY_SERVER] = (planned, [])
 
-    home = Path(tempfile.mkdtemp(prefix="preflight-skyhome-"))
-    try:
-        server = sky_server.start(home)
-    except Exception:
-        shutil.rmtree(home, ignore_errors=True)
-        raise
-    os.environ.update(server.env)
-    config.stash[_SKY_SERVER] = server
+
+SKY_FIXTURE = "sky_api"
+"""The fixture a test outside tests/sky asks for when a launcher command of its reaches
+SkyPilot's API server (a `--backend sky` dry run renders and prices through it)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """SkyPilot's own API server, started in this process (each xdist worker) only when a
+    collected item needs it: one in tests/sky, or one asking for `sky_api`. Starting it costs
+    about 20 s of a worker (`make test-fast`, one module of tests/legs, tests/unit/test_docs.py
+    start none). Without it, a client that went looking for one (a test that needs it and does
+    not say so) is pointed at a closed port and fails at once, where it would otherwise start a
+    server of its own in the real HOME. Every test and every launcher subprocess talks to this one."""
+    from tests.fakes import sky_server
+
+    planned, started = session.config.stash.get(_SKY_SERVER, (None, None))
+    if planned is None or session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("sky") or SKY_FIXTURE in item.fixturenames for item in session.items):
+        os.environ["SKYPILOT_API_SERVER_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+        return
+    server = sky_server.start(planned.home, server=planned)
+    started.append(server)
     sky_server.SESSION.append(server)
+
+
+@pytest.fixture(scope="session")
+def sky_api():  # noqa: ANN201 - tests.fakes.sky_server.SkyServer
+    """SkyPilot's API server of this session (asking for it is what starts it: see
+    `pytest_collection_finish`)."""
+    from tests.fakes.sky_server import SESSION
+
+    assert SESSION, "no SkyPilot API server was started for this session"
+    return SESSION[-1]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
@@ -150,12 +183,11 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    import shutil
-
-    server = config.stash.get(_SKY_SERVER, None)
-    if server is not None:
+    planned, started = config.stash.get(_SKY_SERVER, (None, []))
+    for server in started:
         server.stop()
-        shutil.rmtree(server.home, ignore_errors=True)
+    if planned is not None:
+        shutil.rmtree(planned.home, ignore_errors=True)
 
 
 _SKY_SERVER = pytest.StashKey()

@@ -108,13 +108,20 @@ def install_catalog(home: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def start(home: Path, timeout_s: float = 120.0) -> SkyServer:
-    """`sky api start` under `home`, with the catalog and GCP enabled; raises if it does not come up."""
+def plan(home: Path) -> SkyServer:
+    """The server `start` will run under `home`, on a free port, not started yet: its `env` is
+    known (and may be set) before anything imports `sky`."""
+    return SkyServer(home, _free_port())
+
+
+def start(home: Path, timeout_s: float = 120.0, server: SkyServer | None = None) -> SkyServer:
+    """`sky api start` under `home` (on `server`'s port where given), with the catalog and GCP
+    enabled; raises if it does not come up."""
     if shutil.which("rsync") is None:
         raise RuntimeError("SkyPilot's API server host needs rsync (the Makefile installs it)")
     home.mkdir(parents=True, exist_ok=True)
     install_catalog(home)
-    server = SkyServer(home, _free_port())
+    server = server or plan(home)
     res = subprocess.run(
         [_sky_cli(), "api", "start", "--port", str(server.port)],
         env=server._server_env(),

@@ -134,10 +134,12 @@ def test_a_trainer_that_is_not_deterministic_is_a_finding_not_a_silent_band(tmp_
     assert status[4]["status"] == "FAIL" and "CPU determinism" in status[4]["summary"], status[4]
 
 
-def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: Path, leg_tmp: Path) -> None:
+def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: Path, leg_tmp: Path, sky_api) -> None:  # noqa: ANN001
     """examples/fsdp_dcp: an FSDP2 model and its optimizer sharded over 2 nodes x 2 ranks (the local
     backend's nodes, each its own folder), saved through torch.distributed.checkpoint by every rank,
-    each node pushing its own shards: static -> rehearsal -> drill (two kills mid-push) -> report."""
+    each node pushing its own shards: static -> rehearsal -> drill (two kills mid-push) -> report.
+    Each node's `run:` is the one `--backend sky --dry-run` renders through SkyPilot's API server
+    (`sky_api`)."""
     import json
 
     from tests.legs.test_nodes import each_node_ran_the_sky_script

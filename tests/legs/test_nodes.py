@@ -24,7 +24,8 @@ def two_by_two(project: Path) -> None:
 
 
 def sky_rendered_run(project: Path, rung: str) -> str:
-    """The `run:` script `up RUNG --backend sky --nodes 2 --dry-run` prints in its task YAML."""
+    """The `run:` script `up RUNG --backend sky --nodes 2 --dry-run` prints in its task YAML (a
+    dry run SkyPilot's API server takes part in: its test asks for `sky_api`)."""
     res = run_cli(["up", rung, "--backend", "sky", "--nodes", "2", "--dry-run"], cwd=project)
     text = res.out.split("task YAML", 1)[1].split("\n", 1)[1].split("\nskypilot:")[0]
     task = yaml.safe_load(text)

@@ -134,9 +134,9 @@ def test_every_rung_and_backend_refuses_alike(project: Path, gpu_host) -> None:
     assert run_rows(project) == 0
 
 
-def test_the_sky_backend_with_several_nodes_refuses_alike(project: Path) -> None:
+def test_the_sky_backend_with_several_nodes_refuses_alike(project: Path, sky_api) -> None:  # noqa: ANN001
     """Another backend and shape through the same plan: two nodes on sky with a store only this
-    machine has (SkyPilot's own API server renders and prices the dry run's leg 0)."""
+    machine has (SkyPilot's own API server, `sky_api`, renders and prices the dry run's leg 0)."""
     args = ["up", "smoke", "--gpus", "T4:2", "--backend", "sky", "--nodes", "2"]
     dry = run_cli([*args, "--dry-run", "--json"], cwd=project)
     assert_one_line_error(dry, 2, "a real launch would be refused", "hf://owner/repo")
