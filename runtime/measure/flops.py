@@ -76,7 +76,7 @@ class StepFlops:
         self.errors: list[str] = []
 
         class _Counter(FlopCounterMode):
-            def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202
+            def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
                 formula = self.flop_registry.get(func_packet)
                 if formula is not None:
                     try:

@@ -32,7 +32,7 @@ from runtime.store import open_store
 from runtime.store.base import Store
 
 
-def _lightning(folder: Path, step: int) -> dict:
+def _lightning(folder: Path, step: int) -> dict[str, Any]:
     """A Lightning checkpoint is one torch.save file: it must load with weights_only=True (as
     `trainer.fit(ckpt_path=...)` loads it) and say the step the store's name says."""
     import torch
@@ -47,7 +47,7 @@ def _lightning(folder: Path, step: int) -> dict:
     return {"keys": sorted(ckpt)}
 
 
-def _accelerate(folder: Path, step: int) -> dict:
+def _accelerate(folder: Path, step: int) -> dict[str, Any]:
     """`Accelerator.load_state` swallows a missing RNG file (it logs "Could not load random
     states" and goes on): a checkpoint without one is not loadable as saved."""
     if not any(folder.glob("random_states_*.pkl")):
@@ -59,11 +59,11 @@ def _accelerate(folder: Path, step: int) -> dict:
 FRAMEWORK_FORMATS = {"transformers": lambda folder, step: {}, "accelerate": _accelerate, "lightning": _lightning}
 
 
-def check(uri: str, prefix: str, name: str) -> dict:
+def check(uri: str, prefix: str, name: str) -> dict[str, Any]:
     return read(open_store(uri, prefix), name)[0]
 
 
-def read(store: Store, name: str) -> tuple[dict, dict | None]:
+def read(store: Store, name: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the answer, the state loaded: None where there is none to digest)."""
     began = time.perf_counter()
     listed = {c.name: c for c in store.list()}
@@ -122,7 +122,7 @@ def read(store: Store, name: str) -> tuple[dict, dict | None]:
     return out, state
 
 
-def _load_sharded(folder: Path, info: Any) -> dict:
+def _load_sharded(folder: Path, info: Any) -> dict[str, Any]:
     """A sharded checkpoint as one state: the DCP-saved objects whole and flattened (as the session
     digests them), rank 0's own state, and every rank's RNG streams."""
     from runtime.checkpoint.dcp import full_flat, load_whole
@@ -147,7 +147,7 @@ def serve(uri: str, prefix: str, requests: Any, answer: Any) -> None:
             request = json.loads(line)
             name, kinds = str(request["name"]), dict(request.get("kinds") or {})
         except (ValueError, KeyError, TypeError) as err:
-            out: dict = {"ok": False, "error": f"bad request: {type(err).__name__}: {err}"}
+            out: dict[str, Any] = {"ok": False, "error": f"bad request: {type(err).__name__}: {err}"}
         else:
             try:
                 out, state = read(store, name)

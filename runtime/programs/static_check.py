@@ -26,7 +26,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from runtime import contract
 from runtime.programs.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
@@ -139,11 +139,11 @@ def last_error_line(text: str) -> str | None:
     return keep[-1] if keep else None
 
 
-def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
+def _stopping_exec(orig_exec: Callable[..., Any], wanted: str | None) -> Callable[..., Any]:
     """builtins.exec as the entry sees it: the configurator's source (`wanted`) runs in the
     caller's globals, then the run stops (_Parsed) with the globals it changed."""
 
-    def exec_(source, globals_=None, locals_=None, /, **kw):  # noqa: ANN001, ANN202
+    def exec_(source: Any, globals_: dict[str, Any] | None = None, locals_: Any = None, /, **kw: Any) -> Any:
         caller = sys._getframe(1)
         if globals_ is None:
             globals_, locals_ = caller.f_globals, caller.f_locals if locals_ is None else locals_
@@ -157,12 +157,14 @@ def _stopping_exec(orig_exec, wanted: str | None):  # noqa: ANN001, ANN202
     return exec_
 
 
-def _stopping_parsers(orig_args, orig_known):  # noqa: ANN001, ANN202
+def _stopping_parsers(
+    orig_args: Callable[..., Any], orig_known: Callable[..., Any]
+) -> tuple[Callable[..., NoReturn], Callable[..., Any]]:
     """ArgumentParser.parse_args and parse_known_args as the entry sees them: the first parse that
     completes stops the run (_Parsed) with its namespace."""
     inside: list[bool] = []
 
-    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+    def parse_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> NoReturn:
         inside.append(True)
         try:
             ns = orig_args(self, args, namespace)
@@ -170,7 +172,7 @@ def _stopping_parsers(orig_args, orig_known):  # noqa: ANN001, ANN202
             inside.pop()
         raise _Parsed(ns)
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+    def parse_known_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
         result = orig_known(self, args, namespace)
         if inside:
             return result  # parse_args checks the leftovers itself, then stops
