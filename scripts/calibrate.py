@@ -6,7 +6,7 @@ is built (`add_param_group` is wrapped by torch._compile._disable_dynamo), toget
 CPU here. This times exactly that, three times in a row, and prints the median, so a suite's wall
 time can be read against the machine it ran on: on 2026-12-03 the same tree's suite took 32.5 min
 on a machine where this printed 3.8 s of CPU (5.7 s wall), where earlier sessions' quiet runs took 14-16 min
-(`make test-fast` 16-20 s then, 29-34 s that day). tests/README.md keeps the figures.
+(`make test-fast` 16-20 s then, 29-34 s that day). docs/benchmarks.md keeps the figures.
 
     python scripts/calibrate.py
 """
