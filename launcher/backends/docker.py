@@ -30,7 +30,7 @@ from launcher.backends.nodes import (
     ProcessHandle,
     close,
     node_env,
-    start_nodes,
+    start_cluster,
     start_process,
     task_id,
     wait_cluster,
@@ -127,8 +127,6 @@ class DockerBackend(Backend):
         """A container per node, on a bridge network made for the leg (each at an address known
         before any starts: SKYPILOT_NODE_IPS), each running the rung's `run:` script with
         SkyPilot's node variables (launcher.backends.nodes)."""
-        from launcher.backends.sky.task import HARD_CAP_GRACE_S, leg_script, task_envs
-
         assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
         names = [f"{container_name(spec)}-node{rank}"[:120] for rank in range(self.nodes)]
         for name in names:
@@ -137,31 +135,30 @@ class DockerBackend(Backend):
         if store is not None:
             store.mkdir(parents=True, exist_ok=True)
         network, ips = make_network(container_name(spec), self.nodes)
-        script = leg_script(self.cfg, spec.rung)
-        deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
-        envs = task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None)
         program = docker_cli()
-        launches = []
-        for rank, (name, ip) in enumerate(zip(names, ips)):
-            argv = [program, "run", "--name", name, "--network", network, "--ip", ip, "--init"]
-            argv += ["--gpus", "all"] if spec.gpus is not None else []
-            for key, value in {
-                **envs,
-                **node_env(rank, ips, spec.gpus.count if spec.gpus else 0, task_id(spec)),
-            }.items():
-                argv += ["-e", f"{key}={value}"]
-            for key in spec.secrets:
-                argv += ["-e", key]  # the value only in the docker CLI's environment
-            argv += store_mounts(dict(spec.env)) + [self.image, "bash", "-c", script]
-            launches.append(NodeLaunch(argv, {**os.environ, **spec.secrets}, None, name))
+
+        def launches(script: str, envs: dict[str, str]) -> list[NodeLaunch]:
+            made = []
+            for rank, (name, ip) in enumerate(zip(names, ips)):
+                argv = [program, "run", "--name", name, "--network", network, "--ip", ip, "--init"]
+                argv += ["--gpus", "all"] if spec.gpus is not None else []
+                for key, value in {
+                    **envs,
+                    **node_env(rank, ips, spec.gpus.count if spec.gpus else 0, task_id(spec)),
+                }.items():
+                    argv += ["-e", f"{key}={value}"]
+                for key in spec.secrets:
+                    argv += ["-e", key]  # the value only in the docker CLI's environment
+                argv += store_mounts(dict(spec.env)) + [self.image, "bash", "-c", script]
+                made.append(NodeLaunch(argv, {**os.environ, **spec.secrets}, None, name))
+            return made
+
         try:
-            cluster = start_nodes(spec, script, launches, on_line)
+            cluster = start_cluster(self.cfg, spec, on_line, launches)
         except BaseException:
             remove_network(network, names)
             raise
-        handle = _DockerHandle(
-            spec, network, time.time(), tuple(launches[0].argv), proc=cluster.head.proc, cluster=cluster
-        )
+        handle = _DockerHandle(spec, network, time.time(), cluster.head.argv, proc=cluster.head.proc, cluster=cluster)
         handle.leashes = [
             leash.start(leash.leg_token(spec.run_id, spec.leg), None, container=name, docker=program) for name in names
         ]

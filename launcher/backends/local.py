@@ -30,13 +30,14 @@ import launcher.backends.leash as leash
 from launcher.backends.base import Backend, CannotDo, LegHandle, LegResult, LegSpec, LineSink
 from launcher.backends.leash import LEGS_ROOT, NODE_TOKEN_ENV, TOKEN_ENV, kill_leg, leg_pids, leg_token
 from launcher.backends.nodes import (
+    NodeLaunch,
     ProcessHandle,
     close,
     free_port,
     local_launches,
     node_token,
     path_with,
-    start_nodes,
+    start_cluster,
     start_process,
     wait_cluster,
 )
@@ -167,37 +168,27 @@ class LocalBackend(Backend):
     ) -> LegHandle:
         """Each of `nodes` fresh folders (under one leg folder: the leash's) runs the rung's
         `run:` script, as SkyPilot's nodes would (launcher.backends.nodes)."""
-        from launcher.backends.sky.task import HARD_CAP_GRACE_S, leg_script, task_envs
-
-        assert self.cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
+        cfg = self.cfg
+        assert cfg is not None, "a leg of several nodes needs the config (make_backend gives it)"
         self.root.mkdir(parents=True, exist_ok=True)
         legdir = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}-leg{spec.leg}-", dir=self.root))
+        dirs = [legdir / f"node-{rank}" for rank in range(self.nodes)]
+
+        def launches(script: str, envs: dict[str, str]) -> list[NodeLaunch]:
+            envs = {**envs, **spec.secrets, "PREFLIGHT_MASTER_PORT": str(free_port())}
+            base = {**leg_process_env(spec), "PATH": path_with(Path(trainer_python(cfg.trainer.command)).parent)}
+            return local_launches(script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, spec)
+
         try:
-            dirs = [legdir / f"node-{rank}" for rank in range(self.nodes)]
             for workdir in dirs:
                 workdir.mkdir()
                 _stage(spec, workdir)
-            script = leg_script(self.cfg, spec.rung)
-            deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
-            envs = {
-                **task_envs(self.cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None),
-                **spec.secrets,
-                "PREFLIGHT_MASTER_PORT": str(free_port()),
-            }
-            base = {**leg_process_env(spec), "PATH": path_with(Path(trainer_python(self.cfg.trainer.command)).parent)}
-            launches = local_launches(script, envs, base, dirs, spec.gpus.count if spec.gpus else 0, spec)
-            cluster = start_nodes(spec, script, launches, on_line)
+            cluster = start_cluster(cfg, spec, on_line, launches)
         except BaseException:
             shutil.rmtree(legdir, ignore_errors=True)
             raise
         handle = _LocalHandle(
-            spec,
-            str(legdir),
-            time.time(),
-            ("bash", "-c", script),
-            workdir=legdir,
-            proc=cluster.head.proc,
-            cluster=cluster,
+            spec, str(legdir), time.time(), cluster.head.argv, workdir=legdir, proc=cluster.head.proc, cluster=cluster
         )
         handle.leashes = [self._leash(handle)]
         if on_instance is not None:

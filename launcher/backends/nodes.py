@@ -33,7 +33,8 @@ from typing import IO, Any, Callable, Mapping
 
 import launcher.backends.leash as leash
 from launcher.backends.base import LegHandle, LegSpec, LineSink, pump_lines
-from launcher.backends.sky.task import script_sha256
+from launcher.backends.sky.task import HARD_CAP_GRACE_S, leg_script, script_sha256, task_envs
+from launcher.config.schema import Config
 
 LOOPBACK = "127.0.0.1"
 NODE_VARS = (
@@ -103,6 +104,7 @@ class Node:
     rank: int
     instance: str
     log_path: Path
+    argv: tuple[str, ...] = ()
     proc: subprocess.Popen[str] | None = None
     pump: threading.Thread | None = None
     log: IO[str] | None = None
@@ -148,7 +150,7 @@ class ProcessHandle(LegHandle):
     log: IO[str] | None = None
     leashes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     cluster: Cluster | None = None
-    """The nodes of a leg of several (start_nodes); None for one."""
+    """The nodes of a leg of several (start_cluster); None for one."""
     stopping: bool = False
     """SIGTERM was sent: every node is waited for, a failing one does not tear the others down."""
 
@@ -176,13 +178,27 @@ class ProcessHandle(LegHandle):
             self.log.close()
 
 
+def start_cluster(
+    cfg: Config, spec: LegSpec, on_line: LineSink | None, launches: Callable[[str, dict[str, str]], list[NodeLaunch]]
+) -> Cluster:
+    """A leg of several nodes started: the rung's `run:` script and the task's envs rendered as the
+    sky backend renders them (launcher.backends.sky.task; the hard cap a grace past the leg's
+    deadline), each node's launch made of them by the backend (`launches(script, envs)`), and
+    every node started, head first (start_nodes)."""
+    script = leg_script(cfg, spec.rung)
+    deadline = float(spec.env.get("LAUNCHER_DEADLINE", "0") or 0)
+    envs = task_envs(cfg, spec.rung, spec.env, deadline + HARD_CAP_GRACE_S if deadline else None)
+    return start_nodes(spec, script, launches(script, envs), on_line)
+
+
 def start_nodes(spec: LegSpec, script: str, launches: list[NodeLaunch], on_line: LineSink | None) -> Cluster:
     """Start every node (head first), each in a session of its own; its lines to the leg's log
     (prefixed) and to the node's own."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster([], script, spec.log_path.open("w", encoding="utf-8"))
     for rank, launch in enumerate(launches):
-        node = Node(rank, launch.instance, spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log"))
+        log_path = spec.log_path.with_name(f"{spec.log_path.stem}.node-{rank}.log")
+        node = Node(rank, launch.instance, log_path, tuple(launch.argv))
         node.log = node.log_path.open("w", encoding="utf-8")
         node.proc = start_process(launch.argv, launch.env, launch.cwd)
         node.pump = threading.Thread(target=_pump, args=(cluster, node, on_line), daemon=True)
