@@ -27,7 +27,6 @@ from launcher.ledger.rows import (
     LEG_NUMBERS,
     RUN_NUMBERS,
     ImageRow,
-    LegRecord,
     LegRow,
     Review,
     RunRow,
@@ -295,9 +294,9 @@ class Ledger(Spending):
         leg["nodes"] = json_or_none(leg.get("nodes"))
         return leg
 
-    def leg_records(self, run_id: str) -> list[LegRecord]:
-        """The run's legs as stored (JSON columns as text)."""
-        return [dict(r) for r in self._db.execute("SELECT * FROM legs WHERE run_id=?", (run_id,)).fetchall()]
+    def leg_records(self, run_id: str) -> list[LegRow]:
+        """The run's legs, read as `runs` reads them."""
+        return [self._leg_row(dict(r)) for r in self._db.execute("SELECT * FROM legs WHERE run_id=?", (run_id,))]
 
     # --- graceful stops ---------------------------------------------------------
 

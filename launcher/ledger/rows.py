@@ -34,37 +34,9 @@ class CheckRow(TypedDict):
     damaged: NotRequired[list[str]]
 
 
-class LegRecord(TypedDict):
-    """A legs row as stored: the JSON columns still text, `killed` 0 or 1."""
-
-    run_id: str
-    leg: int
-    backend: str
-    instance: str
-    command: str
-    env: str
-    log_path: str
-    started_at: float
-    ended_at: float | None
-    exit_code: int | None
-    killed: int
-    end_reason: str | None
-    billed_gpu_hours: float | None
-    cost_usd: float | None
-    task_sha256: str | None
-    pid: int | None
-    role: str | None
-    hourly_usd: float | None
-    cost_source: str | None
-    placement: str | None
-    run_sha256: str | None
-    nodes: str | None
-    request_id: str | None
-
-
 class LegRow(TypedDict):
-    """A leg as `Ledger.runs` reads it: JSON decoded, `killed` a bool; a number damaged
-    by hand reads None and is named under `damaged`."""
+    """A leg as the ledger reads it (`Ledger.runs`, `Ledger.leg_records`): JSON decoded, `killed`
+    a bool; a number damaged by hand reads None and is named under `damaged`."""
 
     run_id: str
     leg: int | None

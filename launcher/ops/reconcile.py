@@ -27,7 +27,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.ledger.db import Ledger
-from launcher.ledger.rows import LegRecord
+from launcher.ledger.rows import LegRow
 
 
 def pid_alive(pid: int, started: int | None = None) -> bool:
@@ -63,7 +63,7 @@ class DeadRun:
     """A run whose launcher died: ended in the ledger now; its legs are cleaned up after."""
 
     run_id: str
-    legs: list[LegRecord]
+    legs: list[LegRow]
 
 
 def settle_dead(ledger: Ledger) -> list[DeadRun]:
@@ -160,7 +160,7 @@ def settle_leg(
         )
 
 
-def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRecord) -> None:
+def _reap_cluster(ledger: Ledger, run_id: str, leg: LegRow) -> None:
     """End what the dead leg left on SkyPilot (its request, its cluster or managed job) and bill
     the leg to when it stopped (launcher.backends.sky.reap)."""
     from launcher.backends.sky.api import job_id_of
