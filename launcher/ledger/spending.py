@@ -1,6 +1,8 @@
-"""The ledger's spending side: reservations held and settled, what runs and legs billed, and
-the ends a dead launcher left unrecorded. A part of launcher.ledger.db.Ledger (its base class),
-kept apart for size; the policy of what may be spent is launcher.ops.spend's.
+"""The Ledger's spending statements (`Spending`, the base class launcher.ledger.db.Ledger
+inherits them from): the quota's reservations held, grown and settled; what runs and legs
+billed, in a period and by rung; and what a dead launcher left unrecorded (its legs and run
+ended, a leg billed again once its cluster's end is known). Only the SQL of spending: what may
+be spent is launcher.ops.spend's policy.
 """
 
 from __future__ import annotations
