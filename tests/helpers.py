@@ -175,3 +175,38 @@ def details(src: Any, kind: str, *, leg: int | None = None, ok: bool | None = No
         f"no check of kind {kind} leg {leg} ok {ok} among {[(c.get('kind'), c.get('leg')) for c in checks_of(src)]}"
     )
     return "\n".join(c["detail"] for c in found)
+
+
+def clone(root: Path, dst: Path) -> Path:
+    """A copy of a project whose ledger points at the copy's own logs and store (the ledger
+    holds them by absolute path): a test changes the copy, never a project other tests read."""
+    import shutil
+
+    shutil.copytree(root, dst, symlinks=True)
+    with sqlite3.connect(dst / ".launcher" / "ledger.db") as db:
+        db.execute("UPDATE legs SET log_path = replace(log_path, ?, ?)", (str(root), str(dst)))
+        db.execute("UPDATE runs SET store_uri = replace(store_uri, ?, ?)", (root.as_uri(), dst.as_uri()))
+    return dst
+
+
+SECRET = "hf_test_secret_value"
+"""The HF_TOKEN the shared rehearsal's legs get (tests/legs/conftest.py): it must reach their
+environment and be written down nowhere (test_rehearsal.py)."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """A project after a command (a fixture of tests/legs/conftest.py): where it is, and what the
+    command answered."""
+
+    root: Path
+    res: Result
+
+
+@dataclass(frozen=True)
+class Rehearsed(Done):
+    """The project after `launcher up rehearsal --json` (with HF_TOKEN=SECRET), and the dry run
+    shown just before it (`up rehearsal --dry-run --json`) with the time it was shown."""
+
+    dry: Result
+    shown_at: float

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_one_line_error, run_cli
+from tests.helpers import Done, assert_one_line_error, run_cli
 
 HEAVY = ("torch", "sky", "docker", "numpy")
 
@@ -30,9 +30,8 @@ def imports_after(argv: list[str], cwd: Path) -> dict:
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["ledger"], ["ledger", "--json"], ["up", "--help"], ["status", "--json"]])
-def test_host_commands_do_not_import_torch_or_skypilot(project: Path, argv: list[str]) -> None:
-    assert run_cli(["up", "static"], cwd=project).code == 0  # so `ledger` has a run to show
-    got = imports_after(argv, project)
+def test_host_commands_do_not_import_torch_or_skypilot(after_static: Done, argv: list[str]) -> None:
+    got = imports_after(argv, after_static.root)  # a project whose ledger has a run to show
     assert got["code"] == 0
     assert got["heavy"] == [], f"`launcher {' '.join(argv)}` imported {got['heavy']}"
 
@@ -44,11 +43,11 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
         assert command in res.out
 
 
-def test_ledger_json_and_table(project: Path) -> None:
+def test_ledger_json_and_table(project: Path, after_static: Done) -> None:
     empty = run_cli(["ledger", "--json"], cwd=project)
     assert empty.code == 0 and empty.json() == []
     assert "no runs recorded yet" in run_cli(["ledger"], cwd=project).out
-    assert run_cli(["up", "static"], cwd=project).code == 0
+    project = after_static.root  # the same project after one `up static`
     runs = run_cli(["ledger", "--json"], cwd=project).json()
     assert len(runs) == 1 and runs[0]["rung"] == "static" and runs[0]["legs"][0]["backend"] == "host"
     assert "runtime.programs.static_check" in runs[0]["legs"][0]["command"]

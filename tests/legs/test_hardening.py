@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+from tests.helpers import Done, assert_one_line_error, clone, edit_config, run_cli, run_rows
 
 
 def reservations(project: Path) -> int:
@@ -100,10 +100,11 @@ def test_a_locked_ledger_names_its_holder_and_readers_are_not_blocked(project: P
     assert run_rows(project) == 0
 
 
-def test_doctored_rows_log_lines_and_a_damaged_checkpoint_read_as_damaged(project: Path) -> None:
-    """One rehearsal, then damage around it: doctored ledger rows and log lines (listed, never
-    evidence), then a checkpoint whose manifest is not JSON or not readable (status goes on)."""
-    assert run_cli(["up", "rehearsal"], cwd=project).code == 0
+def test_doctored_rows_log_lines_and_a_damaged_checkpoint_read_as_damaged(rehearsed: Done, tmp_path: Path) -> None:
+    """One rehearsal (a clone of the worker's shared one), then damage around it: doctored ledger
+    rows and log lines (listed, never evidence), then a checkpoint whose manifest is not JSON or
+    not readable (status goes on)."""
+    project = clone(rehearsed.root, tmp_path / "proj")
     run = run_cli(["ledger", "--json"], cwd=project).json()[0]
     log = Path(run["legs"][1]["log_path"])
     lines = log.read_text().splitlines(keepends=True)

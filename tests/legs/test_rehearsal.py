@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import time
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, checks_of, edit_config, failed, run_cli
+from tests.helpers import SECRET, Rehearsed, check, checks_of, edit_config, failed, run_cli
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -21,12 +20,11 @@ def dry_run_env(text: str) -> dict[str, str]:
     return dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
 
 
-def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
-    dry = run_cli(["up", "rehearsal", "--dry-run", "--json"], cwd=project)
-    assert dry.code == 0, dry.err
-    shown, shown_at = dry_run_env(dry.json()["text"]), time.time()
-    res = run_cli(["up", "rehearsal", "--json"], cwd=project, env={"HF_TOKEN": "hf_test_secret_value"})
-    assert res.code == 0, res.out + res.err
+def test_rehearsal_resumes_at_the_pushed_step(rehearsed: Rehearsed) -> None:
+    """The worker's shared rehearsal (tests/legs/conftest.py): its dry run, then the rehearsal
+    with HF_TOKEN set."""
+    project, res = rehearsed.root, rehearsed.res
+    shown, shown_at = dry_run_env(rehearsed.dry.json()["text"]), rehearsed.shown_at
     assert all(c["ok"] for c in checks_of(res)), failed(res)
     # Three legs, two sequential resumes, each at the step the previous leg pushed: leg 0 ended by
     # SIGTERM once it printed step 6, leg 1 by its deadline (it holds itself at step 13 until it comes).
@@ -68,10 +66,10 @@ def test_rehearsal_resumes_at_the_pushed_step(project: Path) -> None:
 
     # The secret reached the legs' environment but was written down nowhere.
     state = project / ".launcher"
-    assert "hf_test_secret_value" not in res.out + res.err
-    assert "hf_test_secret_value" not in (state / "ledger.db").read_bytes().decode("latin-1")
+    assert SECRET not in res.out + res.err
+    assert SECRET not in (state / "ledger.db").read_bytes().decode("latin-1")
     for log in (state / "runs").rglob("*.log"):
-        assert "hf_test_secret_value" not in log.read_text()
+        assert SECRET not in log.read_text()
 
 
 def test_rehearsal_says_no_when_leg_1_does_not_resume(project: Path) -> None:

@@ -6,16 +6,15 @@ import shutil
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import assert_one_line_error, check, checks_of, details, edit_config, run_cli, run_rows
+from tests.helpers import Done, assert_one_line_error, check, checks_of, details, edit_config, run_cli, run_rows
 
 STATIC = Kind.TRAINER_STATIC
 """The checks runtime/programs/static_check.py reports (command shape, parse, imports, ...): one
 kind, so a test reads what they say together (`details`), or the one that failed."""
 
 
-def test_static_passes_and_reports_evidence(project: Path) -> None:
-    res = run_cli(["up", "static", "--json"], cwd=project)
-    assert res.code == 0, res.err
+def test_static_passes_and_reports_evidence(after_static: Done) -> None:
+    project, res = after_static.root, after_static.res
     assert all(c["ok"] for c in checks_of(res))
     assert "train.py --ckpt-every 5" in check(res, Kind.COMMAND_LINE)["detail"]
     assert '"ckpt_every": 5' in details(res, STATIC)

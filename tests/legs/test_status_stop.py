@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.checks.evidence import Kind
-from tests.helpers import LAUNCHER, assert_one_line_error, check, run_cli
+from tests.helpers import LAUNCHER, Done, assert_one_line_error, check, run_cli
 
 WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line."""
 import signal
@@ -146,9 +146,9 @@ def test_a_trainer_that_ignores_sigterm_is_killed_and_the_fallback_reported(tmp_
     assert s["checkpoints"]["newest_verified"]["name"] == st["checkpoint"]
 
 
-def test_stop_refuses_what_it_cannot_stop(project: Path) -> None:
+def test_stop_refuses_what_it_cannot_stop(after_static: Done) -> None:
+    project = after_static.root  # its one run: a static run, ended
     assert_one_line_error(run_cli(["stop", "nope"], cwd=project), 2, "no run 'nope'")
-    assert run_cli(["up", "static"], cwd=project).code == 0
     run_id = run_cli(["ledger", "--json"], cwd=project).json()[0]["id"]
     assert_one_line_error(run_cli(["stop", run_id], cwd=project), 2, "is not running")
     assert_one_line_error(run_cli(["status", "nope"], cwd=project), 2, "no run 'nope'")
