@@ -17,7 +17,7 @@ HF_STAMP = $(HF_VENV)/.installed
 # The Accelerate example runs in .venv-hf: transformers' Trainer needs accelerate, pinned there.
 PL_VENV ?= .venv-lightning
 PL_STAMP = $(PL_VENV)/.installed
-# pytest-xdist workers for `make test` (tests/README.md: measured on 2 cores).
+# pytest-xdist workers for `make test` (docs/benchmarks.md: measured on 2 cores).
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast lint bench clean
