@@ -43,7 +43,6 @@ import random
 import re
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,12 +53,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.checkpoint.cycle import Pusher
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import FedInputs
-from runtime.session.rules import local_stop
+from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digest
-from runtime.store.base import MANIFEST, checkpoint_name
+from runtime.store.base import checkpoint_name
 
 
 def _rng_states() -> tuple[Any, Any, Any]:
@@ -81,14 +79,14 @@ class Preflight(LegAdapter):
         self.read_leg(workdir, "accelerate")
         self._env_deadline = self.deadline
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(env), time.time())
-        self.global_step = self.resumed_at = self.pushed_at = 0
+        self.global_step = 0
         self.restored: Path | None = None
         self._resume_event: dict[str, Any] | None = None
         """The `resume` event, printed once the loop has loaded the folder (with its digests as loaded)."""
         self._sigterm: list[bool] = []
         self._opt_steps = 0
         self._step_s, self._last = 0.0, time.perf_counter()
-        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if accelerator.is_main_process else None
+        self.open_saver(keep, verify_bytes, pushes=accelerator.is_main_process)
         self._wrap(accelerator)
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
         params = sum(p.numel() for m in accelerator._models for p in m.parameters())
@@ -143,18 +141,16 @@ class Preflight(LegAdapter):
     def resume(self) -> str | None:
         """The local folder (`.../step_N`, as save_state wrote it) of the newest verified checkpoint
         in the store; None: start fresh."""
-        restore = self.work / "restore"
-        restored = self.restore(check_windows)
-        if restored.info is None:
+        resumed = self.resume_from(check_windows)
+        if resumed.checkpoint is None:
             return None
-        step = restored.info.step
-        folder = restore / f"step_{step}"
+        step = resumed.step
+        folder = self.restore_dir / f"step_{step}"
         shutil.rmtree(folder, ignore_errors=True)
-        (restore / restored.info.name).rename(folder)
-        (folder / MANIFEST).unlink(missing_ok=True)
-        self.global_step = self.resumed_at = self.pushed_at = step
+        (self.restore_dir / resumed.checkpoint).rename(folder)
+        self.global_step = step
         self.restored = folder
-        self._resume_event = {"from_step": step, "checkpoint": restored.info.name}
+        self._resume_event = {"from_step": step, "checkpoint": resumed.checkpoint}
         return str(folder)
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
@@ -165,7 +161,7 @@ class Preflight(LegAdapter):
             self._emit_resume(self._digests(loaded=True))
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(os.environ), time.time())
         match = re.search(r"step_(\d+)", Path(str(input_dir or "")).name)
-        at = int(match[1]) if match else self.resumed_at
+        at = int(match[1]) if match else self.saver.resumed_at
         loaders = self.acc._dataloaders
         per_epoch = len(loaders[0]) if loaders and hasattr(loaders[0], "__len__") else 0
         if not per_epoch or at % per_epoch:  # mid-epoch (or unknown): the loop's new iterator draws first
@@ -233,13 +229,7 @@ class Preflight(LegAdapter):
         code = (
             0
             if self.global_step >= self.max_steps
-            else local_stop(
-                self.deadline,
-                self.pusher.last_cycle_s if self.pusher else 0.0,
-                self._step_s,
-                self._sigterm,
-                self.global_step,
-            )
+            else local_stop(self.deadline, self.saver.last_cycle_s, self._step_s, self._sigterm, self.global_step)
         )
         if self.acc.num_processes > 1:  # every rank stops at the same step, for the same reason
             code = int(self.acc.reduce(torch.tensor([code], device=self.acc.device), reduction="max").item())
@@ -266,7 +256,7 @@ class Preflight(LegAdapter):
         not written), then the storage cycle. The folder's path is returned, as save_state does."""
         step = self.global_step
         dest = self.work / "ckpt" / checkpoint_name(step)
-        if step == self.pushed_at and step > 0:  # already saved at this step (or resumed from it)
+        if step == self.saver.pushed_at and step > 0:  # already saved at this step (or resumed from it)
             return str(dest)
         began = time.perf_counter()
         self.acc.wait_for_everyone()
@@ -276,8 +266,8 @@ class Preflight(LegAdapter):
         if self.acc.is_main_process:
             events.emit("state_digest", step=step, digests=self._digests())
         self._save_state(str(dest), **kwargs)
-        self.pushed_at = step
-        if self.pusher is not None:
+        self.saver.pushed_at = step
+        if self.saver.pusher is not None:
             self.push(dest, step, "accelerate", began)
         return str(dest)
 
@@ -285,6 +275,6 @@ class Preflight(LegAdapter):
 
     def _finish(self, reason: str) -> None:
         step = self.global_step
-        if step > self.pushed_at:
+        if step > self.saver.pushed_at:
             self.save_state()
-        sys.exit(EXIT_OK if self.end(reason, step) else EXIT_FAILED)
+        raise LegEnd(EXIT_OK if self.end(reason, step) else EXIT_FAILED, reason)

@@ -1,29 +1,30 @@
 """What every framework adapter (hf.py, lightning.py, accelerate.py) does the same way: read
-the leg's environment, refuse stale code, and fetch the store's newest verified checkpoint
-(refusing, exit 3, when the store itself refuses us)."""
+the leg's environment, refuse stale code, fetch the store's newest verified checkpoint (refusing,
+exit 3, when the store itself refuses us) as the frozen `Resumed` the Session's resume makes
+too, and save through the Session's `Saver` (runtime.session.saver): a framework's folder into
+the storage cycle, the final verdict."""
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from runtime import contract, events
-from runtime.checkpoint.disk import write_manifest
-from runtime.checkpoint.restore import Restored, restore_newest
+from runtime.checkpoint.cycle import Pusher
+from runtime.checkpoint.restore import restore_newest
 from runtime.contract import EXIT_REFUSED
-from runtime.session.rules import DEFAULT_MAX_STEPS, stale_code_refused
+from runtime.session.resume import Resumed
+from runtime.session.rules import DEFAULT_MAX_STEPS, LegEnd, stale_code_refused
+from runtime.session.saver import Saver
 from runtime.store import StoreError, open_store
+from runtime.store.base import MANIFEST
 
 
 class LegAdapter:
-    """The leg's facts as attributes (run_id, leg, max_steps, deadline, work, rank, store); the
-    adapter sets `pusher` (None on ranks that push nothing) and `resumed_at`."""
-
-    pusher: Any
-    resumed_at: int
+    """The leg's facts as attributes (run_id, leg, max_steps, deadline, work, rank, store), the
+    `saver` (its pusher made by `open_saver`: None on ranks that push nothing) and `resumed`
+    (where the leg starts: set by `resume_from`)."""
 
     def read_leg(self, workdir: str | Path, adapter: str) -> None:
         """The leg environment (defaults when run by hand), then the `session` event and the
@@ -36,40 +37,45 @@ class LegAdapter:
         self.work = Path(workdir).resolve()
         self.rank = int(env.get("RANK", "0"))
         self.store = open_store(env.get(contract.STORE, (self.work / "store").as_uri()), f"runs/{self.run_id}")
+        self.restore_dir = self.work / "restore"
+        self.saver = Saver()
+        self.resumed = Resumed()
         events.emit("session", run_id=self.run_id, leg=self.leg, pid=os.getpid(), adapter=adapter)
         if stale_code_refused():
-            sys.exit(EXIT_REFUSED)
+            raise LegEnd(EXIT_REFUSED, "stale_code")
 
-    def restore(self, check: Callable[[Path, Any], Any]) -> Restored:
-        """The newest verified checkpoint, fetched into work/restore and kept as files (checked by
-        `check(folder, seal)`, damage skipped); a store that refuses us stops the leg (exit 3)."""
+    def open_saver(self, keep: int, verify_bytes: int, pushes: bool) -> None:
+        """The storage cycle's pusher where this rank `pushes` (None elsewhere)."""
+        self.saver.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if pushes else None
+
+    def resume_from(self, check: Callable[[Path, Any], Any]) -> Resumed:
+        """The newest verified checkpoint, fetched into `restore_dir`/<its name> and kept as the
+        framework's files (checked by `check(folder, seal)`, damage skipped, the manifest dropped);
+        the saver starts at its step. `Resumed()` (no checkpoint): start fresh. A store that refuses
+        us ends the leg (exit 3)."""
         try:
-            return restore_newest(self.store, self.work / "restore", keep_files=True, check=check)
+            restored = restore_newest(self.store, self.restore_dir, keep_files=True, check=check)
         except StoreError as err:
             events.emit("stop", reason="store_error", step=0, error=f"{type(err).__name__}: {err}")
-            sys.exit(EXIT_REFUSED)
+            raise LegEnd(EXIT_REFUSED, "store_error") from err
+        if restored.info is None:
+            return self.resumed
+        info = restored.info
+        (self.restore_dir / info.name / MANIFEST).unlink(missing_ok=True)
+        self.resumed = Resumed(step=info.step, checkpoint=info.name, skipped=frozenset(restored.skipped))
+        self.saver.start_at(info.step)
+        return self.resumed
 
     def push(self, folder: Path, step: int, fmt: str, began: float) -> None:
         """A framework's checkpoint folder of `step` into the storage cycle: its manifest, the
         background push, the `save` event (seconds since `began`)."""
-        manifest = write_manifest(folder, step, {"run_id": self.run_id, "format": fmt})
-        blocked = self.pusher.submit(folder, manifest)
-        events.emit(
-            "save",
-            step=step,
-            bytes=manifest.total_bytes,
-            seconds=round(time.perf_counter() - began, 4),
-            blocked_s=round(blocked, 4),
-        )
+        self.saver.push_folder(folder, step, {"run_id": self.run_id, "format": fmt}, began)
 
     def end(self, reason: str, step: int) -> bool:
         """`stop`, the storage cycle drained, `done`: whether the final checkpoint verified (a leg
         that stops where it resumed had nothing new to push)."""
         events.emit("stop", reason=reason, step=step)
-        ok = True
-        if self.pusher is not None:
-            self.pusher.drain()
-            ok = step == self.resumed_at or self.pusher.verified(step)
+        ok = self.saver.final(step)
         events.emit("done", step=step, final_checkpoint_verified=ok)
         return ok
 

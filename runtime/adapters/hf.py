@@ -30,7 +30,6 @@ import hashlib
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -38,11 +37,10 @@ from transformers import TrainerCallback
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.checkpoint.cycle import Pusher
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import batch_digest
-from runtime.session.rules import local_stop
-from runtime.store.base import MANIFEST, checkpoint_name
+from runtime.session.rules import LegEnd, local_stop
+from runtime.store.base import checkpoint_name
 
 
 class Preflight(TrainerCallback, LegAdapter):
@@ -51,28 +49,23 @@ class Preflight(TrainerCallback, LegAdapter):
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         self.read_leg(workdir, "transformers")
         self.keep, self.verify_bytes = keep, verify_bytes
-        self.resumed_at = self.pushed_at = 0
         self.reason = "max_steps"
         self.exit_code: int | None = None
         self._sigterm: list[bool] = []
         self._digests: list[str] = []
         self._last = time.perf_counter()
         self._step_s = 0.0
-        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
+        self.open_saver(keep, verify_bytes, pushes=self.rank == 0)
 
     # --- before training ---------------------------------------------------------
 
     def resume(self) -> str | None:
         """The local folder of the newest verified checkpoint in the store (None: start fresh)."""
-        restore = self.work / "restore"
-        restored = self.restore(check_windows)
-        if restored.info is None:
+        resumed = self.resume_from(check_windows)
+        if resumed.checkpoint is None:
             return None
-        self.resumed_at = self.pushed_at = restored.info.step
-        folder = restore / restored.info.name
-        (folder / MANIFEST).unlink(missing_ok=True)
-        events.emit("resume", from_step=restored.info.step, checkpoint=restored.info.name)
-        return str(folder)
+        events.emit("resume", from_step=resumed.step, checkpoint=resumed.checkpoint)
+        return str(self.restore_dir / resumed.checkpoint)
 
     def on_init_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
         args.logging_strategy, args.logging_steps = "steps", 1  # a `step` event needs every step's loss
@@ -116,19 +109,13 @@ class Preflight(TrainerCallback, LegAdapter):
             "max_steps"
             if state.global_step >= min(self.max_steps, state.max_steps)
             else STOP_CODES.get(
-                local_stop(
-                    self.deadline,
-                    self.pusher.last_cycle_s if self.pusher else 0.0,
-                    self._step_s,
-                    self._sigterm,
-                    state.global_step,
-                )
+                local_stop(self.deadline, self.saver.last_cycle_s, self._step_s, self._sigterm, state.global_step)
             )
         )
         if stop:
             self.reason = stop
             control.should_training_stop = True
-            control.should_save = state.global_step > self.pushed_at
+            control.should_save = state.global_step > self.saver.pushed_at
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
@@ -152,8 +139,8 @@ class Preflight(TrainerCallback, LegAdapter):
     def on_save(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
         """The Trainer just wrote checkpoint-<step>: its files, at one step, into the storage cycle."""
         step = state.global_step
-        self.pushed_at = step
-        if self.pusher is None:
+        self.saver.pushed_at = step
+        if self.saver.pusher is None:
             return control
         began = time.perf_counter()
         src = Path(args.output_dir) / f"checkpoint-{step}"
@@ -169,5 +156,5 @@ class Preflight(TrainerCallback, LegAdapter):
         ok = self.end(self.reason, state.global_step)
         self.exit_code = EXIT_OK if ok else EXIT_FAILED
         if not ok:
-            sys.exit(EXIT_FAILED)
+            raise LegEnd(EXIT_FAILED, "final_checkpoint_unverified")
         return control

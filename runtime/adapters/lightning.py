@@ -46,7 +46,6 @@ import os
 import random
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,14 +58,13 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.checkpoint.cycle import Pusher
 from runtime.checkpoint.restore import as_loaded
 from runtime.contract import EXIT_FAILED, STOP_CODES
 from runtime.session.batches import batch_digest
-from runtime.session.rules import local_stop
+from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digests
 from runtime.session.workers import quiet_sigchld, shield_workers
-from runtime.store.base import MANIFEST, CheckpointDamaged, checkpoint_name
+from runtime.store.base import CheckpointDamaged, checkpoint_name
 
 CKPT_FILE = "lightning.ckpt"
 TRACKED = {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler", "data": "data"}
@@ -159,8 +157,6 @@ class Preflight(Callback, LegAdapter):
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         self.read_leg(workdir, "lightning")
-        self.resumed_at = self.pushed_at = 0
-        self.resumed_from: str | None = None
         self.reason = "max_steps"
         self.finished = False
         self._sigterm: list[bool] = []
@@ -172,7 +168,7 @@ class Preflight(Callback, LegAdapter):
         # A flag from now on: Lightning installs its own handler only once `fit` has restored the
         # checkpoint, and chains this one.
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.pusher = Pusher(self.store, keep=keep, verify_budget=verify_bytes) if self.rank == 0 else None
+        self.open_saver(keep, verify_bytes, pushes=self.rank == 0)
 
     def _on_sigterm(self, *_: Any) -> None:
         """Lightning's own handler runs first and sets `received_sigterm`, on which its loop raises
@@ -189,14 +185,10 @@ class Preflight(Callback, LegAdapter):
 
     def resume(self) -> str | None:
         """The local path of the newest verified checkpoint in the store (None: start fresh)."""
-        restore = self.work / "restore"
-        restored = self.restore(_check)
-        if restored.info is None:
+        resumed = self.resume_from(_check)
+        if resumed.checkpoint is None:
             return None
-        self.resumed_at = self.pushed_at = restored.info.step
-        self.resumed_from = restored.info.name
-        (restore / restored.info.name / MANIFEST).unlink(missing_ok=True)
-        return str(restore / restored.info.name / CKPT_FILE)
+        return str(self.restore_dir / resumed.checkpoint / CKPT_FILE)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         inner = trainer.strategy.checkpoint_io
@@ -217,11 +209,11 @@ class Preflight(Callback, LegAdapter):
         )  # the checkpoint is loaded
         for opt in trainer.optimizers:
             opt.register_step_post_hook(lambda *_: setattr(self, "_opt_steps", self._opt_steps + 1))
-        if self.resumed_from is not None:
+        if self.resumed.checkpoint is not None:
             events.emit(
                 "resume",
-                from_step=self.resumed_at,
-                checkpoint=self.resumed_from,
+                from_step=self.resumed.step,
+                checkpoint=self.resumed.checkpoint,
                 digests=digests_of(*self._live_state(trainer, pl_module), self._rng or rng_state()),
             )
         events.emit(
@@ -281,22 +273,20 @@ class Preflight(Callback, LegAdapter):
         stop = (
             "max_steps"
             if step >= limit
-            else STOP_CODES.get(
-                local_stop(self.deadline, self.pusher.last_cycle_s if self.pusher else 0.0, step_s, self._sigterm, step)
-            )
+            else STOP_CODES.get(local_stop(self.deadline, self.saver.last_cycle_s, step_s, self._sigterm, step))
         )
         if stop:
             self.reason = stop
-            if step > self.pushed_at:
+            if step > self.saver.pushed_at:
                 trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")  # through _StoreIO
             trainer.should_stop = True
 
     def save(self, checkpoint: dict[str, Any]) -> None:
         """One checkpoint Lightning asked for: written here (temp, fsync, rename), then the cycle."""
         step = int(checkpoint["global_step"])
-        if step <= self.pushed_at or self.pusher is None:
+        if step <= self.saver.pushed_at or self.saver.pusher is None:
             return  # this step's state is saved already (or this rank pushes nothing)
-        self.pushed_at = step
+        self.saver.pushed_at = step
         began = time.perf_counter()
         dest = self.work / "ckpt" / checkpoint_name(step)
         dest.mkdir(parents=True, exist_ok=True)
@@ -324,7 +314,7 @@ class Preflight(Callback, LegAdapter):
     # --- the end -------------------------------------------------------------------
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if int(trainer.global_step) > self.pushed_at:  # stopped by max_epochs: the run is over, save it
+        if int(trainer.global_step) > self.saver.pushed_at:  # stopped by max_epochs: the run is over, save it
             trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")
         self.finish(int(trainer.global_step))
 
@@ -339,4 +329,4 @@ class Preflight(Callback, LegAdapter):
             return
         self.finished = True
         if not self.end(self.reason, step):
-            sys.exit(EXIT_FAILED)
+            raise LegEnd(EXIT_FAILED, "final_checkpoint_unverified")

@@ -123,3 +123,20 @@ def test_the_legs_end_is_a_system_exit_with_its_code_and_reason() -> None:
         raise LegEnd(EXIT_REFUSED, "stale_code")
     assert raised.value.code == EXIT_REFUSED
     assert isinstance(raised.value, LegEnd) and raised.value.reason == "stale_code"
+
+
+def test_the_adapters_share_the_sessions_saver_and_resume() -> None:
+    """Each framework adapter resumes through LegAdapter.resume_from and saves through the
+    Session's Saver: none makes its own pusher, restores by itself or calls sys.exit."""
+    common = (ROOT / "runtime" / "adapters" / "common.py").read_text()
+    assert (
+        "from runtime.session.saver import Saver" in common and "from runtime.session.resume import Resumed" in common
+    )
+    for name in ("hf", "lightning", "accelerate"):
+        src = (ROOT / "runtime" / "adapters" / f"{name}.py").read_text()
+        assert "self.resume_from(" in src and "self.open_saver(" in src, name
+        assert not [w for w in ("Pusher(", "restore_newest", "sys.exit(", "write_manifest") if w in src], name
+    for path in [*(ROOT / "runtime" / "session").glob("*.py"), *(ROOT / "runtime" / "adapters").glob("*.py")]:
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+        exits = [c.lineno for c in calls if ast.unparse(c.func) == "sys.exit"]
+        assert not exits, f"{path.name}:{exits}"  # the leg's end is LegEnd, with its reason
