@@ -472,7 +472,8 @@ def test_a_resume_from_a_checkpoint_that_never_verified_is_named_by_the_launcher
     verified) for the newest checkpoint in the store, verified or not, and trains from it."""
     root = copy_example("plain_loop", tmp_path)
     short_drill(root)
-    plant(root, "from runtime.session import Session\n", "from runtime.session import Session\n" + SLOW_VERIFY)
+    anchor = "from runtime.session import EpochLoader, Session\n"
+    plant(root, anchor, anchor + SLOW_VERIFY)
     plant(
         root,
         "sess.resume()\n",

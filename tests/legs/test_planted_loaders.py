@@ -67,8 +67,8 @@ def test_a_ranks_shard_left_out_of_the_manifest_never_verifies(tmp_path: Path, l
     root = fsdp_on_two_ranks(tmp_path)
     plant(
         root,
-        "from runtime.session import Session\n",
-        "from runtime.session import Session\n"
+        "from runtime.session import EpochLoader, Session\n",
+        "from runtime.session import EpochLoader, Session\n"
         "import runtime.session.sharded as ss  # planted: rank 1's shard lost before the manifest\n"
         "_write = ss.write_manifest\n"
         "ss.write_manifest = lambda folder, step, meta: ((folder / '__1_0.distcp').unlink(), "
