@@ -35,7 +35,6 @@ def test_with_no_notice_the_next_leg_resumes_from_the_previous_verified_checkpoi
     code, checks, run = preempt(project, "--notice", "0", "--at-step", "18")
     assert code == 0, failed(checks)
     notice = check(checks, Kind.PREEMPT_NOTICE, leg=0)
-    assert notice["facts"]["notice_s"] == 0, notice
     newest = notice["facts"]["expected"]  # what the cadence had verified by step 18 (a push may still be in flight)
     assert newest is not None and newest < 18 and newest % 5 == 0, notice
     assert notice["detail"] == f"no notice: killed at step 18; the store's newest verified checkpoint was step {newest}"
