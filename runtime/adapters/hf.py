@@ -32,6 +32,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -67,12 +68,12 @@ class Preflight(TrainerCallback, LegAdapter):
         events.emit("resume", from_step=resumed.step, checkpoint=resumed.checkpoint)
         return str(self.restore_dir / resumed.checkpoint)
 
-    def on_init_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         args.logging_strategy, args.logging_steps = "steps", 1  # a `step` event needs every step's loss
         args.logging_first_step = True
         return control
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
         self.deadline = contract.resumed_deadline(
             self.deadline, dict(os.environ), time.time()
@@ -96,13 +97,13 @@ class Preflight(TrainerCallback, LegAdapter):
         self._last = time.perf_counter()
         return control
 
-    def _hash_inputs(self, module, args, kwargs):  # noqa: ANN001, ANN201
+    def _hash_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if module.training:  # evaluation forwards read other data: not the step's batch
             self._digests.append(batch_digest({"args": list(args), **kwargs}) or "")
 
     # --- every step --------------------------------------------------------------
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
         stop = (
@@ -118,7 +119,7 @@ class Preflight(TrainerCallback, LegAdapter):
             control.should_save = state.global_step > self.saver.pushed_at
         return control
 
-    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
         logs = logs or {}
         if "loss" not in logs or self.rank != 0:
             return control
@@ -136,7 +137,7 @@ class Preflight(TrainerCallback, LegAdapter):
         )
         return control
 
-    def on_save(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """The Trainer just wrote checkpoint-<step>: its files, at one step, into the storage cycle."""
         step = state.global_step
         self.saver.pushed_at = step
@@ -152,7 +153,7 @@ class Preflight(TrainerCallback, LegAdapter):
 
     # --- the end -------------------------------------------------------------------
 
-    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         ok = self.end(self.reason, state.global_step)
         self.exit_code = EXIT_OK if ok else EXIT_FAILED
         if not ok:

@@ -134,7 +134,7 @@ class FedInputs:
     def watch(self, module: torch.nn.Module) -> None:
         module.register_forward_pre_hook(self._hook, with_kwargs=True)
 
-    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
         if self.first is not None:

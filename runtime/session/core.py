@@ -131,6 +131,10 @@ class Session:
         self.world.close()
         raise LegEnd(code, reason)
 
+    def _on_sigterm(self, signum: int, frame: Any) -> None:  # the leg's stop: noted, acted on between steps
+        self._sigterm.append(True)
+        quiet_sigchld()
+
     @property
     def pusher(self) -> Pusher | None:  # the saver's (None on ranks that push nothing, and before `resume`)
         return self.saver.pusher
@@ -182,7 +186,7 @@ class Session:
         parts = Parts(self.tracked, self.extra, self.evidence, self.lr_schedule)
         try:
             choice = session_resume.choose(world, store, restore, self.device, sharded)
-            signal.signal(signal.SIGTERM, lambda *_: (self._sigterm.append(True), quiet_sigchld()))
+            signal.signal(signal.SIGTERM, self._on_sigterm)
             self.saver.open(store, world, self.keep, self.verify_bytes, replace=choice.skipped)
             self.health = Health(self.work, self.device, self.health_every) if world.local_rank == 0 else None
             resumed = self.resumed = session_resume.load(world, store, choice, restore, self.device, parts, sharded)

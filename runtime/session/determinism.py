@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 from runtime import contract
 
@@ -25,14 +25,15 @@ _ALERT = re.compile(r"^(?P<op>\S+) does not have a deterministic implementation"
 
 
 class Determinism:
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        environ: Mapping[str, str] = os.environ if env is None else env
         self._ops: list[str] = []
         self._seen: set[str] = set()
-        self.settings: dict[str, Any] | None = self._apply(env) if env.get(contract.DETERMINISTIC) == "1" else None
+        on = environ.get(contract.DETERMINISTIC) == "1"
+        self.settings: dict[str, Any] | None = self._apply(environ) if on else None
         """What the mode set (the `start` event's `deterministic`); None: the mode is off."""
 
-    def _apply(self, env: dict[str, str]) -> dict[str, Any]:
+    def _apply(self, env: Mapping[str, str]) -> dict[str, Any]:
         import torch
 
         torch.use_deterministic_algorithms(True, warn_only=True)
