@@ -20,7 +20,7 @@ SIGABRTs, from torchrun's own report of each rank's exit code):
 Goal: 0 aborts in 60 single-node and 30 two-node legs, and in the no-close shape; some in the
 control. Prints one line per shape; with --keep-failures the stderr of each failed leg is kept
 under a temp folder. With core dumps on (`ulimit -c unlimited`), `gdb -batch -ex "thread apply
-all bt" python core` on one names the aborting thread (tests/README.md).
+all bt" python core` on one names the aborting thread (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def signal_leg(token: str, sid: int | None, sig: int, group_first: bool = False,
     reaches only the rest (torchrun's workers, in sessions of their own). The scan reads every
     process's environ: on a host of 370 processes under load it took tens of milliseconds, and
     a trainer of 1.5 ms steps ran 13 steps past a hold before the SIGSTOP landed (3 rehearsals
-    in 6 under stress-ng ended leg 1 on its step limit, not its deadline; tests/README.md)."""
+    in 6 under stress-ng ended leg 1 on its step limit, not its deadline; docs/benchmarks.md, "Load-dependent failures found")."""
     grouped = False
     if group_first and sid is not None:
         try:

@@ -92,7 +92,7 @@ class World:
         kept the gloo group, and its worker threads, alive into interpreter teardown, where a
         worker that released a finished collective's tensors took the GIL, was ended by
         pthread_exit, and aborted the rank (SIGABRT, "terminate called without an active
-        exception"; the gdb backtrace is in tests/README.md): 8 of 36 two-rank runs of a script
+        exception"; the gdb backtrace is in docs/benchmarks.md, "Load-dependent failures found"): 8 of 36 two-rank runs of a script
         that only all-reduces once and closes; 0 of 54 once the group dies here, and 0 in 60 + 30
         legs of bench/teardown_aborts.py)."""
         if self.closed:
@@ -142,6 +142,6 @@ def init_world(device: str) -> World:
     # destroy a finished work's tensors after Py_FinalizeEx began: their decref takes the GIL,
     # a thread taking the GIL during finalization is ended by pthread_exit, its forced unwind
     # meets a noexcept destructor, std::terminate, SIGABRT ("terminate called without an active
-    # exception": the gdb backtrace is in tests/README.md). atexit runs before that teardown.
+    # exception": the gdb backtrace is in docs/benchmarks.md, "Load-dependent failures found"). atexit runs before that teardown.
     atexit.register(world.close)
     return world
