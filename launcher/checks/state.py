@@ -228,6 +228,7 @@ def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Chec
             ev.pointer(resume),
             kind=Kind.STATE_RESTORED,
             leg=ev.leg,
+            facts={"kinds": sorted(kinds)},
         )
     return Check(
         name,
@@ -236,6 +237,7 @@ def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Chec
         ev.pointer(resume),
         kind=Kind.STATE_RESTORED,
         leg=ev.leg,
+        facts={"kinds": sorted(kinds)},
     )
 
 
@@ -283,6 +285,7 @@ def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: froz
                     f"{b[:12]} in the straight-through run{left}",
                     ev.pointer((n, e)) + straight.pointer(ref[s]),
                     kind=Kind.STATE_STRAIGHT,
+                    facts={"kinds": sorted(kinds)},
                 )
     both = sorted(set(got) & set(ref))
     if not both:
@@ -294,6 +297,7 @@ def check_state_straight(legs: list[LegEvents], straight: LegEvents, kinds: froz
         f"{both[0]}..{both[-1]}{left}",
         straight.pointer(ref[both[-1]]),
         kind=Kind.STATE_STRAIGHT,
+        facts={"kinds": sorted(kinds)},
     )
 
 

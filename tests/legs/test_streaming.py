@@ -34,8 +34,10 @@ def test_a_stream_without_a_shuffle_buffer_resumes_exactly(tmp_path: Path, leg_t
     code, checks = rehearse_stream(tmp_path, 0)
     assert code == 0, failed(checks)
     assert "identical at every step" in check(checks, Kind.TIMELINE)["detail"]
-    restored = checks_of(checks, Kind.STATE_RESTORED, leg=1)  # the stream's position among them, as saved
+    restored = checks_of(checks, Kind.STATE_RESTORED, leg=1)
     assert restored and all(c["ok"] for c in restored), restored
+    position = [c for c in restored if c["facts"]["kinds"] == ["data"]]  # the stream's position, as saved
+    assert len(position) == 1, restored
 
 
 def test_a_shuffle_buffer_lost_on_resume_is_counted_not_passed(tmp_path: Path, leg_tmp: Path) -> None:
