@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpuhost import gpu_host  # noqa: F401 - the fixture: a host with GPUs (a stand-in driver)
-from tests.helpers import SKY_IMAGE_REF, edit_config, run_cli
+from tests.helpers import SKY_IMAGE_REF, edit_config, run_cli, sky_server_of
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if planned is None or session.config.option.collectonly:
         return
     if not any(item.get_closest_marker("sky") or SKY_FIXTURE in item.fixturenames for item in session.items):
-        os.environ["SKYPILOT_API_SERVER_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+        os.environ["SKYPILOT_API_SERVER_ENDPOINT"] = f"http://127.0.0.1:{sky_server.free_port()}"
         return
     server = sky_server.start(planned.home, server=planned)
     started.append(server)
@@ -163,16 +163,7 @@ def sky_api():  # noqa: ANN201 - tests.fakes.sky_server.SkyServer
     from tests.fakes.sky_server import SESSION
 
     assert SESSION, "no SkyPilot API server was started for this session"
-    return SESSION[-1]
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return sky_server_of()
 
 
 def _xdist_controller(config: pytest.Config) -> bool:

@@ -92,7 +92,8 @@ def _sky_cli() -> str:
     return str(Path(sys.executable).parent / "sky")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -111,7 +112,7 @@ def install_catalog(home: Path) -> None:
 def plan(home: Path) -> SkyServer:
     """The server `start` will run under `home`, on a free port, not started yet: its `env` is
     known (and may be set) before anything imports `sky`."""
-    return SkyServer(home, _free_port())
+    return SkyServer(home, free_port())
 
 
 def start(home: Path, timeout_s: float = 120.0, server: SkyServer | None = None) -> SkyServer:

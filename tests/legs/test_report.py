@@ -8,7 +8,6 @@ drill) is run once for the module; tests that doctor logs work on copies.
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path, PurePath
 from xml.etree import ElementTree
@@ -24,7 +23,7 @@ from launcher.report.proofs_store import proof_7
 from launcher.report.runs import Evidence, RunData
 from runtime.events import parse_line
 from tests.gpuhost import gpu_host_env
-from tests.helpers import assert_one_line_error, run_cli
+from tests.helpers import assert_one_line_error, clone, run_cli
 
 pytestmark = pytest.mark.xdist_group("report-ladder")  # the module's one ladder is walked once, on one worker
 
@@ -48,14 +47,6 @@ def ladder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
         if args == ["up", "rehearsal"]:
             (base / "rehearsal.out").write_text(res.out)  # what a user sees: test_the_rehearsal_fits_a_few_screens
     return root, env
-
-
-def clone(root: Path, dst: Path) -> Path:
-    """A copy of the project whose ledger points at the copy's logs."""
-    shutil.copytree(root, dst)
-    with sqlite3.connect(dst / ".launcher" / "ledger.db") as db:
-        db.execute("UPDATE legs SET log_path = replace(log_path, ?, ?)", (str(root), str(dst)))
-    return dst
 
 
 def report_json(project: Path, env: dict[str, str], out: Path) -> dict:
