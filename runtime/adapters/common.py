@@ -66,10 +66,13 @@ class LegAdapter:
         self.saver.start_at(info.step)
         return self.resumed
 
-    def push(self, folder: Path, step: int, fmt: str, began: float) -> None:
+    def push(
+        self, folder: Path, step: int, fmt: str, began: float, state_bytes: dict[str, int] | None = None
+    ) -> None:
         """A framework's checkpoint folder of `step` into the storage cycle: its manifest, the
-        background push, the `save` event (seconds since `began`)."""
-        self.saver.push_folder(folder, step, {"run_id": self.run_id, "format": fmt}, began)
+        background push, the `save` event (seconds since `began`; `state_bytes` by kind, measured
+        from the state saved: proof 7 sizes the checkpoint by it, not by an assumed optimizer)."""
+        self.saver.push_folder(folder, step, {"run_id": self.run_id, "format": fmt}, began, state_bytes)
 
     def end(self, reason: str, step: int) -> bool:
         """`stop`, the storage cycle drained, `done`: whether the final checkpoint verified (a leg

@@ -46,9 +46,13 @@ class Saver:
         """The last push cycle's seconds (0 where this rank pushes nothing): the stop's margin."""
         return self.pusher.last_cycle_s if self.pusher is not None else 0.0
 
-    def push_folder(self, folder: Path, step: int, meta: dict[str, Any], began: float) -> None:
+    def push_folder(
+        self, folder: Path, step: int, meta: dict[str, Any], began: float, state_bytes: dict[str, int] | None = None
+    ) -> None:
         """A checkpoint folder written at `step` into the storage cycle: its manifest, the
-        background push, the `save` event (seconds since `began`)."""
+        background push, the `save` event (seconds since `began`; `state_bytes`: the tensor bytes
+        of each kind of state the folder holds, measured by the caller: what proof 7 sizes the
+        checkpoint against)."""
         if self.pusher is None:
             raise RuntimeError("push_folder on a rank that pushes nothing")
         manifest = write_manifest(folder, step, meta)
@@ -59,6 +63,7 @@ class Saver:
             bytes=manifest.total_bytes,
             seconds=round(time.perf_counter() - began, 4),
             blocked_s=round(blocked, 4),
+            **({"state_bytes": {k: v for k, v in state_bytes.items() if v}} if state_bytes else {}),
         )
 
     def drain(self) -> None:
