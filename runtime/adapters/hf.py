@@ -12,10 +12,12 @@ batch skipping on resume); the callback does the leg contract around it:
   its folder, or None to start fresh;
 - every step prints a `step` event (loss and LR from the Trainer's log, which the
   callback sets to every step) with the hash of the tensors the model was fed
-  that step, measured by a forward pre-hook: what was trained on, not what a
-  sampler claims;
+  that step, measured by the session's own forward hooks (runtime.session.batches.
+  FedInputs: torch's global module hooks, so nothing of ours is stored in the model a
+  script may `torch.save` whole): what was trained on, not what a sampler claims;
 - every checkpoint the Trainer saves goes through the storage cycle (push, verify
-  by reading back, delete the local copy, prune) in the background;
+  by reading back, delete the local copy, prune) in the background, with the tensor
+  bytes of the model and optimizer state it holds (proof 7 sizes the checkpoint by them);
 - it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE
   and on SIGTERM, asking the Trainer to save first, and ends with `done`; a final
   checkpoint that did not verify exits 1.
@@ -26,7 +28,6 @@ manifest and the verified mark before it sees them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -39,7 +40,8 @@ from transformers import TrainerCallback
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
-from runtime.session.batches import batch_digest
+from runtime.checkpoint.disk import tensor_bytes
+from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
 from runtime.store.base import checkpoint_name
 
@@ -53,7 +55,7 @@ class Preflight(TrainerCallback, LegAdapter):
         self.reason = "max_steps"
         self.exit_code: int | None = None
         self._sigterm: list[bool] = []
-        self._digests: list[str] = []
+        self.fed = FedInputs()
         self._last = time.perf_counter()
         self._step_s = 0.0
         self.open_saver(keep, verify_bytes, pushes=self.rank == 0)
@@ -79,7 +81,7 @@ class Preflight(TrainerCallback, LegAdapter):
             self.deadline, dict(os.environ), time.time()
         )  # the checkpoint is loaded
         if model is not None:
-            model.register_forward_pre_hook(self._hash_inputs, with_kwargs=True)
+            self.fed.watch(model)
         params = sum(p.numel() for p in model.parameters()) if model is not None else 0
         events.emit(
             "start",
@@ -96,10 +98,6 @@ class Preflight(TrainerCallback, LegAdapter):
         )
         self._last = time.perf_counter()
         return control
-
-    def _hash_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if module.training:  # evaluation forwards read other data: not the step's batch
-            self._digests.append(batch_digest({"args": list(args), **kwargs}) or "")
 
     # --- every step --------------------------------------------------------------
 
@@ -123,9 +121,9 @@ class Preflight(TrainerCallback, LegAdapter):
         logs = logs or {}
         if "loss" not in logs or self.rank != 0:
             return control
-        digest = hashlib.sha256("".join(self._digests).encode()).hexdigest()[:32] if self._digests else None
-        self._digests = []
-        fields = {"batch_hash": digest} if digest else {}
+        digest = self.fed.take()  # every training forward since the last step event (each micro-batch)
+        self.fed.fed_tensors()  # not cross-checked: the Trainer hands the callback no batch
+        fields = {"batch_hash": digest, "batch_from": "forward"} if digest else {}
         events.emit(
             "step",
             step=state.global_step,
@@ -148,7 +146,12 @@ class Preflight(TrainerCallback, LegAdapter):
         dest = self.work / "ckpt" / checkpoint_name(step)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest, copy_function=os.link)  # hard links: no second copy of the bytes
-        self.push(dest, step, "transformers", began)
+        sizes = {}
+        for kind in ("model", "optimizer", "lr_scheduler"):
+            obj = kwargs.get(kind)
+            if obj is not None and hasattr(obj, "state_dict"):
+                sizes["scheduler" if kind == "lr_scheduler" else kind] = tensor_bytes(obj.state_dict())
+        self.push(dest, step, "transformers", began, sizes)
         return control
 
     # --- the end -------------------------------------------------------------------
