@@ -7,20 +7,31 @@ table style and the same `--json` shape.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
 from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from launcher.checks.evidence import Check
 
-# Piped output (CI logs, `| less`) gets a wide page instead of rich's 80 columns.
-_WIDTH = None if sys.stdout.isatty() else 160
-console = Console(highlight=False, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+PIPED_WIDTH = 160
+
+
+def terminal_width() -> int:
+    """The columns every line is wrapped within: `COLUMNS`, else the terminal's width
+    (shutil.get_terminal_size); piped output (CI logs, `| less`) with neither gets a wide page
+    of 160 instead of rich's 80. Nothing is cut at that width: `--json` has the same text whole."""
+    return shutil.get_terminal_size((PIPED_WIDTH, 24)).columns
+
+
+console = Console(highlight=False, width=terminal_width())
+err_console = Console(stderr=True, highlight=False, width=terminal_width())
 
 
 def print_json(data: Any) -> None:
@@ -35,17 +46,33 @@ def print_checks(out: Console, title: str, checks: list[Check], verbose: bool = 
         for check in checks:
             if not check.ok:
                 where = "".join(f" (leg {p.leg} line {p.line})" for p in check.evidence[:1])
-                out.print(f"  [red]FAIL[/red] {escape(check.name)}: {escape(check.detail)}{where}")
+                print_wrapped(out, "  [red]FAIL[/red] ", f"{check.name}: {check.detail}{where}")
         return
     table = Table(title=title, title_justify="left", show_lines=False)
-    table.add_column("check")
-    table.add_column("result")
+    table.add_column("check", overflow="fold")
+    table.add_column("result", overflow="fold")
     table.add_column("evidence", overflow="fold")
     for check in checks:
         mark = "[green]PASS[/green]" if check.ok else "[red]FAIL[/red]"
         where = "".join(f"\n  leg {p.leg} line {p.line}" for p in check.evidence[:2])
         table.add_row(escape(check.name), mark, escape(check.detail) + where)
     out.print(table)
+
+
+def print_wrapped(out: Console, head: str, text: str, indent: int = 4) -> None:
+    """`head` (markup, such as a red FAIL) and plain `text`, wrapped at the console's width with a
+    hanging indent: every word kept (a word longer than the width is broken, never cut), each of
+    the text's own lines started on a line of its own."""
+    plain_head = Text.from_markup(head).plain
+    width, pad = max(out.width, indent + 20), " " * indent
+    lines: list[str] = []
+    for n, paragraph in enumerate(text.split("\n")):
+        start = plain_head if n == 0 else pad
+        lines += textwrap.wrap(start + paragraph, width, subsequent_indent=pad, break_on_hyphens=False) or [start]
+    first = lines[0][len(plain_head) :] if lines[0].startswith(plain_head) else lines[0]
+    out.print(head + escape(first), soft_wrap=True)
+    for line in lines[1:]:
+        out.print(escape(line), soft_wrap=True)
 
 
 def _when(ts: float | None) -> str:
@@ -169,9 +196,9 @@ def print_report(out: Console, folder: Any, report: dict[str, Any]) -> None:
     """`launcher report`: the proofs' verdicts, then where the folder is."""
     colors = {"PASS": "green", "FAIL": "red", "MISSING": "yellow"}
     table = Table(title=f"preflight report: {report['project']}", title_justify="left")
-    table.add_column("#")
+    table.add_column("#", overflow="fold")
     table.add_column("proof", overflow="fold")
-    table.add_column("status")
+    table.add_column("status", overflow="fold")
     table.add_column("what it rests on", overflow="fold")
     for p in report["proofs"]:
         c = colors[p["status"]]
