@@ -97,9 +97,28 @@ def _outran(out: LegOutcome, action: str) -> str:
     if not before:
         return ""
     at, last = max(before), max(s for s, _ in steps)
+    if action == "SIGTERM" and (died := _died_on_sigterm(out, at)):
+        return died
     if at >= last:
         return (
             f"; the trainer had already printed its last step ({last}) when {action} went out: its steps "
             f"outran the launcher, so the stop was never exercised; give the rung more steps"
         )
     return f"; {action} went out at step {at}, and the trainer went on to step {last}"
+
+
+def _died_on_sigterm(out: LegOutcome, at: int) -> str:
+    """A trainer the SIGTERM ended: no `stop` and no `done` event, and a failing exit (-15 or 143:
+    the signal's default action; another code: its own handler, or torchrun's 1 after its
+    workers died). Its last step is the one the SIGTERM went out at, as for a trainer whose
+    steps outran the launcher, but more steps would not help: nothing in it handles the stop."""
+    code = out.result.exit_code
+    if out.events.last("stop") or out.events.last("done") or code in (0, None) or out.result.killed:
+        return ""
+    how = {-15: "was ended by the signal itself (exit -15)", 143: "exited 143 (128 + SIGTERM)"}
+    return (
+        f"; the launcher sent SIGTERM at step {at} and the trainer {how.get(code, f'exited {code}')} without a "
+        "`stop` or `done` event: it does not handle the stop, more steps would not help (the "
+        "Session's handler comes with `sess.resume()` and acts in `sess.running()`; a framework's "
+        "is the adapter's callback: one is missing, or the script replaced the SIGTERM handler)"
+    )

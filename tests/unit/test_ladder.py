@@ -220,3 +220,10 @@ def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_t
     honoured = LegEvents(0, Path("leg-0.log"), steps[:7] + [(8, {"event": "stop", "step": 7, "reason": "sigterm"})])
     passed = check_ending(LegOutcome(result, honoured, acted_at=106.2), ending)
     assert passed is not None and passed.ok and "went out" not in passed.detail
+    # a trainer the SIGTERM itself ended: no `stop`, no `done`, a signal's exit: not "more steps"
+    for code, said in ((-15, "exit -15"), (143, "exited 143"), (1, "exited 1")):
+        died = LegResult(code, 100.0, 107.0, False, f"exit {code}")
+        cut = check_ending(LegOutcome(died, LegEvents(0, Path("leg-0.log"), steps[:6]), acted_at=106.2), ending)
+        assert cut is not None and not cut.ok and cut.facts["got"] is None
+        assert "does not handle the stop" in cut.detail and said in cut.detail, cut.detail
+        assert "more steps" not in cut.detail.replace("more steps would not help", ""), cut.detail
