@@ -8,7 +8,7 @@ their own, included) as a lost instance would; a leash process does the same
 if the launcher itself dies (launcher.backends.leash).
 
 The "image" here is the launcher's own environment: a command starting with
-`python`/`python3` runs under the launcher's interpreter, and `torchrun` under
+`python`/`python3` runs under the launcher's interpreter, and `torchrun` (or `accelerate`) under
 the one beside it, so a leg sees the same packages as the host checks did.
 """
 
@@ -53,8 +53,8 @@ def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
     argv = list(argv)
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
-    elif argv and argv[0] == "torchrun":
-        beside = Path(sys.executable).parent / "torchrun"
+    elif argv and argv[0] in ("torchrun", "accelerate"):
+        beside = Path(sys.executable).parent / argv[0]
         if beside.exists():
             argv[0] = str(beside)
     return argv
@@ -62,10 +62,33 @@ def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
 
 def trainer_python(command: tuple[str, ...] | list[str]) -> str:
     """The interpreter the trainer runs in on this host: its command's own python (a venv of
-    the trainer's), else this one. Rung 0 and the launcher's reads of a checkpoint's state
-    run there: the launcher itself has no torch."""
+    the trainer's), the one `accelerate` belongs to (`accelerate launch` runs the script with
+    its own interpreter), else this one. Rung 0 and the launcher's reads of a checkpoint's
+    state run there: the launcher itself has no torch."""
     argv = resolve_command(command)
-    return argv[0] if argv and Path(argv[0]).name.startswith("python") else sys.executable
+    if argv and Path(argv[0]).name.startswith("python"):
+        return argv[0]
+    if argv and Path(argv[0]).name == "accelerate":
+        return script_python(argv[0]) or sys.executable
+    return sys.executable
+
+
+def script_python(program: str) -> str | None:
+    """The interpreter a console script (pip's `accelerate`, found on PATH when bare) runs in:
+    its `#!` line's python, else the `python` beside it; None when neither exists."""
+    path = program if os.sep in program else shutil.which(program)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    named = first[2:].strip().split(" ")[0] if first.startswith("#!") else ""
+    if Path(named).name.startswith("python") and Path(named).is_file():
+        return named
+    beside = Path(path).parent / "python"
+    return str(beside) if beside.is_file() else None
 
 
 TORCH_EXTRA = "pip install 'preflight-launcher[torch]'"

@@ -50,13 +50,14 @@ def plan_endings(ctx: RunContext, steps: int, legs: int, first: LegOutcome | Non
 
 
 def under_torchrun(ctx: RunContext) -> bool:
-    """The leg's program is torchrun, which exits 1 after a SIGTERM once its ranks are done: only
-    then is a non-zero exit after the launcher's SIGTERM judged by the ranks' `done` events. A
-    plain Python trainer exits 0 after a graceful stop; its exit 1 is a failure (a rank-only
-    assert after the final checkpoint verified passed as a graceful stop before)."""
+    """The leg's program is torchrun, which exits 1 after a SIGTERM once its ranks are done, or
+    `accelerate launch`, which has no SIGTERM handler and dies of it while its trainer makes its
+    final save: only then is a non-zero exit after the launcher's SIGTERM judged by the ranks'
+    `done` events. A plain Python trainer exits 0 after a graceful stop; its exit 1 is a failure
+    (a rank-only assert after the final checkpoint verified passed as a graceful stop before)."""
     command = ctx.cfg.trainer.command
-    return ctx.nodes > 1 or (bool(command) and Path(command[0]).name == "torchrun")  # several nodes: the
-    # rung's `run:` script execs torchrun on each
+    return ctx.nodes > 1 or (bool(command) and Path(command[0]).name in ("torchrun", "accelerate"))  # several
+    # nodes: the rung's `run:` script execs torchrun on each
 
 
 def _startup_s(out: LegOutcome) -> float:

@@ -6,10 +6,11 @@ interpreter:
     python -m runtime.programs.static_check --parser build_parser [--module M ...] -- <leg command...>
 
 and reads one JSON line back: {"checks": [{"name", "ok", "detail"}, ...]}.
-The leg command is understood in three shapes: `python [-u] script.py ARGS`,
-`python -m module ARGS` and `torchrun [TORCHRUN ARGS] script.py|-m module ARGS`
-(torchrun's own parser checks its flags, and a torchrun handed the interpreter
-instead of the script fails here: the guide's E-037).
+The leg command is understood in four shapes: `python [-u] script.py ARGS`,
+`python -m module ARGS`, `torchrun [TORCHRUN ARGS] script.py|-m module ARGS` and
+`accelerate launch [OPTS] script.py|-m module ARGS` (torchrun's and accelerate's own
+parsers check their flags, and one handed the interpreter instead of the script fails
+here: the guide's E-037).
 """
 
 from __future__ import annotations
@@ -29,53 +30,12 @@ from types import ModuleType
 from typing import Any, Callable, NoReturn
 
 from runtime import contract
+from runtime.programs.static_command import split_command
 from runtime.programs.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
-
-PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 
 
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "ok": ok, "detail": detail}
-
-
-def split_command(argv: list[str]) -> tuple[str, str, list[str]]:
-    """(kind, target, args): kind is 'script' or 'module'. Raises ValueError."""
-    if not argv:
-        raise ValueError("empty command")
-    exe = os.path.basename(argv[0])
-    if exe == "torchrun":
-        from torch.distributed.run import get_args_parser
-
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            try:
-                ns = get_args_parser().parse_args(argv[1:])
-            except SystemExit:
-                raise ValueError(f"torchrun rejects its flags: {err.getvalue().strip().splitlines()[-1]}") from None
-        script, rest = ns.training_script, list(ns.training_script_args)
-        if ns.module:
-            return "module", script, rest
-        if ns.no_python:
-            raise ValueError("torchrun --no-python runs a program, not a Python script: rung 0 cannot parse it")
-        if os.path.basename(script).startswith("python"):
-            raise ValueError(
-                f"torchrun was handed the interpreter {script!r} instead of the script (torchrun adds python itself)"
-            )
-        return "script", script, rest
-    if not exe.startswith("python"):
-        raise ValueError(f"rung 0 understands `python ...` and `torchrun ...` commands, not {argv[0]!r}")
-    i = 1
-    while i < len(argv) and argv[i] in PYTHON_FLAGS_NO_ARG:
-        i += 1
-    if i >= len(argv):
-        raise ValueError("the command names no script or module")
-    if argv[i] == "-m":
-        if i + 1 >= len(argv):
-            raise ValueError("`-m` with no module name")
-        return "module", argv[i + 1], argv[i + 2 :]
-    if argv[i].startswith("-"):
-        raise ValueError(f"unsupported interpreter flag {argv[i]!r}")
-    return "script", argv[i], argv[i + 1 :]
 
 
 def import_entry(kind: str, target: str) -> ModuleType:

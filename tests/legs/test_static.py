@@ -173,3 +173,23 @@ def test_a_warning_is_not_quoted_as_the_reason_a_script_stopped() -> None:
     )
     assert last_error_line(err) == "train.py: error: the following arguments are required: --data"
     assert last_error_line("a.py:1: DeprecationWarning: x\n  y\n") is None
+
+
+def test_an_accelerate_launch_command_is_parsed_by_accelerate_in_its_own_interpreter(
+    tmp_path: Path, leg_tmp: Path
+) -> None:
+    """`accelerate launch [opts] train.py ARGS`: rung 0 runs in the interpreter `accelerate`
+    belongs to (.venv-hf; the launcher's has no accelerate), accelerate's parser checks its
+    flags, the script's parser the rest."""
+    from tests.legs.test_examples import copy_example, hf_python
+
+    root = copy_example("accelerate", tmp_path)
+    accelerate = str(Path(hf_python()).parent / "accelerate")
+    command = f"{accelerate} launch --num_processes 1 --cpu train.py --ckpt-every 5"
+    edit_config(root, trainer__command=command)
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    assert res.code == 0, res.out
+    assert '"ckpt_every": 5' in details(res, STATIC)
+    edit_config(root, trainer__command=command.replace("--num_processes", "--num_procesess"))
+    res = run_cli(["up", "static", "--json"], cwd=root)
+    assert res.code == 1 and "accelerate launch rejects its flags" in details(res, STATIC, ok=False), res.out
