@@ -340,3 +340,32 @@ def check_resumed(ev: LegEvents, pushed_step: int | None) -> Check:
         kind=Kind.RESUMED,
         leg=ev.leg,
     )
+
+
+# --- state saved and never loaded -----------------------------------------------------
+
+
+def check_saved_not_loaded(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Check | None:
+    """Resumed leg i: an object (of `kinds`) the checkpoint holds, which the resume did not load
+    because nothing was tracked under its name then, tracked later in the leg with a state of its
+    own (the session's `tracked_late` event: saved digest != live). The shape: an optimizer
+    re-created after `sess.resume()` and tracked only then, its moments fresh at every resume.
+    None: nothing tracked late with a state other than the saved one."""
+    ev = legs[i]
+    late = [(n, e) for n, e in ev.all("tracked_late") if e.get("kind") in kinds and e.get("saved") != e.get("live")]
+    if not late:
+        return None
+    n, e = late[0]
+    names = sorted({str(x["name"]) for _, x in late})
+    return Check(
+        f"leg {ev.leg}: {', '.join(names)} loaded as saved (state digests)",
+        False,
+        f"{e['checkpoint']} holds the {e['kind']} {e['name']!r} (digest {str(e['saved'])[:12]}), which the "
+        f"resume never loaded: `track({e['name']}=...)` came after `resume()` (at step {e['step']}), with a "
+        f"state of its own ({str(e['live'])[:12]}): saved != live, so every resume starts it afresh; "
+        f"track it before `sess.resume()`",
+        ev.pointer((n, e)),
+        kind=Kind.STATE_RESTORED,
+        leg=ev.leg,
+        facts={"kinds": sorted(kinds), "not_loaded": names},
+    )

@@ -37,6 +37,7 @@ from launcher.checks.resume import (
     VARYING_FIELDS,
     check_loss,
     check_lr,
+    check_saved_not_loaded,
     compare_straight,
     missing,
     resume_step,
@@ -204,7 +205,10 @@ def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
 
 
 def check_restored(legs: list[LegEvents], i: int, kinds: frozenset[str]) -> Check | None:
-    """Resumed leg i: each object (of `kinds`) as loaded has the digest saved at that step."""
+    """Resumed leg i: each object (of `kinds`) as loaded has the digest saved at that step, and
+    none the checkpoint holds was left unloaded (check_saved_not_loaded)."""
+    if (unloaded := check_saved_not_loaded(legs, i, kinds)) is not None:
+        return unloaded
     ev = legs[i]
     resume = ev.first("resume")
     tracked = tracked_kinds(legs) or {}

@@ -191,6 +191,11 @@ def _notice(e: dict[str, Any]) -> str:
     return f"spot notice from the {e['cloud']} metadata service ({e['detail']}): SIGTERM to the leg"
 
 
+def _tracked_late(e: dict[str, Any]) -> str:
+    state = "its saved state NEVER loaded" if e["saved"] != e["live"] else "loaded as saved by the trainer"
+    return f"{e['name']} ({e['kind']}) tracked after the resume from {e['checkpoint']}: {state}"
+
+
 def _log(e: dict[str, Any]) -> str:
     node = f"(node {e['node']}) " if "node" in e else ""
     return f"{node}{e.get('source') or 'runtime'}: {e['message']}"
@@ -203,6 +208,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     "step": _step,
     "resume": _resume,
     "resume_skip": _resume_skip,
+    "tracked_late": _tracked_late,
     "save": _save,
     "serialized": _serialized,
     "state_digest": _state_digest,

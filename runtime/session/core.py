@@ -157,6 +157,7 @@ class Session:
             self.tracked[name] = obj
             self.evidence.watch(name, obj)
             shield_workers(obj)
+            session_resume.tracked_late(self.resumed, name, obj, self.evidence.kinds[name], self.step_count)
         return self
 
     @property

@@ -9,7 +9,7 @@ store or a state that refuses us ends the leg (`LegEnd`, exit 3).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,12 +17,12 @@ import torch
 
 from runtime import events
 from runtime.checkpoint.disk import load_local
-from runtime.checkpoint.restore import load_tracked, restore_newest
+from runtime.checkpoint.restore import as_loaded, load_tracked, restore_newest
 from runtime.contract import EXIT_REFUSED
 from runtime.session import sharded as sharded_session
 from runtime.session.rng import set_rng_state
 from runtime.session.rules import LegEnd, ResumeRefused
-from runtime.session.step_evidence import StepEvidence
+from runtime.session.step_evidence import StepEvidence, state_digest
 from runtime.session.world import World
 from runtime.store import Store, StoreError
 
@@ -38,6 +38,9 @@ class Resumed:
     checkpoint: str | None = None
     skipped: frozenset[str] = frozenset()
     sharded: bool = False
+    unloaded: dict[str, str] = field(default_factory=dict)
+    """name -> digest of the state the checkpoint holds for a name nothing tracked at the
+    resume (rank 0, whole state): saved, never loaded, unless the trainer loads it itself."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def load(
             shutil.rmtree(restore)
         if not sharded:
             facts = load_tracked(parts.tracked, state, name, parts.extra, digests=world.is_main)
+        unloaded = _unloaded(state, parts.tracked) if world.is_main and not sharded else {}
     except ResumeRefused as err:
         events.emit("stop", reason=err.reason, step=int((state or {}).get("step", 0)), error=str(err))
         raise LegEnd(EXIT_REFUSED, err.reason) from err
@@ -122,5 +126,27 @@ def load(
     fields: dict[str, Any] = {"from_step": step, "checkpoint": name, "tokens_consumed": tokens}
     if (lr := tracked_lr(parts.tracked)) is not None:
         fields["lr"] = lr
+    if unloaded:
+        fields["not_loaded"] = sorted(unloaded)
     events.emit("resume", **{**fields, **facts})
-    return Resumed(step, tokens, name, choice.skipped, sharded)
+    return Resumed(step, tokens, name, choice.skipped, sharded, unloaded)
+
+
+SESSION_KEYS = frozenset({"rng", "step", "tokens", "extra"})
+
+
+def _unloaded(state: dict[str, Any], tracked: dict[str, Any]) -> dict[str, str]:
+    """The checkpoint's objects that nothing tracked at the resume: name -> digest as saved."""
+    return {k: state_digest(v) for k, v in state.items() if k not in tracked and k not in SESSION_KEYS}
+
+
+def tracked_late(resumed: Resumed, name: str, obj: Any, kind: str, step: int) -> None:
+    """`track(name=...)` after the resume, of a name the checkpoint holds: its saved state was
+    never loaded (an optimizer re-created after `resume()` and tracked then starts with fresh
+    moments). Said in a `tracked_late` event, saved digest beside live, for the launcher's
+    restore check (launcher.checks.resume.check_saved_not_loaded); the object is left as it is."""
+    saved = resumed.unloaded.get(name)
+    if saved is None:
+        return
+    live = state_digest(as_loaded(obj))
+    events.emit("tracked_late", name=name, kind=kind, step=step, checkpoint=resumed.checkpoint, saved=saved, live=live)
