@@ -237,6 +237,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "tracked": DICT,
     "deterministic": OPT_DICT,
     "nondeterministic": LIST,
+    "rng_set_after_load": LIST,  # resume: RNG streams the loop set between load_state and its first forward
 }
 NO_SAMPLE_INDEX = "the trainer printed no sample_index on its step events: the data position cannot be checked"
 

@@ -1,71 +1,101 @@
-"""An Accelerate custom loop as such loops are usually written (the shape of accelerate's
-examples/by_feature/checkpointing.py): a seeded sampler, a small language model with dropout,
-AdamW with a warm-up schedule, all through `accelerator.prepare`; `accelerator.save_state` every
-N steps into ckpt/step_N and, with --resume-from, `load_state` then `skip_first_batches` into the
+"""An Accelerate custom loop in the shape of accelerate's examples/by_feature/checkpointing.py
+(written here, not copied): `set_seed`, a `DataLoader(shuffle=True)` with no generator and no
+`set_epoch`, a small language model with dropout, AdamW with a warm-up schedule, everything
+through `accelerator.prepare`; `accelerator.save_state` every N steps into ckpt/step_N and, with
+--resume-from, `load_state` then `skip_first_batches` into the epoch; an evaluation after each
 epoch. Nothing here knows about preflight."""
 
 import argparse
-import re
+import os
 
 import torch
-import torch.nn as nn
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator
 from accelerate.utils import set_seed
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from runtime.adapters.accelerate import Preflight
 
-parser = argparse.ArgumentParser(description="MLP language model in an Accelerate loop")
-parser.add_argument("--max-steps", type=int, default=40)
-parser.add_argument("--ckpt-every", type=int, default=10)
-parser.add_argument("--resume-from", default=None)
-parser.add_argument("--lr", type=float, default=3e-3)
-args = parser.parse_args()
+TEXT = ("an accelerate loop saves its state and resumes in the middle of an epoch " * 24).encode()
 
 
 class Windows(Dataset):
-    """80 token windows of a fixed text: item i is (input, target), a function of i alone."""
+    """`n` token windows of a fixed text, from window `first` on: item i is (input, target)."""
 
-    def __init__(self, seq: int = 16) -> None:
-        text = ("an accelerate loop saves its state and resumes in the middle of an epoch " * 20).encode()
-        self.ids, self.seq = torch.tensor(list(text), dtype=torch.long), seq
+    def __init__(self, first: int, n: int, seq: int = 16) -> None:
+        self.ids, self.first, self.n, self.seq = torch.tensor(list(TEXT), dtype=torch.long), first, n, seq
 
     def __len__(self) -> int:
-        return 80
+        return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.ids[i * self.seq: i * self.seq + self.seq + 1]
+        start = (self.first + i) * self.seq
+        chunk = self.ids[start : start + self.seq + 1]
         return chunk[:-1], chunk[1:]
 
 
-set_seed(0)
-accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
-loader = DataLoader(Windows(), batch_size=8, shuffle=True)  # 10 batches an epoch
-model = nn.Sequential(nn.Embedding(256, 32), nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 256))
-opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))  # warm-up over 10 steps
-model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
-pf = Preflight(accelerator)
-args.resume_from = pf.resume() or args.resume_from
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int = 256, dim: int = 32) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(0.1), nn.Linear(2 * dim, vocab))
 
-step = 0
-if args.resume_from:
-    accelerator.load_state(args.resume_from)
-    step = int(re.search(r"step_(\d+)", args.resume_from)[1])
-epoch, skip = divmod(step, len(loader))
-while step < args.max_steps:
-    loader.set_epoch(epoch)
-    for x, y in accelerator.skip_first_batches(loader, skip) if skip else loader:
-        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        accelerator.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        step += 1
-        pf.step(loss)
-        if step % args.ckpt_every == 0:
-            accelerator.save_state(f"ckpt/step_{step}")
-        if step >= args.max_steps:
-            break
-    epoch, skip = epoch + 1, 0
-accelerator.print(f"done at step {step}, loss {loss.item():.4f}")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.emb(x))
+
+
+def training_function(args: argparse.Namespace) -> None:
+    set_seed(0)
+    accelerator = Accelerator(cpu=True)
+    train_dataloader = DataLoader(Windows(0, 80), batch_size=8, shuffle=True)  # 10 batches an epoch
+    eval_dataloader = DataLoader(Windows(80, 16), batch_size=8)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))  # warm-up
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+    pf = Preflight(accelerator)
+    args.resume_from = pf.resume() or args.resume_from
+
+    overall_step, starting_epoch, resume_step = 0, 0, None
+    if args.resume_from:
+        accelerator.load_state(args.resume_from)
+        overall_step = int(os.path.basename(args.resume_from.rstrip("/")).replace("step_", ""))
+        starting_epoch, resume_step = divmod(overall_step, len(train_dataloader))
+
+    for epoch in range(starting_epoch, args.num_epochs):
+        model.train()
+        if epoch == starting_epoch and resume_step:
+            active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+        else:
+            active_dataloader = train_dataloader
+        for x, y in active_dataloader:
+            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            accelerator.backward(loss)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+            overall_step += 1
+            pf.step(loss)
+            if overall_step % args.checkpointing_steps == 0:
+                accelerator.save_state(os.path.join(args.output_dir, f"step_{overall_step}"))
+        model.eval()
+        losses = []
+        for x, y in eval_dataloader:
+            with torch.no_grad():
+                logits = model(x)
+            losses.append(
+                accelerator.gather_for_metrics(nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+            )
+        accelerator.print(f"epoch {epoch}: step {overall_step}, eval loss {torch.stack(losses).mean().item():.4f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="A small language model in an Accelerate loop")
+    parser.add_argument("--num-epochs", type=int, default=10)
+    parser.add_argument("--checkpointing-steps", "--ckpt-every", type=int, default=10)
+    parser.add_argument("--output-dir", default="ckpt")
+    parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    training_function(parser.parse_args())

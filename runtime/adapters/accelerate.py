@@ -8,22 +8,29 @@
         opt.step(); sched.step(); opt.zero_grad(); step += 1
         pf.step(loss)                                                   # 4
 
-The loop keeps doing what it does: `accelerator.prepare` of everything that has state,
-`load_state(dir)` of the folder `resume()` hands it, its own data skip (`skip_first_batches`
-*or* a stateful loader, never both), `save_state(...)` on its own cadence. Around it:
+The loop keeps doing what it does: `accelerator.prepare` of everything that has state (before
+or after `Preflight`), `load_state(dir)` of the folder `resume()` hands it, its own data skip
+(`skip_first_batches` *or* a stateful loader, never both), `save_state(...)` on its own cadence.
+Around it:
 - `resume()` fetches the newest *verified* checkpoint from the store onto this leg's empty
   disk (damaged ones skipped with `resume_skip`) as the folder `save_state` wrote, named
   `step_N`, or None to start fresh;
+- every prepared loader resumes exactly (runtime/adapters/accelerate_loaders.py): its order
+  drawn from (seed, epoch), its epoch the loop's, its iterators drawing nothing from the global
+  RNG, its workers left alive by the stop's SIGTERM. A plain `DataLoader(shuffle=True)` and no
+  `set_epoch` are enough;
 - every `save_state` the loop calls goes into a fresh folder (save_state overwrites a folder
   in place and leaves stale files; its automatic naming deletes before the new save exists)
   and through the storage cycle (push, verify by reading back, delete the local copy, prune)
-  in the background;
+  in the background, with the tensor bytes of what it saved by kind (proof 7 sizes by them);
 - every `pf.step()` prints a `step` event (loss, the prepared optimizer's LR) with the hash of
   the tensors the prepared model was fed that step, measured by a forward pre-hook: what was
-  trained on, not what a sampler claims; and the step count of the prepared optimizer;
-- after a mid-epoch resume, the RNG states `load_state` restored are put back at the first
-  training forward: building the skipped loader's iterator draws from the global RNG, which
-  the straight-through run drew at the epoch's start (dropout would differ otherwise);
+  trained on, not what a sampler claims; and the step count of the prepared optimizers;
+- the RNG `load_state` restored is what the first training forward after it runs with. An RNG
+  changed in between is not undone: `set_seed` after `load_state` is named in the `resume`
+  event (`rng_set_after_load`), the straight run has no such call. The one draw of a loader
+  the loop did not prepare (its iterator's base seed) is put back after a mid-epoch resume:
+  the straight run drew it at the epoch's start;
 - it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on SIGTERM
   (Accelerate has no handler: this one sets a flag read at the next `pf.step()`), saving through
   the cycle first, and exits 0 after `done`; a final checkpoint that did not verify exits 1.
@@ -52,12 +59,17 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
+from runtime.adapters.accelerate_loaders import exact_epochs, seek_epochs
 from runtime.adapters.common import LegAdapter, check_windows
+from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digest
+from runtime.session.workers import quiet_sigchld
 from runtime.store.base import checkpoint_name
+
+RNG_STREAMS = ("torch", "numpy", "python")
 
 
 def _rng_states() -> tuple[Any, Any, Any]:
@@ -68,6 +80,20 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
     torch.set_rng_state(states[0])
     np.random.set_state(states[1])
     random.setstate(states[2])
+
+
+def _rng_digests(states: tuple[Any, Any, Any]) -> dict[str, str]:
+    torch_rng, np_rng, py_rng = states
+    return dict(zip(RNG_STREAMS, (state_digest(torch_rng), state_digest(list(np_rng)), state_digest(list(py_rng)))))
+
+
+def _one_draw_on(torch_state: torch.Tensor) -> str:
+    """The digest of the torch RNG after one int64 draw from `torch_state`: what a DataLoader
+    iterator's base seed (`torch.empty((), dtype=torch.int64).random_()`) leaves."""
+    gen = torch.Generator()
+    gen.set_state(torch_state)
+    torch.empty((), dtype=torch.int64).random_(generator=gen)
+    return state_digest(gen.get_state())
 
 
 class Preflight(LegAdapter):
@@ -82,13 +108,19 @@ class Preflight(LegAdapter):
         self.global_step = 0
         self.restored: Path | None = None
         self._resume_event: dict[str, Any] | None = None
-        """The `resume` event, printed once the loop has loaded the folder (with its digests as loaded)."""
+        """The `resume` event, printed at the first training forward after the loop loaded the
+        folder (with its digests as loaded, and what changed the RNG in between)."""
         self._sigterm: list[bool] = []
         self._opt_steps = 0
+        self._any_opt_steps = 0  # every optimizer's steps, prepared or not
         self._step_s, self._last = 0.0, time.perf_counter()
+        self._seed = torch.initial_seed()  # `set_seed(n)` before it: n, the loaders' orders are drawn from
+        self._hooked: set[int] = set()
+        self._opt_ids: set[int] = set()
+        self.fed = FedInputs()
         self.open_saver(keep, verify_bytes, pushes=accelerator.is_main_process)
         self._wrap(accelerator)
-        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         params = sum(p.numel() for m in accelerator._models for p in m.parameters())
         events.emit(
             "start",
@@ -119,22 +151,48 @@ class Preflight(LegAdapter):
         return names if self.acc._optimizers else {**names, "optimizer": "optimizer"}
 
     def _wrap(self, accelerator: Any) -> None:
-        """The loop's own save_state/load_state calls, through this object; the hooks on what it prepared."""
+        """The loop's own save_state/load_state calls, through this object; its prepare calls too,
+        so that what it prepares after `Preflight(accelerator)` is hooked as what it prepared before."""
         self._save_state, self._load_state = accelerator.save_state, accelerator.load_state
         accelerator.save_state, accelerator.load_state = self.save_state, self.load_state
-        self.fed = FedInputs()
-        for model in accelerator._models:
-            self.fed.watch(model)
-        for opt in accelerator._optimizers:  # the torch optimizer inside: counts the steps really taken
-            getattr(opt, "optimizer", opt).register_step_post_hook(self._stepped)
-        self._any_opt_steps = 0  # every optimizer's steps, prepared or not
+        for name in ("prepare", "prepare_model", "prepare_optimizer", "prepare_data_loader"):
+            setattr(accelerator, name, self._then_hook(getattr(accelerator, name)))
         register_optimizer_step_post_hook(self._any_stepped)
+        self._hook_prepared()
 
-    def _stepped(self, *_: Any) -> None:
-        self._opt_steps += 1
+    def _then_hook(self, prepare: Any) -> Any:
+        def prepared(*args: Any, **kwargs: Any) -> Any:
+            out = prepare(*args, **kwargs)
+            self._hook_prepared()
+            return out
 
-    def _any_stepped(self, *_: Any) -> None:
+        return prepared
+
+    def _hook_prepared(self) -> None:
+        """What each prepared object is watched by, once: the fed-input hash for models, the
+        step count for optimizers, exact epochs for loaders."""
+        acc = self.acc
+        for model in acc._models:
+            if self._first_time(model):
+                self.fed.watch(model)
+        self._opt_ids.update(id(getattr(opt, "optimizer", opt)) for opt in acc._optimizers)
+        for i, loader in enumerate(acc._dataloaders):
+            exact_epochs(loader, i, self._seed, lambda: self.global_step)
+
+    def _first_time(self, obj: Any) -> bool:
+        seen = id(obj) in self._hooked
+        self._hooked.add(id(obj))
+        return not seen
+
+    def _any_stepped(self, optimizer: Any, *_: Any) -> None:
+        """Torch's global step hook (nothing stored in the user's optimizers): every optimizer's
+        steps, and those of the prepared ones (the torch optimizer inside: the steps really taken)."""
         self._any_opt_steps += 1
+        self._opt_steps += id(optimizer) in self._opt_ids
+
+    def _on_sigterm(self, *_: Any) -> None:  # the leg's stop: noted, acted on at the next pf.step()
+        self._sigterm.append(True)
+        quiet_sigchld()  # a loader worker that dies with the group is no error from now on
 
     # --- before training ---------------------------------------------------------------
 
@@ -151,30 +209,47 @@ class Preflight(LegAdapter):
         self.global_step = step
         self.restored = folder
         self._resume_event = {"from_step": step, "checkpoint": resumed.checkpoint}
+        seek_epochs(self.acc._dataloaders, step)  # and the loader the loop makes to skip into it
         return str(folder)
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
-        """Accelerator.load_state, then: the deadline counted from the resume, and after a resume
-        mid-epoch the RNG states it restored put back at the first training forward."""
+        """Accelerator.load_state, then: the deadline counted from the resume, and the RNG it
+        restored checked at the first training forward (`_first_forward`)."""
         out = self._load_state(input_dir, **kwargs)
         if self._resume_event is not None and input_dir and Path(input_dir).resolve() == self.restored:
-            self._emit_resume(self._digests(loaded=True))
+            self._resume_event["digests"] = self._digests(loaded=True)
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(os.environ), time.time())
         match = re.search(r"step_(\d+)", Path(str(input_dir or "")).name)
         at = int(match[1]) if match else self.saver.resumed_at
         loaders = self.acc._dataloaders
         per_epoch = len(loaders[0]) if loaders and hasattr(loaders[0], "__len__") else 0
-        if not per_epoch or at % per_epoch:  # mid-epoch (or unknown): the loop's new iterator draws first
-            states = _rng_states()
-            self.fed.first = lambda: _set_rng_states(states)
+        loaded = _rng_states()
+        mid_epoch = not per_epoch or bool(at % per_epoch)
+        self.fed.first = lambda: self._first_forward(loaded, mid_epoch)
         self._last = time.perf_counter()
         return out
 
+    def _first_forward(self, loaded: tuple[Any, Any, Any], mid_epoch: bool) -> None:
+        """The RNG at the first training forward after `load_state`, against what it restored.
+        One torch draw is the base seed of an iterator of a loader the loop did not prepare:
+        after a mid-epoch resume it is put back (the straight run drew it at the epoch's start);
+        at an epoch's start both runs drew it. Anything else is the loop's own doing (a
+        `set_seed` after `load_state`): left as it is, and named in the `resume` event."""
+        was, now = _rng_digests(loaded), _rng_digests(_rng_states())
+        changed = [s for s in RNG_STREAMS if was[s] != now[s]]
+        if changed == ["torch"] and now["torch"] == _one_draw_on(loaded[0]):
+            if mid_epoch:
+                torch.set_rng_state(loaded[0])
+            changed = []
+        if self._resume_event is not None and changed:
+            self._resume_event["rng_set_after_load"] = changed
+        self._emit_resume()
+
     # --- every step ----------------------------------------------------------------------
 
-    def _emit_resume(self, digests: dict[str, str] | None = None) -> None:
+    def _emit_resume(self) -> None:
         if self._resume_event is not None:
-            events.emit("resume", **self._resume_event, **({"digests": digests} if digests else {}))
+            events.emit("resume", **self._resume_event)
             self._resume_event = None
 
     def _digests(self, loaded: bool = False) -> dict[str, str]:
@@ -190,14 +265,7 @@ class Preflight(LegAdapter):
                     if getattr(dl, "use_stateful_dataloader", False)
                 }
             )
-        torch_rng, np_rng, py_rng = _rng_states()
-        out.update(
-            {
-                "rng.torch": state_digest(torch_rng),
-                "rng.numpy": state_digest(list(np_rng)),
-                "rng.python": state_digest(list(py_rng)),
-            }
-        )
+        out.update({f"rng.{name}": digest for name, digest in _rng_digests(_rng_states()).items()})
         return out
 
     def _names(self, kind: str) -> list[str]:
@@ -268,8 +336,19 @@ class Preflight(LegAdapter):
         self._save_state(str(dest), **kwargs)
         self.saver.pushed_at = step
         if self.saver.pusher is not None:
-            self.push(dest, step, "accelerate", began)
+            self.push(dest, step, "accelerate", began, self._state_bytes())
         return str(dest)
+
+    def _state_bytes(self) -> dict[str, int]:
+        """The tensor bytes of what save_state saved, by kind: proof 7 sizes the checkpoint by them."""
+        return {
+            kind: sum(tensor_bytes(obj.state_dict()) for obj in objs)
+            for kind, objs in (
+                ("model", self.acc._models),
+                ("optimizer", self.acc._optimizers),
+                ("scheduler", self.acc._schedulers),
+            )
+        }
 
     # --- the end -----------------------------------------------------------------------------
 
