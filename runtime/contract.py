@@ -287,3 +287,4 @@ def check_event(record: dict[str, Any]) -> str | None:
     if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):
         return f"{kind} event: a state size is not a byte count"
     return None
+    "loader_not_resumable": EXIT_REFUSED,  # a training loader the Lightning adapter cannot make resumable

@@ -58,9 +58,10 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.checkpoint.restore import as_loaded
-from runtime.contract import EXIT_FAILED, STOP_CODES
-from runtime.session.batches import batch_digest
+from runtime.adapters.lightning_data import NotResumable, Seed, live_states, positions, resumable
+from runtime.checkpoint.disk import tensor_bytes
+from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
+from runtime.session.batches import FedInputs, batch_digest
 from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digests
 from runtime.session.workers import quiet_sigchld, shield_workers
@@ -111,8 +112,12 @@ def digests_of(model: Any, optimizers: Any, schedulers: Any, loader: Any, rng: A
     )
 
 
-def _epoch_before_iter(loop: Any) -> None:
-    """Lightning 2.6.6 creates a restarted epoch's iterator (`setup_data`, right after it loads the
+def _before_first_iter(loop: Any, seed: Seed) -> None:
+    """The training loaders made resumable (runtime.adapters.lightning_data) where Lightning has
+    just built them, before it loads their saved state and makes their iterator; a loader that
+    cannot be ends the leg refused (exit 3), the change it needs named.
+
+    Lightning 2.6.6 creates a restarted epoch's iterator (`setup_data`, right after it loads the
     loader's saved state) before it sets the samplers' epoch (`on_advance_start`): a resume in the
     middle of epoch >= 1 replays epoch 0's order from the saved position (Lightning issue #21938,
     open; seen here with a StatefulDataLoader, whose iterator seeks at creation). The epoch goes
@@ -123,8 +128,14 @@ def _epoch_before_iter(loop: Any) -> None:
         return
 
     def load_then_set_epoch() -> None:
+        combined = loop._combined_loader
+        try:
+            combined.flattened = [resumable(dl, seed) for dl in combined.flattened]
+        except NotResumable as err:
+            events.emit("stop", reason="loader_not_resumable", step=int(loop.trainer.global_step), error=str(err))
+            raise LegEnd(EXIT_REFUSED, "loader_not_resumable") from err
         load()
-        for loader in loop._combined_loader.flattened:
+        for loader in combined.flattened:
             _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
             shield_workers(loader)  # its workers leave SIGTERM to the main process (runtime.session.workers)
 
@@ -162,6 +173,9 @@ class Preflight(Callback, LegAdapter):
         self._sigterm: list[bool] = []
         self._rng: dict[str, Any] | None = None  # loaded: re-applied at the first batch
         self._batch: str | None = None
+        self._seed = Seed(torch.initial_seed() % (1 << 63))
+        """The data order's seed: this process's torch seed (L.seed_everything's), a resume's saved one."""
+        self.fed = FedInputs()
         self._opt_steps = 0
         self._trainer: Any = None
         self._last = time.perf_counter()
@@ -195,13 +209,16 @@ class Preflight(Callback, LegAdapter):
         inner = getattr(inner, "checkpoint_io", None) or inner if type(inner).__name__ == "AsyncCheckpointIO" else inner
         trainer.strategy.checkpoint_io = _StoreIO(self, inner)
         self._trainer = trainer
-        _epoch_before_iter(trainer.fit_loop)
+        _before_first_iter(trainer.fit_loop, self._seed)
+        self.fed.watch(pl_module)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": rng_state()}
+        return {"rng": rng_state(), "data_seed": self._seed.value}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rng = state_dict.get("rng")
+        if "data_seed" in state_dict:
+            self._seed.value = int(state_dict["data_seed"])
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.deadline = contract.resumed_deadline(
@@ -232,16 +249,15 @@ class Preflight(Callback, LegAdapter):
         )
         self._last = time.perf_counter()
 
-    @staticmethod
-    def _live_state(trainer: Any, pl_module: Any) -> tuple[Any, Any, Any, Any]:
-        """Each object as Lightning holds it now, in the shapes its checkpoint stores them."""
-        loader = trainer.train_dataloader
-        loader_state = [as_loaded(loader)] if hasattr(loader, "state_dict") else []
+    def _live_state(self, trainer: Any, pl_module: Any) -> tuple[Any, Any, Any, Any]:
+        """Each object as Lightning holds it now, in the shapes its checkpoint stores them (the
+        loaders by the position they will yield from)."""
+        loop = trainer.fit_loop
         return (
             pl_module.state_dict(),
             [o.state_dict() for o in trainer.optimizers],
             [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
-            loader_state,
+            positions(loop, live_states(loop), int(trainer.current_epoch), self._seed.value),
         )
 
     # --- every step --------------------------------------------------------------
@@ -256,9 +272,15 @@ class Preflight(Callback, LegAdapter):
         step, now = int(trainer.global_step), time.perf_counter()
         step_s, self._last = now - self._last, now
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        fed = self.fed.take()  # the inputs the LightningModule's training forwards were fed this step
+        self.fed.fed_tensors()  # not cross-checked: a training_step may cut or augment its batch
         if self.rank == 0 and loss is not None:
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
-            fields = {"batch_hash": self._batch} if self._batch else {}
+            fields = (
+                {"batch_hash": fed, "batch_from": "forward"}
+                if fed
+                else ({"batch_hash": self._batch, "batch_from": "step"} if self._batch else {})
+            )
             events.emit(
                 "step",
                 step=step,
@@ -296,18 +318,24 @@ class Preflight(Callback, LegAdapter):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest / CKPT_FILE)
-        self.push(dest, step, "lightning", began)
+        schedulers = checkpoint.get("lr_schedulers", [])
+        sizes = {"model": checkpoint["state_dict"], "optimizer": checkpoint.get("optimizer_states", [])}
+        self.push(
+            dest, step, "lightning", began, {k: tensor_bytes(v) for k, v in {**sizes, "scheduler": schedulers}.items()}
+        )
         loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        rng = (checkpoint.get("callbacks", {}).get(self.state_key) or {}).get("rng")
+        own = checkpoint.get("callbacks", {}).get(self.state_key) or {}
+        loader = positions(
+            self._trainer.fit_loop,
+            loops.get("combined_loader", []),
+            int(checkpoint.get("epoch", 0)),
+            int(own.get("data_seed", self._seed.value)),
+        )
         events.emit(
             "state_digest",
             step=step,
             digests=digests_of(
-                checkpoint["state_dict"],
-                checkpoint.get("optimizer_states", []),
-                checkpoint.get("lr_schedulers", []),
-                loops.get("combined_loader", []),
-                rng,
+                checkpoint["state_dict"], checkpoint.get("optimizer_states", []), schedulers, loader, own.get("rng")
             ),
         )
 
