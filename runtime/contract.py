@@ -139,6 +139,7 @@ STOP_REASONS: dict[str, int] = {
     "stale_code": EXIT_REFUSED,
     "cursor_mismatch": EXIT_REFUSED,
     "store_error": EXIT_REFUSED,
+    "loader_not_resumable": EXIT_REFUSED,  # a training loader the Lightning adapter cannot make resumable
     "nonfinite_loss": EXIT_FAILED,
     "rank_timeout": EXIT_FAILED,
 }
@@ -232,6 +233,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "device_name": STR,
     "digests": DICT,
     "opt_steps": INT,
+    "opt_steps_all": INT,
+    "fed_state": DICT,
     "step_batch_fed": BOOL,
     "batch_from": STR,
     "tracked": DICT,
@@ -277,7 +280,7 @@ def check_event(record: dict[str, Any]) -> str | None:
     util = record.get("gpu_util")
     if isinstance(util, dict) and not (_is(util.get("mean"), NUM) and 0 <= util["mean"] <= 100):
         return f"{kind} event: gpu_util.mean is not a percentage"
-    for key in ("digests", "tracked"):  # name -> a digest; name -> what kind of state it is
+    for key in ("digests", "tracked", "fed_state"):  # name -> a digest; name -> what kind of state it is
         values = record.get(key)
         if isinstance(values, dict) and not all(
             isinstance(k, str) and isinstance(v, str) and len(v) <= 64 for k, v in values.items()
@@ -287,4 +290,3 @@ def check_event(record: dict[str, Any]) -> str | None:
     if isinstance(sizes, dict) and not all(_is(v, INT) and v >= 0 for v in sizes.values()):
         return f"{kind} event: a state size is not a byte count"
     return None
-    "loader_not_resumable": EXIT_REFUSED,  # a training loader the Lightning adapter cannot make resumable

@@ -236,3 +236,100 @@ def _consumed_before(legs: list[LegEvents], start: int) -> dict[str, tuple[LegEv
             if s <= start and "batch_hash" in e:
                 consumed.setdefault(e["batch_hash"], (ev, s))
     return consumed
+
+
+# --- the batch the model ate ----------------------------------------------------------
+
+
+def check_fed_batch(legs: list[LegEvents]) -> Check | None:
+    """Whether each `step(batch=...)` was among the tensors the model was fed: a report, never a
+    FAIL. A random augmentation feeds the model another batch than the one read (measured: a
+    control whose RNG was restored resumed exactly and failed here), and a prefetching loop
+    hands `step()` the next one; the data checks judge the batches the model was fed, which is
+    what resumes or not. None: nothing to report."""
+    seen = [(ev, n, e) for ev in legs for n, e in ev.all("step") if "step_batch_fed" in e]
+    if not seen:
+        return None
+    name = "the batch given to step() is the one the model was fed (reported, not judged)"
+    other = [(ev, n, e) for ev, n, e in seen if e["step_batch_fed"] is False]
+    if not other:
+        return Check(
+            name,
+            True,
+            f"{len(seen)} steps: every batch given to step() was among the model's inputs",
+            kind=Kind.FED_BATCH,
+        )
+    ev, n, e = other[0]
+    return Check(
+        name,
+        True,
+        f"{len(other)} of {len(seen)} steps gave step() a batch the model was not fed (first: leg {ev.leg} step "
+        f"{e['step']}): an augmentation, or a batch fetched ahead of its step; the data checks judge the batches "
+        "the model was fed",
+        ev.pointer((n, e)),
+        kind=Kind.FED_BATCH,
+    )
+
+
+NOWHERE_CAUSES = (
+    "the data position moved where the straight-through run reads nothing at that step (a skip counted from "
+    "the run's start rather than the epoch's?), or the batch is drawn at random (an augmentation whose RNG was "
+    "not restored?), or the model takes state carried from step to step under an argument name not read as "
+    "state (runtime.session.batches.CARRIED_STATE)"
+)
+
+
+def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check | None:
+    """Every step of a resumed leg (not only its first) fed the model the straight-through run's
+    batch of that step. A batch the straight run read at *another* step is the data position
+    moved (a loader skipped twice shows at the next epoch's start, well after the resume); one
+    it never reads at that step is a FAIL too: the batch hash covers the batch only (state
+    carried into the forward, an RNN's `hidden`, is hashed apart), so a batch found nowhere is
+    the data's doing (`NOWHERE_CAUSES`). None: no hashes to compare."""
+    ref = {s: e["batch_hash"] for s, (_, e) in steps_of(straight).items() if "batch_hash" in e}
+    where: dict[str, int] = {}
+    for s in sorted(ref):
+        where.setdefault(ref[s], s)
+    timeline = surviving_timeline(legs)
+    got = [
+        (timeline[i], s, item)
+        for i in resumed_legs(legs)  # each leg up to where the next resumed
+        for s, item in sorted(steps_of(timeline[i]).items())
+        if s in ref and "batch_hash" in item[1]
+    ]
+    if not got:
+        return None
+    name = "every resumed step's batch = straight-through run's"
+    differ = [(ev, s, item) for ev, s, item in got if item[1]["batch_hash"] != ref[s]]
+    moved = [(ev, s, item) for ev, s, item in differ if item[1]["batch_hash"] in where]
+    if moved:
+        ev, s, item = moved[0]
+        at = where[item[1]["batch_hash"]]
+        return Check(
+            name,
+            False,
+            f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) read the straight-"
+            f"through run's batch of step {at} ({at - s:+d} batches): the data position moved; {len(moved)} "
+            f"of {len(got)} resumed steps read another step's batch",
+            ev.pointer(item) + straight.pointer(steps_of(straight)[s]),
+            kind=Kind.DATA_POSITION,
+            leg=ev.leg,
+        )
+    if differ:
+        ev, s, item = differ[0]
+        return Check(
+            name,
+            False,
+            f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) fed the model a batch "
+            f"({item[1]['batch_hash'][:12]}) the straight-through run reads at no step (at step {s}: {ref[s][:12]}); "
+            f"{len(differ)} of {len(got)} resumed steps did: {NOWHERE_CAUSES}",
+            ev.pointer(item) + straight.pointer(steps_of(straight)[s]),
+            kind=Kind.DATA_POSITION,
+            leg=ev.leg,
+        )
+    return Check(
+        name,
+        True,
+        f"{len(got)} resumed steps: each read the straight-through run's batch of that step",
+        kind=Kind.DATA_POSITION,
+    )

@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.checks.data import check_batches, check_every_rank, check_no_repeat, check_sample_index
+from launcher.checks.data import (
+    check_batches,
+    check_batches_straight,
+    check_every_rank,
+    check_fed_batch,
+    check_no_repeat,
+    check_sample_index,
+)
 from launcher.checks.evidence import Check, Kind, LegEvents, surviving_timeline
 from launcher.checks.resume import (
     VARYING_FIELDS,
@@ -76,74 +83,6 @@ def _digests_at(ev: LegEvents, upto: int | None = None) -> dict[int, tuple[int, 
     return {int(e["step"]): (n, e) for n, e in ev.all("state_digest") if upto is None or int(e["step"]) <= upto}
 
 
-# --- the batch the model ate ----------------------------------------------------------
-
-
-def check_fed_batch(legs: list[LegEvents]) -> Check | None:
-    """No step handed `step(batch=...)` a batch the model was not fed. None: nothing to check."""
-    seen = [(ev, n, e) for ev in legs for n, e in ev.all("step") if "step_batch_fed" in e]
-    if not seen:
-        return None
-    name = "the batch given to step() is the one the model was fed"
-    for ev, n, e in seen:
-        if e["step_batch_fed"] is False:
-            return Check(
-                name,
-                False,
-                f"leg {ev.leg} step {e['step']}: the batch given to step() is not the one the "
-                "model was fed (a batch fetched ahead of its step?); the data checks use the fed one",
-                ev.pointer((n, e)),
-                kind=Kind.FED_BATCH,
-            )
-    return Check(
-        name, True, f"{len(seen)} steps: every batch given to step() was among the model's inputs", kind=Kind.FED_BATCH
-    )
-
-
-def check_batches_straight(legs: list[LegEvents], straight: LegEvents) -> Check | None:
-    """Every step of a resumed leg (not only its first) read the straight-through run's batch of
-    that step. A batch the straight run read at *another* step is the data position moved (a
-    loader skipped twice shows at the next epoch's start, well after the resume); one found
-    nowhere in it is no data finding (a recurrent state among the forward inputs): the straight
-    comparison (proof 4) has it. None: no hashes to compare."""
-    ref = {s: e["batch_hash"] for s, (_, e) in steps_of(straight).items() if "batch_hash" in e}
-    where: dict[str, int] = {}
-    for s in sorted(ref):
-        where.setdefault(ref[s], s)
-    timeline = surviving_timeline(legs)
-    got = [
-        (timeline[i], s, item)
-        for i in resumed_legs(legs)  # each leg up to where the next resumed
-        for s, item in sorted(steps_of(timeline[i]).items())
-        if s in ref and "batch_hash" in item[1]
-    ]
-    if not got:
-        return None
-    name = "every resumed step's batch = straight-through run's"
-    moved = [(ev, s, item) for ev, s, item in got if item[1]["batch_hash"] != ref[s] and item[1]["batch_hash"] in where]
-    if moved:
-        ev, s, item = moved[0]
-        at = where[item[1]["batch_hash"]]
-        return Check(
-            name,
-            False,
-            f"step {s} (leg {ev.leg}, resumed at step {resume_step(ev)}) read the straight-"
-            f"through run's batch of step {at} ({at - s:+d} batches): the data position moved; {len(moved)} "
-            f"of {len(got)} resumed steps read another step's batch",
-            ev.pointer(item) + straight.pointer(steps_of(straight)[s]),
-            kind=Kind.DATA_POSITION,
-            leg=ev.leg,
-        )
-    nowhere = sum(1 for _, s, item in got if item[1]["batch_hash"] != ref[s])
-    return Check(
-        name,
-        True,
-        f"{len(got)} resumed steps: each read the straight-through run's batch of that step"
-        + (f", but {nowhere} read inputs found nowhere in it (left to the straight comparison)" if nowhere else ""),
-        kind=Kind.DATA_POSITION,
-    )
-
-
 # --- the optimizer in use ---------------------------------------------------------------
 
 # adapter (the `start` event's) -> (how its user makes the optimizer tracked, what an untracked one is)
@@ -157,8 +96,18 @@ TRACK_HOW: dict[str | None, tuple[str, str]] = {
 }
 
 
+def _no_optimizer_stepped(ev: LegEvents, trained: int, begun: int, tracked: bool) -> str:
+    return (
+        f"{'neither the tracked optimizer nor any other' if tracked else 'no optimizer is tracked, and none'} stepped "
+        f"in leg {ev.leg} ({trained} steps since the resume at step {begun}): the weights are updated without "
+        "an optimizer (by hand, on p.data?), so proof 3 cannot be answered from an optimizer's state"
+    )
+
+
 def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
-    """Resumed leg i: the tracked optimizer stepped. None: an older trainer printed nothing."""
+    """Resumed leg i: the tracked optimizer stepped. None: an older trainer printed nothing.
+    `opt_steps_all` (every optimizer's steps in the process, tracked or not) tells a loop with
+    no optimizer at all (MISSING: nothing to answer from) from one stepping another."""
     ev = legs[i]
     name = f"leg {ev.leg}: the tracked optimizer is the one stepping"
     tracked = tracked_kinds([ev])
@@ -167,19 +116,26 @@ def check_optimizer_in_use(legs: list[LegEvents], i: int) -> Check | None:
     start = next((ev.first("start") for ev in legs if ev.first("start") is not None), None)
     adapter = start[1].get("adapter") if start else None
     fix, tracker = TRACK_HOW.get(adapter, TRACK_HOW[None])
+    steps = [e for _, e in ev.all("step")]
+    begun = resume_step(ev) or 0
+    trained = int(steps[-1]["step"]) - begun if steps else 0
+    anywhere = steps[-1].get("opt_steps_all") if steps else None
     if "optimizer" not in tracked.values():
+        if anywhere == 0 and trained > 0:
+            return missing(name, _no_optimizer_stepped(ev, trained, begun, False), Kind.OPTIMIZER_IN_USE, ev.leg)
+        seen = f", and an optimizer stepped {anywhere} times in leg {ev.leg}" if anywhere else ""
         return missing(
             name,
-            f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}): whether the "
+            f"no optimizer is tracked (tracked: {sorted(tracked) or 'nothing'}){seen}: whether the "
             f"optimizer state was restored cannot be checked; {fix}",
             Kind.OPTIMIZER_IN_USE,
             ev.leg,
         )
-    steps = [e for _, e in ev.all("step")]
-    begun = resume_step(ev) or 0
     if not steps or "opt_steps" not in steps[-1]:
         return missing(name, f"leg {ev.leg}'s step events carry no opt_steps", Kind.OPTIMIZER_IN_USE, ev.leg)
-    trained, stepped = int(steps[-1]["step"]) - begun, int(steps[-1]["opt_steps"])
+    stepped = int(steps[-1]["opt_steps"])
+    if trained > 0 and stepped == 0 and anywhere == 0:
+        return missing(name, _no_optimizer_stepped(ev, trained, begun, True), Kind.OPTIMIZER_IN_USE, ev.leg)
     if trained > 0 and stepped == 0:
         return Check(
             name,
@@ -314,18 +270,65 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+CARRIED = "fed_state"
+"""The step field of the state carried into the model's forward, by argument name (an RNN's
+`hidden`): compared by `_carried_state_differs`, not as a printed field."""
+
+
+def _fed(item: tuple[int, dict[str, Any]]) -> dict[str, str]:
+    return item[1].get(CARRIED) or {}
+
+
+def _carried_state_differs(legs: list[LegEvents], straight: LegEvents) -> tuple[Check | None, list[str]]:
+    """(a FAIL or None, the names compared): the state carried into the model's forward at the
+    first step of each resume against the straight run's same step, for each argument whose
+    digests agree in leg 0 with the straight run before any resume (a float result of the
+    model's arithmetic; one that does not agree there is not reproducible and is left out).
+    Only the first resumed step: where a state not restored (a zeroed `hidden`) shows, before
+    float noise from the model's arithmetic can."""
+    ref = steps_of(straight)
+    names = sorted({k for ev in legs + [straight] for _, e in ev.all("step") for k in e.get(CARRIED) or {}})
+    first_resume = resume_step(legs[1]) if len(legs) > 1 else None
+    before = [(s, item) for s, item in steps_of(legs[0]).items() if s in ref and s <= (first_resume or s)]
+    stable = [k for k in names if all(_fed(item).get(k) == _fed(ref[s]).get(k) for s, item in before)]
+    for ev in surviving_timeline(legs)[1:]:
+        start, mine = resume_step(ev), steps_of(ev)
+        s = (start or 0) + 1
+        if start is None or s not in mine or s not in ref:
+            continue
+        for k in stable:
+            a, b = _fed(mine[s]).get(k), _fed(ref[s]).get(k)
+            if a != b:
+                same = mine[s][1].get("batch_hash") == ref[s][1].get("batch_hash")
+                return Check(
+                    "printed fields = straight-through run",
+                    False,
+                    f"the model's `{k}` input at step {s} (leg {ev.leg}, resumed at step {start}) differs from the "
+                    f"straight-through run's ({(a or 'not given')[:12]} vs {(b or 'not given')[:12]}); "
+                    + ("the batch is the same" if same else "the batch differs too")
+                    + f": the state carried into the forward as `{k}` was not restored (keep it in `sess.extra`)",
+                    ev.pointer(mine[s]) + straight.pointer(ref[s]),
+                    kind=Kind.FIELDS_STRAIGHT,
+                ), stable
+    return None, stable
+
+
 def check_fields_straight(
     legs: list[LegEvents], straight: LegEvents, vary: frozenset[str] = frozenset()
 ) -> Check | None:
     """Every field both a resumed step and the straight run's same step print, beyond the
-    timings and the ones compare_straight compares, agrees. None: no such field."""
+    timings and the ones compare_straight compares, agrees; and the state carried into the
+    model's forward (`fed_state`) at each resume. None: no such field."""
     ref = steps_of(straight)
     fields: set[str] = set()
     seq = [(ev, s, item) for ev in surviving_timeline(legs)[1:] for s, item in sorted(steps_of(ev).items())]
     for ev, s, (n, e) in seq:
         if s in ref:
             fields |= (set(e) & set(ref[s][1])) - VARYING_FIELDS - vary
-    if not fields:
+    carried, stable = _carried_state_differs(legs, straight)
+    if carried is not None:
+        return carried
+    if not fields and not stable:
         return None
     name = "printed fields = straight-through run"
     for ev, s, (n, e) in seq:
@@ -341,10 +344,15 @@ def check_fields_straight(
                     ev.pointer((n, e)) + straight.pointer(ref[s]),
                     kind=Kind.FIELDS_STRAIGHT,
                 )
+    held = (
+        f"; the model's carried-state inputs ({', '.join(stable)}) as the straight run's at each resume"
+        if stable
+        else ""
+    )
     return Check(
         name,
         True,
-        f"{', '.join(sorted(fields))} equal at every resumed step ({len(seq)} steps)",
+        f"{', '.join(sorted(fields)) or 'no other field'} equal at every resumed step ({len(seq)} steps){held}",
         kind=Kind.FIELDS_STRAIGHT,
     )
 

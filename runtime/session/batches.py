@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from runtime.session import global_hooks
 from runtime.session.rules import ResumeRefused
 
 FULL_HASH_BYTES = 4 << 20
@@ -112,68 +113,120 @@ def given_was_fed(given: dict[Signature, set[str]], fed: dict[Signature, set[str
     return all(d in fed[sig] for sig, d in comparable)
 
 
+CARRIED_STATE = frozenset(
+    "hidden hx h h0 c0 hc hidden_state state states memory mems carry past past_key_values layer_past "
+    "cache kv_cache".split()
+)
+"""Names of forward arguments that carry state from one step to the next rather than data: an
+RNN's `hidden`/`hx`/`h0`/`c0` (torch.nn.RNN/LSTM/GRU, pytorch/examples' word_language_model's
+`forward(input, hidden)`), a recurrent memory (`memory`, Transformer-XL's `mems`), a decoder's
+cache (`past_key_values`, `layer_past`, `cache`, `kv_cache`). Matched on the parameter's name in
+the module's forward signature, case-insensitively."""
+
+
+def split_carried(named: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the batch, the carried state) of one forward's named arguments. When no argument but
+    the state-named ones holds a tensor, they are the batch (an RL policy's `forward(state)`)."""
+    state = {k: v for k, v in named.items() if k.lower() in CARRIED_STATE}
+    batch = {k: v for k, v in named.items() if k not in state}
+    if state and next(_tensors(batch), None) is None:
+        return named, {}
+    return batch, state
+
+
+def _joined(digests: list[str]) -> str:
+    return digests[0] if len(digests) == 1 else hashlib.sha256("|".join(digests).encode()).hexdigest()[:32]
+
+
 class FedInputs:
     """What the tracked model ate: the inputs of its training forwards, hashed by the session.
 
-    A forward pre-hook on each tracked `nn.Module` (every micro-batch of a step, in order) sees
-    the batch the model was fed, whatever the loop handed to `step()`: a loop that prefetches the
-    next batch right after the forward (nanoGPT's `X, Y = get_batch('train')`) gives `step()` the
-    *next* batch, and hashing that would pass a resume that re-reads data. Only training forwards
-    with grad enabled count (an evaluation forward reads other data). CPU inputs are hashed in the
-    hook; CUDA inputs are copied to host asynchronously there and hashed in `take()`, after the
-    step's loss was read (the device already synced): no sync is added to the step."""
+    Torch's global module hooks (runtime.session.global_hooks), matched to each tracked
+    `nn.Module` by identity, see every training forward (every micro-batch of a step, in
+    order) and the batch the model was fed, whatever the loop handed to `step()`: a loop that
+    prefetches the next batch right after the forward (nanoGPT's `X, Y = get_batch('train')`)
+    gives `step()` the *next* batch, and hashing that would pass a resume that re-reads data.
+    Nothing is stored in the module: `torch.save(model)`, `copy.deepcopy` and pickling see it
+    as the user made it. Only training forwards with grad enabled count (an evaluation forward
+    reads other data).
+
+    The arguments are named by the forward's signature; those named as carried state
+    (`CARRIED_STATE`: an RNN's hidden state, a cache) are hashed apart, each under its name
+    (`take_state()`), and the batch hash covers only the rest: a hidden state carried across
+    steps would otherwise make every resumed batch look new, and a data position that moved
+    would pass. CPU inputs are hashed after the forward; CUDA inputs are copied to host
+    asynchronously there and hashed in `take()`, after the step's loss was read (the device
+    already synced): no sync is added to the step."""
 
     def __init__(self) -> None:
         self.parts: list[Any] = []
-        """Per forward: its digest (str), or a (host copies, done-event) pair still to hash."""
+        """Per forward: (batch digest, {name: state digest}), or (batch copies, state copies, done-event)."""
         self.tensors: dict[Signature, set[str]] = {}
         """Every fed tensor's own digest this step, by kind and shape (the `batch=` cross-check)."""
         self.first: Any = None
-        """Called once, at the next training forward, before its inputs are hashed (then cleared)."""
+        """Called once, before the next training forward runs (then cleared)."""
+        self.state: dict[str, str] = {}
+        """The carried state's digests of the forwards the last `take()` took, by argument name."""
 
     def watch(self, module: torch.nn.Module) -> None:
-        module.register_forward_pre_hook(self._hook, with_kwargs=True)
+        global_hooks.watch(module, self)
 
-    def _hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not (module.training and torch.is_grad_enabled()):
-            return
-        if self.first is not None:
+    def close(self) -> None:
+        """Stop watching (also done when this object is collected)."""
+        global_hooks.unwatch(self)
+
+    def before(self, module: torch.nn.Module) -> None:
+        if self.first is not None and module.training and torch.is_grad_enabled():
             first, self.first = self.first, None
             first()
-        items = list(_tensors({"args": list(args), **kwargs}))
-        if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in items):
-            copies = [
-                (path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t)
-                for path, t in items
-            ]
-            done = torch.cuda.Event()
-            done.record()
-            self.parts.append((copies, done))
-        else:
-            self.parts.append(self._digest(items))
 
-    def _digest(self, items: list[tuple[str, Any]]) -> str:
+    def after(self, module: torch.nn.Module, named: dict[str, Any]) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        batch, state = split_carried(named)
+        items = list(_tensors(batch))
+        held = [(name, list(_tensors(v))) for name, v in state.items()]
+        tensors = items + [t for _, ts in held for t in ts]
+        if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in tensors):
+            done = torch.cuda.Event()
+            self.parts.append((_to_host(items), [(name, _to_host(ts)) for name, ts in held], done))
+            done.record()
+        else:
+            self.parts.append(self._digest(items, held))
+
+    def _digest(self, items: list[tuple[str, Any]], held: list[tuple[str, list[tuple[str, Any]]]]) -> Any:
         for sig, digests in tensor_digests([t for _, t in items]).items():
             self.tensors.setdefault(sig, set()).update(digests)
-        return batch_digest({path: t for path, t in items}) or ""
+        state = {name: d for name, ts in held if (d := batch_digest(dict(ts))) is not None}
+        return batch_digest(dict(items)) or "", state
 
     def take(self) -> str | None:
         """This step's digest over every training forward since the last `take()` (None: none ran)."""
         parts, self.parts = self.parts, []
-        digests = []
+        digests, states = [], {}
         for part in parts:
-            if isinstance(part, tuple):
-                copies, done = part
+            if len(part) == 3:
+                copies, held, done = part
                 done.synchronize()
-                part = self._digest(copies)
-            digests.append(part)
-        if not digests:
-            return None
-        return digests[0] if len(digests) == 1 else hashlib.sha256("|".join(digests).encode()).hexdigest()[:32]
+                part = self._digest(copies, held)
+            digests.append(part[0])
+            for name, d in part[1].items():
+                states.setdefault(name, []).append(d)
+        self.state = {name: _joined(ds) for name, ds in states.items()}
+        return _joined(digests) if digests else None
+
+    def take_state(self) -> dict[str, str]:
+        """The carried state of the forwards the last `take()` took: {argument name: digest}."""
+        state, self.state = self.state, {}
+        return state
 
     def fed_tensors(self) -> dict[Signature, set[str]]:
         fed, self.tensors = self.tensors, {}
         return fed
+
+
+def _to_host(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(path, t.detach().to("cpu", non_blocking=True) if isinstance(t, torch.Tensor) else t) for path, t in items]
 
 
 class _Order(torch.utils.data.Sampler):

@@ -1,13 +1,17 @@
 """The session's own evidence of each step and each checkpoint, measured, not declared.
 
 - **The batch the model ate** (`runtime.session.batches.FedInputs`): a step's `batch_hash` is the
-  digest of the tracked model's training-forward inputs (`batch_from: "forward"`). A
-  `step(batch=...)` becomes a cross-check (`step_batch_fed`: every tensor given was among those
-  fed). A loop whose model is not tracked, or never runs a training forward, falls back to the
+  digest of the tracked model's training-forward inputs (`batch_from: "forward"`), less the
+  arguments named as carried state (an RNN's `hidden`, a cache), digested apart by name
+  (`fed_state`). A `step(batch=...)` becomes a cross-check that only reports (`step_batch_fed`:
+  every tensor given was among those fed; a random augmentation feeds the model another batch).
+  A loop whose model is not tracked, or never runs a training forward, falls back to the
   `batch=` digest (`batch_from: "step"`).
 - **The optimizer in use**: a step post-hook on each tracked optimizer counts its steps
-  (`opt_steps`, cumulative in this leg). An optimizer re-created after the resume is not the
-  tracked one: its steps do not count, and the launcher says so.
+  (`opt_steps`, cumulative in this leg), and torch's global optimizer hook every optimizer's
+  steps in the process, tracked or not (`opt_steps_all`). An optimizer re-created after the
+  resume is not the tracked one: its steps do not count, and the launcher says so; a loop that
+  updates its weights by hand steps none at all, and the launcher says that instead.
 - **State digests** (`state_digests`): per tracked object (model, optimizer, scheduler, loader,
   `extra`, each RNG stream) a digest of its saved state, at every checkpoint (the `state_digest`
   event, computed in the background from the snapshot, off the critical path) and of each
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
 from runtime import events
+from runtime.session import global_hooks
 from runtime.session.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
 from runtime.session.determinism import Determinism
 
@@ -53,22 +59,49 @@ def kind_of(obj: Any) -> str:
     return "other"
 
 
+class _Steps:
+    """Optimizer steps, counted by torch's global optimizer hook (runtime.session.global_hooks):
+    every optimizer's in the process, and the tracked ones' (by identity, weakly). Nothing is
+    registered on the user's optimizer, and the hook holds this, not the StepEvidence."""
+
+    def __init__(self) -> None:
+        self.all = 0
+        self.tracked = 0
+        self.optimizers: list[weakref.ref] = []
+
+    def __call__(self, optimizer: Any) -> None:
+        self.all += 1
+        if any(ref() is optimizer for ref in self.optimizers):
+            self.tracked += 1
+
+
 class StepEvidence:
     """Hooks on the tracked objects; the evidence fields of each step event."""
 
     def __init__(self) -> None:
         self.fed = FedInputs()
-        self.opt_steps = 0
+        self.steps = _Steps()
+        global_hooks.count_optimizer_steps(self, self.steps)
         self.kinds: dict[str, str] = {}
         self.determinism = Determinism()
         """The rung's deterministic mode (runtime.session.determinism), on from the session's start."""
+
+    @property
+    def opt_steps(self) -> int:
+        """The tracked optimizers' steps in this leg."""
+        return self.steps.tracked
+
+    @opt_steps.setter
+    def opt_steps(self, value: int) -> None:
+        """Set both counts (a DCP load that steps an empty optimizer once is no training step)."""
+        self.steps.tracked = self.steps.all = value
 
     def watch(self, name: str, obj: Any) -> None:
         self.kinds[name] = kind = kind_of(obj)
         if isinstance(obj, torch.nn.Module):
             self.fed.watch(obj)
         if kind == "optimizer" and isinstance(obj, torch.optim.Optimizer):
-            obj.register_step_post_hook(self._stepped)
+            self.steps.optimizers.append(weakref.ref(obj))
 
     def trains_from(self, tracked: dict[str, Any], step: int) -> None:
         """After a resume to `step`: at the first training forward, print `trains_from` with
@@ -80,21 +113,21 @@ class StepEvidence:
 
         self.fed.first = emit
 
-    def _stepped(self, *_: Any) -> None:
-        self.opt_steps += 1
-
     def step_fields(self, batch: Any) -> dict[str, Any]:
-        """`batch_hash` (and where it came from), the `batch=` cross-check, `opt_steps`."""
-        fed, fed_tensors = self.fed.take(), self.fed.fed_tensors()
+        """`batch_hash` (and where it came from), `fed_state`, the `batch=` cross-check, `opt_steps`."""
+        fed, fed_state, fed_tensors = self.fed.take(), self.fed.take_state(), self.fed.fed_tensors()
         out: dict[str, Any] = {}
         if fed is not None:
             out.update(batch_hash=fed, batch_from="forward")
+            if fed_state:
+                out["fed_state"] = fed_state
             if batch is not None and (fed_ok := given_was_fed(tensor_digests(batch), fed_tensors)) is not None:
                 out["step_batch_fed"] = fed_ok
         elif batch is not None and (given := batch_digest(batch)) is not None:
             out.update(batch_hash=given, batch_from="step")
         if any(kind == "optimizer" for kind in self.kinds.values()):
             out["opt_steps"] = self.opt_steps
+        out["opt_steps_all"] = self.steps.all
         if ops := self.determinism.take():
             out["nondeterministic"] = ops
         return out
