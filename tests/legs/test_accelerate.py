@@ -1,9 +1,12 @@
-"""The Accelerate custom loop (examples/accelerate) on the ladder, and two resume bugs such
-loops have, planted one at a time, each caught by a named check and a FAILed proof:
+"""The Accelerate custom loop (examples/accelerate, the shape of accelerate's
+by_feature/checkpointing.py) on the ladder, and resume bugs such loops have, planted one at a
+time, each caught by a named check and a FAILed proof:
 - the loader skipped twice: a stateful loader (`use_stateful_dataloader=True`, restored by
   `load_state`) *and* the loop's own `skip_first_batches`;
 - the optimizer not registered: left out of `accelerator.prepare`, so `save_state` never saves
-  it and every resume starts AdamW's moments afresh.
+  it and every resume starts AdamW's moments afresh;
+- the skip counted from the run's start instead of the epoch's (on a loader with 2 workers, its
+  optimizer and scheduler prepared after `Preflight`: neither of those is a finding).
 The trainer runs in .venv-hf (accelerate 1.15.0), as tests/legs/test_examples.py maps it; the example's
 own climb (static -> rehearsal -> drill -> report) is there too."""
 
@@ -12,11 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, details, failed, run_cli
+from tests.helpers import check, checks_of, details, failed, run_cli
 from tests.legs.test_examples import copy_example
 from tests.legs.test_planted_bugs import plant, rehearse, report_fails
 
-STATEFUL = "DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True)"
+PREPARE = """model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )"""
 
 
 def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batches(
@@ -29,7 +34,12 @@ def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batc
     state saved at the next checkpoint is not the straight-through run's, and the batches of the
     next epoch are not its either."""
     root = copy_example("accelerate", tmp_path)
-    plant(root, "DataLoaderConfiguration(use_seedable_sampler=True)", STATEFUL)
+    plant(root, "from accelerate import Accelerator\n", "from accelerate import Accelerator, DataLoaderConfiguration\n")
+    plant(
+        root,
+        "Accelerator(cpu=True)",
+        "Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))",
+    )
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "data's state" in details(bad, Kind.STATE_STRAIGHT), bad
@@ -44,15 +54,12 @@ def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batc
 def test_an_optimizer_left_out_of_prepare_restarts_its_moments_on_every_resume(tmp_path: Path, leg_tmp: Path) -> None:
     """The optimizer is not passed to `accelerator.prepare`: `save_state` does not save it, and
     each resume starts AdamW's moments afresh. The weights are restored, so the first resumed
-    step's loss is right; the step after differs from the straight-through run's. The checkpoint
-    holds no optimizer state (about 4.6 B a parameter: proof 7), and torch's global step hook
-    sees an optimizer step that no prepared one took (proof 3)."""
+    step's loss is right; the step after differs from the straight-through run's. The save events
+    measure no optimizer state (proof 7 says 0.0 B/param of it, and the checkpoint holds what the
+    state claims), and torch's global step hook sees an optimizer step that no prepared one took
+    (proof 3)."""
     root = copy_example("accelerate", tmp_path)
-    plant(
-        root,
-        "model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)",
-        "model, loader, sched = accelerator.prepare(model, loader, sched)",
-    )
+    plant(root, PREPARE, PREPARE.replace("model, optimizer,", "model,", 2))
     code, checks = rehearse(root)
     bad = failed(checks)
     detail = details(bad, Kind.TIMELINE)
@@ -71,5 +78,33 @@ def test_an_optimizer_left_out_of_prepare_restarts_its_moments_on_every_resume(t
     res = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: (p["status"], p["summary"]) for p in res.json()["proofs"]}
     assert res.code == 1 and status[4][0] == "FAIL" and "resumed run = straight-through run" in status[4][1], status
-    assert status[7][0] == "FAIL" and "much smaller than the ~12 B/param" in status[7][1], status[7]
+    assert "0.0 B/param of optimizer state" in status[7][1], status[7]
     assert status[3][0] == "FAIL" and "accelerator.prepare" in status[3][1], status[3]
+
+
+def test_a_skip_counted_from_the_runs_start_reads_another_steps_batches(tmp_path: Path, leg_tmp: Path) -> None:
+    """`skip_first_batches(loader, overall_step)` where the epoch's `resume_step` belongs: a resume
+    in epoch 0 is right, one past it skips the whole epoch and starts the next one early, so the
+    resumed steps read batches the straight run reads at other steps (proof 2). Planted with two
+    shapes that must not be findings: the loader on 2 worker processes (the rehearsal's leg 0 ends
+    by SIGTERM: its workers must live through the final `save_state`), and the optimizer and
+    scheduler prepared after `Preflight(accelerator)` (their steps are the prepared optimizer's)."""
+    root = copy_example("accelerate", tmp_path)
+    plant(
+        root, "skip_first_batches(train_dataloader, resume_step)", "skip_first_batches(train_dataloader, overall_step)"
+    )
+    plant(root, "batch_size=8, shuffle=True)", "batch_size=8, shuffle=True, num_workers=2)")
+    plant(root, PREPARE, PREPARE.replace("model, optimizer,", "model,", 2).replace(", lr_scheduler", "", 2))
+    plant(
+        root,
+        "    pf = Preflight(accelerator)\n",
+        "    pf = Preflight(accelerator)\n    optimizer, lr_scheduler = accelerator.prepare(optimizer, lr_scheduler)\n",
+    )
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and check(checks, Kind.LEG_FINISHED, leg=0)["ok"], bad  # SIGTERMed, workers and all
+    assert not checks_of(bad, Kind.OPTIMIZER_IN_USE) and not checks_of(bad, Kind.LEG_FINISHED), bad
+    moved = details(bad, Kind.DATA_POSITION)
+    assert "the data position moved" in moved or "never reads" in moved, moved
+    fails = report_fails(root, 2)
+    assert 3 not in fails, fails
