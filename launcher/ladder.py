@@ -125,9 +125,25 @@ PROBE_TAIL_FRACTION = 0.1
 """The share of the probe's steps left to its cold-resumed leg."""
 
 
+PAST_WARMUP = 13
+"""The step a resume rung's last resumed leg before the final one trains to at least, where the
+steps allow (`resume_plan`): 3 steps past a 10-step warm-up. That leg's LAUNCHER_MAX_STEPS is one
+short of the run's (`leg_steps`), so a schedule whose horizon is each leg's own step limit runs
+there with another LR than the straight-through run's. With equal thirds of 15 steps leg 1 ended
+at step 10, inside the warm-up, where the horizon has no effect, and the rehearsal passed such a
+schedule (measured on the reference trainer; at 20 steps, step 13, it failed the LR check)."""
+MIN_LAST_LEG = 2
+"""Steps left to a resume rung's final leg, at the least, when leg 1 is moved to PAST_WARMUP."""
+
+
 def resume_plan(steps: int, legs: int = RESUME_LEGS) -> list[int]:
-    """LAUNCHER_MAX_STEPS of each leg of a resume rung: equal shares, the last reaching `steps`."""
-    return [steps * (i + 1) // legs for i in range(legs)]
+    """The step each leg of a resume rung ends at: equal shares, the last reaching `steps`; of three
+    legs or more, the last but one past a 10-step warm-up where `steps` leaves room (PAST_WARMUP: 15
+    steps and more)."""
+    plan = [steps * (i + 1) // legs for i in range(legs)]
+    if legs >= 3 and steps - MIN_LAST_LEG >= PAST_WARMUP:  # fewer steps: no room past a warm-up
+        plan[-2] = max(plan[-2], PAST_WARMUP)
+    return plan
 
 
 def probe_plan(steps: int) -> list[int]:

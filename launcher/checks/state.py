@@ -71,11 +71,13 @@ def kind_of(name: str, tracked: dict[str, str]) -> str:
 
 
 def tracked_kinds(legs: list[LegEvents]) -> dict[str, str] | None:
-    """name -> kind from the first `start` event that says (None: an older trainer said nothing)."""
+    """name -> kind from the first `start` event that says (None: an older trainer said nothing),
+    with the objects tracked only after a resume (`tracked_late`: an optimizer re-created then)."""
     for ev in legs:
         start = ev.first("start")
         if start is not None and isinstance(start[1].get("tracked"), dict):
-            return start[1]["tracked"]
+            late = {str(e["name"]): str(e["kind"]) for leg in legs for _, e in leg.all("tracked_late")}
+            return {**late, **start[1]["tracked"]}
     return None
 
 

@@ -32,6 +32,10 @@ def test_leg_0_steps_follow_the_rungs_plans() -> None:
     assert first_leg_steps("run", 500, can_terminate=True) == 500 and first_leg_steps("static", 9, True) == 0
     assert leg_steps("rehearsal", 20, True, 3) == [12, 19, 20] and leg_steps("smoke", 20, False, 3) == [6, 19, 20]
     assert leg_steps("probe", 200, True, 2) == [180, 200] and leg_steps("run", 500, True, 1) == [500]
+    # 15 steps and more: leg 1 trains past a 10-step warm-up (step 13), each leg with a step limit
+    # of its own (a schedule whose horizon is the leg's limit shows); fewer: equal thirds
+    assert resume_plan(15) == [5, 13, 15] and leg_steps("rehearsal", 15, True, 3) == [12, 14, 15]
+    assert resume_plan(14) == [4, 9, 14] and resume_plan(30) == [10, 20, 30]
 
 
 @pytest.mark.parametrize(
