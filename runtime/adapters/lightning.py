@@ -1,4 +1,4 @@
-"""A Lightning script on the ladder, in three changed lines:
+"""A Lightning script on the ladder, in three lines:
 
     from runtime.adapters.lightning import Preflight                     # 1
     trainer = L.Trainer(..., callbacks=[..., pf := Preflight()])         # 2
@@ -7,6 +7,12 @@
 Lightning keeps doing what it does (the model, optimizers, schedulers and loop counters
 in its checkpoint; a StatefulDataLoader's position, Lightning >= 2.2); the callback does
 the leg contract around it:
+- the training loader is made resumable before Lightning makes its first iterator
+  (runtime.adapters.lightning_data): a plain `DataLoader(shuffle=True)` becomes a
+  StatefulDataLoader over the same dataset whose order is a function of (seed, epoch), the
+  seed kept in the callback's state; a user's own StatefulDataLoader is left alone; a loader
+  it cannot rebuild (a custom batch_sampler or sampler, an IterableDataset) ends the leg
+  refused (exit 3, `loader_not_resumable`), the change to make named.
 - `resume()` fetches the newest *verified* checkpoint from the store onto this leg's empty
   disk (damaged ones skipped with `resume_skip`; a file that does not load with
   weights_only=True, or names another step, is damaged) and hands `fit` its path, or None
@@ -20,11 +26,16 @@ the leg contract around it:
   skipped. ModelCheckpoint's own deletes are no-ops: the store keeps the newest `keep`.
 - Lightning saves no RNG: the callback's own state holds the torch, numpy and python
   streams, re-applied at the first batch after a resume, so dropout continues exactly.
-- every step prints a `step` event with the hash of the batch handed to `training_step`, the
-  loss it returned, the first optimizer's LR and its step count; every checkpoint a
-  `state_digest` event (model, optimizers, schedulers, loader position, RNG) and a resume
-  the digests of each object as Lightning restored it (a module hook that drops the
-  scheduler's state shows here).
+- every step prints a `step` event with the hash of the inputs the LightningModule's
+  training forwards were fed (runtime.session.batches.FedInputs; the batch handed to
+  `training_step` where the module's own forward is never called), the loss it returned,
+  the first optimizer's LR and its step count; every checkpoint a `save` event with the
+  tensor bytes of the model, optimizer and scheduler state it holds (proof 7) and a
+  `state_digest` event (model, optimizers, schedulers, loader position, RNG); a resume the
+  digests of each object as Lightning restored it (a module hook that drops the
+  scheduler's state shows here). A loader is digested by the position it will yield from
+  (epoch, batch, seed): Lightning's state at an epoch's end and the next epoch's fresh
+  iterator it resumes with are one position in different bytes.
 - it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on
   SIGTERM: a final checkpoint from `on_train_batch_end` (the stage Lightning resumes
   mid-epoch from), then `trainer.should_stop`; `done` says whether it verified, and a
@@ -33,7 +44,7 @@ the leg contract around it:
 - a loader's worker processes leave SIGTERM to the main process (runtime.session.workers), and the
   sampler's epoch is set before a restarted epoch's iterator exists (Lightning #21938).
 Supported, and executed here: the `lightning` package (lightning.pytorch), one CPU device,
-a StatefulDataLoader with workers. Not supported: several devices or nodes (DDP is not
+a plain DataLoader(shuffle=True), a StatefulDataLoader with workers. Not supported: several devices or nodes (DDP is not
 executed here); `pytorch_lightning` imports (another Callback class); AsyncCheckpointIO
 (unwrapped: its save returns before the file exists); ModelCheckpoint(save_last="link")
 (a symlink made outside the CheckpointIO); gradient accumulation (a step event per batch
@@ -173,7 +184,7 @@ class Preflight(Callback, LegAdapter):
         self._sigterm: list[bool] = []
         self._rng: dict[str, Any] | None = None  # loaded: re-applied at the first batch
         self._batch: str | None = None
-        self._seed = Seed(torch.initial_seed() % (1 << 63))
+        self._seed = Seed()
         """The data order's seed: this process's torch seed (L.seed_everything's), a resume's saved one."""
         self.fed = FedInputs()
         self._opt_steps = 0

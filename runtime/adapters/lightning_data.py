@@ -41,8 +41,20 @@ class Seed:
     """The seed of the epochs' orders, shared by the sampler and the callback's own state (so a
     resumed leg continues the original run's orders, whatever seed its own process started with)."""
 
-    def __init__(self, value: int) -> None:
-        self.value = value
+    def __init__(self, value: int | None = None) -> None:
+        self._value = value
+
+    @property
+    def value(self) -> int:
+        """As set (a resume's saved seed), else this process's torch seed when first used (at the
+        first iterator or checkpoint: after the script's L.seed_everything, wherever it calls it)."""
+        if self._value is None:
+            self._value = torch.initial_seed() % (1 << 63)
+        return self._value
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self._value = value
 
 
 def _key(seed: int, epoch: int, salt: int) -> int:
