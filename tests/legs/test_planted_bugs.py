@@ -162,22 +162,48 @@ def test_a_report_over_legs_that_crashed_after_a_verified_checkpoint_fails(tmp_p
 
 def test_a_recurrent_state_zeroed_on_resume_is_a_state_digest_difference(tmp_path: Path, leg_tmp: Path) -> None:
     """word_language_model's shape: the hidden state runs on from chunk to chunk and lives in
-    `sess.extra`. Carried over (the asset as it is): clean, the float state reproducible from
-    one process to the next on one thread. Started from zeros on every resume: the state digest
-    of `extra` at the next checkpoint differs from the straight run's, and proof 4 FAILs on that
-    check, not on the loss."""
+    `sess.extra`; the whole model is saved with `torch.save(model, f)` and loaded back with
+    `weights_only=True`; tokens are replaced at random (`--noise`), so `step(batch=...)` is never
+    the batch the model was fed. As it is: clean, proofs 2 and 4 PASS (the session's hooks are
+    nowhere in the saved model; the fed-batch cross-check only reports; the float state
+    reproducible from one process to the next on one thread). Started from zeros on every
+    resume: the model's `hidden` input at the first resumed step and the state digest of
+    `extra` at the next checkpoint differ from the straight run's, and proof 4 FAILs on those
+    checks, not on the loss; the data is not blamed (the hidden state is not in the batch hash)."""
     good = copy_asset("recurrent", tmp_path / "good")
     code, checks = rehearse(good)
     assert code == 0, failed(checks)
+    assert "the model was not fed" in check(checks, Kind.FED_BATCH)["detail"]  # said, and PASS
+    status = report_status(good)
+    assert status[2][0] == "PASS" and status[4][0] == "PASS", status
+    assert not [n for n, (st, _) in status.items() if st == "FAIL"], status
     root = copy_asset("recurrent", tmp_path / "bad")
     plant(root, 'hidden = sess.extra.get("hidden")', "hidden = None")
     code, checks = rehearse(root)
     bad = failed(checks)
     state = " ".join(c["detail"] for c in checks_of(bad, Kind.STATE_STRAIGHT))
     assert code == 1 and "extra's state" in state, bad
+    fed = check(bad, Kind.FIELDS_STRAIGHT)["detail"]
+    assert "the model's `hidden` input at step" in fed and "the batch is the same" in fed, fed
     assert check(checks, Kind.DATA_POSITION, leg=1, ok=True)["ok"]  # not a data bug, and not said to be one
+    assert not checks_of(bad, Kind.DATA_POSITION), bad
     fails = report_fails(root, 4)
-    assert "extra" in fails[4], fails
+    assert "extra" in fails[4] and 2 not in fails, fails
+
+
+def test_a_recurrent_loop_that_forgets_its_seek_is_a_data_position_error(tmp_path: Path, leg_tmp: Path) -> None:
+    """The same loop restores its hidden state but reads the stream from its start again: the
+    batch hash covers the tokens, not the hidden state carried into the forward, so the first
+    resumed batch is found among those already consumed (with the hidden state in the hash,
+    every resumed batch looked new and this passed)."""
+    root = copy_asset("recurrent", tmp_path)
+    cfg = root / "launcher.yaml"
+    cfg.write_text(cfg.read_text().replace(" --noise 0.2", ""))  # no augmentation: each batch as read
+    plant(root, "pos = step % CHUNKS  # the seek", "pos = 0  # the bug: no seek")
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    assert code == 1 and "already consumed at step 1" in details(bad, Kind.DATA_POSITION, leg=1), bad
+    report_fails(root, 2)
 
 
 def test_an_epoch_counter_restarted_on_resume_is_a_field_difference(tmp_path: Path, leg_tmp: Path) -> None:
