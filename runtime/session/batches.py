@@ -203,7 +203,8 @@ class FedInputs:
     def take(self) -> str | None:
         """This step's digest over every training forward since the last `take()` (None: none ran)."""
         parts, self.parts = self.parts, []
-        digests, states = [], {}
+        digests: list[str] = []
+        states: dict[str, list[str]] = {}
         for part in parts:
             if len(part) == 3:
                 copies, held, done = part

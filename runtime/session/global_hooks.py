@@ -43,10 +43,10 @@ class Watcher(Protocol):
     def after(self, module: torch.nn.Module, named: dict[str, Any]) -> None: ...
 
 
-_WATCHED: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+_WATCHED: dict[int, tuple[weakref.ref[torch.nn.Module], weakref.ref[Any]]] = {}
 """id(module) -> (the module, its watcher), both weakly."""
 _HANDLES: list[Any] = []
-_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.WeakKeyDictionary()
 """A forward's function -> its signature (None: none could be read)."""
 
 
@@ -90,7 +90,7 @@ def _unregister() -> None:
         getattr(_module, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
 
 
-def _forget(dead: weakref.ref) -> None:
+def _forget(dead: weakref.ref[Any]) -> None:
     """A watched module or a watcher was collected: drop its entries, the hooks with the last."""
     for key, (mod, watcher) in list(_WATCHED.items()):
         if mod is dead or watcher is dead:

@@ -67,7 +67,7 @@ class _Steps:
     def __init__(self) -> None:
         self.all = 0
         self.tracked = 0
-        self.optimizers: list[weakref.ref] = []
+        self.optimizers: list[weakref.ref[Any]] = []
 
     def __call__(self, optimizer: Any) -> None:
         self.all += 1
