@@ -54,3 +54,21 @@ def test_accelerate_runs_in_the_interpreter_its_script_names(tmp_path: Path, mon
     (venv / "python").write_text("")
     assert script_python(str(venv / "accelerate")) == str(venv / "python")
     assert trainer_python(["/nowhere/accelerate", "launch", "t.py"]) == sys.executable
+
+
+def test_a_sigtermed_accelerate_leg_is_judged_by_its_ranks_done() -> None:
+    """`accelerate launch` has no SIGTERM handler: it dies of the launcher's SIGTERM (exit -15,
+    measured on the accelerate example's rehearsal) while its trainer saves and prints `done`,
+    as torchrun exits 1 once its ranks are done; a plain python leg's failing exit stays a failure."""
+    from types import SimpleNamespace
+
+    from launcher.rungs.resume_legs import under_torchrun
+
+    def ctx(command: str, nodes: int = 1) -> object:
+        return SimpleNamespace(
+            cfg=SimpleNamespace(trainer=SimpleNamespace(command=tuple(command.split()))), nodes=nodes
+        )
+
+    assert under_torchrun(ctx("/venv/bin/accelerate launch --cpu train.py"))
+    assert under_torchrun(ctx("torchrun --nproc-per-node=2 train.py"))
+    assert not under_torchrun(ctx("python train.py")) and under_torchrun(ctx("python train.py", nodes=2))
