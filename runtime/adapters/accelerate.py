@@ -24,13 +24,12 @@ Around it:
   and through the storage cycle (push, verify by reading back, delete the local copy, prune)
   in the background, with the tensor bytes of what it saved by kind (proof 7 sizes by them);
 - every `pf.step()` prints a `step` event (loss, the prepared optimizer's LR) with the hash of
-  the tensors the prepared model was fed that step, measured by a forward pre-hook: what was
+  the tensors the prepared model was fed that step, measured by the session's forward hooks: what was
   trained on, not what a sampler claims; and the step count of the prepared optimizers;
-- the RNG `load_state` restored is what the first training forward after it runs with. An RNG
-  changed in between is not undone: `set_seed` after `load_state` is named in the `resume`
-  event (`rng_set_after_load`), the straight run has no such call. The one draw of a loader
-  the loop did not prepare (its iterator's base seed) is put back after a mid-epoch resume:
-  the straight run drew it at the epoch's start;
+- the RNG `load_state` restored is what the loop goes on with (runtime/adapters/accelerate_rng.py):
+  a `set_seed` after `load_state` is not undone but named in the `resume` event
+  (`rng_set_after_load`); the one draw of a loader the loop did not prepare (its iterator's
+  base seed) is put back after a mid-epoch resume: the straight run drew it at the epoch's start;
 - it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on SIGTERM
   (Accelerate has no handler: this one sets a flag read at the next `pf.step()`), saving through
   the cycle first, and exits 0 after `done`; a final checkpoint that did not verify exits 1.
@@ -46,7 +45,6 @@ the weights and moments (the loss comparison covers those).
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import signal
@@ -54,12 +52,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
 from runtime.adapters.accelerate_loaders import exact_epochs, seek_epochs
+from runtime.adapters.accelerate_rng import AfterLoad, rng_digests
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
@@ -68,32 +66,6 @@ from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digest
 from runtime.session.workers import quiet_sigchld
 from runtime.store.base import checkpoint_name
-
-RNG_STREAMS = ("torch", "numpy", "python")
-
-
-def _rng_states() -> tuple[Any, Any, Any]:
-    return torch.get_rng_state(), np.random.get_state(), random.getstate()
-
-
-def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
-    torch.set_rng_state(states[0])
-    np.random.set_state(states[1])
-    random.setstate(states[2])
-
-
-def _rng_digests(states: tuple[Any, Any, Any]) -> dict[str, str]:
-    torch_rng, np_rng, py_rng = states
-    return dict(zip(RNG_STREAMS, (state_digest(torch_rng), state_digest(list(np_rng)), state_digest(list(py_rng)))))
-
-
-def _one_draw_on(torch_state: torch.Tensor) -> str:
-    """The digest of the torch RNG after one int64 draw from `torch_state`: what a DataLoader
-    iterator's base seed (`torch.empty((), dtype=torch.int64).random_()`) leaves."""
-    gen = torch.Generator()
-    gen.set_state(torch_state)
-    torch.empty((), dtype=torch.int64).random_(generator=gen)
-    return state_digest(gen.get_state())
 
 
 class Preflight(LegAdapter):
@@ -108,6 +80,7 @@ class Preflight(LegAdapter):
         self.global_step = 0
         self.restored: Path | None = None
         self._resume_event: dict[str, Any] | None = None
+        self._after: AfterLoad | None = None
         """The `resume` event, printed at the first training forward after the loop loaded the
         folder (with its digests as loaded, and what changed the RNG in between)."""
         self._sigterm: list[bool] = []
@@ -223,26 +196,21 @@ class Preflight(LegAdapter):
         at = int(match[1]) if match else self.saver.resumed_at
         loaders = self.acc._dataloaders
         per_epoch = len(loaders[0]) if loaders and hasattr(loaders[0], "__len__") else 0
-        loaded = _rng_states()
-        mid_epoch = not per_epoch or bool(at % per_epoch)
-        self.fed.first = lambda: self._first_forward(loaded, mid_epoch)
+        if self._after is not None:  # a load_state before, no forward since: its window closed
+            self._after.close()
+        self._after = AfterLoad(mid_epoch=not per_epoch or bool(at % per_epoch))
+        self.fed.first = self._first_forward
         self._last = time.perf_counter()
         return out
 
-    def _first_forward(self, loaded: tuple[Any, Any, Any], mid_epoch: bool) -> None:
-        """The RNG at the first training forward after `load_state`, against what it restored.
-        One torch draw is the base seed of an iterator of a loader the loop did not prepare:
-        after a mid-epoch resume it is put back (the straight run drew it at the epoch's start);
-        at an epoch's start both runs drew it. Anything else is the loop's own doing (a
-        `set_seed` after `load_state`): left as it is, and named in the `resume` event."""
-        was, now = _rng_digests(loaded), _rng_digests(_rng_states())
-        changed = [s for s in RNG_STREAMS if was[s] != now[s]]
-        if changed == ["torch"] and now["torch"] == _one_draw_on(loaded[0]):
-            if mid_epoch:
-                torch.set_rng_state(loaded[0])
-            changed = []
-        if self._resume_event is not None and changed:
-            self._resume_event["rng_set_after_load"] = changed
+    def _first_forward(self) -> None:
+        """The first training forward after `load_state` (or the step, where no watched model ran):
+        the window runtime/adapters/accelerate_rng.py watches closed, the streams the loop seeded in
+        it named in the `resume` event, which is printed now."""
+        after, self._after, self.fed.first = self._after, None, None
+        seeded = after.close() if after is not None else []
+        if self._resume_event is not None and seeded:
+            self._resume_event["rng_set_after_load"] = seeded
         self._emit_resume()
 
     # --- every step ----------------------------------------------------------------------
@@ -265,7 +233,7 @@ class Preflight(LegAdapter):
                     if getattr(dl, "use_stateful_dataloader", False)
                 }
             )
-        out.update({f"rng.{name}": digest for name, digest in _rng_digests(_rng_states()).items()})
+        out.update({f"rng.{name}": digest for name, digest in rng_digests().items()})
         return out
 
     def _names(self, kind: str) -> list[str]:
@@ -274,7 +242,7 @@ class Preflight(LegAdapter):
     def step(self, loss: Any = None) -> None:
         """After the optimizer step: the step event; a stop (max steps, deadline, SIGTERM) saves,
         pushes, waits for the cycle and exits."""
-        self._emit_resume()  # the loop never called load_state on it: said without digests
+        self._first_forward()  # no watched forward since load_state, or no load_state: the resume said
         self.global_step += 1
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
