@@ -7,7 +7,7 @@ table style and the same `--json` shape.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import sys
 import textwrap
 from datetime import datetime, timezone
@@ -23,15 +23,22 @@ from launcher.checks.evidence import Check
 PIPED_WIDTH = 160
 
 
-def terminal_width() -> int:
-    """The columns every line is wrapped within: `COLUMNS`, else the terminal's width
-    (shutil.get_terminal_size); piped output (CI logs, `| less`) with neither gets a wide page
-    of 160 instead of rich's 80. Nothing is cut at that width: `--json` has the same text whole."""
-    return shutil.get_terminal_size((PIPED_WIDTH, 24)).columns
+def terminal_width(fd: int = 1) -> int:
+    """The columns every line is wrapped within: `COLUMNS`, else the width of the terminal on `fd`
+    (shutil.get_terminal_size's rule, for stderr's console too); piped output (CI logs, `| less`)
+    with neither gets a wide page of 160 instead of rich's 80. Nothing is cut at that width:
+    `--json` has the same text whole."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(fd).columns or PIPED_WIDTH
+    except OSError:
+        return PIPED_WIDTH
 
 
-console = Console(highlight=False, width=terminal_width())
-err_console = Console(stderr=True, highlight=False, width=terminal_width())
+console = Console(highlight=False, width=terminal_width(1))
+err_console = Console(stderr=True, highlight=False, width=terminal_width(2))
 
 
 def print_json(data: Any) -> None:

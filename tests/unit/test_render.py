@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 from rich.console import Console
 
@@ -43,9 +44,14 @@ def test_a_fail_line_wraps_within_the_width_and_keeps_every_word():
 
 def test_the_width_is_the_terminals(monkeypatch):
     monkeypatch.setenv("COLUMNS", "97")
-    assert render.terminal_width() == 97
+    assert render.terminal_width() == 97 and render.terminal_width(2) == 97
     monkeypatch.delenv("COLUMNS")
-    assert render.terminal_width() >= 1  # a terminal's columns, or the 160 of a piped page
+    r, w = os.pipe()  # a pipe has no terminal: the wide page
+    try:
+        assert render.terminal_width(w) == render.PIPED_WIDTH == 160
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_a_proofs_summary_wraps_within_the_width():
