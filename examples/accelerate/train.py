@@ -78,7 +78,7 @@ def training_function(args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             overall_step += 1
             pf.step(loss)
-            if overall_step % args.checkpointing_steps == 0:
+            if overall_step % args.ckpt_every == 0:
                 accelerator.save_state(os.path.join(args.output_dir, f"step_{overall_step}"))
         model.eval()
         losses = []
@@ -94,7 +94,7 @@ def training_function(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="A small language model in an Accelerate loop")
     parser.add_argument("--num-epochs", type=int, default=10)
-    parser.add_argument("--checkpointing-steps", "--ckpt-every", type=int, default=10)
+    parser.add_argument("--ckpt-every", type=int, default=10, help="save_state every N steps")
     parser.add_argument("--output-dir", default="ckpt")
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--lr", type=float, default=3e-3)
