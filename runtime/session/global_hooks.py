@@ -17,9 +17,10 @@ some module is watched and removed when none is (the module or its watcher colle
 `unwatch`), and a module has one watcher: the newest (a new `Session` on the same model takes
 it over). While registered, every module call in the process takes torch's hooked path instead
 of its no-hook fast path, and runs one dictionary lookup of ours (bench/session_overhead.py
-measures the cost). Inside a graph `torch.compile` traces, the hooks do nothing (a tracked
-model compiled after `track()` is still seen: torch runs a compiled module's hooks outside
-the graph).
+measures the cost). Inside a graph `torch.compile` traces, the hooks do nothing; a tracked
+model compiled after `track()` is seen through its wrapper (`OptimizedModule`, whose hooks torch
+runs outside the graph; measured on torch 2.13: the model's own hooks are traced into the graph
+when any global hook exists).
 
 `count_optimizer_steps` does the same for optimizers (`register_optimizer_step_post_hook`):
 every optimizer's steps in the process, tracked or not.
@@ -50,25 +51,43 @@ _SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.
 """A forward's function -> its signature (None: none could be read)."""
 
 
-def _entry(module: torch.nn.Module) -> Any:
+_WRAPPED: set[int] = set()
+"""Watched modules inside a call of their `torch.compile` wrapper: the wrapper's hooks saw it."""
+
+
+def _entry(module: torch.nn.Module) -> tuple[Any, torch.nn.Module | None]:
+    """(the watcher, the watched module) this call is a forward of; (None, None) if none."""
     if torch.compiler.is_compiling():  # traced into a graph: nothing of ours in it
-        return None
+        return None, None
     entry = _WATCHED.get(id(module))
-    if entry is None or entry[0]() is not module:
-        return None
-    return entry[1]()
+    if entry is not None:
+        if id(module) in _WRAPPED:  # its compiled wrapper's hooks already saw this call
+            return None, None
+    else:  # `torch.compile(model)` after `track(model)`: the wrapper's call is the model's
+        inner = module._modules.get("_orig_mod")
+        entry = _WATCHED.get(id(inner)) if inner is not None else None
+        if entry is None:
+            return None, None
+        module = inner
+    if entry[0]() is not module:
+        return None, None
+    return entry[1](), module
 
 
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-    watcher = _entry(module)
-    if watcher is not None:
-        watcher.before(module)
+    watcher, watched = _entry(module)
+    if watcher is not None and watched is not None:
+        if watched is not module:
+            _WRAPPED.add(id(watched))
+        watcher.before(watched)
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-    watcher = _entry(module)
-    if watcher is not None:
-        watcher.after(module, forward_arguments(module, args, kwargs))
+    if _WRAPPED and module._modules.get("_orig_mod") is not None:
+        _WRAPPED.discard(id(module._modules["_orig_mod"]))
+    watcher, watched = _entry(module)
+    if watcher is not None and watched is not None:
+        watcher.after(watched, forward_arguments(watched, args, kwargs))
 
 
 def _register() -> None:
@@ -121,6 +140,7 @@ def watched() -> int:
 
 
 def _signature(module: torch.nn.Module) -> inspect.Signature | None:
+    module = module._modules.get("_orig_mod") or module  # a compiled wrapper's forward takes *args
     forward = module.forward
     key = getattr(forward, "__func__", forward)
     try:

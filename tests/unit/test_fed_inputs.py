@@ -192,3 +192,22 @@ def test_no_optimizer_at_all_is_counted_as_none_stepped() -> None:
     assert fields["opt_steps_all"] == 0 and "opt_steps" not in fields
     torch.optim.SGD(model.parameters(), lr=0.1).step()  # an untracked one: counted among all
     assert ev.step_fields(None)["opt_steps_all"] == 1
+
+
+def test_a_model_compiled_after_it_was_tracked_is_hashed_as_in_eager() -> None:
+    """torch traces a module's hooks into the graph while a global hook exists: the compiled
+    wrapper's call is taken for the tracked model's (one graph, no break; each forward once)."""
+    model = RecurrentLM()
+    fed = FedInputs()
+    fed.watch(model)
+    xs = [torch.full((2, 3), i) for i in range(3)]
+    h = (torch.ones(1, 2, 4), torch.ones(1, 2, 4))
+    eager = []
+    for x in xs:
+        model(x, h)
+        eager.append((fed.take(), fed.take_state()))
+    compiled = torch.compile(model, backend="eager")
+    for x, want in zip(xs, eager):
+        compiled(x, h)
+        assert (fed.take(), fed.take_state()) == want
+    fed.close()
