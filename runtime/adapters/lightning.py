@@ -12,7 +12,8 @@ the leg contract around it:
   StatefulDataLoader over the same dataset whose order is a function of (seed, epoch), the
   seed kept in the callback's state; a user's own StatefulDataLoader is left alone; a loader
   it cannot rebuild (a custom batch_sampler or sampler, an IterableDataset) ends the leg
-  refused (exit 3, `loader_not_resumable`), the change to make named.
+  refused (exit 3, `loader_not_resumable`), the change to make named (rung 0 first, where the
+  source shows it: runtime.programs.static_lightning).
 - `resume()` fetches the newest *verified* checkpoint from the store onto this leg's empty
   disk (damaged ones skipped with `resume_skip`; a file that does not load with
   weights_only=True, or names another step, is damaged) and hands `fit` its path, or None

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
-FIX = "pass a torchdata StatefulDataLoader whose sampler's order is a function of (seed, epoch) with set_epoch"
+from runtime.programs.static_lightning import FIX
 
 
 class NotResumable(ValueError):

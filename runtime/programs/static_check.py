@@ -31,6 +31,7 @@ from typing import Any, Callable, NoReturn
 
 from runtime import contract
 from runtime.programs.static_command import split_command
+from runtime.programs.static_lightning import lightning_loader_checks
 from runtime.programs.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
 
 
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
     try:
-        checks = run_checks(command, ns.parser, ns.module)
+        checks = run_checks(command, ns.parser, ns.module) + lightning_loader_checks(Path.cwd())
     finally:
         sys.stdout = real_stdout
     print(json.dumps({"checks": checks}))
