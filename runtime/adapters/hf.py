@@ -39,8 +39,8 @@ from transformers import TrainerCallback
 
 from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows
-from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.checkpoint.disk import tensor_bytes
+from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
 from runtime.store.base import checkpoint_name
