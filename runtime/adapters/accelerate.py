@@ -56,7 +56,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
-from runtime.adapters.accelerate_loaders import exact_epochs, seek_epochs
+from runtime.adapters.accelerate_loaders import exact_epochs, loader_digest, seek_epochs
 from runtime.adapters.accelerate_rng import AfterLoad, rng_digests
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.checkpoint.disk import tensor_bytes
@@ -228,7 +228,7 @@ class Preflight(LegAdapter):
         if not loaded:
             out.update(
                 {
-                    name: state_digest(dl.state_dict())
+                    name: loader_digest(dl)
                     for name, dl in zip(self._names("data"), self.acc._dataloaders)
                     if getattr(dl, "use_stateful_dataloader", False)
                 }

@@ -88,3 +88,19 @@ def seek_epochs(loaders: list[Any], step: int) -> None:
         seek = getattr(loader, "_preflight_seek", None)
         if seek is not None:
             seek(step // max(len(loader), 1))
+
+
+def loader_digest(loader: Any) -> str:
+    """A stateful prepared loader's state by the batches it yields next. Accelerate's `state_dict()`
+    is a snapshot taken as the loader iterates: `load_state` restores the inner loader but not the
+    snapshot, so a loader not iterated since (an evaluation loader, at a save inside the epoch)
+    says its state as built, where the straight run's says its last pass finished (measured on
+    examples/accelerate with `use_stateful_dataloader=True`: the only difference at step 20 of a
+    leg resumed at 16). Both start the next pass at its beginning, in the order of its epoch: one
+    digest. A map-style loader's state only (an iterable dataset's own state is kept as it is)."""
+    from runtime.session.step_evidence import state_digest
+
+    state = loader.state_dict()
+    at_start = state.get("_iterator_finished") is True or state.get("_num_yielded", -1) == 0
+    map_style = state.get("dataset_state") is None and state.get("_IterableDataset_len_called") is None
+    return state_digest({"at_a_pass_start": True} if at_start and map_style else state)

@@ -7,18 +7,25 @@ time, each caught by a named check and a FAILed proof:
   it and every resume starts AdamW's moments afresh;
 - the skip counted from the run's start instead of the epoch's (on a loader with 2 workers, its
   optimizer and scheduler prepared after `Preflight`: neither of those is a finding).
+And a control: the stateful loader without the loop's skip (the other way the README allows)
+resumes exactly, its evaluation loader's state included.
 The trainer runs in .venv-hf (accelerate 1.15.0), as tests/legs/test_examples.py maps it; the example's
 own climb (static -> rehearsal -> drill -> report) is there too."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
+from runtime import contract
 from tests.helpers import check, checks_of, details, failed, run_cli
-from tests.legs.test_examples import copy_example
+from tests.legs.test_examples import EXAMPLES, copy_example, hf_python
 from tests.legs.test_planted_bugs import plant, rehearse, report_fails
 
+STATEFUL = "dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)"
 PREPARE = """model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )"""
@@ -35,11 +42,7 @@ def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batc
     next epoch are not its either."""
     root = copy_example("accelerate", tmp_path)
     plant(root, "from accelerate import Accelerator\n", "from accelerate import Accelerator, DataLoaderConfiguration\n")
-    plant(
-        root,
-        "Accelerator(cpu=True)",
-        "Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))",
-    )
+    plant(root, "Accelerator(cpu=True)", "Accelerator(cpu=True, " + STATEFUL + ")")
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "data's state" in details(bad, Kind.STATE_STRAIGHT), bad
@@ -108,3 +111,48 @@ def test_a_skip_counted_from_the_runs_start_reads_another_steps_batches(tmp_path
     assert "the data position moved" in moved or "never reads" in moved, moved
     fails = report_fails(root, 2)
     assert 3 not in fails, fails
+
+
+def _leg(root: Path, leg: int, steps: int) -> subprocess.Popen:
+    """One leg of the example started by hand (the leg environment, the local store)."""
+    env = {**os.environ, contract.LEG: str(leg), contract.MAX_STEPS: str(steps)}
+    argv = [hf_python(), "train.py", "--ckpt-every", "5"]
+    return subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _events(leg: subprocess.Popen) -> dict[str, dict[int, object]]:
+    """A leg's step events (loss, batch hash) and state digests, by step, once it exited 0."""
+    out, err = leg.communicate(timeout=300)
+    assert leg.returncode == 0, err[-2000:]
+    found: dict[str, dict[int, object]] = {"step": {}, "state_digest": {}}
+    for line in out.splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("event") == "step":
+            found["step"][event["step"]] = (event["loss"], event.get("batch_hash"))
+        elif event.get("event") == "state_digest":
+            found["state_digest"][event["step"]] = event["digests"]
+    return found
+
+
+def test_a_stateful_loader_without_the_loops_skip_resumes_exactly(tmp_path: Path, leg_tmp: Path) -> None:
+    """`use_stateful_dataloader=True` and no `skip_first_batches`: resumed at step 16 and run to 22,
+    every step's loss and batch and the state digests at step 20 (training and evaluation loaders:
+    the evaluation loader not iterated since the resume) are the straight run's."""
+    text = (EXAMPLES / "accelerate" / "train.py").read_text()
+    for old, new in (
+        ("from accelerate import Accelerator\n", "from accelerate import Accelerator, DataLoaderConfiguration\n"),
+        ("Accelerator(cpu=True)", "Accelerator(cpu=True, " + STATEFUL + ")"),
+        ("if epoch == starting_epoch and resume_step:", "if False:  # the loader's own state resumes it"),
+    ):
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    for root in (straight, resumed):
+        root.mkdir()
+        (root / "train.py").write_text(text)
+    straight_leg, first = _leg(straight, 0, 22), _leg(resumed, 0, 16)  # side by side
+    want, _ = _events(straight_leg), _events(first)
+    got = _events(_leg(resumed, 1, 22))
+    assert got["step"] == {s: want["step"][s] for s in range(17, 23)}, (got["step"], want["step"])
+    assert got["state_digest"][20] == want["state_digest"][20]
+    assert {"data", "data_1"} <= set(want["state_digest"][20])
