@@ -80,9 +80,9 @@ class Preflight(LegAdapter):
         self.global_step = 0
         self.restored: Path | None = None
         self._resume_event: dict[str, Any] | None = None
-        self._after: AfterLoad | None = None
         """The `resume` event, printed at the first training forward after the loop loaded the
-        folder (with its digests as loaded, and what changed the RNG in between)."""
+        folder (with its digests as loaded, and the RNG streams the loop seeded in between)."""
+        self._after: AfterLoad | None = None  # from load_state to the first training forward
         self._sigterm: list[bool] = []
         self._opt_steps = 0
         self._any_opt_steps = 0  # every optimizer's steps, prepared or not
