@@ -9,6 +9,7 @@ from launcher.backends.local import no_torch_hint
 from launcher.checks.evidence import NO_EVENTS, Check, Kind, last_line, silent
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome
+from runtime import contract
 
 
 def check_leg_exit(out: LegOutcome, sigterm: bool = False) -> Check:
@@ -63,6 +64,8 @@ def check_ending(out: LegOutcome, ending: Ending) -> Check | None:
         return None
     stop = out.events.last("stop")
     got = stop[1].get("reason") if stop else None
+    if contract.STOP_REASONS.get(str(got), contract.EXIT_OK) != contract.EXIT_OK:
+        return None  # the leg refused or failed by itself first: that stop is the finding, not this one
     detail = f"the launcher ended leg {out.events.leg} by {want}; its `stop` event says {got!r}"
     if got != want:
         detail += _outran(out, "SIGTERM" if want == "sigterm" else "the hold")

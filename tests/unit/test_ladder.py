@@ -231,3 +231,18 @@ def test_a_leg_that_missed_its_planned_stop_is_told_apart_from_one_that_outran_t
         assert cut is not None and not cut.ok and cut.facts["got"] is None
         assert "does not handle the stop" in cut.detail and said in cut.detail, cut.detail
         assert "more steps" not in cut.detail.replace("more steps would not help", ""), cut.detail
+
+
+def test_a_leg_that_refused_by_itself_before_its_planned_stop_gets_no_stop_finding() -> None:
+    """A leg that ended with a refusal of its own (a loader the adapter cannot make resumable,
+    exit 3) before the launcher's SIGTERM: that refusal is the finding; "the launcher never sent
+    SIGTERM" beside it would be a second, false one."""
+    from launcher.backends.base import LegResult
+    from launcher.checks.evidence import LegEvents
+    from launcher.checks.leg import check_ending
+    from launcher.leg_env import Ending
+    from launcher.legs import LegOutcome
+
+    refused = [(1, {"event": "stop", "step": 0, "reason": "loader_not_resumable", "t": 100.5})]
+    result = LegResult(3, 100.0, 101.0, False, "exit 3")
+    assert check_ending(LegOutcome(result, LegEvents(0, Path("leg-0.log"), refused)), Ending(sigterm_at=6)) is None
