@@ -131,6 +131,11 @@ class Kind(StrEnum):
     """Every GPU leg held the deterministic mode: the re-run steps are compared exactly."""
     GPU_BAND = "gpu_band"
     """A GPU leg ran an op without a deterministic kernel (or without the mode): compared within the band."""
+    # launcher/checks/accumulation.py
+    ACCUMULATION = "accumulation"
+    """Micro-batches per optimizer step (step events per `opt_steps`), and every resume at a
+    window's end: one inside a window lost the gradients accumulated since (facts:
+    micro_per_step, constant, inside)."""
     # launcher/checks/measure.py, launcher/efficiency.py
     SUSTAINED_RATE = "sustained_rate"
     """A leg's sustained tokens per second, with its standard error (`leg`)."""

@@ -40,9 +40,18 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
         measured.append((legs[-1].leg, check_state_straight(legs, straight, kinds)))
     if number == 2:
         found = _data_position(legs, straight, measured)
-    elif number == 3:
-        found = [(legs[i].leg, check_lr(legs, i, straight)) for i in resumed_legs(legs)]
-        measured += [(legs[i].leg, check_optimizer_in_use(legs, i)) for i in resumed_legs(legs)]
+    elif number == 3:  # accumulation first: a resume inside a window explains the loss that follows
+        from launcher.checks.accumulation import check_accumulation, within_first_window
+
+        acc = check_accumulation(legs, straight, exact)
+        found = ([(acc.leg or legs[-1].leg, acc)] if acc else []) + [
+            (legs[i].leg, check_lr(legs, i, straight)) for i in resumed_legs(legs)
+        ]
+        measured += [
+            (legs[i].leg, check_optimizer_in_use(legs, i))
+            for i in resumed_legs(legs)
+            if not within_first_window(legs, i)
+        ]
     elif number == 4:
         found = _loss_continuity(legs, straight, exact, measured)
     if number == 4 and legs:  # two straight-through runs that disagreed: the rung's finding stands here too
