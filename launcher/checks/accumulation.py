@@ -64,17 +64,28 @@ class Windows:
         return f"{self.size} micro-batches per optimizer step ({len(self.gaps)} windows; also {other}: an epoch's end?)"
 
 
-def measure(legs: list[LegEvents]) -> Windows | None:
-    """The window from every leg's own window ends: gaps between consecutive ends within a leg,
-    and from step 0 to a fresh leg's first. None: no `opt_steps`, or no window end at all."""
+def _gaps(ev: LegEvents) -> list[int] | None:
+    """The gaps between this leg's consecutive window ends (from step 0 for a fresh leg)."""
+    ends = window_ends(ev)
+    if ends is None:
+        return None
+    if ends and resume_step(ev) is None:
+        ends = [0] + ends
+    return [b - a for a, b in zip(ends, ends[1:])]
+
+
+def measure(legs: list[LegEvents], straight: LegEvents | None = None) -> Windows | None:
+    """The window from the straight-through run's window ends, one uninterrupted leg, where it has
+    two; else from every leg's own (a gap across a resume is not a window: it may have moved).
+    None: no `opt_steps`, or no two window ends in one leg."""
     gaps: list[int] = []
-    for ev in legs:
-        ends = window_ends(ev)
-        if ends is None:
+    for group in ([straight] if straight is not None else [], legs):
+        found = [_gaps(ev) for ev in group]
+        if any(g is None for g in found):
             return None
-        if ends and resume_step(ev) is None:
-            ends = [0] + ends
-        gaps += [b - a for a, b in zip(ends, ends[1:])]
+        gaps = [x for g in found for x in g or []]
+        if gaps:
+            break
     if not gaps:
         return None
     counts = Counter(gaps)
@@ -147,7 +158,7 @@ def _adapter(legs: list[LegEvents]) -> str | None:
 def check_accumulation(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> Check | None:
     """One run: with more than one micro-batch per optimizer step, every resume at a window's end.
     None: no accumulation (one step event per optimizer step), or no `opt_steps` to say."""
-    windows = measure(legs) if resumed_legs(legs) else None
+    windows = measure(legs, straight) if resumed_legs(legs) else None
     if windows is None or windows.size == 1:
         return None
     k = windows.size
@@ -162,7 +173,7 @@ def check_accumulation(legs: list[LegEvents], straight: LegEvents | None, exact:
     name = "resumes at the end of an accumulation window"
     if bad:
         x = bad[0]
-        more = f"; {len(bad) - 1} more resume(s) inside a window" if len(bad) > 1 else ""
+        more = f"; also inside a window: micro-steps {[y.at for y in bad[1:]]}" if len(bad) > 1 else ""
         return Check(
             name,
             False,
@@ -185,10 +196,10 @@ def check_accumulation(legs: list[LegEvents], straight: LegEvents | None, exact:
     )
 
 
-def within_first_window(legs: list[LegEvents], i: int) -> bool:
+def within_first_window(legs: list[LegEvents], i: int, straight: LegEvents | None = None) -> bool:
     """Resumed leg i ended before its first optimizer step could come, fewer micro-steps after the
     resume than one accumulation window: its tracked optimizer's 0 steps say nothing (proof 3)."""
-    windows = measure(legs)
+    windows = measure(legs, straight)
     steps = steps_of(legs[i])
     if windows is None or windows.size == 1 or not steps:
         return False

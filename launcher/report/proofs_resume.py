@@ -50,7 +50,7 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
         measured += [
             (legs[i].leg, check_optimizer_in_use(legs, i))
             for i in resumed_legs(legs)
-            if not within_first_window(legs, i)
+            if not within_first_window(legs, i, straight)
         ]
     elif number == 4:
         found = _loss_continuity(legs, straight, exact, measured)
