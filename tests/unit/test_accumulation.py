@@ -108,10 +108,12 @@ def test_gradients_kept_in_the_checkpoint_resume_exactly_inside_a_window() -> No
     straight = leg(9, *steps(1, 12, FOURS, loss))
     legs = [leg(0, *steps(1, 5, FOURS, loss)), leg(1, resumed(5), *steps(6, 12, FOURS, loss))]
     c = check_accumulation(legs, straight, exact=True)
-    assert c is not None and c.ok and "the gradients restored" in c.detail and c.facts["inside"][0]["restored"], c
+    assert c is not None and c.ok and "the gradients came back" in c.detail and c.facts["inside"][0]["restored"], c
     wrong = [legs[0], leg(1, resumed(5), *steps(6, 12, FOURS, {**loss, 9: 2.0}))]
     assert not check_accumulation(wrong, straight, exact=True).ok  # type: ignore[union-attr]
     assert not check_accumulation(legs, straight, exact=False).ok  # type: ignore[union-attr]
+    short = legs + [leg(2, resumed(9), *steps(10, 11, FOURS, loss))]  # ended before its window's end
+    assert check_accumulation(short, straight, exact=True).ok  # type: ignore[union-attr]
 
 
 def test_legs_shorter_than_two_windows_are_measured_on_the_straight_run() -> None:
