@@ -4,12 +4,12 @@ takes per optimizer step, and whether each resume came at the end of such a wind
 Every step event of a leg whose optimizer is tracked carries `opt_steps`, the tracked
 optimizer's steps so far in that leg. A step at which it rose is a window's end (the optimizer
 stepped there); the gaps between window ends are the window: K micro-batches per optimizer step,
-the most common gap (an epoch's last window may be shorter, as Accelerate's `accumulate` closes
+the most common gap in the straight-through run (else within each leg) (an epoch's last window may be shorter, as Accelerate's `accumulate` closes
 it at the loader's end; a GradScaler that skips an overflowing step makes one gap a multiple).
 
 A checkpoint taken between two window ends holds the weights and the optimizer as of the last
 window end, not the gradients accumulated since: measured on the reference trainer with K=4 and
-an Accelerate loop with `accumulate` (K=4), each resumed at micro-steps 5/13 and 16, the
+an Accelerate loop with `accumulate` (K=4), resumed at micro-steps 5 and 13, and 16: the
 resumed leg's first optimizer step took only the micro-batches left in that window, and the
 loss left the straight-through run's at the step after it. Without this check the rehearsal
 said "first difference at step 9: loss", and proof 3 was MISSING ("neither the tracked
