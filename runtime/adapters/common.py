@@ -66,9 +66,7 @@ class LegAdapter:
         self.saver.start_at(info.step)
         return self.resumed
 
-    def push(
-        self, folder: Path, step: int, fmt: str, began: float, state_bytes: dict[str, int] | None = None
-    ) -> None:
+    def push(self, folder: Path, step: int, fmt: str, began: float, state_bytes: dict[str, int] | None = None) -> None:
         """A framework's checkpoint folder of `step` into the storage cycle: its manifest, the
         background push, the `save` event (seconds since `began`; `state_bytes` by kind, measured
         from the state saved: proof 7 sizes the checkpoint by it, not by an assumed optimizer)."""

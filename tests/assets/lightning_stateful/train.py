@@ -37,7 +37,7 @@ class Windows(Dataset):
         return len(self.ids) // self.seq - 1
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.ids[i * self.seq: i * self.seq + self.seq + 1]
+        chunk = self.ids[i * self.seq : i * self.seq + self.seq + 1]
         return chunk[:-1], chunk[1:]
 
 
@@ -45,8 +45,9 @@ class LM(L.LightningModule):
     def __init__(self, warmup: int) -> None:
         super().__init__()
         self.warmup = warmup
-        self.net = nn.Sequential(nn.Embedding(256, 32), nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1),
-                                 nn.Linear(64, 256))
+        self.net = nn.Sequential(
+            nn.Embedding(256, 32), nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 256)
+        )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -65,9 +66,19 @@ L.seed_everything(0)
 # shuffle=True draws each epoch's order from the loader's generator, which a resume mid-epoch
 # leaves elsewhere: the next epoch's order differs from the uninterrupted run's.)
 data = Windows(args.seq)
-loader = StatefulDataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data, num_replicas=1, rank=0, seed=0),
-                            num_workers=args.workers)
-trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
-                    enable_progress_bar=False, enable_model_summary=False,
-                    callbacks=[ModelCheckpoint(dirpath="ckpt", every_n_train_steps=args.ckpt_every, save_last=True), pf := Preflight()])
+loader = StatefulDataLoader(
+    data,
+    batch_size=args.batch,
+    sampler=DistributedSampler(data, num_replicas=1, rank=0, seed=0),
+    num_workers=args.workers,
+)
+trainer = L.Trainer(
+    max_steps=args.max_steps,
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=[ModelCheckpoint(dirpath="ckpt", every_n_train_steps=args.ckpt_every, save_last=True), pf := Preflight()],
+)
 trainer.fit(LM(args.warmup), loader, ckpt_path=pf.resume())
