@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.checks.accumulation import check_accumulation
 from launcher.checks.data import (
     check_batches,
     check_batches_straight,
@@ -363,8 +364,9 @@ def check_fields_straight(
 
 
 def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:
-    """The data, LR and loss checks of every resume of one run, plus the whole timeline's."""
-    checks: list[Check | None] = []
+    """The data, LR and loss checks of every resume of one run, plus the whole timeline's. The
+    accumulation check first: a resume inside a window is the cause the others' findings follow from."""
+    checks: list[Check | None] = [check_accumulation(legs, straight, exact)]
     for i in resumed_legs(legs):
         checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact, straight)]
         in_use = check_optimizer_in_use(legs, i)
