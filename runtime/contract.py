@@ -235,6 +235,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "opt_steps": INT,
     "opt_steps_all": INT,
     "fed_state": DICT,
+    "rng_in": STR,  # the global RNG's digest at the step's first training forward
     "step_batch_fed": BOOL,
     "batch_from": STR,
     "tracked": DICT,

@@ -246,10 +246,9 @@ class Preflight(LegAdapter):
         self.global_step += 1
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
-        digest = self.fed.take()
-        self.fed.fed_tensors()  # not cross-checked here: the loop hands pf.step() no batch
+        fed = self.fed.step_fields()  # the prepared model's training forwards since the last step
         if self.acc.is_main_process:
-            fields: dict[str, Any] = {"batch_hash": digest, "batch_from": "forward"} if digest else {}
+            fields: dict[str, Any] = dict(fed)
             if self.acc._optimizers or self._any_opt_steps:  # 0 while one steps: not the prepared one
                 fields["opt_steps"] = self._opt_steps
             value = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else float(loss or 0.0)

@@ -121,9 +121,7 @@ class Preflight(TrainerCallback, LegAdapter):
         logs = logs or {}
         if "loss" not in logs or self.rank != 0:
             return control
-        digest = self.fed.take()  # every training forward since the last step event (each micro-batch)
-        self.fed.fed_tensors()  # not cross-checked: the Trainer hands the callback no batch
-        fields = {"batch_hash": digest, "batch_from": "forward"} if digest else {}
+        fields = self.fed.step_fields()  # every training forward since the last step event (each micro-batch)
         events.emit(
             "step",
             step=state.global_step,

@@ -284,15 +284,10 @@ class Preflight(Callback, LegAdapter):
         step, now = int(trainer.global_step), time.perf_counter()
         step_s, self._last = now - self._last, now
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        fed = self.fed.take()  # the inputs the LightningModule's training forwards were fed this step
-        self.fed.fed_tensors()  # not cross-checked: a training_step may cut or augment its batch
+        fed = self.fed.step_fields()  # the inputs the LightningModule's training forwards were fed this step
         if self.rank == 0 and loss is not None:
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
-            fields = (
-                {"batch_hash": fed, "batch_from": "forward"}
-                if fed
-                else ({"batch_hash": self._batch, "batch_from": "step"} if self._batch else {})
-            )
+            fields = fed or ({"batch_hash": self._batch, "batch_from": "step"} if self._batch else {})
             events.emit(
                 "step",
                 step=step,

@@ -15,6 +15,8 @@ by skipping *indices*, never by loading and dropping consumed batches.
 from __future__ import annotations
 
 import hashlib
+import random
+from array import array
 from typing import Any, Iterator
 
 import numpy as np
@@ -134,6 +136,21 @@ def split_carried(named: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return batch, state
 
 
+def rng_digest() -> str:
+    """sha256 (hex, 32 chars) of the global RNG streams as they are now: torch's CPU generator,
+    each CUDA device's (where CUDA is initialised: host-side state, no device sync), numpy's and
+    Python's. About 10 us: taken at each step's first training forward (`FedInputs.rng_in`)."""
+    h = hashlib.sha256(_bytes_of(torch.get_rng_state()))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for state in torch.cuda.get_rng_state_all():
+            h.update(_bytes_of(state))
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    h.update(np.ascontiguousarray(keys).tobytes() + f"|{pos}|{has_gauss}|{gauss!r}|".encode())
+    version, words, cached = random.getstate()
+    h.update(array("Q", words).tobytes() + f"|{version}|{cached!r}".encode())
+    return h.hexdigest()[:32]
+
+
 def _joined(digests: list[str]) -> str:
     return digests[0] if len(digests) == 1 else hashlib.sha256("|".join(digests).encode()).hexdigest()[:32]
 
@@ -167,6 +184,11 @@ class FedInputs:
         """Called once, before the next training forward runs (then cleared)."""
         self.state: dict[str, str] = {}
         """The carried state's digests of the forwards the last `take()` took, by argument name."""
+        self.rng_in: str | None = None
+        """`rng_digest()` at the first training forward since the last `take()` (after `first`: an
+        RNG an adapter puts back is in it): what the launcher compares with the straight-through
+        run's at a resumed leg's first step, to tell a draw made between a checkpoint and the
+        next step (an evaluation, a loader's `iter()`) from other causes of a loss difference."""
 
     def watch(self, module: torch.nn.Module) -> None:
         global_hooks.watch(module, self)
@@ -176,9 +198,13 @@ class FedInputs:
         global_hooks.unwatch(self)
 
     def before(self, module: torch.nn.Module) -> None:
-        if self.first is not None and module.training and torch.is_grad_enabled():
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        if self.first is not None:
             first, self.first = self.first, None
             first()
+        if not self.parts:  # the step's first training forward
+            self.rng_in = rng_digest()
 
     def after(self, module: torch.nn.Module, named: dict[str, Any]) -> None:
         if not (module.training and torch.is_grad_enabled()):
@@ -215,6 +241,28 @@ class FedInputs:
                 states.setdefault(name, []).append(d)
         self.state = {name: _joined(ds) for name, ds in states.items()}
         return _joined(digests) if digests else None
+
+    def step_fields(self) -> dict[str, Any]:
+        """A framework adapter's step-event fields from this step's training forwards (none ran:
+        {}): `batch_hash` with `batch_from: "forward"`, the carried state (`fed_state`) and the
+        RNG at the first forward (`rng_in`); the per-tensor digests are dropped (an adapter is
+        handed no batch of the loop's to cross-check)."""
+        digest = self.take()
+        state, rng = self.take_state(), self.take_rng()
+        self.fed_tensors()
+        if digest is None:
+            return {}
+        out: dict[str, Any] = {"batch_hash": digest, "batch_from": "forward"}
+        if state:
+            out["fed_state"] = state
+        if rng is not None:
+            out["rng_in"] = rng
+        return out
+
+    def take_rng(self) -> str | None:
+        """The RNG digest at the first training forward of the step the last `take()` took."""
+        rng, self.rng_in = self.rng_in, None
+        return rng
 
     def take_state(self) -> dict[str, str]:
         """The carried state of the forwards the last `take()` took: {argument name: digest}."""

@@ -121,6 +121,8 @@ class StepEvidence:
             out.update(batch_hash=fed, batch_from="forward")
             if fed_state:
                 out["fed_state"] = fed_state
+            if (rng := self.fed.take_rng()) is not None:
+                out["rng_in"] = rng
             if batch is not None and (fed_ok := given_was_fed(tensor_digests(batch), fed_tensors)) is not None:
                 out["step_batch_fed"] = fed_ok
         elif batch is not None and (given := batch_digest(batch)) is not None:

@@ -144,6 +144,36 @@ def test_the_rng_is_re_applied_before_the_first_forward_draws() -> None:
     assert torch.equal(model(x)[0], want)
 
 
+def test_the_rng_at_each_steps_first_forward_is_printed_after_first_and_only_once_a_step() -> None:
+    """`rng_in`: the global RNG as the step's first training forward found it (after `first` put
+    one back), not as a later micro-batch's forward found it; a draw before the forward shows."""
+    from runtime.session.batches import rng_digest
+
+    torch.manual_seed(0)
+    model = RecurrentLM()
+    x = torch.randint(0, 9, (2, 3))
+    fed = FedInputs()
+    fed.watch(model)
+    before = rng_digest()
+    model(x), model(x)  # two micro-batches: dropout draws between them
+    fields = fed.step_fields()
+    assert fields["rng_in"] == before and fields["batch_from"] == "forward" and rng_digest() != before
+    saved = torch.get_rng_state()
+    torch.rand(3)  # a draw between the checkpoint and the next step (an evaluation, say)
+    drawn = rng_digest()
+    model(x)
+    assert fed.step_fields()["rng_in"] == drawn != before
+    torch.set_rng_state(saved)
+    restored = rng_digest()
+    torch.rand(3)
+    fed.first = lambda: torch.set_rng_state(saved)  # put back before the forward: the digest says so
+    model(x)
+    assert fed.step_fields()["rng_in"] == restored
+    with torch.no_grad():
+        model(x)  # an evaluation forward: no step fields
+    assert fed.step_fields() == {}
+
+
 def test_the_hidden_state_is_hashed_apart_from_the_batch_by_its_argument_name() -> None:
     model = RecurrentLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
