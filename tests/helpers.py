@@ -210,3 +210,22 @@ class Rehearsed(Done):
 
     dry: Result
     shown_at: float
+
+
+def fail_lines(out: str) -> list[str]:
+    """The FAIL entries of a rung's human output, each whole: the CLI wraps a long one within the
+    terminal with a hanging indent (launcher.cli.render.print_wrapped), and its continuation lines
+    are joined back here."""
+    entries: list[str] = []
+    current: list[str] | None = None
+    for line in out.splitlines():
+        if line.strip().startswith("FAIL"):
+            current = [line.strip()]
+            entries.append("")
+        elif current is not None and line.startswith("    ") and line.strip():
+            current.append(line.strip())
+        else:
+            current = None
+        if current is not None:
+            entries[-1] = " ".join(current)
+    return entries

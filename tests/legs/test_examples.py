@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, failed, run_cli
+from tests.helpers import check, fail_lines, failed, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REPO = EXAMPLES.parent
@@ -107,7 +107,7 @@ def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(
     rehearsal = run_cli(["up", "rehearsal"], cwd=root, timeout=600)
     took = time.monotonic() - began
     assert rehearsal.code == 1 and took < 120, (took, rehearsal.out[-2000:])  # the grace period, not the 5-min budget
-    fails = [line for line in rehearsal.out.splitlines() if line.strip().startswith("FAIL")]
+    fails = fail_lines(rehearsal.out)
     assert len(fails) == 1 and "printed no preflight events" in fails[0], rehearsal.out[-1500:]
 
 
