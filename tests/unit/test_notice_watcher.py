@@ -46,8 +46,15 @@ def test_a_notice_in_each_clouds_dialect_sigterms_the_leg_once(cloud: str, says:
     with MetadataServer() as meta:
         env = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud}), "PREFLIGHT_METADATA_URL": meta.url}
         proc = group(env, tmp_path / "mark")
-        time.sleep(1.0)
-        assert proc.poll() is None and not (tmp_path / "mark").exists()  # polled, no notice yet
+        # polled, no notice yet: wait for the watcher's first answered read (not a fixed second: a
+        # loaded machine starts its interpreter later, and a notice it found on its first read
+        # would leave AWS one token request, not the two this test asks for)
+        reads = {"AWS": "/latest/meta-data/spot/instance-action", "GCP": "/computeMetadata/v1/instance/preempted"}
+        path = reads.get(cloud, "/metadata/scheduledevents?api-version=2020-07-01")
+        waited = time.monotonic() + 30
+        while meta.requests[path] < 1 and time.monotonic() < waited and proc.poll() is None:
+            time.sleep(0.05)
+        assert meta.requests[path] >= 1 and proc.poll() is None and not (tmp_path / "mark").exists()
         meta.announce()
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == -15 or proc.returncode == 143, (proc.returncode, err)  # the group's SIGTERM
