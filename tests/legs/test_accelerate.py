@@ -156,3 +156,22 @@ def test_a_stateful_loader_without_the_loops_skip_resumes_exactly(tmp_path: Path
     assert got["step"] == {s: want["step"][s] for s in range(17, 23)}, (got["step"], want["step"])
     assert got["state_digest"][20] == want["state_digest"][20]
     assert {"data", "data_1"} <= set(want["state_digest"][20])
+
+
+def test_a_seed_set_after_load_state_is_left_as_set_and_named(tmp_path: Path, leg_tmp: Path) -> None:
+    """`set_seed(1)` right after `load_state` (a "fresh randomness per resume" habit): the adapter
+    does not undo it (it used to re-apply the loaded RNG at the first forward, hiding the line),
+    so dropout draws other masks than the straight run's, and the straight comparison (proof 4)
+    says no, naming the seed set after the restore as the cause."""
+    root = copy_example("accelerate", tmp_path)
+    plant(
+        root,
+        "        accelerator.load_state(args.resume_from)\n",
+        "        accelerator.load_state(args.resume_from)\n        set_seed(1)\n",
+    )
+    code, checks = rehearse(root)
+    bad = failed(checks)
+    differs = details(bad, Kind.TIMELINE)
+    assert code == 1 and "set the RNG" in differs and "after its restore" in differs, bad
+    assert not checks_of(bad, Kind.DATA_POSITION), bad  # the batches are the straight run's
+    assert "after its restore" in report_fails(root, 4)[4]
