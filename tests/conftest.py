@@ -101,6 +101,12 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
 # the suite is between runs under this same setting (a leg and its straight-through run, two ranks).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The CLI wraps its lines within the terminal (launcher.cli.render.terminal_width: COLUMNS, else
+# the terminal, else 160 when piped) and every word is kept; a test that looks for a phrase in a
+# command's output must not depend on where a line happened to break. The suite's terminal is
+# one wide page; tests/unit/test_render.py sets its own widths to test the wrapping itself.
+os.environ["COLUMNS"] = "10000"
+
 
 TIERS = ("unit", "legs", "install", "docker", "sky")
 
