@@ -105,6 +105,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the terminal, else 160 when piped) and every word is kept; a test that looks for a phrase in a
 # command's output must not depend on where a line happened to break. The suite's terminal is
 # one wide page; tests/unit/test_render.py sets its own widths to test the wrapping itself.
+# pytest's own report keeps the real terminal's width (set back in `pytest_configure`).
+PYTEST_WIDTH = shutil.get_terminal_size().columns
 os.environ["COLUMNS"] = "10000"
 
 
@@ -122,6 +124,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, folder))
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal plugin's: its reporter exists
 def pytest_configure(config: pytest.Config) -> None:
     """Where SkyPilot's API server for this session (tests/fakes/sky_server.py) will run: its home
     and port, in the environment before any test module imports `sky` (the client reads
@@ -130,6 +133,9 @@ def pytest_configure(config: pytest.Config) -> None:
     needs it (`pytest_collection_finish`)."""
     from tests.fakes import sky_server
 
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:  # the process that reports: the real terminal's width, not COLUMNS above
+        reporter._tw.fullwidth = reporter._screen_width = PYTEST_WIDTH
     if _xdist_controller(config):
         return  # under pytest-xdist each worker runs tests, and starts a server of its own
     planned = sky_server.plan(Path(tempfile.mkdtemp(prefix="preflight-skyhome-")))

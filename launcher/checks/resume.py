@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.checks.causes import rng_cause
 from launcher.checks.evidence import Check, Kind, LegEvents, Pointer, surviving_timeline
 from runtime.metrics import loss_continuity
 
@@ -136,38 +137,12 @@ def _first_difference(
                     name,
                     False,
                     f"first difference at step {s} (leg {ev.leg}): {key} {a!r} vs {b!r} in the "
-                    f"straight-through run" + ("" if exact else f" (band +-{tol:.5f})") + count + rng_cause(ev, ref),
+                    f"straight-through run" + ("" if exact else f" (band +-{tol:.5f})") + rng_cause(ev, ref) + count,
                     _ptr(ev, (n, e)) + straight.pointer(ref[s]),
                     kind=Kind.TIMELINE,
+                    facts={"step": s, "field": key, "batches_differ": differ, "steps": len(ref)},
                 )
     return None
-
-
-def rng_cause(ev: LegEvents, ref: dict[int, Any]) -> str:
-    """Why a resumed leg's random draws may differ from the straight-through run's, from what
-    it printed: an RNG the loop set after its restore (the `resume` event's `rng_set_after_load`),
-    or the global RNG at its first step's first training forward (`rng_in`) other than the
-    straight run's at that step. "" where neither is seen (or the leg did not resume)."""
-    resume = ev.first("resume")
-    if resume is None:
-        return ""
-    seeded = resume[1].get("rng_set_after_load")
-    if seeded:
-        return (
-            f"; leg {ev.leg} set the RNG ({', '.join(map(str, seeded))}) after its restore (a set_seed after "
-            "load_state?): left as set, so its random draws are not the straight-through run's"
-        )
-    first = next(((s, e) for s, (_, e) in sorted(steps_of(ev).items()) if "rng_in" in e), None)
-    if first is None or first[0] not in ref or "rng_in" not in ref[first[0]][1]:
-        return ""
-    s, e = first
-    if e["rng_in"] == ref[s][1]["rng_in"]:
-        return ""
-    return (
-        f"; the global RNG at step {s}'s first forward is not the straight-through run's: one run drew "
-        "from it between the checkpoint and that step and the other did not (an evaluation at the "
-        "checkpoint? a loader's iter()? the RNG restored before such a draw?)"
-    )
 
 
 def check_deterministic(first: LegEvents, repeat: LegEvents) -> Check:

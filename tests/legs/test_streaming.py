@@ -44,6 +44,6 @@ def test_a_shuffle_buffer_lost_on_resume_is_counted_not_passed(tmp_path: Path, l
     code, checks = rehearse_stream(tmp_path, 64)
     bad = failed(checks)
     assert code == 1 and checks_of(bad, Kind.TIMELINE), bad
-    detail = check(bad, Kind.TIMELINE)["detail"]
-    differ, total = (int(w) for w in detail.split("; ")[-1].split(" batches differ")[0].split(" of "))
-    assert 0 < differ < total == 20, detail
+    timeline = check(bad, Kind.TIMELINE)
+    differ, total = timeline["facts"]["batches_differ"], timeline["facts"]["steps"]
+    assert 0 < differ < total == 20 and f"{differ} of {total} batches differ" in timeline["detail"], timeline
