@@ -64,9 +64,8 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
 
 def _data_position(legs: list[LegEvents], straight: LegEvents | None, measured: list[Any]) -> list[tuple[int, Check]]:
     """Proof 2's checks of one run (the batch each resumed leg fed, measured, joins `measured`)."""
-    from launcher.checks.data import check_batches, check_sample_index
+    from launcher.checks.data import check_batches, check_batches_straight, check_fed_batch, check_sample_index
     from launcher.checks.resume import resumed_legs
-    from launcher.checks.state import check_batches_straight, check_fed_batch
 
     found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
     if straight is not None and found:

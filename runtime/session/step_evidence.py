@@ -37,7 +37,7 @@ import torch
 
 from runtime import events
 from runtime.session import global_hooks
-from runtime.session.batches import FedInputs, _bytes_of, batch_digest, given_was_fed, tensor_digests
+from runtime.session.batches import FedInputs, _bytes_of, batch_digest
 from runtime.session.determinism import Determinism
 
 KINDS = ("model", "optimizer", "scheduler", "data", "other")
@@ -115,17 +115,8 @@ class StepEvidence:
 
     def step_fields(self, batch: Any) -> dict[str, Any]:
         """`batch_hash` (and where it came from), `fed_state`, the `batch=` cross-check, `opt_steps`."""
-        fed, fed_state, fed_tensors = self.fed.take(), self.fed.take_state(), self.fed.fed_tensors()
-        out: dict[str, Any] = {}
-        if fed is not None:
-            out.update(batch_hash=fed, batch_from="forward")
-            if fed_state:
-                out["fed_state"] = fed_state
-            if (rng := self.fed.take_rng()) is not None:
-                out["rng_in"] = rng
-            if batch is not None and (fed_ok := given_was_fed(tensor_digests(batch), fed_tensors)) is not None:
-                out["step_batch_fed"] = fed_ok
-        elif batch is not None and (given := batch_digest(batch)) is not None:
+        out = self.fed.step_fields(given=batch)
+        if not out and batch is not None and (given := batch_digest(batch)) is not None:
             out.update(batch_hash=given, batch_from="step")
         if any(kind == "optimizer" for kind in self.kinds.values()):
             out["opt_steps"] = self.opt_steps

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from launcher.checks.data import check_fed_batch
 from launcher.checks.evidence import LegEvents
 from launcher.checks.kills import Kill, check_resumed_newest
 from launcher.checks.readback import StateReader
 from launcher.checks.state import (
     PROOF_KINDS,
-    check_fed_batch,
     check_fields_straight,
     check_optimizer_in_use,
     check_restored,
