@@ -140,6 +140,7 @@ STOP_REASONS: dict[str, int] = {
     "cursor_mismatch": EXIT_REFUSED,
     "store_error": EXIT_REFUSED,
     "loader_not_resumable": EXIT_REFUSED,  # a training loader the Lightning adapter cannot make resumable
+    "shape_changed": EXIT_REFUSED,  # a framework's checkpoint saved by another world size, accumulation or batch
     "nonfinite_loss": EXIT_FAILED,
     "rank_timeout": EXIT_FAILED,
 }
