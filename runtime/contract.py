@@ -237,6 +237,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "opt_steps_all": INT,
     "fed_state": DICT,
     "rng_in": STR,  # the global RNG's digest at the step's first training forward
+    "rows": LIST,  # step: one short digest per fed row (a sample), runtime.session.samples
     "step_batch_fed": BOOL,
     "batch_from": STR,
     "tracked": DICT,

@@ -24,6 +24,7 @@ import torch
 
 from runtime.session import global_hooks
 from runtime.session.rules import ResumeRefused
+from runtime.session.samples import ROW_CAP, row_digests
 
 FULL_HASH_BYTES = 4 << 20
 SAMPLED_WINDOWS = 64
@@ -179,7 +180,8 @@ class FedInputs:
 
     def __init__(self) -> None:
         self.parts: list[Any] = []
-        """Per forward: (batch digest, {name: state digest}), or (batch copies, state copies, done-event)."""
+        """Per forward: (batch digest, {name: state digest}, row digests), or ("host", batch copies,
+        state copies, done-event) for CUDA inputs hashed in `take()`."""
         self.tensors: dict[Signature, set[str]] = {}
         """Every fed tensor's own digest this step, by kind and shape (the `batch=` cross-check)."""
         self.first: Any = None
@@ -191,6 +193,9 @@ class FedInputs:
         RNG an adapter puts back is in it): what the launcher compares with the straight-through
         run's at a resumed leg's first step, to tell a draw made between a checkpoint and the
         next step (an evaluation, a loader's `iter()`) from other causes of a loss difference."""
+        self.rows: list[str] | None = None
+        """One digest per fed row (a sample) of the forwards the last `take()` took, in order
+        (runtime.session.samples: None where a forward's rows were too many or too large)."""
 
     def watch(self, module: torch.nn.Module) -> None:
         global_hooks.watch(module, self)
@@ -217,7 +222,7 @@ class FedInputs:
         tensors = items + [t for _, ts in held for t in ts]
         if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for _, t in tensors):
             done = torch.cuda.Event()
-            self.parts.append((_to_host(items), [(name, _to_host(ts)) for name, ts in held], done))
+            self.parts.append(("host", _to_host(items), [(name, _to_host(ts)) for name, ts in held], done))
             done.record()
         else:
             self.parts.append(self._digest(items, held))
@@ -226,32 +231,36 @@ class FedInputs:
         for sig, digests in tensor_digests([t for _, t in items]).items():
             self.tensors.setdefault(sig, set()).update(digests)
         state = {name: d for name, ts in held if (d := batch_digest(dict(ts))) is not None}
-        return batch_digest(dict(items)) or "", state
+        return batch_digest(dict(items)) or "", state, row_digests(items, _bytes_of)
 
     def take(self) -> str | None:
         """This step's digest over every training forward since the last `take()` (None: none ran)."""
         parts, self.parts = self.parts, []
         digests: list[str] = []
         states: dict[str, list[str]] = {}
+        rows: list[str] | None = []
         for part in parts:
-            if len(part) == 3:
-                copies, held, done = part
+            if len(part) == 4:
+                _, copies, held, done = part
                 done.synchronize()
                 part = self._digest(copies, held)
             digests.append(part[0])
             for name, d in part[1].items():
                 states.setdefault(name, []).append(d)
+            rows = None if rows is None or part[2] is None else rows + part[2]
         self.state = {name: _joined(ds) for name, ds in states.items()}
+        self.rows = rows if rows and len(rows) <= ROW_CAP else None
         return _joined(digests) if digests else None
 
     def step_fields(self, given: Any = None) -> dict[str, Any]:
         """The step-event fields of this step's training forwards (none ran: {}): `batch_hash`
         with `batch_from: "forward"`, the carried state (`fed_state`), the RNG at the first
-        forward (`rng_in`) and, where the loop handed its step a batch (`given`: the Session's
-        `step(batch=...)`; an adapter is handed none), whether it was among the fed tensors
-        (`step_batch_fed`)."""
+        forward (`rng_in`), a digest per fed row (`rows`, runtime.session.samples) and, where
+        the loop handed its step a batch (`given`: the Session's `step(batch=...)`; an adapter
+        is handed none), whether it was among the fed tensors (`step_batch_fed`)."""
         digest = self.take()
         state, rng, tensors = self.take_state(), self.take_rng(), self.fed_tensors()
+        rows, self.rows = self.rows, None
         if digest is None:
             return {}
         out: dict[str, Any] = {"batch_hash": digest, "batch_from": "forward"}
@@ -259,6 +268,8 @@ class FedInputs:
             out["fed_state"] = state
         if rng is not None:
             out["rng_in"] = rng
+        if rows:
+            out["rows"] = rows
         if given is not None and (fed_ok := given_was_fed(tensor_digests(given), tensors)) is not None:
             out["step_batch_fed"] = fed_ok
         return out
