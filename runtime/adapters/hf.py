@@ -24,6 +24,15 @@ batch skipping on resume); the callback does the leg contract around it:
 The Trainer loads `optimizer.pt`/`rng_state.pth` with its own loader (transformers
 5 checks `torch.load` safety itself); the store's bytes are checked against the
 manifest and the verified mark before it sees them.
+
+Under torchrun (1 node x N ranks on one disk, or N nodes each with its own disk) every rank
+prints its own `step` events; rank 0 chooses the checkpoint and each node fetches it once
+(LegAdapter.resume_from); at each save every rank's `rng_state_<rank>.pth` is gathered into the
+folder rank 0 pushes, or the push is refused (two nodes: each writes its RNG file on its own disk,
+and transformers resumes a rank whose file is missing on another stream, said at info level only);
+the stop is agreed across ranks at every step (each rank deciding alone left one rank in the save's
+all_gather and the other in the next backward, until the leg's budget); the run's shape (ranks,
+accumulation, per-device batch) is saved and a checkpoint of another shape refused (exit 3).
 """
 
 from __future__ import annotations
@@ -58,7 +67,6 @@ class Preflight(TrainerCallback, LegAdapter):
         self.fed = FedInputs()
         self._last = time.perf_counter()
         self._step_s = 0.0
-        self.open_saver(keep, verify_bytes, pushes=self.rank == 0)
 
     # --- before training ---------------------------------------------------------
 
@@ -71,8 +79,19 @@ class Preflight(TrainerCallback, LegAdapter):
         return str(self.restore_dir / resumed.checkpoint)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Every rank, once the Trainer (and its process group) exists: the world, the pusher on
+        rank 0, the run's shape, every step logged."""
         args.logging_strategy, args.logging_steps = "steps", 1  # a `step` event needs every step's loss
         args.logging_first_step = True
+        self.join_world()
+        self.open_saver(self.keep, self.verify_bytes, pushes=self.world.is_main)
+        self.shape = {
+            "world_size": int(args.world_size),
+            "accumulation": int(args.gradient_accumulation_steps),
+            "per_rank_batch": int(args.per_device_train_batch_size),
+        }
+        if self.world.distributed:
+            allow_cpu_index()
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -104,13 +123,9 @@ class Preflight(TrainerCallback, LegAdapter):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
-        stop = (
-            "max_steps"
-            if state.global_step >= min(self.max_steps, state.max_steps)
-            else STOP_CODES.get(
-                local_stop(self.deadline, self.saver.last_cycle_s, self._step_s, self._sigterm, state.global_step)
-            )
-        )
+        code = local_stop(self.deadline, self.saver.last_cycle_s, self._step_s, self._sigterm, state.global_step)
+        code = self.agree_stop(code)  # every rank, every step: all stop at one step
+        stop = "max_steps" if state.global_step >= min(self.max_steps, state.max_steps) else STOP_CODES.get(code)
         if stop:
             self.reason = stop
             control.should_training_stop = True
@@ -119,7 +134,7 @@ class Preflight(TrainerCallback, LegAdapter):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
         logs = logs or {}
-        if "loss" not in logs or self.rank != 0:
+        if "loss" not in logs:  # every rank: its own fed batches (the loss is the ranks' mean)
             return control
         fields = self.fed.step_fields()  # every training forward since the last step event (each micro-batch)
         events.emit(
@@ -137,10 +152,15 @@ class Preflight(TrainerCallback, LegAdapter):
         """The Trainer just wrote checkpoint-<step>: its files, at one step, into the storage cycle."""
         step = state.global_step
         self.saver.pushed_at = step
-        if self.saver.pusher is None:
-            return control
         began = time.perf_counter()
         src = Path(args.output_dir) / f"checkpoint-{step}"
+        missing = self.collect_rank_files(src, "rng_state_{rank}.pth") if self.world.distributed else []
+        if self.saver.pusher is None:
+            return control
+        if missing:  # the Trainer would resume those ranks on another RNG stream, saying so at info level
+            names = ", ".join(f"rng_state_{r}.pth" for r in missing)
+            events.emit("push_failed", step=step, error=f"not pushed: {src.name} lacks {names} (every rank's RNG)")
+            return control
         dest = self.work / "ckpt" / checkpoint_name(step)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest, copy_function=os.link)  # hard links: no second copy of the bytes
@@ -160,3 +180,26 @@ class Preflight(TrainerCallback, LegAdapter):
         if not ok:
             raise LegEnd(EXIT_FAILED, "final_checkpoint_unverified")
         return control
+
+
+_CPU_INDEX: list[bool] = []
+
+
+def allow_cpu_index() -> None:
+    """Let `torch.load` restore onto "cpu:<N>": under torchrun on CPU, Accelerate makes the
+    Trainer's device cpu:<local rank> and transformers passes it as `map_location` for
+    optimizer.pt, which torch refuses ("don't know how to restore data location"): every resume of
+    two CPU ranks died there (docs/notes-multirank.md). A CPU storage is where cpu:<N> means."""
+    import re
+
+    import torch
+
+    if _CPU_INDEX:
+        return
+    _CPU_INDEX.append(True)
+    cpu_index = re.compile(r"cpu:\d+")
+
+    def restore(obj: Any, location: str) -> Any:
+        return obj if cpu_index.fullmatch(location) else None
+
+    torch.serialization.register_package(99, lambda obj: None, restore)
