@@ -155,6 +155,27 @@ def _before_first_iter(loop: Any, seed: Seed) -> None:
     loop._load_combined_loader_states = load_then_set_epoch
 
 
+def _mid_epoch_last_batch(checkpoint: dict[str, Any]) -> bool:
+    """A checkpoint saved in `on_train_batch_end` of an epoch's last batch (a stop's save, a
+    ModelCheckpoint every n steps landing there), told from ModelCheckpoint's epoch-end save of
+    the same step by its loops state: the last batch processed but not completed, the epoch
+    started but not processed. Lightning 2.6.6 counts that epoch as done on load (`FitLoop.reset`:
+    `is_last_batch`) and then runs the next epoch on the loader state that yielded all of the
+    last one: it yields nothing, and the epoch after is trained (an epoch skipped, exit 0;
+    Lightning #18060, #19815). With `is_last_batch` cleared here, before the loops are restored,
+    Lightning resumes it as any mid-epoch save: the rest of the epoch (nothing), its end, then
+    the next epoch from its start. Returns whether it changed the checkpoint."""
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    batches, epochs = loops.get("epoch_loop.batch_progress"), loops.get("epoch_progress")
+    if not isinstance(batches, dict) or not isinstance(epochs, dict) or not batches.get("is_last_batch"):
+        return False
+    b, e = batches.get("total", {}), epochs.get("total", {})
+    if b.get("processed") != b.get("completed", 0) + 1 or e.get("processed") != e.get("started", 0) - 1:
+        return False
+    batches["is_last_batch"] = False
+    return True
+
+
 class _StoreIO(CheckpointIO):
     """Lightning's CheckpointIO, with our save (the storage cycle) in place of its own."""
 
@@ -223,6 +244,9 @@ class Preflight(Callback, LegAdapter):
         self._trainer = trainer
         _before_first_iter(trainer.fit_loop, self._seed)
         self.fed.watch(pl_module)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        _mid_epoch_last_batch(checkpoint)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": rng_state(), "data_seed": self._seed.value}

@@ -182,16 +182,19 @@ def _of(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["event"] == kind]
 
 
-def test_a_plain_loader_resumes_exactly_from_an_epoch_end_checkpoint(tmp_path: Path) -> None:
+def test_a_plain_loader_resumes_exactly_from_either_save_of_an_epochs_last_step(tmp_path: Path) -> None:
     """examples/lightning's plain DataLoader(shuffle=True), made resumable by the adapter, resumed
-    from Lightning's own epoch-end checkpoint (step 10: an epoch is 10 batches): every resumed step
-    is the straight run's (the fed inputs' hash, the loss bit for bit), and the loader as loaded
+    at step 10 (an epoch is 10 batches) from each of the two saves of an epoch's last step:
+    Lightning's own epoch-end checkpoint, and a stop's save in `on_train_batch_end` of the last
+    batch (Lightning resumed that one into an empty epoch 1 and trained epoch 2, exit 0: the
+    adapter now tells the two apart from the checkpoint's loops state). Every resumed step, into
+    epoch 1, is the straight run's (the fed inputs' hash, the loss bit for bit, the epoch), and the loader as loaded
     is the loader as saved: a saved state that yielded all of epoch 0 and the fresh iterator of
     epoch 1 are one position (their raw bytes differ: proof 2 FAILed on it). The save says what
     the state holds: SGD without momentum has no optimizer bytes (proof 7 sizes by it). A
     custom batch_sampler ends the leg refused, exit 3, the change named."""
-    straight, legs, refused = tmp_path / "straight", tmp_path / "legs", tmp_path / "refused"
-    for folder in (straight, legs, refused):
+    straight, legs, stopped, refused = (tmp_path / name for name in ("straight", "legs", "stopped", "refused"))
+    for folder in (straight, legs, stopped, refused):
         folder.mkdir()
         shutil.copy(EXAMPLES / "lightning" / "train.py", folder)
     ref = {e["step"]: e for e in _of(_leg(straight, 14, 0)[1], "step")}
@@ -205,6 +208,13 @@ def test_a_plain_loader_resumes_exactly_from_an_epoch_end_checkpoint(tmp_path: P
     steps = _of(second, "step")
     assert [e["step"] for e in steps] == [11, 12, 13, 14] and all(e["batch_from"] == "forward" for e in steps)
     assert all((e["loss"], e["batch_hash"]) == (ref[e["step"]]["loss"], ref[e["step"]]["batch_hash"]) for e in steps)
+    code, first = _leg(stopped, 10, 0)  # the stop's save at the epoch's last batch
+    assert code == 0 and [e["step"] for e in _of(first, "state_digest")] == [10], first[-3:]
+    code, second = _leg(stopped, 14, 1)
+    steps = _of(second, "step")
+    assert code == 0 and [e["step"] for e in steps] == [11, 12, 13, 14], second[-3:]
+    keys = ("loss", "batch_hash", "epoch")
+    assert all([e[k] for k in keys] == [ref[e["step"]][k] for k in keys] for e in steps), (steps, ref)
     params = _of(first, "start")[0]["params"]
     assert _of(first, "save")[0]["state_bytes"] == {"model": 4 * params}
     train = refused / "train.py"
