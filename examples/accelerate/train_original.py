@@ -3,7 +3,7 @@
 `set_epoch`, a small language model with dropout, AdamW with a warm-up schedule, everything
 through `accelerator.prepare`; `accelerator.save_state` every N steps into ckpt/step_N and, with
 --resume-from, `load_state` then `skip_first_batches` into the epoch; an evaluation after each
-epoch. Nothing here knows about preflight."""
+epoch; `accumulate` for --grad-accum. Nothing here knows about preflight."""
 
 import argparse
 import os
@@ -44,8 +44,9 @@ class TinyLM(nn.Module):
 
 def training_function(args: argparse.Namespace) -> None:
     set_seed(0)
-    accelerator = Accelerator(cpu=True)
-    train_dataloader = DataLoader(Windows(0, 80), batch_size=8, shuffle=True)  # 10 batches an epoch
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum)
+    # 10 batches an epoch at the default batch of 8, over all ranks
+    train_dataloader = DataLoader(Windows(0, 80), batch_size=args.batch_size, shuffle=True)
     eval_dataloader = DataLoader(Windows(80, 16), batch_size=8)
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -67,11 +68,12 @@ def training_function(args: argparse.Namespace) -> None:
         else:
             active_dataloader = train_dataloader
         for x, y in active_dataloader:
-            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            accelerator.backward(loss)
-            optimizer.step()
-            lr_scheduler.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):  # an optimizer step every --grad-accum batches
+                loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
             overall_step += 1
             if overall_step % args.ckpt_every == 0:
                 accelerator.save_state(os.path.join(args.output_dir, f"step_{overall_step}"))
@@ -93,4 +95,6 @@ if __name__ == "__main__":
     parser.add_argument("--output-dir", default="ckpt")
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     training_function(parser.parse_args())

@@ -34,12 +34,24 @@ Around it:
   (Accelerate has no handler: this one sets a flag read at the next `pf.step()`), saving through
   the cycle first, and exits 0 after `done`; a final checkpoint that did not verify exits 1.
 The loop's own step limit must not come before LAUNCHER_MAX_STEPS: a loop that ends by itself
-ends without `stop`/`done`, and the leg reads as one that died. Not supported: several nodes
-(every rank saves into its own disk's folder; only rank 0 pushes), gradient accumulation counted
-in micro-batches (`pf.step()` once per optimizer step), and `register_for_checkpointing` objects
-from a store you do not trust (Accelerate loads them with full pickle; the store's verify hash is
-what vouches for the bytes). State digests cover schedulers, stateful loaders and the RNG, not
-the weights and moments (the loss comparison covers those).
+ends without `stop`/`done`, and the leg reads as one that died. A leg resumed at or past it ends
+at `resume()`, before a step.
+On several ranks (torchrun, `accelerate launch --multi_gpu`; one node or several, each node its
+own disk) every rank prints its own `step` and `state_digest` events; the checkpoint is chosen by
+rank 0 and fetched once per node; the stop is agreed (every rank stops at one step); after
+`save_state` every rank's `random_states_{rank}.pkl` is gathered into rank 0's folder, and a
+folder lacking one is not pushed (Accelerate resumes a rank without its file on another RNG
+and says so only in a log line). The run's shape (processes, accumulation steps, per-rank batch)
+is in every pushed checkpoint; a leg of another shape is refused at `resume()`, exit 3.
+Under gradient accumulation (`Accelerator(gradient_accumulation_steps=K)` and `accumulate`),
+`pf.step()` is called once per micro-batch: the step events count micro-batches and `opt_steps`
+the optimizer steps really taken. A save inside a window keeps each rank's accumulated gradients
+(`accumulated_grads_{rank}.pt`, put back by `load_state`): save_state keeps the window's count
+but not the gradients, and a resume there lost them (the next optimizer step took the window's
+remaining micro-batches only). Not supported: `register_for_checkpointing` objects from a store
+you do not trust (Accelerate loads them with full pickle; the store's verify hash is what vouches
+for the bytes). State digests cover schedulers, stateful loaders and the RNG, not the weights and
+moments (the loss comparison covers those).
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from runtime import contract, events
+from runtime.adapters.accelerate_accum import GRADS, load_accumulated, save_accumulated
 from runtime.adapters.accelerate_loaders import exact_epochs, loader_digest, seek_epochs
 from runtime.adapters.accelerate_rng import AfterLoad, rng_digests
 from runtime.adapters.common import LegAdapter, check_windows
@@ -75,6 +88,7 @@ class Preflight(LegAdapter):
         env = os.environ
         self.acc = accelerator
         self.read_leg(workdir, "accelerate")
+        self.join_world()  # Accelerator() made the process group: every rank is here
         self._env_deadline = self.deadline
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(env), time.time())
         self.global_step = 0
@@ -91,7 +105,7 @@ class Preflight(LegAdapter):
         self._hooked: set[int] = set()
         self._opt_ids: set[int] = set()
         self.fed = FedInputs()
-        self.open_saver(keep, verify_bytes, pushes=accelerator.is_main_process)
+        self.open_saver(keep, verify_bytes, pushes=self.world.is_main)
         self._wrap(accelerator)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         params = sum(p.numel() for m in accelerator._models for p in m.parameters())
@@ -172,25 +186,41 @@ class Preflight(LegAdapter):
     def resume(self) -> str | None:
         """The local folder (`.../step_N`, as save_state wrote it) of the newest verified checkpoint
         in the store; None: start fresh."""
+        self.shape = self._shape()
         resumed = self.resume_from(check_windows)
         if resumed.checkpoint is None:
             return None
-        step = resumed.step
+        step = self.global_step = resumed.step
+        if step >= self.max_steps:  # nothing left to train: no step past the limit
+            events.emit("resume", from_step=step, checkpoint=resumed.checkpoint)
+            self._finish("max_steps")
         folder = self.restore_dir / f"step_{step}"
-        shutil.rmtree(folder, ignore_errors=True)
-        (self.restore_dir / resumed.checkpoint).rename(folder)
-        self.global_step = step
+        if self.world.local_rank == 0:  # once per node: its ranks share its disk
+            shutil.rmtree(folder, ignore_errors=True)
+            (self.restore_dir / resumed.checkpoint).rename(folder)
+        self.world.barrier(f"the restored folder named {folder.name}")
         self.restored = folder
         self._resume_event = {"from_step": step, "checkpoint": resumed.checkpoint}
         seek_epochs(self.acc._dataloaders, step)  # and the loader the loop makes to skip into it
         return str(folder)
 
+    def _shape(self) -> dict[str, int]:
+        """The run's shape as prepared so far: processes, accumulation steps, the first prepared
+        loader's batch on each rank (its total over the ranks, split)."""
+        acc = self.acc
+        shape = {"world_size": int(acc.num_processes), "accumulation": int(acc.gradient_accumulation_steps)}
+        total = getattr(acc._dataloaders[0], "total_batch_size", None) if acc._dataloaders else None
+        return shape | ({"per_rank_batch": int(total) // shape["world_size"]} if total else {})
+
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
-        """Accelerator.load_state, then: the deadline counted from the resume, and the RNG it
-        restored checked at the first training forward (`_first_forward`)."""
+        """Accelerator.load_state, then: the accumulated gradients of a save inside a window put
+        back, the deadline counted from the resume, and the RNG it restored checked at the first
+        training forward (`_first_forward`)."""
         out = self._load_state(input_dir, **kwargs)
         if self._resume_event is not None and input_dir and Path(input_dir).resolve() == self.restored:
             self._resume_event["digests"] = self._digests(loaded=True)
+        if input_dir:
+            load_accumulated(self.acc, Path(input_dir) / GRADS.format(rank=self.world.rank))
         self.deadline = contract.resumed_deadline(self._env_deadline, dict(os.environ), time.time())
         match = re.search(r"step_(\d+)", Path(str(input_dir or "")).name)
         at = int(match[1]) if match else self.saver.resumed_at
@@ -246,28 +276,25 @@ class Preflight(LegAdapter):
         self.global_step += 1
         now = time.perf_counter()
         self._step_s, self._last = now - self._last, now
-        fed = self.fed.step_fields()  # the prepared model's training forwards since the last step
-        if self.acc.is_main_process:
-            fields: dict[str, Any] = dict(fed)
-            if self.acc._optimizers or self._any_opt_steps:  # 0 while one steps: not the prepared one
-                fields["opt_steps"] = self._opt_steps
-            value = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else float(loss or 0.0)
-            events.emit(
-                "step",
-                step=self.global_step,
-                loss=value,
-                lr=self._lr(),
-                step_s=round(self._step_s, 4),
-                **fields,
-                **self._epoch(),
-            )
+        fields: dict[str, Any] = dict(self.fed.step_fields())  # the prepared model's forwards since the last step
+        if self.acc._optimizers or self._any_opt_steps:  # 0 while one steps: not the prepared one
+            fields["opt_steps"] = self._opt_steps
+        value = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else float(loss or 0.0)
+        events.emit(  # on every rank: the launcher checks each rank's own
+            "step",
+            step=self.global_step,
+            loss=value,
+            lr=self._lr(),
+            step_s=round(self._step_s, 4),
+            **fields,
+            **self._epoch(),
+        )
         code = (
             0
             if self.global_step >= self.max_steps
             else local_stop(self.deadline, self.saver.last_cycle_s, self._step_s, self._sigterm, self.global_step)
         )
-        if self.acc.num_processes > 1:  # every rank stops at the same step, for the same reason
-            code = int(self.acc.reduce(torch.tensor([code], device=self.acc.device), reduction="max").item())
+        code = self.agree_stop(code)  # every rank stops at the same step, for the same reason
         if code or self.global_step >= self.max_steps:
             self._finish(STOP_CODES.get(code, "max_steps"))
 
@@ -295,14 +322,21 @@ class Preflight(LegAdapter):
             return str(dest)
         began = time.perf_counter()
         self.acc.wait_for_everyone()
-        if self.acc.is_main_process:
+        if self.acc.is_local_main_process:  # each node's disk
             shutil.rmtree(dest, ignore_errors=True)
         self.acc.wait_for_everyone()
-        if self.acc.is_main_process:
-            events.emit("state_digest", step=step, digests=self._digests())
+        events.emit("state_digest", step=step, digests=self._digests())
         self._save_state(str(dest), **kwargs)
+        patterns = ["random_states_{rank}.pkl"]
+        if save_accumulated(self.acc, dest / GRADS.format(rank=self.world.rank)):
+            patterns.append(GRADS)
+        self.acc.wait_for_everyone()  # every rank's files written before rank 0 pushes the folder
+        missing = {p: m for p in patterns if (m := self.collect_rank_files(dest, p))}
         self.saver.pushed_at = step
-        if self.saver.pusher is not None:
+        self.shape = self._shape()
+        if missing:  # a rank would resume on another RNG (or without its gradients): not pushed
+            events.emit("push_failed", step=step, error=f"rank files missing from {dest.name}: {missing}")
+        elif self.saver.pusher is not None:
             self.push(dest, step, "accelerate", began, self._state_bytes())
         return str(dest)
 

@@ -18,8 +18,9 @@ What a public Accelerate loop does, measured on accelerate 1.15.0 (examples/acce
   draws from the global RNG, and workers are seeded the same way on a resume;
 - its worker processes take the stop's SIGTERM and die inside `save_state`: they are shielded as
   the Session's are (runtime.session.workers).
-A loop whose epochs are not len(loader) optimizer steps (gradient accumulation counted in
-micro-batches, an epoch cut short) is not supported: the epoch would be miscounted."""
+The loop's steps (`pf.step()` calls) are batches of this process, micro-batches under gradient
+accumulation: an epoch is len(loader) of them. A loop that calls `pf.step()` once per optimizer
+step under accumulation, or cuts an epoch short, is not supported: the epoch would be miscounted."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def exact_epochs(loader: Any, index: int, seed: int, step_of: Callable[[], int])
         return False
     from accelerate.data_loader import SeedableRandomSampler
 
-    sampler = loader.get_sampler()
+    # With several processes the batch sampler is a BatchSamplerShard, which has no `.sampler`:
+    # get_sampler() is None there, and the order lives in the batch sampler it shards.
+    sampler = loader.get_sampler() or getattr(getattr(loader.batch_sampler, "batch_sampler", None), "sampler", None)
     if isinstance(sampler, RandomSampler):  # SeedableRandomSampler too: its epoch is fixed below
         loader.set_sampler(
             SeedableRandomSampler(
