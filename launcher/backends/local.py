@@ -8,8 +8,10 @@ their own, included) as a lost instance would; a leash process does the same
 if the launcher itself dies (launcher.backends.leash).
 
 The "image" here is the launcher's own environment: a command starting with
-`python`/`python3` runs under the launcher's interpreter, and `torchrun` (or `accelerate`) under
-the one beside it, so a leg sees the same packages as the host checks did.
+`python`/`python3` runs under the launcher's interpreter. A bare `torchrun` (or `accelerate`) is
+the one on PATH, as a shell would run it (a trainer's venv, activated), else the one beside the
+launcher's interpreter; rung 0 runs in the interpreter that script's `#!` line names, so a leg
+sees the same packages as the host checks did.
 """
 
 from __future__ import annotations
@@ -46,35 +48,41 @@ from launcher.errors import BadInput
 from launcher.manifest import stage_files
 
 PYTHON_NAMES = ("python", "python3")
+LAUNCH_SCRIPTS = ("torchrun", "accelerate")
+"""Console scripts that start the trainer in their own interpreter (the one their `#!` names)."""
 
 
 def resolve_command(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """The argv the local backend executes: `python`/`torchrun` bound to this environment."""
+    """The argv the local backend executes: `python` bound to this environment; a bare
+    `torchrun`/`accelerate` to the one on PATH (the trainer's venv where it is activated: the
+    launcher's venv lacked the trainer's modules, "No module named 'datasets'"), else to the
+    one beside this interpreter."""
     argv = list(argv)
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
-    elif argv and argv[0] in ("torchrun", "accelerate"):
+    elif argv and argv[0] in LAUNCH_SCRIPTS:
         beside = Path(sys.executable).parent / argv[0]
-        if beside.exists():
-            argv[0] = str(beside)
+        found = shutil.which(argv[0]) or (str(beside) if beside.exists() else None)
+        if found:
+            argv[0] = found
     return argv
 
 
 def trainer_python(command: tuple[str, ...] | list[str]) -> str:
     """The interpreter the trainer runs in on this host: its command's own python (a venv of
-    the trainer's), the one `accelerate` belongs to (`accelerate launch` runs the script with
+    the trainer's), the one `torchrun` or `accelerate` belongs to (each starts the script with
     its own interpreter), else this one. Rung 0 and the launcher's reads of a checkpoint's
     state run there: the launcher itself has no torch."""
     argv = resolve_command(command)
     if argv and Path(argv[0]).name.startswith("python"):
         return argv[0]
-    if argv and Path(argv[0]).name == "accelerate":
+    if argv and Path(argv[0]).name in LAUNCH_SCRIPTS:
         return script_python(argv[0]) or sys.executable
     return sys.executable
 
 
 def script_python(program: str) -> str | None:
-    """The interpreter a console script (pip's `accelerate`, found on PATH when bare) runs in:
+    """The interpreter a console script (pip's `accelerate` or `torchrun`, found on PATH when bare) runs in:
     its `#!` line's python, else the `python` beside it; None when neither exists."""
     path = program if os.sep in program else shutil.which(program)
     if path is None:

@@ -43,7 +43,10 @@ def describe(plan: Plan) -> str:
     assert plan.projection is not None and plan.quota is not None
     env = plan.env  # printed: redacted like the ledger
     if rung.legs:
+        from launcher.ops.shape import planned_shape
+
         out.append(steps_line(plan))
+        out.append(planned_shape(cfg, rung.name, backend, request.nodes, gpus).describe())
     if not rung.legs:
         out.append("rung static runs on the host in seconds: nothing to launch")
     elif backend == "sky":
