@@ -106,6 +106,15 @@ class Kind(StrEnum):
     RANK_DATA = "rank_data"
     """On several ranks: every rank resumed its own data position and no batch was read by two
     ranks or twice (facts: ranks, and the rank that failed)."""
+    # launcher/checks/ranks.py
+    RANK_SAMPLES = "rank_samples"
+    """On several ranks: each rank's samples (row digests, else batch hashes) on the surviving timeline
+    against the same rank's in the straight-through run: seen twice, never seen, out of order, and two
+    ranks training one sample in a step (facts: ranks, unit, per_rank, across; rank, step, leg of the
+    first difference)."""
+    RANK_STATE = "rank_state"
+    """On several ranks: each rank's RNG at its first resumed step and its optimizer steps since the
+    resume against the same rank's in the straight-through run (`leg`; facts: rank, other)."""
     SAMPLE_INDEX = "sample_index"
     """The trainer's own sample index continues across the resumes."""
     LR = "lr"

@@ -38,7 +38,7 @@ def same_loss(a: float, b: float) -> bool:
 
 VARYING_FIELDS = frozenset(
     "event t rank step loss lr batch_hash loss_local tok_s step_s phases gpu_phases mem_max_bytes flop_s mfu eta_s "
-    "gpu_util by_dtype opt_steps opt_steps_all fed_state rng_in nondeterministic".split()
+    "gpu_util by_dtype opt_steps opt_steps_all fed_state rng_in rows nondeterministic".split()
 )
 """Step fields not compared with the straight-through run as printed fields: the ones
 `compare_straight` compares itself (step, loss, lr, batch_hash), timings, counts of one leg,

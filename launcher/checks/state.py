@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.checks.accumulation import check_accumulation
 from launcher.checks.data import (
     check_batches,
     check_batches_straight,
@@ -41,6 +40,7 @@ from launcher.checks.data import (
     check_sample_index,
 )
 from launcher.checks.evidence import Check, Kind, LegEvents, surviving_timeline
+from launcher.checks.ranks import check_accumulation_every_rank, check_rank_state, check_samples
 from launcher.checks.resume import (
     VARYING_FIELDS,
     check_loss,
@@ -366,7 +366,7 @@ def check_fields_straight(
 def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> list[Check]:
     """The data, LR and loss checks of every resume of one run, plus the whole timeline's. The
     accumulation check first: a resume inside a window is the cause the others' findings follow from."""
-    checks: list[Check | None] = [check_accumulation(legs, straight, exact)]
+    checks: list[Check | None] = [check_accumulation_every_rank(legs, straight, exact)]
     for i in resumed_legs(legs):
         checks += [check_lr(legs, i, straight), check_batches(legs, i, straight), check_loss(legs, i, exact, straight)]
         in_use = check_optimizer_in_use(legs, i)
@@ -380,6 +380,7 @@ def timeline_checks(legs: list[LegEvents], straight: LegEvents | None, exact: bo
     ]
     if straight is not None:
         checks += [compare_straight(legs, straight, exact), check_batches_straight(legs, straight)]
+        checks += [check_samples(legs, straight), check_rank_state(legs, straight, exact)]
         if exact:
             checks.append(check_fields_straight(legs, straight))
             checks += [check_state_straight(legs, straight, kinds) for kinds in PROOF_KINDS.values()]

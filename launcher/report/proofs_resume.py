@@ -41,12 +41,14 @@ def resume_findings(run: RunData, number: int, exact: bool) -> list[tuple[int, C
     if number == 2:
         found = _data_position(legs, straight, measured)
     elif number == 3:  # accumulation first: a resume inside a window explains the loss that follows
-        from launcher.checks.accumulation import check_accumulation, within_first_window
+        from launcher.checks.accumulation import within_first_window
+        from launcher.checks.ranks import check_accumulation_every_rank, check_rank_state
 
-        acc = check_accumulation(legs, straight, exact)
+        acc = check_accumulation_every_rank(legs, straight, exact)
         found = ([(acc.leg or legs[-1].leg, acc)] if acc else []) + [
             (legs[i].leg, check_lr(legs, i, straight)) for i in resumed_legs(legs)
         ]
+        measured.append((legs[-1].leg, check_rank_state(legs, straight, exact)))
         measured += [
             (legs[i].leg, check_optimizer_in_use(legs, i))
             for i in resumed_legs(legs)
@@ -69,7 +71,10 @@ def _data_position(legs: list[LegEvents], straight: LegEvents | None, measured: 
 
     found = [(legs[i].leg, check_batches(legs, i, straight)) for i in resumed_legs(legs)]
     if straight is not None and found:
+        from launcher.checks.ranks import check_samples
+
         found.append((legs[-1].leg, check_batches_straight(legs, straight)))
+        measured.append((legs[-1].leg, check_samples(legs, straight)))
     witness = check_sample_index(legs)
     if witness is not None and found:
         found.append((legs[-1].leg, witness))
