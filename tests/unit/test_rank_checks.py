@@ -154,3 +154,24 @@ def test_accumulation_is_judged_on_every_rank() -> None:
     c = check_accumulation_every_rank(legs, None, exact=False)
     assert c is not None and not c.ok and c.kind == Kind.ACCUMULATION and c.facts["rank"] == 1, c
     assert c.detail.startswith("rank 1: resumed at micro-step 4 inside an accumulation window"), c.detail
+
+
+def test_fed_inputs_print_a_digest_per_sample_within_the_caps() -> None:
+    """runtime.session.samples: one digest a row of the fed tensors (a sample), the same row the
+    same digest wherever it sits in the batch, every micro-batch's in order; none past the caps."""
+    import torch
+
+    from runtime.session.batches import FedInputs
+    from runtime.session.samples import ROW_CAP
+
+    model, fed = torch.nn.Linear(3, 1), FedInputs()
+    fed.watch(model)
+    x = torch.arange(12.0).reshape(4, 3)
+    model(x)
+    model(x[[3, 2]])  # a second micro-batch of the same step
+    rows = fed.step_fields()["rows"]
+    assert len(rows) == 6 and len(set(rows)) == 4 and rows[4:] == [rows[3], rows[2]] and len(rows[0]) == 12
+    model(torch.zeros(ROW_CAP + 1, 3))
+    out = fed.step_fields()
+    assert "rows" not in out and "batch_hash" in out
+    fed.close()
