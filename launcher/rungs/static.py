@@ -18,6 +18,7 @@ from pathlib import Path
 
 from launcher.backends.local import no_torch_hint, resolve_command, trainer_python
 from launcher.checks.evidence import Check, Kind, Pointer
+from launcher.errors import Refused
 from launcher.legs import RunContext
 from launcher.manifest import HashComparison, stage_files
 
@@ -61,6 +62,9 @@ def climb(ctx: RunContext, cmp: HashComparison) -> list[Check]:
         return checks + [
             Check("import and parse", False, f"the check itself failed (exit {rc}): {tail}", kind=Kind.IMPORT_PARSE)
         ]
+    refused = [c["detail"] for c in reported if c.get("refused")]
+    if refused:  # a command that would run another shape than it names: nothing to climb
+        raise Refused(refused[0])
     pointer = (Pointer(0, str(log_path), result_line, out.strip().splitlines()[-1]),)
     checks += [Check(c["name"], bool(c["ok"]), c["detail"], pointer, kind=Kind.TRAINER_STATIC) for c in reported]
     hint = no_torch_hint(" ".join(c["detail"] for c in reported if not c["ok"]), argv[0])

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Callable, NoReturn
 
 from runtime import contract
-from runtime.programs.static_command import split_command
+from runtime.programs.static_command import Refusal, split_command
 from runtime.programs.static_lightning import lightning_loader_checks
 from runtime.programs.static_source import allowed_roots, configurator_of, unresolved_imports, uses_argparse
 
@@ -235,8 +235,8 @@ def run_checks(command: list[str], parser_name: str, modules: list[str]) -> list
     try:
         kind, target, args = split_command(command)
         checks.append(_check("command shape", True, f"{kind} {target} with {len(args)} args"))
-    except ValueError as err:
-        return [_check("command shape", False, str(err))]
+    except ValueError as err:  # a Refusal: the launcher refuses the rung (exit 3)
+        return [{**_check("command shape", False, str(err)), "refused": isinstance(err, Refusal)}]
     if parser_name == "none":
         return checks + compile_only(kind, target, modules)
     if parser_name == "argv":

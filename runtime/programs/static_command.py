@@ -13,6 +13,12 @@ import contextlib
 import io
 import os
 
+
+class Refusal(ValueError):
+    """A command rung 0 refuses outright (the launcher exits 3): it parses, but would run another
+    shape than it names (`accelerate launch --cpu --num_processes 2` starts one process)."""
+
+
 PYTHON_FLAGS_NO_ARG = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-b", "-bb", "-q"}
 
 
@@ -84,4 +90,13 @@ def _accelerate(args: list[str]) -> tuple[str, str, list[str]]:
         from accelerate.commands.launch import launch_command_parser
     except ImportError as err:
         raise ValueError(f"`accelerate launch` but this interpreter has no accelerate ({err})") from None
-    return _script_of(_parsed_by(launch_command_parser(), args[1:], "accelerate launch"), "accelerate launch")
+    ns = _parsed_by(launch_command_parser(), args[1:], "accelerate launch")
+    if ns.cpu and (ns.num_processes or 1) > 1 and ns.mpirun_hostfile is None:
+        # accelerate 1.15: `--cpu` goes to its simple launcher, which starts several processes
+        # only through mpirun with a hostfile; without one it runs ONE (measured: one rank).
+        raise Refusal(
+            f"`accelerate launch --cpu --num_processes {ns.num_processes}` runs one process, not "
+            f"{ns.num_processes}: use `--multi_gpu --num_processes {ns.num_processes}` with "
+            "`Accelerator(cpu=True)` in the script, or torchrun"
+        )
+    return _script_of(ns, "accelerate launch")
