@@ -25,6 +25,7 @@ from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ladder import Rung, leg_steps
 from launcher.ledger.db import Ledger
 from launcher.manifest import HashComparison, guard_hashes, hash_reviewed
+from launcher.ops.shape import shape_warnings
 from launcher.ops.spend import Projection, QuotaDecision, preview, project
 from runtime.hashing import digest_lines as files_digest
 
@@ -131,7 +132,7 @@ class Plan:
 
     def warnings(self) -> list[str]:
         """What the launch goes ahead despite, shown by the dry run and at the launch alike."""
-        return notice_warning(self.request, self.preflight, self.pick)
+        return notice_warning(self.request, self.preflight, self.pick) + shape_warnings(self.cfg, self.request)
 
     def refusal(self, dry_run: bool = False) -> LauncherError | None:
         """The first refusal (None: it launches); the dry run's names every reason."""

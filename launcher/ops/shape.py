@@ -168,3 +168,37 @@ def resume_refusal(store: "Store", planned: Shape) -> Refused | None:
         f"the newest checkpoint {info.name} " + "; and ".join(found),
         hint="resume it in the shape it was saved in (resharding is not supported), or start a new run",
     )
+
+
+def shape_warnings(cfg: "Config", request: Any) -> list[str]:
+    """What the plan sees its legs would run otherwise than the command or the config says: shown by
+    the dry run and at the launch alike (launcher.plan.Plan.warnings; `request` is its Request).
+    A rung without legs: none."""
+    if not request.rung.legs:
+        return []
+    rung, backend, nodes, gpus = request.rung.name, request.backend, request.nodes, request.gpus
+    argv = list(cfg.trainer.command)
+    head = Path(argv[0]).name if argv else ""
+    said, how = command_processes(argv)
+    if backend == "sky" or nodes > 1:
+        if head == "accelerate":
+            return [
+                f"warning: on {nodes} node(s) each node's run: script starts torchrun with the command after its "
+                "interpreter: `accelerate launch` would be run as a script and fail; use `torchrun ... train.py`"
+            ]
+        per, per_how = node_processes(cfg, rung, gpus)
+        if head == "torchrun" and said is not None and per is not None and said != per:
+            return [
+                f"warning: the command's torchrun options are not used on {nodes} node(s): each node's run: script "
+                f"starts {per} process(es) ({per_how}), not {said} ({how}); set leg_env {NPROC_ENV}"
+            ]
+        return []
+    out = []
+    if NPROC_ENV in cfg.leg_env:
+        out.append(
+            f"warning: leg_env {NPROC_ENV} is read by the node script only (sky, --nodes 2 or more): a leg of "
+            "one node runs the command as it is, which starts its own ranks"
+        )
+    if gpus is not None and said is not None and said < gpus.count:
+        out.append(f"warning: the command starts {said} process(es) on {gpus} ({how}): GPUs left idle")
+    return out

@@ -1,6 +1,6 @@
 """The plan and rung 0 of a command that starts several processes: rung 0 of a `torchrun`
 command runs in the interpreter that torchrun belongs to, and the dry run states the shape
-its legs train in (launcher.ops.shape; the refusal of a resume in another shape is unit-tested
+its legs train in, warning where they would run another than the command says (launcher.ops.shape; the refusal of a resume in another shape is unit-tested
 in tests/unit/test_multirank_plan.py)."""
 
 from __future__ import annotations
@@ -28,3 +28,6 @@ def test_a_bare_torchrun_of_the_trainers_venv_passes_rung_0(tmp_path: Path, leg_
     assert dry.code == 0, dry.out + dry.err
     assert "/.venv-hf/bin/torchrun --standalone" in dry.out  # the leg runs the same torchrun
     assert "shape: 2 ranks (torchrun --nproc_per_node 2)" in dry.out
+    nodes = run_cli(["up", "rehearsal", "--dry-run", "--nodes", "2"], cwd=root, env=path)  # the plan's warnings
+    assert nodes.code == 0 and "shape: 2 ranks (2 nodes x 1 processes: one on a CPU node)" in nodes.out, nodes.out
+    assert "each node's run: script starts 1 process(es) (one on a CPU node), not 2" in nodes.out

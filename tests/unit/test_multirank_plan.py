@@ -111,3 +111,22 @@ def test_a_checkpoint_without_a_shape_or_no_checkpoint_is_not_refused(tmp_path: 
     assert resume_refusal(store_with(tmp_path, {"world_size": "2"}), Shape(4, "x")) is None  # not a number
     empty = open_store((tmp_path / "empty").as_uri(), "runs/r2", key=None)
     assert resume_refusal(empty, Shape(4, "x")) is None
+
+
+def test_the_plan_warns_where_its_legs_would_run_another_shape_than_the_command_says() -> None:
+    from types import SimpleNamespace
+
+    from launcher.ladder import rung_named
+    from launcher.ops.shape import shape_warnings
+
+    def warned(command: str, backend: str = "local", nodes: int = 1, gpus: GpuSpec | None = None, **env: str) -> str:
+        request = SimpleNamespace(rung=rung_named("rehearsal"), backend=backend, nodes=nodes, gpus=gpus)
+        return " ".join(shape_warnings(cfg_of(command, **env), request))
+
+    two = "torchrun --standalone --nproc_per_node 2 train.py"
+    assert "starts 1 process(es) (one on a CPU node), not 2" in warned(two, nodes=2)  # its options dropped
+    assert warned(two, nodes=2, PREFLIGHT_NPROC_PER_NODE="2") == ""
+    assert "would be run as a script" in warned("accelerate launch --num_processes 2 train.py", "sky")
+    assert "read by the node script only" in warned(two, PREFLIGHT_NPROC_PER_NODE="2")
+    assert "GPUs left idle" in warned("torchrun train.py", gpus=GpuSpec("T4", 2))
+    assert warned(two, gpus=GpuSpec("T4", 2)) == warned("python train.py", gpus=GpuSpec("T4", 2)) == ""
