@@ -52,6 +52,7 @@ from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
+from runtime.session.workers import quiet_sigchld, shield_workers
 from runtime.store.base import checkpoint_name
 
 
@@ -95,7 +96,11 @@ class Preflight(TrainerCallback, LegAdapter):
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
-        signal.signal(signal.SIGTERM, lambda *_: self._sigterm.append(True))
+        """The SIGTERM noted (acted on at the step's end); the loader's workers, started after
+        this, leave SIGTERM to this process (runtime.session.workers: a worker dead of the leg's
+        SIGTERM raised in the next `all_reduce`, exit 1 without `done`, seen on 2 ranks x 2 workers)."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        shield_workers(kwargs.get("train_dataloader"))
         self.deadline = contract.resumed_deadline(
             self.deadline, dict(os.environ), time.time()
         )  # the checkpoint is loaded
@@ -117,6 +122,10 @@ class Preflight(TrainerCallback, LegAdapter):
         )
         self._last = time.perf_counter()
         return control
+
+    def _on_sigterm(self, *_: Any) -> None:
+        self._sigterm.append(True)
+        quiet_sigchld()
 
     # --- every step --------------------------------------------------------------
 
