@@ -90,10 +90,14 @@ def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: in
     res = run_cli(["up", "rehearsal", "--nodes", "2", "--steps", "12", "--json"], cwd=project, timeout=900)
     assert res.code == 1, res.out + res.err
     bad = failed(res)
-    assert sorted(c["kind"] for c in bad) == [Kind.RANK_DATA, Kind.TIMELINE], bad
+    assert sorted(c["kind"] for c in bad) == [Kind.RANK_DATA, Kind.RANK_SAMPLES, Kind.TIMELINE], bad
     ranks = check(bad, Kind.RANK_DATA)
     assert ranks["detail"].startswith(f"rank {rank}: ") and "re-read data" in ranks["detail"], ranks
     assert ranks["facts"] == {"rank": rank, "ranks": 4}
+    samples = check(bad, Kind.RANK_SAMPLES)  # each resume (at 4 and 8) re-read its first 4 steps: 8 steps' never
+    said = f"rank {rank}: 64 samples seen twice, 64 never seen, 0 out of order of 96; across the ranks: 64 samples"
+    assert samples["detail"].startswith(said), samples["detail"]
+    assert (samples["facts"]["rank"], samples["facts"]["step"]) == (rank, 5), samples
 
 
 def test_a_node_lost_alone_ends_the_leg_and_the_cluster_with_it(project: Path, tmp_path: Path) -> None:
