@@ -1,7 +1,7 @@
 """The plan and rung 0 of a command that starts several processes: rung 0 of a `torchrun`
 command runs in the interpreter that torchrun belongs to, and the dry run states the shape
 its legs train in, warning where they would run another than the command says (launcher.ops.shape; the refusal of a resume in another shape is unit-tested
-in tests/unit/test_multirank_plan.py)."""
+in tests/unit/test_plan_shape.py)."""
 
 from __future__ import annotations
 
