@@ -24,7 +24,7 @@ import torch
 
 from runtime.session import global_hooks
 from runtime.session.rules import ResumeRefused
-from runtime.session.samples import ROW_CAP, row_digests
+from runtime.session.samples import ROW_CAP, ROW_STEPS, row_digests
 
 FULL_HASH_BYTES = 4 << 20
 SAMPLED_WINDOWS = 64
@@ -193,6 +193,8 @@ class FedInputs:
         RNG an adapter puts back is in it): what the launcher compares with the straight-through
         run's at a resumed leg's first step, to tell a draw made between a checkpoint and the
         next step (an evaluation, a loader's `iter()`) from other causes of a loss difference."""
+        self.steps = 0
+        """Steps taken (`step_fields` with a forward): the first `ROW_STEPS` carry `rows`."""
         self.rows: list[str] | None = None
         """One digest per fed row (a sample) of the forwards the last `take()` took, in order
         (runtime.session.samples: None where a forward's rows were too many or too large)."""
@@ -231,7 +233,8 @@ class FedInputs:
         for sig, digests in tensor_digests([t for _, t in items]).items():
             self.tensors.setdefault(sig, set()).update(digests)
         state = {name: d for name, ts in held if (d := batch_digest(dict(ts))) is not None}
-        return batch_digest(dict(items)) or "", state, row_digests(items, _bytes_of)
+        rows = row_digests(items, _bytes_of) if self.steps < ROW_STEPS else None
+        return batch_digest(dict(items)) or "", state, rows
 
     def take(self) -> str | None:
         """This step's digest over every training forward since the last `take()` (None: none ran)."""
@@ -263,12 +266,13 @@ class FedInputs:
         rows, self.rows = self.rows, None
         if digest is None:
             return {}
+        self.steps += 1
         out: dict[str, Any] = {"batch_hash": digest, "batch_from": "forward"}
         if state:
             out["fed_state"] = state
         if rng is not None:
             out["rng_in"] = rng
-        if rows:
+        if rows and self.steps <= ROW_STEPS:
             out["rows"] = rows
         if given is not None and (fed_ok := given_was_fed(tensor_digests(given), tensors)) is not None:
             out["step_batch_fed"] = fed_ok

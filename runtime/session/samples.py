@@ -26,6 +26,9 @@ ROW_CAP = 512
 ROW_BYTES_CAP = 1 << 20
 """Bytes a forward's row tensors may hold: hashing them again row by row costs about 1.3 ms a
 megabyte on this CPU (sha256; the batch hash hashes them once already)."""
+ROW_STEPS = 2000
+"""Steps of one leg that carry row digests: the checks that count samples compare a rehearsal or a
+drill (tens of steps) with its straight-through run; a long run's log does not grow by 8 KB a step."""
 ROW_CHARS = 12
 """Hex characters a row digest keeps (48 bits: a collision among 10^5 samples is about 2 in 10^5)."""
 
