@@ -25,7 +25,7 @@ from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ladder import Rung, leg_steps
 from launcher.ledger.db import Ledger
 from launcher.manifest import HashComparison, guard_hashes, hash_reviewed
-from launcher.ops.shape import shape_warnings
+from launcher.ops.shape import refuse_unrunnable, shape_warnings
 from launcher.ops.spend import Projection, QuotaDecision, preview, project
 from runtime.hashing import digest_lines as files_digest
 
@@ -178,9 +178,9 @@ class Plan:
 def make_plan(cfg: Config, request: Request, dry_run: bool) -> Plan:
     """Decide every guard in GUARDS' order. A real launch raises at the first refusal (nothing
     recorded yet); the dry run records each and goes on. The caller closes the plan's ledger."""
+    refuse_unrunnable(cfg, request)  # a leg shape that cannot run: refused before any guard (exit 3)
     ledger = Ledger.open_existing(cfg.state_path / "ledger.db")  # reading never creates one
-    rung = request.rung
-    steps = cfg.rung(rung.name).steps if rung.legs else 0
+    rung, steps = request.rung, (cfg.rung(request.rung.name).steps if request.rung.legs else 0)
     plan = Plan(cfg, request, ledger, {}, planned_legs(rung, steps, backend_class(request.backend).can_terminate))
     try:
         _decide_all(plan, dry_run)

@@ -181,11 +181,6 @@ def shape_warnings(cfg: "Config", request: Any) -> list[str]:
     head = Path(argv[0]).name if argv else ""
     said, how = command_processes(argv)
     if backend == "sky" or nodes > 1:
-        if head == "accelerate":
-            return [
-                f"warning: on {nodes} node(s) each node's run: script starts torchrun with the command after its "
-                "interpreter: `accelerate launch` would be run as a script and fail; use `torchrun ... train.py`"
-            ]
         per, per_how = node_processes(cfg, rung, gpus)
         if head == "torchrun" and said is not None and per is not None and said != per:
             return [
@@ -202,3 +197,41 @@ def shape_warnings(cfg: "Config", request: Any) -> list[str]:
     if gpus is not None and said is not None and said < gpus.count:
         out.append(f"warning: the command starts {said} process(es) on {gpus} ({how}): GPUs left idle")
     return out
+
+
+def nodes_awaited(argv: Sequence[str]) -> tuple[int, str]:
+    """The nodes the command's own launcher waits for before its ranks start (torchrun's
+    `--nnodes N` or `MIN:MAX`, `accelerate launch --num_machines N`), and the option that says so."""
+    head = Path(argv[0]).name if argv else ""
+    opts = launcher_options(argv) if head in ("torchrun", "accelerate") else []
+    name = "--nnodes" if head == "torchrun" else "--num_machines"
+    said = flag_value(opts, (name, name.replace("_", "-"))) if opts else None
+    return (whole((said or "").split(":")[0]) or 1), f"{head} {name} {said}"
+
+
+def refuse_unrunnable(cfg: "Config", request: Any) -> None:
+    """Refuse (exit 3, one line) a leg shape that cannot run, before anything is rented, in the dry
+    run and the launch alike (launcher.plan.make_plan). A command waiting for more nodes than the
+    leg has: its rendezvous waits (measured: torchrun --nnodes 2 on one node still waiting after
+    40 s; its join timeout is 600 s), and the leg runs to its budget. `accelerate launch` under the
+    node script (sky, or several nodes): that script runs `torchrun [its options] <the command after
+    its interpreter>`, so torchrun would start `accelerate` as a Python file and fail on every node."""
+    if not request.rung.legs:
+        return
+    argv = list(cfg.trainer.command)
+    if request.backend == "sky" or request.nodes > 1:
+        if argv and Path(argv[0]).name == "accelerate":
+            raise Refused(
+                f"`accelerate launch` cannot start a leg of {request.nodes} node(s) on {request.backend}: each "
+                "node's run: script starts torchrun itself with the command after its interpreter",
+                hint="use `torchrun train.py ...` (each node starts PREFLIGHT_NPROC_PER_NODE ranks, else one per "
+                "GPU), or one node on the local or docker backend",
+            )
+        return
+    waits, how = nodes_awaited(argv)
+    if waits > 1:
+        raise Refused(
+            f"the command's `{how}` waits for {waits} nodes; this plan runs 1 (--nodes {request.nodes} on "
+            f"{request.backend}): its rendezvous would wait until the leg's budget",
+            hint=f"launch with --nodes {waits} (each node's run: script starts torchrun), or drop the option",
+        )

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import details, edit_config, run_cli
+from tests.helpers import assert_one_line_error, details, edit_config, run_cli, run_rows
 from tests.legs.test_examples import copy_example, hf_python
 
 
@@ -31,3 +31,15 @@ def test_a_bare_torchrun_of_the_trainers_venv_passes_rung_0(tmp_path: Path, leg_
     nodes = run_cli(["up", "rehearsal", "--dry-run", "--nodes", "2"], cwd=root, env=path)  # the plan's warnings
     assert nodes.code == 0 and "shape: 2 ranks (2 nodes x 1 processes: one on a CPU node)" in nodes.out, nodes.out
     assert "each node's run: script starts 1 process(es) (one on a CPU node), not 2" in nodes.out
+
+
+def test_a_command_waiting_for_more_nodes_than_the_leg_has_is_refused_alike(project: Path) -> None:
+    """`torchrun --nnodes 2` on a leg of one node waits for its rendezvous until the leg's budget:
+    the dry run and the launch refuse it with the same line, exit 3, nothing recorded."""
+    edit_config(project, trainer__command="torchrun --nnodes 2 --nproc_per_node 1 train.py --ckpt-every 5")
+    assert run_cli(["review"], cwd=project).code == 0
+    before = run_rows(project)
+    needle = "the command's `torchrun --nnodes 2` waits for 2 nodes; this plan runs 1"
+    assert_one_line_error(run_cli(["up", "rehearsal", "--dry-run"], cwd=project), 3, needle)
+    assert_one_line_error(run_cli(["up", "rehearsal"], cwd=project), 3, needle)
+    assert run_rows(project) == before

@@ -126,7 +126,35 @@ def test_the_plan_warns_where_its_legs_would_run_another_shape_than_the_command_
     two = "torchrun --standalone --nproc_per_node 2 train.py"
     assert "starts 1 process(es) (one on a CPU node), not 2" in warned(two, nodes=2)  # its options dropped
     assert warned(two, nodes=2, PREFLIGHT_NPROC_PER_NODE="2") == ""
-    assert "would be run as a script" in warned("accelerate launch --num_processes 2 train.py", "sky")
     assert "read by the node script only" in warned(two, PREFLIGHT_NPROC_PER_NODE="2")
     assert "GPUs left idle" in warned("torchrun train.py", gpus=GpuSpec("T4", 2))
     assert warned(two, gpus=GpuSpec("T4", 2)) == warned("python train.py", gpus=GpuSpec("T4", 2)) == ""
+
+
+def test_a_shape_that_cannot_run_is_refused_before_anything_is_rented() -> None:
+    """A command waiting for more nodes than the leg has would wait for its rendezvous until the
+    leg's budget; `accelerate launch` under the node script would fail on every node."""
+    from types import SimpleNamespace
+
+    from launcher.ladder import rung_named
+    from launcher.ops.shape import refuse_unrunnable
+
+    def refused(command: str, backend: str = "local", nodes: int = 1, rung: str = "rehearsal") -> str:
+        request = SimpleNamespace(rung=rung_named(rung), backend=backend, nodes=nodes, gpus=None)
+        try:
+            refuse_unrunnable(cfg_of(command), request)
+        except Refused as err:
+            assert err.exit_code == 3 and "\n" not in err.message
+            return err.message
+        return ""
+
+    said = refused("torchrun --nnodes 2 --nproc_per_node 1 train.py")
+    assert said.startswith("the command's `torchrun --nnodes 2` waits for 2 nodes; this plan runs 1")
+    assert "waits for 2 nodes" in refused("torchrun --nnodes=2:4 train.py", "docker")
+    assert "waits for 3 nodes" in refused("accelerate launch --num_machines 3 --num_processes 6 train.py")
+    for runs in ("torchrun --nnodes 1:2 train.py", "torchrun --standalone train.py --nnodes 5", "python train.py"):
+        assert refused(runs) == "", runs
+    assert refused("torchrun --nnodes 2 train.py", nodes=2) == ""  # the node script drops its options
+    assert refused("torchrun --nnodes 2 train.py", rung="static") == ""  # rung 0 launches nothing
+    assert "cannot start a leg of 2 node(s)" in refused("accelerate launch --num_processes 2 train.py", nodes=2)
+    assert "cannot start a leg of 1 node(s) on sky" in refused("accelerate launch train.py", "sky")
