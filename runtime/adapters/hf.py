@@ -68,6 +68,7 @@ class Preflight(TrainerCallback, LegAdapter):
         self.fed = FedInputs()
         self._last = time.perf_counter()
         self._step_s = 0.0
+        self._opt_steps: int | None = None
 
     # --- before training ---------------------------------------------------------
 
@@ -101,6 +102,12 @@ class Preflight(TrainerCallback, LegAdapter):
         SIGTERM raised in the next `all_reduce`, exit 1 without `done`, seen on 2 ranks x 2 workers)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
         shield_workers(kwargs.get("train_dataloader"))
+        optimizer = kwargs.get("optimizer")
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper steps the one inside
+        hook = getattr(optimizer, "register_step_post_hook", None)
+        if hook is not None:  # this rank's optimizer steps in this leg
+            self._opt_steps = 0
+            hook(lambda *_: setattr(self, "_opt_steps", (self._opt_steps or 0) + 1))
         self.deadline = contract.resumed_deadline(
             self.deadline, dict(os.environ), time.time()
         )  # the checkpoint is loaded
@@ -153,6 +160,7 @@ class Preflight(TrainerCallback, LegAdapter):
             lr=float(logs.get("learning_rate", 0.0)),
             step_s=round(self._step_s, 4),
             epoch=int(state.epoch or 0),
+            **({"opt_steps": self._opt_steps} if self._opt_steps is not None else {}),
             **fields,
         )
         return control

@@ -60,10 +60,12 @@ def copy_example(name: str, dest: Path, original: bool = False) -> Path:
     return root
 
 
-def drill_and_report(root: Path) -> None:
-    """`drill cold-resume --kills 2 --at mid-push` passes, then the report: proofs 1-4 and 6-8
-    PASS, 5 MISSING (no GPU rung here), exit 0."""
-    drill = run_cli(["drill", "cold-resume", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900)
+def drill_and_report(root: Path, nodes: list[str] | None = None) -> None:
+    """`drill cold-resume --kills 2 --at mid-push` passes (`nodes`: its `--nodes N` too), then the
+    report: proofs 1-4 and 6-8 PASS, 5 MISSING (no GPU rung here), exit 0."""
+    drill = run_cli(
+        ["drill", "cold-resume", *(nodes or []), "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
+    )
     assert drill.code == 0, failed(drill)
     report = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
@@ -152,6 +154,7 @@ def test_the_fsdp_example_climbs_the_ladder_on_two_nodes_of_two_ranks(tmp_path: 
     assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
     ranks = check(rehearsal, Kind.RANK_DATA)
     assert ranks["ok"] and ranks["kind"] == "rank_data" and "80 batch hashes across the ranks" in ranks["detail"]
+    assert check(rehearsal, Kind.RANK_SAMPLES)["ok"] and check(rehearsal, Kind.RANK_STATE)["ok"]
     each_node_ran_the_sky_script(root, rehearsal.json()["run_id"], planned, steps=20)
     drill = run_cli(
         ["drill", "cold-resume", "--nodes", "2", "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
@@ -223,3 +226,5 @@ def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path
     assert rehearsal.code == 0, failed(rehearsal)
     assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
     assert check(rehearsal, Kind.RANK_DATA)["ok"]
+    samples, state = check(rehearsal, Kind.RANK_SAMPLES), check(rehearsal, Kind.RANK_STATE)
+    assert samples["ok"] and samples["facts"]["unit"] == "samples" and state["ok"], (samples, state)

@@ -1,0 +1,80 @@
+"""The Hugging Face Trainer example on several ranks, launched as its users launch it: under
+`torchrun --nproc_per_node 2` (one node, one disk, with two loader workers a rank), and on two
+nodes of one rank each (`--nodes 2`: each node an empty folder of its own, only the store
+shared). Each climbs static -> rehearsal -> `drill cold-resume --kills 2 --at mid-push` ->
+report, every rank's `step` events read by the launcher's per-rank checks (docs/notes-multirank.md:
+before, only rank 0 printed, ranks resumed at different steps from one shared `./restore`, every
+CPU resume died loading optimizer.pt, two nodes pushed rank 0's RNG file only)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launcher.checks.evidence import Kind
+from tests.helpers import check, edit_config, failed, run_cli
+from tests.legs.test_examples import copy_example, drill_and_report, hf_python
+
+
+def leg_events(leg: dict) -> list[dict]:
+    """Every event of a leg's log (each node's log where it ran on several)."""
+    logs = [Path(n["log"]) for n in leg.get("nodes") or []] or [Path(leg["log_path"])]
+    return [
+        json.loads(line[line.find('{"event": ') :])
+        for log in logs
+        for line in log.read_text().splitlines()
+        if '{"event": ' in line
+    ]
+
+
+def every_rank_stepped_and_resumed_together(root: Path, run_id: str) -> None:
+    """Each leg: both ranks printed `step` events for the same steps, and resumed from one step."""
+    legs = run_cli(["ledger", run_id, "--json"], cwd=root).json()[0]["legs"]
+    for leg in legs:
+        events = leg_events(leg)
+        steps = {r: sorted(e["step"] for e in events if e["event"] == "step" and e["rank"] == r) for r in (0, 1)}
+        assert steps[0] and steps[0] == steps[1], (leg["leg"], steps)
+        resumed = {(e["rank"], e["from_step"]) for e in events if e["event"] == "resume"}
+        assert len({step for _, step in resumed}) <= 1 and len(resumed) in (0, 2), (leg["leg"], resumed)
+
+
+def climb(root: Path, nodes: list[str]) -> float:
+    """static -> rehearsal -> drill -> report; the seconds it took."""
+    began = time.monotonic()
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", *nodes, "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    for kind in (Kind.RANK_DATA, Kind.RANK_SAMPLES, Kind.RANK_STATE):  # every rank proved, not rank 0
+        assert check(rehearsal, kind, ok=True)["facts"]["ranks"] == 2
+    every_rank_stepped_and_resumed_together(root, rehearsal.json()["run_id"])
+    drill_and_report(root, nodes)
+    return time.monotonic() - began
+
+
+def test_the_hf_example_climbs_on_one_node_of_two_ranks_with_two_loader_workers(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("hf_trainer", tmp_path)
+    train = root / "train.py"
+    train.write_text(train.read_text().replace("dataloader_num_workers=0", "dataloader_num_workers=2"))
+    torchrun = Path(hf_python()).with_name("torchrun")
+    edit_config(root, trainer__command=f"{torchrun} --standalone --nproc_per_node 2 train.py --save-steps 5")
+    assert run_cli(["review"], cwd=root).code == 0
+    took = climb(root, [])
+    print(f"1 node x 2 ranks, 2 workers: climbed in {took:.0f} s")
+
+
+def test_the_hf_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, leg_tmp: Path) -> None:
+    root = copy_example("hf_trainer", tmp_path)
+    edit_config(root, leg_env={"PREFLIGHT_NPROC_PER_NODE": "1"})
+    assert run_cli(["review"], cwd=root).code == 0
+    took = climb(root, ["--nodes", "2"])
+    stored = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
+    manifest = json.loads(stored[-1].read_text())
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {f["path"] for f in manifest["files"]}  # node 1's RNG too
+    assert {k: manifest["meta"][k] for k in ("world_size", "accumulation", "per_rank_batch")} == {
+        "world_size": 2,
+        "accumulation": 1,
+        "per_rank_batch": 8,
+    }
+    print(f"2 nodes x 1 rank: climbed in {took:.0f} s")
