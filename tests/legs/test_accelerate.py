@@ -42,7 +42,7 @@ def test_a_stateful_loader_that_is_also_skipped_loses_the_next_epochs_first_batc
     next epoch are not its either."""
     root = copy_example("accelerate", tmp_path)
     plant(root, "from accelerate import Accelerator\n", "from accelerate import Accelerator, DataLoaderConfiguration\n")
-    plant(root, "Accelerator(cpu=True)", "Accelerator(cpu=True, " + STATEFUL + ")")
+    plant(root, "Accelerator(cpu=True, ", "Accelerator(cpu=True, " + STATEFUL + ", ")
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "data's state" in details(bad, Kind.STATE_STRAIGHT), bad
@@ -96,7 +96,7 @@ def test_a_skip_counted_from_the_runs_start_reads_another_steps_batches(tmp_path
     plant(
         root, "skip_first_batches(train_dataloader, resume_step)", "skip_first_batches(train_dataloader, overall_step)"
     )
-    plant(root, "batch_size=8, shuffle=True)", "batch_size=8, shuffle=True, num_workers=2)")
+    plant(root, "batch_size=args.batch_size, shuffle=True)", "batch_size=args.batch_size, shuffle=True, num_workers=2)")
     plant(root, PREPARE, PREPARE.replace("model, optimizer,", "model,", 2).replace(", lr_scheduler", "", 2))
     plant(
         root,
@@ -141,7 +141,7 @@ def test_a_stateful_loader_without_the_loops_skip_resumes_exactly(tmp_path: Path
     text = (EXAMPLES / "accelerate" / "train.py").read_text()
     for old, new in (
         ("from accelerate import Accelerator\n", "from accelerate import Accelerator, DataLoaderConfiguration\n"),
-        ("Accelerator(cpu=True)", "Accelerator(cpu=True, " + STATEFUL + ")"),
+        ("Accelerator(cpu=True, ", "Accelerator(cpu=True, " + STATEFUL + ", "),
         ("if epoch == starting_epoch and resume_step:", "if False:  # the loader's own state resumes it"),
     ):
         assert old in text, old
