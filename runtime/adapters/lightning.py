@@ -14,19 +14,24 @@ the leg contract around it:
   it cannot rebuild (a custom batch_sampler or sampler, an IterableDataset) ends the leg
   refused (exit 3, `loader_not_resumable`), the change to make named (rung 0 first, where the
   source shows it: runtime.programs.static_lightning).
-- `resume()` fetches the newest *verified* checkpoint from the store onto this leg's empty
-  disk (damaged ones skipped with `resume_skip`; a file that does not load with
-  weights_only=True, or names another step, is damaged) and hands `fit` its path, or None
-  to start fresh. Never `ckpt_path="last"`: Lightning picks that by modification time on the
-  local disk, and on a fresh machine finds nothing and trains from scratch with a warning.
+- `resume()` says this fit resumes from the store: at `setup`, once every rank exists
+  (Lightning's own launcher starts the other ranks inside `fit`, so nothing collective can run
+  before it), rank 0 picks the newest *verified* checkpoint, each node fetches it onto its own
+  empty disk (damaged ones skipped with `resume_skip`; a file that does not load with
+  weights_only=True, or names another step, is damaged; one saved by another world size,
+  accumulation or per-rank batch refused, exit 3) and Lightning is handed its path where it
+  loads one (`resume_start`), or none to start fresh. Never `ckpt_path="last"`: Lightning picks
+  that by modification time on the local disk, and on a fresh machine finds nothing and trains
+  from scratch with a warning.
 - At `setup` it puts itself in as the trainer's CheckpointIO, so every checkpoint Lightning
   writes (ModelCheckpoint's cadence, its last.ckpt, an exception save) is written by us: to
   a temp file, fsynced, renamed (2.6.6's own save swallows some PermissionErrors, #21800),
   then pushed, verified by reading back, deleted locally and pruned in the background. A
   second save at a step already saved (save_last after the cadence's) is the same state:
   skipped. ModelCheckpoint's own deletes are no-ops: the store keeps the newest `keep`.
-- Lightning saves no RNG: the callback's own state holds the torch, numpy and python
-  streams, re-applied at the first batch after a resume, so dropout continues exactly.
+- Lightning saves no RNG: the callback's own state holds every rank's torch, numpy and python
+  streams (gathered as the checkpoint is made), each rank's re-applied at its first batch after
+  a resume, so dropout continues exactly on every rank.
 - every step prints a `step` event with the hash of the inputs the LightningModule's
   training forwards were fed (runtime.session.batches.FedInputs; the batch handed to
   `training_step` where the module's own forward is never called), the loss it returned,
@@ -37,143 +42,67 @@ the leg contract around it:
   scheduler's state shows here). A loader is digested by the position it will yield from
   (epoch, batch, seed): Lightning's state at an epoch's end and the next epoch's fresh
   iterator it resumes with are one position in different bytes.
-- it stops at LAUNCHER_MAX_STEPS (counted across legs), before LAUNCHER_DEADLINE and on
-  SIGTERM: a final checkpoint from `on_train_batch_end` (the stage Lightning resumes
-  mid-epoch from), then `trainer.should_stop`; `done` says whether it verified, and a
-  final checkpoint that did not verify exits 1. Lightning's own SIGTERM stop (raise after
-  the batch, exit 0, no save) is set aside: the callback's stop is the one.
+- a step is a batch (a micro-batch: with accumulate_grad_batches K the optimizer steps every
+  K, `opt_steps` says when); checkpoints are named by it. It stops at LAUNCHER_MAX_STEPS
+  (counted across legs; a leg resumed there trains nothing), before LAUNCHER_DEADLINE and on
+  SIGTERM, at the end of an accumulation window only (Lightning saves no accumulated gradients),
+  at one step on every rank (the stop code agreed across ranks): a final checkpoint from
+  `on_train_batch_end` (the stage Lightning resumes mid-epoch from), then
+  `trainer.should_stop`; `done` says whether it verified, and a final checkpoint that did not
+  verify exits 1. Lightning's own SIGTERM handler (a collective inside the handler, once per
+  signal, and the signal forwarded to its children: two ranks hung to the leg's budget) is
+  replaced at `on_train_start`: the callback's stop is the one.
 - a loader's worker processes leave SIGTERM to the main process (runtime.session.workers), and the
   sampler's epoch is set before a restarted epoch's iterator exists (Lightning #21938).
-Supported, and executed here: the `lightning` package (lightning.pytorch), one CPU device,
-a plain DataLoader(shuffle=True), a StatefulDataLoader with workers. Not supported: several devices or nodes (DDP is not
-executed here); `pytorch_lightning` imports (another Callback class); AsyncCheckpointIO
+Several ranks: Lightning's own launcher (`devices=N, strategy="ddp"`) and torchrun (one node or
+several, each node its own disk); every rank prints its `step` events. The loader state Lightning
+saves is rank 0's, loaded on every rank: right where the injected DistributedSampler pads every
+rank to one count (one batch index on each); a dataset's own state is not kept per rank.
+Supported, and executed here: the `lightning` package (lightning.pytorch), CPU devices (gloo),
+a plain DataLoader(shuffle=True), a StatefulDataLoader with workers, accumulate_grad_batches.
+Not supported: `pytorch_lightning` imports (another Callback class); AsyncCheckpointIO
 (unwrapped: its save returns before the file exists); ModelCheckpoint(save_last="link")
-(a symlink made outside the CheckpointIO); gradient accumulation (a step event per batch
-would repeat the optimizer step).
+(a symlink made outside the CheckpointIO); sharded strategies (FSDP, DeepSpeed: one file is
+written by rank 0 here).
 """
 
 from __future__ import annotations
 
 import os
-import random
-import re
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from runtime import contract, events
-from runtime.adapters.common import LegAdapter, check_windows
-from runtime.adapters.lightning_data import NotResumable, Seed, live_states, positions, resumable
+from runtime.adapters.common import LegAdapter
+from runtime.adapters.lightning_data import Seed, live_states, positions
+from runtime.adapters.lightning_state import (
+    CKPT_FILE,
+    MICRO,
+    TRACKED,
+    _check,
+    before_first_iter,
+    digests_of,
+    last_batch_as_mid_epoch,
+    named_step,
+    own_state,
+    rank_rng,
+    rng_state,
+    set_rng_state,
+)
 from runtime.checkpoint.disk import tensor_bytes
-from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
+from runtime.contract import EXIT_FAILED, STOP_CODES
 from runtime.session.batches import FedInputs, batch_digest
 from runtime.session.rules import LegEnd, local_stop
-from runtime.session.step_evidence import state_digests
-from runtime.session.workers import quiet_sigchld, shield_workers
-from runtime.store.base import CheckpointDamaged, checkpoint_name
+from runtime.session.workers import quiet_sigchld
+from runtime.store.base import checkpoint_name
 
-CKPT_FILE = "lightning.ckpt"
-TRACKED = {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler", "data": "data"}
-
-
-def _check(folder: Path, seal: dict[str, Any] | None) -> None:
-    """A fetched checkpoint Lightning could load: its bytes as sealed, one file that loads with
-    weights_only=True and says the step its name says."""
-    check_windows(folder, seal)
-    try:
-        ckpt = torch.load(folder / CKPT_FILE, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any load failure is damage: the next older one is tried
-        raise CheckpointDamaged(f"{CKPT_FILE} does not load with weights_only=True: {type(err).__name__}: {err}")
-    named = re.search(r"(\d+)$", folder.name)  # checkpoint_name(step): the step, last
-    step = int(named.group(1)) if named else None
-    if not isinstance(ckpt, dict) or ckpt.get("global_step") != step:
-        raise CheckpointDamaged(
-            f"{CKPT_FILE} says global_step {ckpt.get('global_step') if isinstance(ckpt, dict) else None}"
-        )
-
-
-def rng_state() -> dict[str, Any]:
-    """The global RNG streams, in types torch.load(weights_only=True) reads back."""
-    version, words, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(words), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, words, gauss = state["python"]
-    random.setstate((version, tuple(words), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-
-
-def digests_of(model: Any, optimizers: Any, schedulers: Any, loader: Any, rng: Any) -> dict[str, str]:
-    return state_digests(
-        {"model": model, "optimizer": optimizers, "scheduler": schedulers, "data": loader, "rng": [rng]}, list(TRACKED)
-    )
-
-
-def _before_first_iter(loop: Any, seed: Seed) -> None:
-    """The training loaders made resumable (runtime.adapters.lightning_data) where Lightning has
-    just built them, before it loads their saved state and makes their iterator; a loader that
-    cannot be ends the leg refused (exit 3), the change it needs named.
-
-    Lightning 2.6.6 creates a restarted epoch's iterator (`setup_data`, right after it loads the
-    loader's saved state) before it sets the samplers' epoch (`on_advance_start`): a resume in the
-    middle of epoch >= 1 replays epoch 0's order from the saved position (Lightning issue #21938,
-    open; seen here with a StatefulDataLoader, whose iterator seeks at creation). The epoch goes
-    first here: the value Lightning itself would set, just before that iterator. (A private
-    method of the pinned 2.6.6; where it is gone, nothing is changed.)"""
-    load = getattr(loop, "_load_combined_loader_states", None)
-    if load is None or getattr(load, "_preflight", False):
-        return
-
-    def load_then_set_epoch() -> None:
-        combined = loop._combined_loader
-        try:
-            combined.flattened = [resumable(dl, seed) for dl in combined.flattened]
-        except NotResumable as err:
-            events.emit("stop", reason="loader_not_resumable", step=int(loop.trainer.global_step), error=str(err))
-            raise LegEnd(EXIT_REFUSED, "loader_not_resumable") from err
-        load()
-        for loader in combined.flattened:
-            _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
-            shield_workers(loader)  # its workers leave SIGTERM to the main process (runtime.session.workers)
-
-    load_then_set_epoch._preflight = True  # type: ignore[attr-defined]
-    loop._load_combined_loader_states = load_then_set_epoch
-
-
-def _mid_epoch_last_batch(checkpoint: dict[str, Any]) -> bool:
-    """A checkpoint saved in `on_train_batch_end` of an epoch's last batch (a stop's save, a
-    ModelCheckpoint every n steps landing there), told from ModelCheckpoint's epoch-end save of
-    the same step by its loops state: the last batch processed but not completed, the epoch
-    started but not processed. Lightning 2.6.6 counts that epoch as done on load (`FitLoop.reset`:
-    `is_last_batch`) and then runs the next epoch on the loader state that yielded all of the
-    last one: it yields nothing, and the epoch after is trained (an epoch skipped, exit 0;
-    Lightning #18060, #19815). With `is_last_batch` cleared here, before the loops are restored,
-    Lightning resumes it as any mid-epoch save: the rest of the epoch (nothing), its end, then
-    the next epoch from its start. Returns whether it changed the checkpoint."""
-    loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    batches, epochs = loops.get("epoch_loop.batch_progress"), loops.get("epoch_progress")
-    if not isinstance(batches, dict) or not isinstance(epochs, dict) or not batches.get("is_last_batch"):
-        return False
-    b, e = batches.get("total", {}), epochs.get("total", {})
-    if b.get("processed") != b.get("completed", 0) + 1 or e.get("processed") != e.get("started", 0) - 1:
-        return False
-    batches["is_last_batch"] = False
-    return True
+__all__ = ["CKPT_FILE", "Preflight", "_check", "rng_state", "set_rng_state"]
 
 
 class _StoreIO(CheckpointIO):
@@ -196,13 +125,24 @@ class _StoreIO(CheckpointIO):
         self.inner.teardown()
 
 
+def _first_rank_guess() -> None:
+    """RANK for the events printed before the process group exists, where Lightning's own
+    launcher left it unset on one node (it sets LOCAL_RANK in the processes it starts); `setup`
+    sets the real one."""
+    if "RANK" not in os.environ and "LOCAL_RANK" in os.environ and os.environ.get("NODE_RANK", "0") == "0":
+        os.environ["RANK"] = os.environ["LOCAL_RANK"]
+
+
 class Preflight(Callback, LegAdapter):
     """The leg contract for a Lightning Trainer. See the module docstring."""
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
+        _first_rank_guess()
         self.read_leg(workdir, "lightning")
+        self.keep, self.verify_bytes = keep, verify_bytes
         self.reason = "max_steps"
         self.finished = False
+        self._asked = False  # resume() called: the checkpoint is chosen at setup
         self._sigterm: list[bool] = []
         self._rng: dict[str, Any] | None = None  # loaded: re-applied at the first batch
         self._batch: str | None = None
@@ -210,18 +150,17 @@ class Preflight(Callback, LegAdapter):
         """The data order's seed: this process's torch seed (L.seed_everything's), a resume's saved one."""
         self.fed = FedInputs()
         self._opt_steps = 0
+        self._micro = 0  # batches trained across legs: the step
+        self._saved_at = 0  # the step of the last checkpoint made, on every rank
+        self._stepped_at = 0  # trainer.global_step at the last window end
         self._trainer: Any = None
         self._last = time.perf_counter()
-        # A flag from now on: Lightning installs its own handler only once `fit` has restored the
-        # checkpoint, and chains this one.
+        # A flag from now on; replaced by the same handler at on_train_start, where Lightning's is.
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.open_saver(keep, verify_bytes, pushes=self.rank == 0)
 
     def _on_sigterm(self, *_: Any) -> None:
-        """Lightning's own handler runs first and sets `received_sigterm`, on which its loop raises
-        after `on_train_batch_end`: a signal landing after this callback's hook would end the leg
-        with no final checkpoint (seen: `done` unverified at step 6). The stop is ours: at the next
-        `on_train_batch_end`, a checkpoint, then `should_stop`."""
+        """The stop is ours: at the next window end, agreed across ranks, a checkpoint, then
+        `should_stop`. Lightning's own stop (raise after the batch, no save) is kept off."""
         self._sigterm.append(True)
         connector = getattr(self._trainer, "_signal_connector", None)
         if connector is not None:
@@ -230,36 +169,64 @@ class Preflight(Callback, LegAdapter):
 
     # --- before training ---------------------------------------------------------
 
-    def resume(self) -> str | None:
-        """The local path of the newest verified checkpoint in the store (None: start fresh)."""
-        resumed = self.resume_from(_check)
-        if resumed.checkpoint is None:
-            return None
-        return str(self.restore_dir / resumed.checkpoint / CKPT_FILE)
+    def resume(self) -> None:
+        """Resume from the store's newest verified checkpoint: chosen at `setup`, where every
+        rank exists, and handed to Lightning there. None for `fit`'s ckpt_path."""
+        self._asked = True
+        return None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Every rank, once Lightning's process group exists and before it loads a checkpoint: the
+        world, the pusher on rank 0, the run's shape, the collective resume, our CheckpointIO."""
+        self.join_world()
+        self.open_saver(self.keep, self.verify_bytes, pushes=self.world.is_main)
+        source = getattr(getattr(trainer.fit_loop, "_data_source", None), "instance", None)
+        batch = getattr(source, "batch_size", None)
+        self.shape = {"world_size": int(trainer.world_size), "accumulation": int(trainer.accumulate_grad_batches)}
+        if isinstance(batch, int):
+            self.shape["per_rank_batch"] = batch
         inner = trainer.strategy.checkpoint_io
         inner = getattr(inner, "checkpoint_io", None) or inner if type(inner).__name__ == "AsyncCheckpointIO" else inner
         trainer.strategy.checkpoint_io = _StoreIO(self, inner)
         self._trainer = trainer
-        _before_first_iter(trainer.fit_loop, self._seed)
+        before_first_iter(trainer.fit_loop, self._seed)
         self.fed.watch(pl_module)
+        if self._asked:
+            self._resume(trainer)
+
+    def _resume(self, trainer: Any) -> None:
+        """The collective resume; Lightning loads the chosen file where it loads `fit`'s ckpt_path."""
+        resumed = self.resume_from(_check)
+        self._micro = self._saved_at = resumed.step if resumed.checkpoint is not None else 0
+        if resumed.checkpoint is None:
+            return
+        path = str(self.restore_dir / resumed.checkpoint / CKPT_FILE)
+        connector = trainer._checkpoint_connector
+        start = connector.resume_start
+        connector.resume_start = lambda checkpoint_path=None, **kw: start(path, **kw)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        _mid_epoch_last_batch(checkpoint)
+        last_batch_as_mid_epoch(checkpoint)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": rng_state(), "data_seed": self._seed.value}
+        """Every rank's RNG streams (a collective: Lightning makes the checkpoint on every rank)."""
+        rngs = self.world.gather(rng_state())
+        return {"rng": rngs if self.world.distributed else rngs[0], "data_seed": self._seed.value, MICRO: self._micro}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._rng = state_dict.get("rng")
+        self._rng = rank_rng(state_dict.get("rng"), self.world.rank, self.world.world_size)
         if "data_seed" in state_dict:
             self._seed.value = int(state_dict["data_seed"])
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._saved_at = self._micro  # every rank: the guards below decide alike on each
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)  # ours alone (Lightning's runs a collective in it)
         self.deadline = contract.resumed_deadline(
             self.deadline, dict(os.environ), time.time()
         )  # the checkpoint is loaded
+        self._stepped_at = int(trainer.global_step)
         for opt in trainer.optimizers:
             opt.register_step_post_hook(lambda *_: setattr(self, "_opt_steps", self._opt_steps + 1))
         if self.resumed.checkpoint is not None:
@@ -283,6 +250,8 @@ class Preflight(Callback, LegAdapter):
             adapter="lightning",
             tracked=TRACKED,
         )
+        if self._micro >= self.max_steps:  # resumed at its last step: nothing to train
+            trainer.should_stop = True
         self._last = time.perf_counter()
 
     def _live_state(self, trainer: Any, pl_module: Any) -> tuple[Any, Any, Any, Any]:
@@ -305,11 +274,12 @@ class Preflight(Callback, LegAdapter):
         self._batch = batch_digest(batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step, now = int(trainer.global_step), time.perf_counter()
+        self._micro += 1
+        step, now = self._micro, time.perf_counter()
         step_s, self._last = now - self._last, now
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         fed = self.fed.step_fields()  # the inputs the LightningModule's training forwards were fed this step
-        if self.rank == 0 and loss is not None:
+        if loss is not None:  # every rank: its own fed batches
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0
             fields = fed or ({"batch_hash": self._batch, "batch_from": "step"} if self._batch else {})
             events.emit(
@@ -322,21 +292,21 @@ class Preflight(Callback, LegAdapter):
                 opt_steps=self._opt_steps,
                 **fields,
             )
-        limit = min(self.max_steps, trainer.max_steps) if trainer.max_steps > 0 else self.max_steps
-        stop = (
-            "max_steps"
-            if step >= limit
-            else STOP_CODES.get(local_stop(self.deadline, self.saver.last_cycle_s, step_s, self._sigterm, step))
-        )
+        if trainer.accumulate_grad_batches > 1 and int(trainer.global_step) == self._stepped_at:
+            return  # inside an accumulation window: its gradients are in no checkpoint
+        self._stepped_at = int(trainer.global_step)
+        code = self.agree_stop(local_stop(self.deadline, self.saver.last_cycle_s, step_s, self._sigterm, step))
+        done = step >= self.max_steps or 0 < trainer.max_steps <= trainer.global_step
+        stop = "max_steps" if done else STOP_CODES.get(code)
         if stop:
             self.reason = stop
-            if step > self.saver.pushed_at:
+            if step > self._saved_at:
                 trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")  # through _StoreIO
             trainer.should_stop = True
 
     def save(self, checkpoint: dict[str, Any]) -> None:
-        """One checkpoint Lightning asked for: written here (temp, fsync, rename), then the cycle."""
-        step = int(checkpoint["global_step"])
+        """One checkpoint Lightning asked for (rank 0): written here (temp, fsync, rename), then the cycle."""
+        step = named_step(checkpoint)
         if step <= self.saver.pushed_at or self.saver.pusher is None:
             return  # this step's state is saved already (or this rank pushes nothing)
         self.saver.pushed_at = step
@@ -355,33 +325,38 @@ class Preflight(Callback, LegAdapter):
             dest, step, "lightning", began, {k: tensor_bytes(v) for k, v in {**sizes, "scheduler": schedulers}.items()}
         )
         loops = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        own = checkpoint.get("callbacks", {}).get(self.state_key) or {}
+        own = own_state(checkpoint)
         loader = positions(
             self._trainer.fit_loop,
             loops.get("combined_loader", []),
             int(checkpoint.get("epoch", 0)),
             int(own.get("data_seed", self._seed.value)),
         )
+        rng = own.get("rng")
         events.emit(
             "state_digest",
             step=step,
             digests=digests_of(
-                checkpoint["state_dict"], checkpoint.get("optimizer_states", []), schedulers, loader, own.get("rng")
+                checkpoint["state_dict"],
+                checkpoint.get("optimizer_states", []),
+                schedulers,
+                loader,
+                rng[0] if isinstance(rng, list) else rng,  # rank 0's: the events of rank 0
             ),
         )
 
     # --- the end -------------------------------------------------------------------
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if int(trainer.global_step) > self.saver.pushed_at:  # stopped by max_epochs: the run is over, save it
+        if self._micro > self._saved_at:  # stopped by max_epochs: the run is over, save it
             trainer.save_checkpoint(self.work / "ckpt" / "final.ckpt")
-        self.finish(int(trainer.global_step))
+        self.finish(self._micro)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Lightning's own SIGTERM stop, should it still raise (a rank told by broadcast): the end."""
         if type(exception).__name__ == "SIGTERMException":
             self.reason = "sigterm"
-            self.finish(int(trainer.global_step))
+            self.finish(self._micro)
 
     def finish(self, step: int) -> None:
         if self.finished:

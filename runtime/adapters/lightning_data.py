@@ -56,6 +56,13 @@ class Seed:
     def value(self, value: int) -> None:
         self._value = value
 
+    def adopt(self, value: int) -> int:
+        """The seed in use: as set (a resume's saved one), else `value` (a sampler's own, which
+        then is the one saved)."""
+        if self._value is None:
+            self._value = value
+        return self._value
+
 
 def _key(seed: int, epoch: int, salt: int) -> int:
     return (seed * 1_000_003 + epoch * 2 + salt) % (1 << 63)
@@ -100,6 +107,10 @@ def _order_of(loader: DataLoader, seed: Seed, generator: torch.Generator) -> Epo
     if type(sampler) is SequentialSampler:
         return EpochOrder(n, seed, False, generator)
     if callable(getattr(sampler, "set_epoch", None)):
+        if isinstance(getattr(sampler, "seed", None), int):  # Lightning's injected DistributedSampler
+            # seeded by PL_GLOBAL_SEED (seed_everything's): a leg that seeds otherwise shuffled
+            # another order, unseen. The seed saved is the one it uses; a resume's is put back.
+            sampler.seed = seed.adopt(sampler.seed)
         return EpochOrder(n, seed, False, generator, inner=sampler)
     raise NotResumable(
         f"the training DataLoader's sampler is a {type(sampler).__name__}, whose order after a resume "

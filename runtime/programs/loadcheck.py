@@ -34,14 +34,17 @@ from runtime.store.base import Store
 
 def _lightning(folder: Path, step: int) -> dict[str, Any]:
     """A Lightning checkpoint is one torch.save file: it must load with weights_only=True (as
-    `trainer.fit(ckpt_path=...)` loads it) and say the step the store's name says."""
+    `trainer.fit(ckpt_path=...)` loads it) and say the step the store's name says (the adapter's
+    `micro_step`: batches, where Lightning's global_step counts optimizer steps)."""
     import torch
 
     files = sorted(folder.glob("*.ckpt"))
     if len(files) != 1:
         return {"ok": False, "error": f"expected one .ckpt file, found {len(files)}"}
     ckpt = torch.load(files[0], map_location="cpu", weights_only=True)
-    got = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    got, own = (ckpt.get("global_step"), ckpt.get("callbacks") or {}) if isinstance(ckpt, dict) else (None, {})
+    micro = [v["micro_step"] for v in own.values() if isinstance(v, dict) and "micro_step" in v]
+    got = micro[0] if micro and got is not None else got  # the adapter's step: batches (global_step: optimizer steps)
     if got != step:
         return {"ok": False, "error": f"the checkpoint says global_step {got!r}, its name step {step}"}
     return {"keys": sorted(ckpt)}

@@ -145,6 +145,27 @@ done = {"_num_yielded": 4, "_iterator_finished": False}
 assert position(done, 0, 4, 7) == position({"_num_yielded": 0, "_iterator_finished": False}, 1, 4, 7)
 assert position({"_num_yielded": 3, "_iterator_finished": False}, 0, 4, 7) != position(done, 0, 4, 7)
 
+from torch.utils.data.distributed import DistributedSampler
+from runtime.adapters.lightning_state import last_batch_as_mid_epoch, named_step
+
+def injected(seed):  # the loader Lightning hands over on 2 ranks: a DistributedSampler seeded by PL_GLOBAL_SEED
+    return resumable(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, 2, 0, seed=5)), seed)
+
+fresh, resumed = Seed(), Seed(9)
+assert injected(fresh).sampler.inner.seed == 5 and fresh.value == 5  # the seed it uses is the one saved
+assert injected(resumed).sampler.inner.seed == 9  # a resume's saved seed, whatever this leg seeded
+
+def saved(batches_completed, epochs_processed):
+    return {"loops": {"fit_loop": {
+        "epoch_loop.batch_progress": {"total": {"processed": 10, "completed": batches_completed}, "is_last_batch": True},
+        "epoch_progress": {"total": {"started": 1, "processed": epochs_processed}},
+    }}}
+stop, epoch_end = saved(9, 0), saved(10, 1)  # on_train_batch_end of the last batch; ModelCheckpoint's epoch end
+assert last_batch_as_mid_epoch(stop) and not stop["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"]
+assert not last_batch_as_mid_epoch(epoch_end) and epoch_end["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"]
+assert named_step({"global_step": 3, "callbacks": {"Preflight": {"micro_step": 12}}}) == 12
+assert named_step({"global_step": 3, "callbacks": {}}) == 3
+
 torch.manual_seed(3); random.seed(3); np.random.seed(3)
 torch.save(rng_state(), root / "rng.pt")
 want = (torch.rand(3), random.random(), np.random.rand())
@@ -163,7 +184,10 @@ def test_a_forged_or_mislabelled_lightning_checkpoint_is_damaged_and_the_rng_rou
     StatefulDataLoader left alone; a custom batch_sampler, an IterableDataset, a sampler of no
     known order each refused, the change named; a plain DataLoader(shuffle=True) rebuilt with an
     order that is a function of (seed, epoch), an iter() that draws nothing from the global RNG,
-    a mid-epoch position that resumes exactly; a state at an epoch's end is the next one's start."""
+    a mid-epoch position that resumes exactly; a state at an epoch's end is the next one's start;
+    Lightning's injected DistributedSampler seeded by the resume's saved seed (another
+    seed_everything shuffled another order, unseen), the seed saved the one it uses; the two saves
+    of an epoch's last step told apart by their loops state; a checkpoint named by its batches."""
     proc = subprocess.run(
         [pl_python(), "-c", CHECKS, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO
     )

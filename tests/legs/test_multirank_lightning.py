@@ -1,0 +1,68 @@
+"""examples/lightning_ddp (examples/lightning with `Trainer(devices=2, strategy="ddp")` on CPU) on
+the ladder: static -> rehearsal -> `drill cold-resume --kills 2 --at mid-push` -> report, proofs
+1-4 and 6-8 PASS, 5 MISSING, on the two shapes its users run it in: 2 ranks of one node under
+Lightning's own launcher (with accumulate_grad_batches 4: micro-batches and optimizer steps
+counted apart, every stop at a window's end), and 2 nodes x 1 rank under each node's torchrun
+(each node its own disk, only the store shared). Every rank prints its own step events, and the
+launcher compares each rank's with the straight-through run's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher.checks.evidence import Kind
+from tests.helpers import check, failed, run_cli
+from tests.legs.test_examples import EXAMPLES, drill_and_report, pl_python
+
+NAME = "lightning_ddp"
+
+
+def copy_ddp(dest: Path, accumulate: int = 1, leg_env: dict[str, str] | None = None) -> Path:
+    """examples/lightning_ddp, reviewed, its `python` Lightning's interpreter, ACCUMULATE set."""
+    root = dest / NAME
+    shutil.copytree(EXAMPLES / NAME, root)
+    train = root / "train.py"
+    train.write_text(train.read_text().replace("ACCUMULATE = 1\n", f"ACCUMULATE = {accumulate}\n"))
+    cfg = root / "launcher.yaml"
+    text = cfg.read_text().replace("command: python ", f"command: {pl_python()} ")
+    if leg_env:
+        text += "leg_env:\n" + "".join(f'  {k}: "{v}"\n' for k, v in leg_env.items())
+    cfg.write_text(text)
+    assert run_cli(["review"], cwd=root).code == 0
+    return root
+
+
+def test_the_ddp_example_climbs_on_two_ranks_of_one_node_with_accumulation(tmp_path: Path, leg_tmp: Path) -> None:
+    """Lightning's own launcher (the script started again for rank 1 inside `fit`, before any
+    process group: the resume is chosen at `setup`), accumulate_grad_batches 4: both ranks'
+    steps identical to the straight run's, every resume at a window's end."""
+    root = copy_ddp(tmp_path, accumulate=4)
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    drill_and_report(root)
+
+
+@pytest.fixture
+def lightning_torchrun_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's `run:` starts `torchrun` from PATH: the one beside Lightning's interpreter."""
+    monkeypatch.setenv("PATH", f"{Path(pl_python()).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def test_the_ddp_example_climbs_on_two_nodes_of_one_rank(
+    tmp_path: Path, leg_tmp: Path, lightning_torchrun_first: None
+) -> None:
+    """Two nodes x 1 rank (torchrun on each; Lightning's devices=2 is torchrun's world of 2): the
+    store is all the nodes share; rank 1's node fetches the checkpoint rank 0 chose."""
+    root = copy_ddp(tmp_path, leg_env={"PREFLIGHT_NPROC_PER_NODE": "1"})
+    nodes = ["--nodes", "2"]
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
+    rehearsal = run_cli(["up", "rehearsal", *nodes, "--json"], cwd=root, timeout=900)
+    assert rehearsal.code == 0, failed(rehearsal)
+    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    drill_and_report(root, nodes)
