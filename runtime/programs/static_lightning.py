@@ -7,6 +7,8 @@ that show in the source are said here first, before any leg: the loader handed t
 file, from a `DataLoader(...)` call with a `batch_sampler=` of its own, or over a dataset
 whose class the file defines as an `IterableDataset`. Anything less certain (a loader built
 elsewhere, assigned twice, a sampler of unknown order) is left to the leg: no false alarm here.
+A `Trainer(strategy=...)` the adapter has not run (spawned ranks, sharded state) is refused
+outright (exit 3), the strategy to use named.
 """
 
 from __future__ import annotations
@@ -77,6 +79,41 @@ def problems(path: Path) -> list[str]:
     return found
 
 
+UNRUN = {
+    "spawn": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
+    "fork": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
+    "notebook": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
+    "fsdp": "shards the model and optimizer over the ranks, where the adapter writes one file from rank 0",
+    "deepspeed": "shards the model and optimizer over the ranks, where the adapter writes one file from rank 0",
+}
+"""Strategies the adapter has not run (what each would break): a leg of one is refused at rung 0,
+before it trains. Run on several ranks: strategy="ddp" under Lightning's own launcher or torchrun."""
+
+
+def strategy_problems(path: Path) -> list[str]:
+    """`file:line: ...` for each `Trainer(strategy=...)` in `path` naming a strategy in UNRUN (a
+    string, or FSDPStrategy/DeepSpeedStrategy); a strategy the source does not spell is left alone."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return []
+    if not _uses_adapter(tree):
+        return []
+    found = []
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and _name(n.func) == "Trainer"):
+        for value in (k.value for k in call.keywords if k.arg == "strategy"):
+            said = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+            if isinstance(value, ast.Call) and _name(value.func) in ("FSDPStrategy", "DeepSpeedStrategy"):
+                said = str(_name(value.func)).lower()
+            why = next((w for key, w in UNRUN.items() if said is not None and key in said.lower()), None)
+            if why:
+                found.append(
+                    f"{path.name}:{value.lineno}: Trainer(strategy={said!r}) {why}: not run by the Lightning adapter; "
+                    'use strategy="ddp" (Lightning\'s own launcher or torchrun)'
+                )
+    return found
+
+
 def lightning_loader_checks(root: Path) -> list[dict[str, Any]]:
     """One check where a reviewed file uses the Lightning adapter (none elsewhere)."""
     files = sorted(root.rglob("*.py"))
@@ -92,4 +129,8 @@ def lightning_loader_checks(root: Path) -> list[dict[str, Any]]:
             "leg's start)"
         )
     )
-    return [{"name": "Lightning training loader resumable", "ok": not found, "detail": detail}]
+    checks = [{"name": "Lightning training loader resumable", "ok": not found, "detail": detail}]
+    unrun = [line for f in users for line in strategy_problems(f)]
+    if unrun:  # refused outright (the launcher exits 3): a leg would fail or hang, not prove anything
+        checks.append({"name": "Lightning strategy", "ok": False, "detail": unrun[0], "refused": True})
+    return checks

@@ -39,3 +39,15 @@ def test_what_the_adapter_makes_resumable_or_the_source_cannot_tell_passes(tmp_p
         assert got["ok"], (body, got)
     no_adapter = "loader = DataLoader(data, batch_sampler=s)\ntrainer.fit(model, loader)\n"
     assert checks_for(tmp_path, no_adapter, head="from torch.utils.data import DataLoader\n") == []
+
+
+def test_a_strategy_the_adapter_has_not_run_is_refused_at_rung_0(tmp_path: Path) -> None:
+    """Spawned ranks and sharded state: refused outright (exit 3), one line naming the line and
+    strategy="ddp"; ddp itself, and a strategy the source does not spell, pass."""
+    fit = "trainer.fit(model, loader)\n"
+    for spelled in ('"ddp_spawn"', '"fsdp"', "FSDPStrategy()", '"deepspeed_stage_2"'):
+        _, got = checks_for(tmp_path, f"trainer = L.Trainer(devices=2, strategy={spelled})\n" + fit)
+        assert got["refused"] and not got["ok"] and "train.py:4" in got["detail"] and 'strategy="ddp"' in got["detail"]
+    for spelled in ('"ddp"', "chosen", "DDPStrategy()"):
+        [got] = checks_for(tmp_path, f"trainer = L.Trainer(devices=2, strategy={spelled})\n" + fit)
+        assert got["ok"], (spelled, got)
