@@ -191,8 +191,8 @@ def check_rank_state(legs: list[LegEvents], straight: LegEvents | None, exact: b
     same rank's in the straight-through run (another rank's named; one no rank had named where
     rank 0's came back and this rank's loss then left the straight run's: a draw both runs make
     alike is no finding), and where compared exactly, each rank's optimizer steps since the resume
-    against the straight run's over the same steps (a resume inside an accumulation window is
-    launcher.checks.accumulation's finding, left to it)."""
+    and its epoch against the straight run's over the same steps (a resume inside an accumulation
+    window is launcher.checks.accumulation's finding, left to it)."""
     ranks = ranks_of(legs)
     if straight is None or len(ranks) < 2 or not resumed_legs(legs) or ranks_of([straight]) != ranks:
         return None
@@ -219,8 +219,8 @@ def check_rank_state(legs: list[LegEvents], straight: LegEvents | None, exact: b
     return Check(
         name,
         True,
-        f"{said[0]} rank-resumes: each rank's global RNG at its first resumed step its own in the straight run; "
-        f"{said[1]} rank-steps: each rank's optimizer steps since the resume the straight run's",
+        f"{said[0]} resumes of a rank: each one's global RNG at its first step that rank's in the straight run; "
+        f"{said[1]} resumed steps of a rank: the optimizer steps since the resume and the epoch the straight run's",
         kind=Kind.RANK_STATE,
         leg=legs[-1].leg,
         facts={"ranks": len(ranks)},
@@ -271,16 +271,25 @@ def _rng_differs(
 def _opt_differs(
     ev: LegEvents, r: int, mine: Steps, ref: Steps, at: int, said: list[int]
 ) -> tuple[str, Any, int | None] | None:
+    """A resumed step of rank `r` whose optimizer steps since the resume, or whose epoch (the
+    sampler's, as the step prints it), is not the straight run's at that step."""
     base = 0 if at == 0 else ref.get(at, (0, {}))[1].get("opt_steps")
     for s, item in sorted(mine.items()):
-        got, want = item[1].get("opt_steps"), ref.get(s, (0, {}))[1].get("opt_steps")
-        if got is None or want is None or base is None:
+        e, want = item[1], ref.get(s, (0, {}))[1]
+        if "epoch" in e and "epoch" in want and e["epoch"] != want["epoch"]:
+            return (
+                f"rank {r} trained step {s} (leg {ev.leg}, resumed at step {at}) in epoch {e['epoch']}, the "
+                f"straight-through run in epoch {want['epoch']}",
+                item,
+                None,
+            )
+        if e.get("opt_steps") is None or want.get("opt_steps") is None or base is None:
             continue
         said[1] += 1
-        if got != want - base:
+        if e["opt_steps"] != want["opt_steps"] - base:
             return (
-                f"rank {r} stepped its optimizer {got} times from the resume at step {at} to step {s} (leg {ev.leg}), "
-                f"the straight-through run {want - base}",
+                f"rank {r} stepped its optimizer {e['opt_steps']} times from the resume at step {at} to step {s} "
+                f"(leg {ev.leg}), the straight-through run {want['opt_steps'] - base}",
                 item,
                 None,
             )

@@ -55,7 +55,7 @@ def test_an_exact_resume_on_two_ranks_passes_with_its_counts() -> None:
     assert c.facts["unit"] == "samples" and c.facts["across"]["of"] == 64
     state = check_rank_state(run(), straight(), exact=True)
     assert state is not None and state.ok and state.kind == Kind.RANK_STATE, state
-    assert "2 rank-resumes" in state.detail and "8 rank-steps" in state.detail
+    assert "2 resumes of a rank" in state.detail and "8 resumed steps of a rank" in state.detail
 
 
 def test_a_rank_that_starts_its_shard_over_is_counted_seen_twice_and_never_seen() -> None:
@@ -175,3 +175,12 @@ def test_fed_inputs_print_a_digest_per_sample_within_the_caps() -> None:
     out = fed.step_fields()
     assert "rows" not in out and "batch_hash" in out
     fed.close()
+
+
+def test_a_rank_that_resumed_into_another_epoch_is_named() -> None:
+    ref = leg(9, 1, STEPS, plant=lambda r, s: {"epoch": s // 5})
+    c = check_rank_state(run(lambda r, s: {"epoch": s // 5 + (r == 1)}), ref, exact=True)
+    assert c is not None and not c.ok and c.facts["rank"] == 1, c
+    assert (
+        c.detail == "rank 1 trained step 5 (leg 1, resumed at step 4) in epoch 2, the straight-through run in epoch 1"
+    )
