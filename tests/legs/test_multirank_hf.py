@@ -78,3 +78,33 @@ def test_the_hf_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, leg_tmp:
         "per_rank_batch": 8,
     }
     print(f"2 nodes x 1 rank: climbed in {took:.0f} s")
+
+
+def test_a_leg_of_one_rank_refuses_the_checkpoint_two_ranks_saved_with_one_line(tmp_path: Path) -> None:
+    """The example run by hand as two legs: two ranks save step 2; a leg of one rank resuming it
+    ends before it trains, exit 3, its `stop` naming both world sizes (the plan refuses it too
+    where it knows both: launcher.ops.shape; this is the leg's own check, for what it cannot know)."""
+    import os
+    import shutil
+    import subprocess
+
+    from tests.legs.test_examples import EXAMPLES, REPO
+
+    shutil.copyfile(EXAMPLES / "hf_trainer" / "train.py", tmp_path / "train.py")
+    python = hf_python()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAUNCHER_RUN_ID": "shape", "LAUNCHER_MAX_STEPS": "2"}
+    env.pop("RANK", None)
+    two = [str(Path(python).with_name("torchrun")), "--standalone", "--nproc_per_node", "2"]
+    saved = subprocess.run(
+        [*two, "train.py", "--save-steps", "2"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert saved.returncode == 0, saved.stderr[-6000:]
+    env.update(LAUNCHER_LEG="1", LAUNCHER_MAX_STEPS="4")
+    one = subprocess.run(
+        [python, "train.py", "--save-steps", "2"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    events = [json.loads(line) for line in one.stdout.splitlines() if line.startswith('{"event": ')]
+    stops = [e for e in events if e["event"] == "stop"]
+    assert one.returncode == 3 and [s["reason"] for s in stops] == ["shape_changed"], one.stderr[-2000:]
+    assert "saved by 2 ranks, this leg has 1" in stops[0]["error"] and "\n" not in stops[0]["error"]
+    assert not [e for e in events if e["event"] in ("start", "step")]  # refused before anything trains
