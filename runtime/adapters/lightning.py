@@ -154,7 +154,7 @@ class Preflight(Callback, LegAdapter):
         self._saved_at = 0  # the step of the last checkpoint made, on every rank
         self._stepped_at = 0  # trainer.global_step at the last window end
         self._trainer: Any = None
-        self._last = time.perf_counter()
+        self._last = self._window_began = time.perf_counter()
         # A flag from now on; replaced by the same handler at on_train_start, where Lightning's is.
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -252,7 +252,7 @@ class Preflight(Callback, LegAdapter):
         )
         if self._micro >= self.max_steps:  # resumed at its last step: nothing to train
             trainer.should_stop = True
-        self._last = time.perf_counter()
+        self._last = self._window_began = time.perf_counter()
 
     def _live_state(self, trainer: Any, pl_module: Any) -> tuple[Any, Any, Any, Any]:
         """Each object as Lightning holds it now, in the shapes its checkpoint stores them (the
@@ -294,8 +294,9 @@ class Preflight(Callback, LegAdapter):
             )
         if trainer.accumulate_grad_batches > 1 and int(trainer.global_step) == self._stepped_at:
             return  # inside an accumulation window: its gradients are in no checkpoint
-        self._stepped_at = int(trainer.global_step)
-        code = self.agree_stop(local_stop(self.deadline, self.saver.last_cycle_s, step_s, self._sigterm, step))
+        self._stepped_at, window_s, self._window_began = int(trainer.global_step), now - self._window_began, now
+        # the next chance to stop is a window away: the deadline's margin counts windows, not batches
+        code = self.agree_stop(local_stop(self.deadline, self.saver.last_cycle_s, window_s, self._sigterm, step))
         done = step >= self.max_steps or 0 < trainer.max_steps <= trainer.global_step
         stop = "max_steps" if done else STOP_CODES.get(code)
         if stop:
