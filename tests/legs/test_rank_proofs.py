@@ -23,7 +23,8 @@ PLANTED = """    rngs = [torch.get_rng_state(), np.random.get_state(), random.ge
 def test_a_rank_that_resumed_another_ranks_rng_is_named(project: Path) -> None:
     """The Session restores each rank's own RNG; the planted lines then give rank 1 rank 0's after
     every resume (the straight run and leg 0 keep their own). The trainer draws nothing at random,
-    so the loss cannot tell: the per-rank state check answers no, naming both ranks (proof 3)."""
+    so the loss cannot tell: the per-rank state check answers no, naming both ranks, and the report's
+    proof 3 with it; proof 2 (every rank's samples counted) passes."""
     train = project / "train.py"
     text = train.read_text()
     assert SEEDED in text and RESUME in text
@@ -39,3 +40,5 @@ def test_a_rank_that_resumed_another_ranks_rng_is_named(project: Path) -> None:
     assert state["detail"].startswith("rank 1 resumed rank 0's RNG: its global RNG at step "), state
     assert state["facts"] == {"rank": 1, "ranks": 2, "other": 0}
     assert not [c for c in bad if c["kind"] in (Kind.RANK_SAMPLES, Kind.RANK_DATA)], bad  # the data resumed exactly
+    status = {p["number"]: p for p in run_cli(["report", "--json"], cwd=project, timeout=600).json()["proofs"]}
+    assert status[3]["status"] == "FAIL" and status[2]["status"] == "PASS", (status[2], status[3])
