@@ -184,3 +184,26 @@ def test_a_rank_that_resumed_into_another_epoch_is_named() -> None:
     assert (
         c.detail == "rank 1 trained step 5 (leg 1, resumed at step 4) in epoch 2, the straight-through run in epoch 1"
     )
+
+
+def test_inputs_copied_from_a_gpu_are_hashed_into_rows_at_take() -> None:
+    """The CUDA branch (no GPU here): a forward's host copies, queued with the copy's event, hashed
+    in `take()` as a CPU forward's are: the same batch hash, the same row digests."""
+    import torch
+
+    from runtime.session.batches import FedInputs, _tensors
+
+    class Done:
+        def synchronize(self) -> None:
+            pass
+
+    x = torch.arange(12.0).reshape(4, 3)
+    model, cpu = torch.nn.Linear(3, 1), FedInputs()
+    cpu.watch(model)
+    model(x)
+    want = cpu.step_fields()
+    cpu.close()
+    gpu = FedInputs()
+    gpu.parts.append(("host", list(_tensors({"input": x})), [], Done()))
+    got = gpu.step_fields()
+    assert got["rows"] == want["rows"] and got["batch_hash"] == want["batch_hash"], (got, want)
