@@ -21,12 +21,22 @@ from tests.legs.test_examples import EXAMPLES, drill_and_report, pl_python
 NAME = "lightning_ddp"
 
 
-def copy_ddp(dest: Path, accumulate: int = 1, leg_env: dict[str, str] | None = None) -> Path:
-    """examples/lightning_ddp, reviewed, its `python` Lightning's interpreter, ACCUMULATE set."""
+RANK_SEEDS = (
+    "    def on_fit_start(self) -> None:\n"
+    "        torch.manual_seed(100 + self.global_rank)  # each rank its own dropout (Lightning seeded all alike)\n\n"
+    "    def configure_optimizers(self)"
+)
+
+
+def copy_ddp(dest: Path, accumulate: int = 1, leg_env: dict[str, str] | None = None, rank_seeds: bool = False) -> Path:
+    """examples/lightning_ddp, reviewed, its `python` Lightning's interpreter, ACCUMULATE set;
+    `rank_seeds`: each rank on its own RNG stream from the fit's start (a rank resumed on
+    another rank's stream trains another dropout: the launcher compares each rank's)."""
     root = dest / NAME
     shutil.copytree(EXAMPLES / NAME, root)
     train = root / "train.py"
-    train.write_text(train.read_text().replace("ACCUMULATE = 1\n", f"ACCUMULATE = {accumulate}\n"))
+    text = train.read_text().replace("ACCUMULATE = 1\n", f"ACCUMULATE = {accumulate}\n")
+    train.write_text(text.replace("    def configure_optimizers(self)", RANK_SEEDS) if rank_seeds else text)
     cfg = root / "launcher.yaml"
     text = cfg.read_text().replace("command: python ", f"command: {pl_python()} ")
     if leg_env:
@@ -58,8 +68,9 @@ def test_the_ddp_example_climbs_on_two_nodes_of_one_rank(
     tmp_path: Path, leg_tmp: Path, lightning_torchrun_first: None
 ) -> None:
     """Two nodes x 1 rank (torchrun on each; Lightning's devices=2 is torchrun's world of 2): the
-    store is all the nodes share; rank 1's node fetches the checkpoint rank 0 chose."""
-    root = copy_ddp(tmp_path, leg_env={"PREFLIGHT_NPROC_PER_NODE": "1"})
+    store is all the nodes share; rank 1's node fetches the checkpoint rank 0 chose; each rank on
+    its own RNG stream, each resumed on its own (the callback saves every rank's)."""
+    root = copy_ddp(tmp_path, leg_env={"PREFLIGHT_NPROC_PER_NODE": "1"}, rank_seeds=True)
     nodes = ["--nodes", "2"]
     assert run_cli(["up", "static", "--json"], cwd=root).code == 0
     rehearsal = run_cli(["up", "rehearsal", *nodes, "--json"], cwd=root, timeout=900)
