@@ -202,8 +202,12 @@ class Preflight(Callback, LegAdapter):
             return
         path = str(self.restore_dir / resumed.checkpoint / CKPT_FILE)
         connector = trainer._checkpoint_connector
-        start = connector.resume_start
-        connector.resume_start = lambda checkpoint_path=None, **kw: start(path, **kw)
+
+        def this_fit_only(checkpoint_path: Any = None, **kw: Any) -> None:
+            del connector.resume_start  # a later validate/test loads what it names
+            connector.resume_start(path, **kw)
+
+        connector.resume_start = this_fit_only
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         last_batch_as_mid_epoch(checkpoint)
