@@ -77,3 +77,16 @@ def test_the_ddp_example_climbs_on_two_nodes_of_one_rank(
     assert rehearsal.code == 0, failed(rehearsal)
     assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
     drill_and_report(root, nodes)
+
+
+def test_a_strategy_the_adapter_has_not_run_is_refused_at_rung_0(tmp_path: Path) -> None:
+    """`strategy="ddp_spawn"` (the ranks spawned from this process, the callback's state left
+    behind): `up static` refuses it, exit 3, one line naming the line and the strategy to use,
+    before any leg could fail or hang."""
+    root = copy_ddp(tmp_path)
+    train = root / "train.py"
+    train.write_text(train.read_text().replace('strategy="ddp"', 'strategy="ddp_spawn"'))
+    assert run_cli(["review"], cwd=root).code == 0
+    static = run_cli(["up", "static"], cwd=root)
+    lines = [line for line in static.err.splitlines() if line.strip()]
+    assert static.code == 3 and len(lines) == 1 and "train.py:" in lines[0] and 'strategy="ddp"' in lines[0], static
