@@ -165,6 +165,15 @@ assert last_batch_as_mid_epoch(stop) and not stop["loops"]["fit_loop"]["epoch_lo
 assert not last_batch_as_mid_epoch(epoch_end) and epoch_end["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"]
 assert named_step({"global_step": 3, "callbacks": {"Preflight": {"micro_step": 12}}}) == 12
 assert named_step({"global_step": 3, "callbacks": {}}) == 3
+from runtime.adapters.lightning_state import rank_rng
+from runtime.session.rules import LegEnd
+assert rank_rng(["r0", "r1"], 1, 2) == "r1" and rank_rng({"torch": 1}, 0, 1) == {"torch": 1}  # each rank its own
+try:
+    rank_rng(["r0", "r1"], 0, 1)
+except LegEnd as err:
+    assert err.exit_code == 3, err.exit_code  # a checkpoint of 2 ranks on 1: refused
+else:
+    raise AssertionError("2 ranks' RNG taken by a world of 1")
 
 torch.manual_seed(3); random.seed(3); np.random.seed(3)
 torch.save(rng_state(), root / "rng.pt")
@@ -186,12 +195,13 @@ def test_a_forged_or_mislabelled_lightning_checkpoint_is_damaged_and_the_rng_rou
     order that is a function of (seed, epoch), an iter() that draws nothing from the global RNG,
     a mid-epoch position that resumes exactly; a state at an epoch's end is the next one's start;
     Lightning's injected DistributedSampler seeded by the resume's saved seed (another
-    seed_everything shuffled another order, unseen), the seed saved the one it uses; the two saves
+    seed_everything shuffled another order, unseen), the seed saved the one it uses; each rank its
+    own saved RNG (a checkpoint of 2 ranks on 1 refused, exit 3); the two saves
     of an epoch's last step told apart by their loops state; a checkpoint named by its batches."""
     proc = subprocess.run(
         [pl_python(), "-c", CHECKS, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO
     )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    assert proc.returncode == 0 and proc.stdout.split()[-1:] == ["ok"], proc.stderr[-3000:]  # after the refusal's stop
 
 
 def _leg(root: Path, steps: int, leg: int) -> tuple[int, list[dict]]:
