@@ -73,11 +73,16 @@ class Preflight(TrainerCallback, LegAdapter):
     # --- before training ---------------------------------------------------------
 
     def resume(self) -> str | None:
-        """The local folder of the newest verified checkpoint in the store (None: start fresh)."""
+        """The local folder of the newest verified checkpoint in the store (None: start fresh),
+        on every rank. A leg resumed at or past LAUNCHER_MAX_STEPS ends here, exit 0: the Trainer
+        checks its stop only after a step, and trained one past the limit (resumed at 6 with 6:
+        step 7 trained, saved and pushed)."""
         resumed = self.resume_from(check_windows)
         if resumed.checkpoint is None:
             return None
         events.emit("resume", from_step=resumed.step, checkpoint=resumed.checkpoint)
+        if resumed.step >= self.max_steps:
+            raise LegEnd(EXIT_OK if self.end("max_steps", resumed.step) else EXIT_FAILED, "max_steps")
         return str(self.restore_dir / resumed.checkpoint)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
