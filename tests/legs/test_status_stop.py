@@ -20,6 +20,7 @@ from launcher.checks.evidence import Kind
 from tests.helpers import LAUNCHER, Done, assert_one_line_error, check, run_cli
 
 WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line."""
+import os
 import signal
 import sys
 
@@ -27,6 +28,8 @@ from runtime.reference.trainer import build_parser, main  # noqa: F401 - rung 0 
 
 print("UserWarning: NCCL_P2P_LEVEL unset, falling back to sockets (printed early for the status test)",
       file=sys.stderr, flush=True)
+if DELAY_LEG_0_ONLY and os.environ.get("LAUNCHER_LEG") != "0":  # the later legs read at full speed
+    sys.argv = [("0" if sys.argv[i - 1] == "--data-delay" else a) for i, a in enumerate(sys.argv)]
 if IGNORE_SIGTERM:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal = lambda *a, **k: None  # the trainer's own handler never lands: SIGTERM does nothing
@@ -35,9 +38,13 @@ if __name__ == "__main__":
 '''
 
 
-def make_project(root: Path, *, ignore_sigterm: bool = False, delay: float = 0.15, steps: int = 300) -> Path:
+def make_project(
+    root: Path, *, ignore_sigterm: bool = False, delay: float = 0.15, steps: int = 300, leg_0_only: bool = False
+) -> Path:
+    """A project running the wrapper; `delay` seconds a batch in every leg, or in leg 0 only."""
     assert run_cli(["init", str(root)], cwd=root.parent).code == 0
-    (root / "train.py").write_text(WRAPPER.replace("IGNORE_SIGTERM", str(ignore_sigterm)))
+    wrapper = WRAPPER.replace("IGNORE_SIGTERM", str(ignore_sigterm)).replace("DELAY_LEG_0_ONLY", str(leg_0_only))
+    (root / "train.py").write_text(wrapper)
     cfg = root / "launcher.yaml"
     text = re.sub(
         r"(?m)^  command: .*$",
@@ -156,13 +163,16 @@ def test_stop_refuses_what_it_cannot_stop(after_static: Done) -> None:
 
 @pytest.mark.parametrize("delay,largest", [(0.15, "data"), (0.0, "compute")])
 def test_breakdown_names_the_bottleneck(tmp_path: Path, delay: float, largest: str) -> None:
-    root = make_project(tmp_path / "proj", delay=delay)
+    """The probe measures leg 0, so only leg 0 reads slowly; `status` shows the newest leg (the
+    straight-through leg 2, at full speed: compute-bound either way). Status naming a data-bound
+    breakdown: tests/unit/test_status_breakdown.py."""
+    root = make_project(tmp_path / "proj", delay=delay, leg_0_only=True)
     res = run_cli(["up", "probe", "--cpu", "--steps", "60", "--json"], cwd=root, env={"TMPDIR": str(tmp_path)})
     detail = check(res, Kind.STEP_BREAKDOWN, leg=0)["detail"]
     label = {"data": "data wait", "compute": "forward/backward"}[largest]
     assert re.search(rf"\. {label} \d+ % of step time", detail), detail
     s = run_cli(["status", "--json"], cwd=root).json()
-    assert s["breakdown"]["largest"] == largest, s["breakdown"]
+    assert s["leg"]["leg"] == 2 and s["breakdown"]["largest"] == "compute", s["breakdown"]
     # the FLOPs the leg did, and no MFU on a CPU: there is no peak to hold them against
     assert s["efficiency"]["flop_s"] > 0 and s["efficiency"]["mfu"] is None
     assert "no peak is known for a CPU" in s["efficiency"]["summary"]
