@@ -47,14 +47,15 @@ def test_with_no_notice_the_next_leg_resumes_from_the_previous_verified_checkpoi
 def test_a_trainer_that_ignores_sigterm_loses_the_work_since_its_last_verified_checkpoint(
     project: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM ignored: the leg trains on (a slow loader: 0.25 s a batch) until the notice runs
-    out and the kill lands; the next leg resumes from the newest checkpoint the cadence verified;
-    the drill says no, and how many steps were lost."""
+    """SIGTERM ignored: leg 0 trains on (a slow loader: 0.25 s a batch) until the notice runs
+    out and the kill lands; the next leg (at full speed) resumes from the newest checkpoint the
+    cadence verified; the drill says no, and how many steps were lost."""
     plant(
         project,
         "    model.train()\n",
-        "    model.train()\n    import signal\n"
-        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the bug: the notice is ignored\n",
+        "    model.train()\n    import os\n    import signal\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the bug: the notice is ignored\n"
+        "    if os.environ['LAUNCHER_LEG'] != '0':\n        args.data_delay = 0  # only leg 0 is preempted\n",
     )
     cfg = project / "launcher.yaml"
     cfg.write_text(
