@@ -100,7 +100,7 @@ import json, sys, time
 from runtime.session.world import RankTimeout, init_world
 world = init_world("cpu")
 if world.rank == 0:
-    time.sleep(6)  # rank 0 is busy (pushing, say) past rank 1's patience
+    time.sleep(4)  # rank 0 is busy (pushing, say) past rank 1's patience, by as much again
 try:
     world.barrier("rank 0 finishing its pushes", timeout_s=2)
     outcome = "passed"
