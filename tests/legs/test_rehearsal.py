@@ -116,18 +116,3 @@ def test_a_refused_token_stops_the_leg_with_the_reason(project: Path, hub_server
     assert res.code == 1, res.out + res.err
     leg0 = check(res, Kind.LEG_FINISHED, leg=0)
     assert not leg0["ok"] and "store_error" in leg0["detail"] and "StoreAuthError" in leg0["detail"]
-
-
-def test_rehearsal_under_torchrun_with_two_ranks(project: Path) -> None:
-    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
-    res = run_cli(["up", "rehearsal", "--json"], cwd=project)
-    assert res.code == 0, res.out + res.err
-    assert all(c["ok"] for c in checks_of(res)), failed(res)
-    assert "stride 16" in check(res, Kind.SAMPLE_INDEX)["detail"]  # 2 ranks x 8
-    logs = sorted((project / ".launcher" / "runs").rglob("leg-1.log"))
-    ranks = {
-        json.loads(line[line.find('{"event": ') :])["rank"]
-        for line in logs[-1].read_text().splitlines()
-        if '"event": "resume"' in line
-    }
-    assert ranks == {0, 1}
