@@ -18,7 +18,7 @@ import pytest
 
 from launcher.plan import GUARDS
 from tests.gpuhost import gpu_host_env
-from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+from tests.helpers import Rehearsed, assert_one_line_error, edit_config, run_cli, run_rows
 
 
 def _no_docker(root: Path) -> dict[str, str]:
@@ -167,8 +167,10 @@ def test_a_dry_run_names_every_reason_a_launch_would_stop_at(project: Path) -> N
 
 
 def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project: Path) -> None:
-    """`up smoke --cpu` launches its three legs and the straight-through oracle: four, and
-    its dry run says four; on a GPU there is no oracle (three)."""
+    """`up smoke --cpu` plans its three legs and the straight-through oracle: four, and its dry
+    run says four; on a GPU there is no oracle (three). That a CPU resume rung launches the legs
+    its dry run planned: the next test, on the shared rehearsal (smoke and rehearsal climb the
+    same launcher.rungs.resume_legs.run_resume_legs)."""
     cpu = run_cli(["up", "smoke", "--cpu", "--dry-run"], cwd=project)
     assert (
         cpu.code == 0
@@ -178,23 +180,30 @@ def test_the_dry_run_counts_the_straight_through_leg_a_cpu_rung_launches(project
     assert gpu.code == 0 and "rung smoke on local, 3 legs," in gpu.out, gpu.out
     planned = run_cli(["up", "smoke", "--cpu", "--dry-run", "--json"], cwd=project).json()["plan"]
     assert [g["guard"] for g in planned["guards"]] == ["review", "hashes", "store", "image", "quota"]
-    real = run_cli(["up", "smoke", "--cpu", "--json"], cwd=project, timeout=900)
-    run = run_cli(["ledger", real.json()["run_id"], "--json"], cwd=project).json()[0]
+    assert [(g["leg"], g["role"] or "leg") for g in planned["legs"]] == [
+        (0, "leg"),
+        (1, "leg"),
+        (2, "leg"),
+        (3, "straight"),
+    ]
+    assert planned["env"]["LAUNCHER_RUN_ID"] == "dry-run" and planned["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert run_rows(project) == 0  # a dry run records nothing
+
+
+def test_a_cpu_resume_rung_launches_the_legs_its_dry_run_planned(rehearsed: Rehearsed) -> None:
+    """The worker's shared rehearsal (tests/legs/conftest.py), its dry run shown first: the legs
+    launched are the dry run's, the oracle's included, and a CPU leg bills no GPU time (the quota
+    counts GPUs' hours). Leg 0's environment against the dry run's: test_rehearsal."""
+    planned = rehearsed.dry.json()["plan"]
+    run = run_cli(["ledger", "--json"], cwd=rehearsed.root).json()[0]
     launched = [
         {"leg": leg["leg"], "role": leg["role"] or "leg", "max_steps": int(leg["env"]["LAUNCHER_MAX_STEPS"])}
         for leg in run["legs"]
     ]
-    assert launched == planned["legs"] and len(launched) == 4
-    # a CPU leg bills no GPU time, the straight-through oracle included: the quota counts GPUs' hours
+    planned_legs = [dict(g, role=g["role"] or "leg") for g in planned["legs"]]
+    assert launched == planned_legs and len(launched) == 4 and launched[-1]["role"] == "straight", planned
     assert [leg["billed_gpu_hours"] for leg in run["legs"]] == [0.0] * 4 and run["billed_gpu_hours"] == 0.0
     assert run["gpu_count"] == 0 and run["cost_usd"] == 0.0
-    # leg 0's environment as the dry run showed it is the one the launch recorded, but for the
-    # run's id and the deadline (counted from the moment each was made)
-    varies = {"LAUNCHER_RUN_ID", "LAUNCHER_DEADLINE"}
-    shown, recorded = planned["env"], run["legs"][0]["env"]
-    assert shown.keys() == recorded.keys() and shown["LAUNCHER_RUN_ID"] == "dry-run"
-    assert {k: v for k, v in shown.items() if k not in varies} == {k: v for k, v in recorded.items() if k not in varies}
-    assert abs(int(shown["LAUNCHER_DEADLINE"]) - int(recorded["LAUNCHER_DEADLINE"])) < 120
 
 
 def test_the_store_guard_asks_the_hub_with_the_legs_token(project: Path, hub_server) -> None:  # noqa: ANN001
