@@ -73,7 +73,7 @@ def each_node_ran_the_sky_script(project: Path, run_id: str, planned: dict, step
 @pytest.mark.parametrize("rank", [1])
 def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path, rank: int) -> None:
     """The planted bug: after the resume one rank starts its shard over, here rank 1, the one rank
-    of node 1 (2 nodes x 1 rank: the 2 x 2 shape took twice the time). Rank 0's data checks
+    of node 1 (2 nodes x 1 rank; 2 x 2 took about 20 s more, naming rank 3). Rank 0's data checks
     cannot see it (the straight-through comparison sees the loss move, naming no rank); the
     per-rank check answers no and names the rank."""
     two_by_one(project)
