@@ -86,21 +86,6 @@ def test_kill_9_matrix_eight_random_kills(project: Path) -> None:
     assert "re-run reading the same batches" in check(checks, Kind.DATA_POSITION, leg=leg + 1)["detail"]
 
 
-def test_a_two_rank_torchrun_leg_dies_whole_and_the_drill_passes(project: Path) -> None:
-    """torchrun starts its workers in sessions of their own: a kill of the leg's process group
-    left them training and writing to the store. Every kill must take every process."""
-    edit_config(project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5")
-    assert run_cli(["review"], cwd=project).code == 0
-    code, checks, run = drill(project, "--kills", "2", "--at", "mid-push")
-    assert code == 0, failed(checks)
-    for leg in (0, 1):
-        left = check(checks, Kind.NOTHING_LEFT, leg=leg)
-        # torchrun and its two workers (and whatever they started) all carried the leg's token
-        found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
-        assert left["ok"] and found and int(found.group(1)) >= 3, left
-    assert check(checks, Kind.RUN_LENGTH)["ok"] and check(checks, Kind.NO_REPEAT)["ok"]
-
-
 def test_the_default_drill_kills_after_the_lrs_turn_and_sigterms_after_an_epoch_boundary(
     tmp_path: Path, leg_tmp: Path
 ) -> None:

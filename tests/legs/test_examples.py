@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,9 +61,9 @@ def copy_example(name: str, dest: Path, original: bool = False) -> Path:
     return root
 
 
-def drill_and_report(root: Path, nodes: list[str] | None = None) -> None:
+def drill_and_report(root: Path, nodes: list[str] | None = None) -> Any:
     """`drill cold-resume --kills 2 --at mid-push` passes (`nodes`: its `--nodes N` too), then the
-    report: proofs 1-4 and 6-8 PASS, 5 MISSING (no GPU rung here), exit 0."""
+    report: proofs 1-4 and 6-8 PASS, 5 MISSING (no GPU rung here), exit 0. The drill's result."""
     drill = run_cli(
         ["drill", "cold-resume", *(nodes or []), "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
     )
@@ -73,6 +74,7 @@ def drill_and_report(root: Path, nodes: list[str] | None = None) -> None:
         p["number"]: p["summary"] for p in report.json()["proofs"] if p["status"] != "PASS"
     }
     assert report.code == 0
+    return drill
 
 
 # The frameworks' adapters promise a few added lines: the Trainer's and Lightning's 3, Accelerate's 4.
@@ -90,7 +92,11 @@ def test_the_example_climbs_the_ladder(name: str, tmp_path: Path, leg_tmp: Path)
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     assert rehearsal.code == 0, failed(rehearsal)
     assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
-    drill_and_report(root)
+    if name not in TRAINER_PYTHON:
+        # The frameworks' drills and reports run on several ranks (tests/legs/test_multirank_*.py:
+        # one node of two ranks and two nodes of one, each killed mid-push twice): here their one
+        # process climbs static and rehearsal (a SIGTERM and a deadline resume) only.
+        drill_and_report(root)
 
 
 @pytest.mark.parametrize("name", ["flat_gpt", "plain_loop", "hf_trainer", "lightning", "accelerate"])
@@ -105,6 +111,8 @@ def test_the_original_script_passes_rung_0_and_the_rehearsal_says_why_not(
     assert run_cli(["review"], cwd=root).code == 0
     static = run_cli(["up", "static", "--json"], cwd=root)
     assert static.code == 0, static.out
+    if name not in ("hf_trainer", "lightning"):
+        return  # every original exits without events before the grace ends: one branch, two shown
     began = time.monotonic()
     rehearsal = run_cli(["up", "rehearsal"], cwd=root, timeout=600)
     took = time.monotonic() - began

@@ -9,6 +9,7 @@ CPU resume died loading optimizer.pt, two nodes pushed rank 0's RNG file only)."
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -49,7 +50,11 @@ def climb(root: Path, nodes: list[str]) -> float:
     for kind in (Kind.RANK_DATA, Kind.RANK_SAMPLES, Kind.RANK_STATE):  # every rank proved, not rank 0
         assert check(rehearsal, kind, ok=True)["facts"]["ranks"] == 2
     every_rank_stepped_and_resumed_together(root, rehearsal.json()["run_id"])
-    drill_and_report(root, nodes)
+    drill = drill_and_report(root, nodes)
+    for leg in (0, 1):  # each kill took every process of the leg: on one node torchrun and both ranks
+        left = check(drill, Kind.NOTHING_LEFT, leg=leg)
+        found = re.match(r"(\d+) processes of the leg killed; 0 left", left["detail"])
+        assert left["ok"] and (nodes or (found and int(found.group(1)) >= 3)), left
     return time.monotonic() - began
 
 
