@@ -77,11 +77,7 @@ class LegAdapter:
         self.world = World(rank, tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), ctrl)
         os.environ.setdefault("RANK", str(rank))
         self.rank = rank
-        # The framework's group, left alive into interpreter teardown, may abort the rank after
-        # its `done` (SIGABRT: a gloo worker thread ended by finalization; World.close says how it
-        # was measured). One 2-rank HF run of 2 steps ended by SIGABRT under load here (its log not
-        # kept, so not proved the same; 0 of 21 by hand since): the group dies at exit now.
-        atexit.register(self.world.close)
+        atexit.register(leave_world, self.world)
         return self.world
 
     def open_saver(self, keep: int, verify_bytes: int, pushes: bool) -> None:
@@ -209,6 +205,26 @@ def shape_change(meta: dict[str, Any], shape: dict[str, int]) -> str | None:
             was, now = SHAPE_WORDS[key]
             return f"the checkpoint was {was.format(saved)}, {now.format(here)}: resume it with the same {key}"
     return None
+
+
+DRAIN_S = 0.25
+
+
+def leave_world(world: World) -> None:
+    """At exit, while the interpreter is whole: leave the framework's group, then wait `DRAIN_S`
+    with the GIL free. A rank exited after its `done` by SIGABRT ("terminate called without an
+    active exception": torchrun exit 1, a leg whose checkpoint verified read as failed), 1 of 20
+    two-rank HF legs under load here, and Accelerate's once: a gloo worker thread that still held
+    the last reference to a finished collective (the last all-reduce before the exit) released
+    its tensors after teardown began, took the GIL, and was ended by pthread_exit (gdb's trace of
+    the same abort: docs/benchmarks.md, "The abort's mechanism"). Unlike the Session's, this
+    group outlives `destroy_process_group`: the framework's DDP wrapper holds it until teardown,
+    so its threads do too; the wait lets them let go of their work while the GIL can be had."""
+    import time
+
+    world.close()
+    if world.distributed:
+        time.sleep(DRAIN_S)
 
 
 def check_windows(folder: Path, seal: dict[str, Any] | None) -> None:
