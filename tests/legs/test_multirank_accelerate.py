@@ -10,12 +10,11 @@ process, refused at rung 0."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tests.helpers import edit_config, run_cli
 from tests.legs.test_examples import copy_example, hf_python
-from tests.legs.test_multirank_hf import climb
+from tests.legs.test_multirank_hf import climb, newest_drill_manifest
 
 
 def test_accelerate_launch_cpu_with_two_processes_is_refused_at_rung_0(tmp_path: Path, leg_tmp: Path) -> None:
@@ -56,8 +55,3 @@ def test_the_accelerate_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, 
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {f["path"] for f in manifest["files"]}  # node 1's too
     assert manifest["meta"]["world_size"] == 2 and manifest["meta"]["accumulation"] == 1
     print(f"2 nodes x 1 rank: climbed in {took:.0f} s")
-
-
-def newest_drill_manifest(root: Path) -> dict:
-    stored = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
-    return json.loads(stored[-1].read_text())

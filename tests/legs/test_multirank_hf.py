@@ -40,6 +40,12 @@ def every_rank_stepped_and_resumed_together(root: Path, run_id: str) -> None:
         assert len({step for _, step in resumed}) <= 1 and len(resumed) in (0, 2), (leg["leg"], resumed)
 
 
+def newest_drill_manifest(root: Path) -> dict:
+    """The manifest of the drill's newest checkpoint in the local store."""
+    stored = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
+    return json.loads(stored[-1].read_text())
+
+
 def climb(root: Path, nodes: list[str]) -> float:
     """static -> rehearsal -> drill -> report; the seconds it took."""
     began = time.monotonic()
@@ -74,8 +80,7 @@ def test_the_hf_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, leg_tmp:
     edit_config(root, leg_env={"PREFLIGHT_NPROC_PER_NODE": "1"})
     assert run_cli(["review"], cwd=root).code == 0
     took = climb(root, ["--nodes", "2"])
-    stored = sorted((root / ".launcher" / "store" / "runs").glob("*drill*/step-*/manifest.json"))
-    manifest = json.loads(stored[-1].read_text())
+    manifest = newest_drill_manifest(root)
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {f["path"] for f in manifest["files"]}  # node 1's RNG too
     assert {k: manifest["meta"][k] for k in ("world_size", "accumulation", "per_rank_batch")} == {
         "world_size": 2,
