@@ -124,6 +124,11 @@ def check_no_repeat(legs: list[LegEvents], straight: LegEvents | None = None) ->
     )
 
 
+def ranks_of(legs: list[LegEvents]) -> list[int]:
+    """The ranks that printed step events."""
+    return sorted({int(e.get("rank", 0)) for ev in legs for _, e in ev.all("step", rank=None)})
+
+
 def as_rank(ev: LegEvents, rank: int) -> LegEvents:
     """Rank `rank`'s events of a leg, read as rank 0's: the rank-0 data checks then judge it."""
     return LegEvents(ev.leg, ev.log, [(n, {**e, "rank": 0}) for n, e in ev.items if e.get("rank", 0) == rank])
@@ -135,7 +140,7 @@ def check_every_rank(legs: list[LegEvents], straight: LegEvents | None = None) -
     hashes, as `check_batches` judges rank 0), and across every rank and step of the surviving
     timeline no batch was read twice (one rank whose cursor was not restored reads its shard
     again, or another rank's). None on one rank."""
-    ranks = sorted({int(e.get("rank", 0)) for ev in legs for _, e in ev.all("step", rank=None)})
+    ranks = ranks_of(legs)
     if len(ranks) < 2:
         return None
     name = f"every rank's data position ({len(ranks)} ranks)"

@@ -24,19 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.checks.accumulation import check_accumulation, insides, measure
+from launcher.checks.data import as_rank, ranks_of
 from launcher.checks.evidence import Check, Kind, LegEvents, surviving_timeline
 from launcher.checks.resume import resume_step, resumed_legs, same_loss, steps_of
 
 
-def ranks_of(legs: list[LegEvents]) -> list[int]:
-    """The ranks that printed step events."""
-    return sorted({int(e.get("rank", 0)) for ev in legs for _, e in ev.all("step", rank=None)})
-
-
 def rank_view(ev: LegEvents, rank: int) -> LegEvents:
-    """Rank `rank`'s events of a leg, read as rank 0's (the rank-0 checks then judge it); rank
-    0's `resume` and `start` stand in where the rank printed none (an adapter's rank 1 may not)."""
-    own = [(n, {**e, "rank": 0}) for n, e in ev.items if e.get("rank", 0) == rank]
+    """Rank `rank`'s events of a leg, read as rank 0's (`as_rank`: the rank-0 checks then judge
+    it); rank 0's `resume` and `start` stand in where the rank printed none (an adapter's rank 1
+    may not)."""
+    own = as_rank(ev, rank).items
     have = {e["event"] for _, e in own}
     lent = [(n, e) for n, e in ev.items if e.get("rank", 0) == 0 and e["event"] in {"resume", "start"} - have]
     return LegEvents(ev.leg, ev.log, sorted(lent + own, key=lambda item: item[0]))
