@@ -37,6 +37,7 @@ accumulation, per-device batch) is saved and a checkpoint of another shape refus
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -204,9 +205,7 @@ class Preflight(TrainerCallback, LegAdapter):
         return control
 
 
-_CPU_INDEX: list[bool] = []
-
-
+@functools.cache  # once a process: torch keeps every registered location handler
 def allow_cpu_index() -> None:
     """Let `torch.load` restore onto "cpu:<N>": under torchrun on CPU, Accelerate makes the
     Trainer's device cpu:<local rank> and transformers passes it as `map_location` for
@@ -216,9 +215,6 @@ def allow_cpu_index() -> None:
 
     import torch
 
-    if _CPU_INDEX:
-        return
-    _CPU_INDEX.append(True)
     cpu_index = re.compile(r"cpu:\d+")
 
     def restore(obj: Any, location: str) -> Any:

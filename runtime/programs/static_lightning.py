@@ -79,13 +79,9 @@ def problems(path: Path) -> list[str]:
     return found
 
 
-UNRUN = {
-    "spawn": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
-    "fork": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
-    "notebook": "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross",
-    "fsdp": "shards the model and optimizer over the ranks, where the adapter writes one file from rank 0",
-    "deepspeed": "shards the model and optimizer over the ranks, where the adapter writes one file from rank 0",
-}
+_SPAWNS = "starts its ranks by spawning (or forking) this process, which the adapter's state does not cross"
+_SHARDS = "shards the model and optimizer over the ranks, where the adapter writes one file from rank 0"
+UNRUN = {"spawn": _SPAWNS, "fork": _SPAWNS, "notebook": _SPAWNS, "fsdp": _SHARDS, "deepspeed": _SHARDS}
 """Strategies the adapter has not run (what each would break): a leg of one is refused at rung 0,
 before it trains. Run on several ranks: strategy="ddp" under Lightning's own launcher or torchrun."""
 

@@ -272,7 +272,7 @@ class FedInputs:
             out["fed_state"] = state
         if rng is not None:
             out["rng_in"] = rng
-        if rows and self.steps <= ROW_STEPS:
+        if rows:  # the first ROW_STEPS steps only: `_digest` takes none after
             out["rows"] = rows
         if given is not None and (fed_ok := given_was_fed(tensor_digests(given), tensors)) is not None:
             out["step_batch_fed"] = fed_ok
