@@ -183,7 +183,7 @@ def drill(
     config_path: Path,
     backend_name: str,
     gpus_text: str | None,
-    kills: int,
+    kills: int | None,
     moment: str,
     show: Callable[[int, str], None],
     seed: int = 0,
@@ -191,22 +191,22 @@ def drill(
     kills_at: str | None = None,
     nodes: int = 1,
 ) -> Outcome:
-    """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill."""
+    """`launcher drill cold-resume`: recorded like a rung, run by launcher.rungs.drill (`moment`:
+    `--at`, one moment or a comma list of one per kill; `kills` None: the default for it)."""
     from launcher.ladder import DRILL
     from launcher.rungs.drill import climb as run_drill
-    from launcher.rungs.drill_moments import AUTO, MOMENTS, NODE_LOST
+    from launcher.rungs.drill_moments import NODE_LOST, parse_at
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
+    moments, kills = parse_at(moment, kills, gpus_text is not None, kills_at is not None)
     if not 1 <= kills <= MAX_KILLS:
         raise BadInput(
             f"--kills must be 1 to {MAX_KILLS}, got {kills}",
             hint=f"each kill is a relaunched leg; run several drills for more than {MAX_KILLS}",
         )
-    if moment not in (AUTO, *MOMENTS, "random", NODE_LOST):
-        raise BadInput(f"--at must be one of {', '.join((AUTO, *MOMENTS, 'random', NODE_LOST))}, got {moment!r}")
     check_nodes(nodes)
-    if moment == NODE_LOST and (nodes < 2 or not backend_class(backend_name).can_lose_node):
+    if NODE_LOST in moments and (nodes < 2 or not backend_class(backend_name).can_lose_node):
         raise BadInput(
             f"--at {NODE_LOST} loses one node of several: it needs --nodes 2 or more on a backend "
             f"that can lose one (local, docker), not --nodes {nodes} on {backend_name}"
@@ -222,7 +222,7 @@ def drill(
         config_path,
         Request(rung, backend_name, gpus, nodes, allow_overdraft),
         show,
-        lambda ctx, cmp: run_drill(ctx, steps, kills, moment, seed, at_steps),
+        lambda ctx, cmp: run_drill(ctx, steps, kills, moments, seed, at_steps),
     )
 
 

@@ -130,12 +130,19 @@ drill_app = typer.Typer(help="Kill-and-relaunch drills.", no_args_is_help=True)
 def drill_cold_resume(
     backend: str = typer.Option("local", "--backend", help="local | docker | sky"),
     gpus: Optional[str] = GPUS,
-    kills: int = typer.Option(2, "--kills", click_type=WHOLE, help="Kills (= sequential resumes)."),
+    kills: Optional[int] = typer.Option(
+        None,
+        "--kills",
+        click_type=WHOLE,
+        help="Kills (= sequential resumes); default 2, or one per moment of an --at list.",
+    ),
     at: str = typer.Option(
         "auto",
         "--at",
         help="auto (after an LR change, a SIGTERM after an epoch boundary) | "
-        "after-push | mid-save | mid-push | mid-verify | mid-step | random | node-lost",
+        "after-push | mid-save | mid-push | mid-verify | mid-step | random | node-lost | "
+        "mid-epoch | epoch-end | mid-epoch-1 (a SIGTERM placed from the straight run's epochs); "
+        "or a comma list, one moment per kill: mid-epoch,epoch-end,mid-epoch-1.",
     ),
     kills_at: Optional[str] = typer.Option(None, "--kills-at", help="Kill when rank 0 prints these steps: 7,15."),
     nodes: int = typer.Option(

@@ -17,9 +17,17 @@ storage cycle, so there is a verified checkpoint to fall back to):
                end of warm-up) and one graceful SIGTERM just after the first epoch boundary
                (the `epoch` a step prints); more kills spread between. A GPU drill has no
                straight run to read: its kills go at even steps, the second a SIGTERM.
+  mid-epoch    a graceful SIGTERM after half the steps of the first epoch (read, as `auto`
+               does, from the straight run's `epoch`): the next leg resumes mid-epoch 0
+  epoch-end    a SIGTERM at the first epoch's last step: the next leg resumes exactly at the
+               epoch boundary, its first step the second epoch's first
+  mid-epoch-1  a SIGTERM after half the steps of the second epoch: a resume mid-epoch >= 1
+`--at` takes one moment for every kill, or a comma list of one per kill in order
+(`mid-epoch,epoch-end,mid-epoch-1`: three kills, the 2nd and 3rd resumes in the same run).
 `--kills-at STEP,STEP` kills when rank 0 prints each of those steps (a user's own schedule).
-A SIGTERM "kill" is a graceful stop, as a spot notice or `launcher stop` sends: the leg must
-stop on it, push a final checkpoint, and the store's newest verified must be that step.
+A SIGTERM "kill" is a graceful stop, as a spot notice or `launcher stop` sends: the leg holds
+at the planned step until it comes (LAUNCHER_HOLD_AT_STEP), must stop on it, push a final
+checkpoint, and the store's newest verified must be that step.
 On the local backend the leg is frozen (SIGSTOP) at that line and killed with
 its disk; then the store is read — the newest *verified* checkpoint there is
 where the next leg must resume. A kill mid-push or mid-verify
@@ -41,36 +49,47 @@ from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader, check_leg_store
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
-from launcher.rungs.drill_moments import NODE_LOST, Planned, kill_predicate, planned_kills, step_predicate
+from launcher.rungs.drill_moments import NODE_LOST, Planned, Unplaced, kill_predicate, planned_kills, step_predicate
 from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
 
 def climb(
-    ctx: RunContext, steps: int, kills: int, moment: str, seed: int = 0, kills_at: list[int] | None = None
+    ctx: RunContext, steps: int, kills: int, moments: list[str], seed: int = 0, kills_at: list[int] | None = None
 ) -> list[Check]:
     """Kill and relaunch `kills` times (with `kills_at`, one kill at each of its steps: the
-    caller passes their count), then let the last leg finish; return the checks. On a CPU the
-    straight-through run (the oracle) goes first: `--at auto` reads its moments there."""
+    caller passes their count), then let the last leg finish; return the checks. `moments`: one
+    for every kill, or one per kill (drill_moments.parse_at). On a CPU the straight-through run
+    (the oracle) goes first: `--at auto` and the epoch moments read their steps there."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV} | ctx.secrets()
     reader = StateReader(trainer_python(ctx.cfg.trainer.command), ctx.store_uri, f"runs/{ctx.run_id}", env)
     try:
-        return _drill(ctx, steps, kills, moment, seed, kills_at, reader)
+        return _drill(ctx, steps, kills, moments, seed, kills_at, reader)
     finally:
         reader.close()
 
 
 def _drill(
-    ctx: RunContext, steps: int, kills: int, moment: str, seed: int, kills_at: list[int] | None, reader: StateReader
+    ctx: RunContext,
+    steps: int,
+    kills: int,
+    moments: list[str],
+    seed: int,
+    kills_at: list[int] | None,
+    reader: StateReader,
 ) -> list[Check]:
     rng = random.Random(seed)
     store = ctx.open_store()
     outs: list[LegOutcome] = []
     record: list[Kill] = []
+    placed: list[Check] = []  # each epoch moment's leg stopped where it was planned
     straight = None
     if ctx.rung.straight_leg:  # the oracle: the same trainer straight through, on its own empty store
         straight = run_leg(ctx, kills + 1, steps, ending=Ending(straight=True))
-    plan = planned_kills(kills, moment, kills_at, steps, straight.events if straight else None, rng)
+    try:
+        plan = planned_kills(kills, moments, kills_at, steps, straight.events if straight else None, rng)
+    except Unplaced as err:  # an epoch moment the straight run has no place for: no leg runs
+        return [not_placed(str(err))]
     if len(plan) < kills:  # --at auto: no step left between the first checkpoint and the run's end
         return [no_room(kills, len(plan), steps)]
     for leg in range(kills + 1):
@@ -82,6 +101,8 @@ def _drill(
         if planned.how == "sigterm":
             record.append(sigterm_leg(ctx, store, outs, leg, steps, planned))
             record[-1].reads = read_states(reader, store, outs, record[-1].expected)
+            if planned.moment:
+                placed.append(stopped_where_planned(outs[-1], planned))
             continue
         outs.append(_killed_leg(ctx, leg, steps, planned, record))
         if record and record[-1].leg == leg:
@@ -95,9 +116,8 @@ def _drill(
             return _missed(outs, leg, chosen)
     from launcher.rungs.resume_legs import exact_checks, under_torchrun
 
-    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + [
-        check_leg_store(store, outs[-1].events)
-    ]
+    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + placed
+    checks.append(check_leg_store(store, outs[-1].events))
     return checks + exact_checks(
         ctx, [o.events for o in outs], straight.events if straight else None, bool(ctx.gpu_count), steps
     )
@@ -151,6 +171,32 @@ def no_room(kills: int, room: int, steps: int) -> Check:
     )
 
 
+def not_placed(why: str) -> Check:
+    return Check("the drill's moments fit its run", False, f"{why}; no leg was killed", kind=Kind.KILLS_FIT)
+
+
+def stopped_where_planned(out: LegOutcome, planned: Planned) -> Check:
+    """An epoch moment's leg stopped at its planned step (the next leg resumes exactly there): a
+    leg that resumed past it, or a trainer that does not hold at LAUNCHER_HOLD_AT_STEP, did not."""
+    leg = out.events.leg
+    stop = out.events.last("stop")
+    stopped = stop[1].get("step") if stop else None
+    return Check(
+        f"leg {leg}: reached the kill moment {planned.moment}",
+        stopped == planned.step,
+        f"leg {leg} stopped at step {stopped}, {planned.moment} planned it at step {planned.step}"
+        + (
+            ""
+            if stopped == planned.step
+            else ": the next leg would not resume there (an earlier kill fell back "
+            "past it, or the trainer ran on after its step)"
+        ),
+        out.events.pointer(stop),
+        kind=Kind.KILL_MOMENT,
+        leg=leg,
+    )
+
+
 def sigterm_leg(
     ctx: RunContext,
     store,
@@ -159,9 +205,10 @@ def sigterm_leg(
     steps: int,  # noqa: ANN001
     planned: Planned,
 ) -> Kill:
-    """A graceful stop in place of a kill: SIGTERM when rank 0 prints the planned step; then
-    the store as the next leg will find it."""
-    out = run_leg(ctx, leg, steps, ending=Ending(sigterm_at=planned.step))
+    """A graceful stop in place of a kill: SIGTERM when rank 0 prints the planned step, the leg
+    held there until it comes (so it stops at that step on any machine speed); then the store as
+    the next leg will find it."""
+    out = run_leg(ctx, leg, steps, ending=Ending(sigterm_at=planned.step, hold_at=planned.step))
     outs.append(out)
     newest = newest_verified(store)
     stop = out.events.last("stop")

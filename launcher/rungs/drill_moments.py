@@ -1,6 +1,7 @@
-"""When a drill kills: the moments read from a leg's own events as it runs, and the kills
-`--at auto` places from the events of the straight-through run (launcher/rungs/drill.py says
-what each moment means)."""
+"""When a drill kills: the moments read from a leg's own events as it runs, the kills
+`--at auto` places from the events of the straight-through run, the epoch moments placed there
+too, and `--at` read as one moment or a list of one per kill (launcher/rungs/drill.py says what
+each moment means)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.checks.evidence import LegEvents
+from launcher.errors import BadInput
 from runtime.events import parse_line
 
 MOMENTS = ("after-push", "mid-save", "mid-push", "mid-verify", "mid-step")
@@ -50,21 +52,62 @@ def kill_predicate(moment: str) -> Callable[[str], bool]:
 
 
 AUTO = "auto"
+EPOCH_MOMENTS = ("mid-epoch", "epoch-end", "mid-epoch-1")
+"""Graceful SIGTERMs placed from the straight-through run's `epoch` so that the next leg resumes
+exactly there, in this order in any run: the middle of the first epoch, its last step (the next
+leg starts the second epoch), the middle of the second epoch."""
+EVERY_KILL = (AUTO, *MOMENTS, "random", NODE_LOST)
+"""The moments one `--at` may name for every kill (an epoch moment is one step: once a drill)."""
+DEFAULT_KILLS = 2
 
 
 @dataclass(frozen=True)
 class Planned:
     """One kill of a drill: at a moment (MOMENTS), or when rank 0 prints `step` (`how` is
-    "step": SIGKILL there; "sigterm": a graceful SIGTERM there)."""
+    "step": SIGKILL there; "sigterm": a graceful SIGTERM there, the leg held at that step until
+    it comes). `moment`: the epoch moment that placed it, if one did."""
 
     how: str
     step: int | None = None
+    moment: str = ""
 
     @property
     def name(self) -> str:
         if self.how == "sigterm":
-            return f"by SIGTERM at step {self.step}"
+            return f"{self.moment + ' ' if self.moment else ''}by SIGTERM at step {self.step}"
         return f"at step {self.step}" if self.how == "step" else self.how
+
+
+def parse_at(text: str, kills: int | None, gpu: bool, kills_at: bool = False) -> tuple[list[str], int]:
+    """`--at`: one moment for every kill (`--kills`, default 2), or a comma list of one moment per
+    kill in order (`--kills` defaults to its length; another count is refused). The moments and
+    the kills; bad input (exit 2) otherwise."""
+    names = [part.strip() for part in text.split(",")]
+    for name in names:
+        if name not in (*EVERY_KILL, *EPOCH_MOMENTS):
+            known = ", ".join((*EVERY_KILL, *EPOCH_MOMENTS))
+            raise BadInput(f"--at takes one of {known}, or a comma list of them (one per kill); got {name!r}")
+    if len(names) == 1 and names[0] in EVERY_KILL:
+        return names, DEFAULT_KILLS if kills is None else kills
+    if kills_at:
+        raise BadInput("--kills-at places every kill at a step of its own: it takes no --at list or epoch moment")
+    if AUTO in names:
+        raise BadInput("--at auto places every kill itself: it takes no list")
+    epochs = [n for n in names if n in EPOCH_MOMENTS]
+    if epochs != sorted(set(epochs), key=EPOCH_MOMENTS.index):
+        raise BadInput(
+            f"--at {text}: the epoch moments come once each, in the run's order ({', '.join(EPOCH_MOMENTS)}): "
+            "a leg resumed past one cannot stop there"
+        )
+    if kills is not None and kills != len(names):
+        named = f"{len(names)} moment{'s' if len(names) > 1 else ''}"
+        raise BadInput(f"--kills {kills}, but --at names {named}, one per kill: leave --kills out")
+    if epochs and gpu:
+        raise BadInput(
+            f"--at {epochs[0]} is placed from the straight-through run's epochs, and a GPU drill runs "
+            "none: drill it on the CPU (no --gpus)"
+        )
+    return names, len(names)
 
 
 def lr_turns(ev: LegEvents, after: int) -> int | None:
@@ -115,14 +158,64 @@ def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planne
     return sorted(placed, key=lambda m: m.step or 0)
 
 
+class Unplaced(ValueError):
+    """An epoch moment the straight-through run has no place for (its message says why)."""
+
+
+def epoch_spans(straight: LegEvents) -> list[tuple[object, int, int]]:
+    """(epoch, first step, last step) of each epoch rank 0's steps printed, in run order."""
+    spans: list[tuple[object, int, int]] = []
+    for _, e in straight.all("step"):
+        if "epoch" not in e:
+            continue
+        step, epoch = int(e["step"]), e["epoch"]
+        if spans and spans[-1][0] == epoch:
+            spans[-1] = (epoch, spans[-1][1], step)
+        else:
+            spans.append((epoch, step, step))
+    return spans
+
+
+def place_epoch(moment: str, straight: LegEvents | None) -> Planned:
+    """The graceful stop an epoch moment asks for (EPOCH_MOMENTS), at the step after which the
+    next leg must resume: the middle of an epoch (half its steps done, at least one left in it)
+    or the first epoch's last step. Unplaced, naming the run's epochs, where the run has none."""
+    spans = epoch_spans(straight) if straight is not None else []
+    seen = ", ".join(f"epoch {e} at steps {a}-{b}" for e, a, b in spans)
+    want = 1 if moment == "mid-epoch-1" else 0
+    why = ""
+    if not spans:
+        why = "needs steps that print their `epoch` (sess.step(..., epoch=...)); the straight-through run's print none"
+    elif len(spans) < 2 and moment != "mid-epoch":
+        why = f"needs a second epoch: the straight-through run had {seen} (raise rungs.drill.steps)"
+    elif moment != "epoch-end" and spans[want][1] == spans[want][2]:
+        why = f"needs an epoch of two steps or more: the straight-through run had {seen}"
+    if why:
+        raise Unplaced(f"--at {moment} {why}")
+    _, first, last = spans[want]
+    step = last if moment == "epoch-end" else first + (last - first + 1) // 2 - 1
+    return Planned("sigterm", step, moment)
+
+
 def planned_kills(
-    kills: int, moment: str, kills_at: list[int] | None, steps: int, straight: LegEvents | None, rng: random.Random
+    kills: int,
+    moments: list[str],
+    kills_at: list[int] | None,
+    steps: int,
+    straight: LegEvents | None,
+    rng: random.Random,
 ) -> list[Planned]:
+    """One Planned per kill: `kills_at`'s steps, `auto`'s placement, or `moments` (parse_at's: one
+    for every kill or one per kill). Raises Unplaced for an epoch moment the run has no room for."""
     if kills_at:
         return [Planned("step", s) for s in kills_at]
-    if moment == AUTO:
+    if moments == [AUTO]:
         return auto_plan(kills, steps, straight)
-    return [Planned(rng.choice(RANDOM_MOMENTS) if moment == "random" else moment) for _ in range(kills)]
+    each = moments * kills if len(moments) == 1 else moments
+    return [
+        place_epoch(m, straight) if m in EPOCH_MOMENTS else Planned(rng.choice(RANDOM_MOMENTS) if m == "random" else m)
+        for m in each
+    ]
 
 
 def step_predicate(step: int) -> Callable[[str], bool]:

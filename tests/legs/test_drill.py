@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -140,22 +141,35 @@ def test_kills_at_the_users_own_steps(project: Path) -> None:
         assert res.code == 2 and "--kills-at" in res.err and "Traceback" not in res.err, (bad, res.err)
 
 
-def test_the_auto_plan_reads_the_straight_run_and_says_when_no_step_is_left() -> None:
-    """Where `--at auto` puts the kills, from a straight run's events alone: the LR's first turn
-    after the first storage cycle (a SIGKILL a step later), the first epoch boundary (a SIGTERM
-    a step later); and nothing when the first cycle leaves no step before the run's end (the
-    drill then answers no, naming the fix, instead of running fewer kills than asked)."""
-    from launcher.checks.evidence import LegEvents
-    from launcher.rungs.drill_moments import Planned, auto_plan
+EPOCH_AT = "    sess.step(loss=loss, batch=x, tokens=tokens_per_step, sample_index=first_sample)\n"
 
-    def straight(prune_at: int, lrs: list[float], epochs: list[int]) -> LegEvents:
-        items = [
-            (s, {"event": "step", "step": s, "lr": lr, "epoch": ep})
-            for s, (lr, ep) in enumerate(zip(lrs, epochs), start=1)
+
+def test_the_resume_matrix_moments_on_two_ranks_resume_where_planned(project: Path) -> None:
+    """`--at mid-epoch,epoch-end,mid-epoch-1`: three graceful SIGTERMs placed from the straight
+    run's `epoch`, so the resumes land mid-epoch 0, exactly at the epoch boundary and mid-epoch 1
+    (the 2nd and 3rd resumes of one run). The reference trainer on 2 ranks, its steps made to print
+    their epoch, 96 samples of 16 a step (6 steps an epoch) over 10 steps: stops after steps 3, 6
+    and 8, and both ranks of each next leg resume there; every check of the drill holds. (With 4
+    steps an epoch, mid-epoch's resume at step 2 leaves loss continuity under 3 steps to measure a
+    band on.) The moments' placing and refusals: tests/unit/test_drill_moments.py."""
+    train = project / "train.py"
+    text = train.read_text()
+    assert EPOCH_AT in text
+    train.write_text(text.replace(EPOCH_AT, EPOCH_AT[:-2] + ", epoch=first_sample // order.n_samples)\n"))
+    command = "torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5 --data-tokens 6145"
+    edit_config(project, trainer__command=command, rungs__drill={"steps": 10, "budget_minutes": 5})
+    assert run_cli(["review"], cwd=project).code == 0
+    code, checks, run = drill(project, "--at", "mid-epoch,epoch-end,mid-epoch-1")
+    assert code == 0, failed(checks)
+    for leg, step in enumerate((3, 6, 8)):
+        placed = check(checks, Kind.KILL_MOMENT, leg=leg)
+        assert placed["ok"] and f"stopped at step {step}," in placed["detail"], placed
+        assert check(checks, Kind.SIGTERM_FINAL, leg=leg)["ok"]
+    assert [leg["role"] for leg in run["legs"]] == [None] * 4 + ["straight"]
+    for leg, step in zip(run["legs"][1:4], (3, 6, 8)):
+        resumes = [
+            json.loads(line[line.find('{"event": ') :])
+            for line in Path(leg["log_path"]).read_text().splitlines()
+            if '"event": "resume"' in line
         ]
-        return LegEvents(9, Path("leg-9-straight.log"), items + [(99, {"event": "prune", "step": prune_at})])
-
-    ev = straight(5, [2.0] * 16 + [1.0] * 8, [0] * 8 + [1] * 16)  # epoch 1 from step 9, the LR cut at 17
-    assert auto_plan(2, 24, ev) == [Planned("sigterm", 10), Planned("step", 18)]
-    assert auto_plan(1, 24, ev) == [Planned("step", 18)]  # one kill: the LR's turn comes first
-    assert auto_plan(2, 8, straight(7, [2.0] * 8, [0] * 8)) == []  # the first cycle at 7 of 8 steps
+        assert sorted((e.get("rank", 0), e["from_step"]) for e in resumes) == [(0, step), (1, step)], resumes
