@@ -133,7 +133,8 @@ def _lost(x: Inside, k: int) -> str:
     if x.after is None:
         return head + f" (leg {x.leg.leg} ended before its first optimizer step)"
     if x.after - x.at == k - x.held:
-        return head + f" (its first optimizer step, at micro-step {x.after}, summed {k - x.held} micro-batches of {k})"
+        summed = f"{k - x.held} micro-batch{'es' if k - x.held > 1 else ''}"
+        return head + f" (its first optimizer step, at micro-step {x.after}, summed {summed} of {k})"
     if x.after - x.at == k:
         return (
             head + f", and every later window moved {x.held} micro-steps (the loop counts its windows from the resume)"

@@ -12,7 +12,8 @@ same rank of the same-shape straight-through run.
   equal to that rank's in the straight run, one equal to ANOTHER rank's named ("rank 1 resumed
   rank 0's RNG"); each rank's optimizer steps since the resume (`opt_steps`) equal to the straight
   run's over the same steps.
-- `check_accumulation_every_rank` (proof 3): launcher.checks.accumulation on each rank's events.
+- `check_accumulation_every_rank` (proof 3): launcher.checks.accumulation on each rank's events, every
+  rank whose answer is no named.
 
 Each returns None on one rank (rank 0's own checks judge it) and without the evidence.
 """
@@ -294,24 +295,31 @@ def _opt_differs(
 
 
 def check_accumulation_every_rank(legs: list[LegEvents], straight: LegEvents | None, exact: bool) -> Check | None:
-    """launcher.checks.accumulation on every rank: rank 0's answer, unless another rank's is no
-    (its detail then names the rank)."""
+    """launcher.checks.accumulation on every rank: rank 0's answer where no rank's is no; else the
+    first such rank's, naming every rank whose answer is no ("ranks 0 and 1: resumed at ...": a
+    loop that accumulates alike on every rank is inside the window on every rank)."""
     zero = check_accumulation(legs, straight, exact)
     ranks = ranks_of(legs)
-    if len(ranks) < 2 or (zero is not None and not zero.ok):
+    if len(ranks) < 2:
         return zero
-    for r in ranks[1:]:
-        mine = check_accumulation(
+    answers = {ranks[0]: zero} | {
+        r: check_accumulation(
             [rank_view(ev, r) for ev in legs], rank_view(straight, r) if straight is not None else None, exact
         )
-        if mine is not None and not mine.ok:
-            return Check(
-                mine.name,
-                False,
-                f"rank {r}: {mine.detail}",
-                mine.evidence,
-                kind=Kind.ACCUMULATION,
-                leg=mine.leg,
-                facts={**mine.facts, "rank": r},
-            )
-    return zero
+        for r in ranks[1:]
+    }
+    bad = [r for r, c in answers.items() if c is not None and not c.ok]
+    if not bad:
+        return zero
+    first = answers[bad[0]]
+    assert first is not None
+    who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad[:-1]))} and {bad[-1]}"
+    return Check(
+        first.name,
+        False,
+        f"{who}: {first.detail}",
+        first.evidence,
+        kind=Kind.ACCUMULATION,
+        leg=first.leg,
+        facts={**first.facts, "rank": bad[0], "ranks_inside": bad},
+    )

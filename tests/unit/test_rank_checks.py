@@ -156,6 +156,20 @@ def test_accumulation_is_judged_on_every_rank() -> None:
     assert c.detail.startswith("rank 1: resumed at micro-step 4 inside an accumulation window"), c.detail
 
 
+def test_accumulation_inside_the_window_on_every_rank_names_every_rank() -> None:
+    """The loop accumulates alike on both ranks, stepping at 3 and 7: the resume at 4 is inside the
+    window on both, and the answer names both (rank 0's alone named none)."""
+
+    def plant(first: int) -> Plant:
+        return lambda r, s: {"opt_steps": sum(1 for e in (3, 7) if first <= e <= s)}
+
+    legs = [leg(0, 1, 5, plant=plant(1)), leg(1, 5, STEPS, resume=4, plant=plant(5))]
+    c = check_accumulation_every_rank(legs, None, exact=False)
+    assert c is not None and not c.ok and c.kind == Kind.ACCUMULATION, c
+    assert c.detail.startswith("ranks 0 and 1: resumed at micro-step 4 inside an accumulation window"), c.detail
+    assert (c.facts["rank"], c.facts["ranks_inside"]) == (0, [0, 1])
+
+
 def test_fed_inputs_print_a_digest_per_sample_within_the_caps() -> None:
     """runtime.session.samples: one digest a row of the fed tensors (a sample), the same row the
     same digest wherever it sits in the batch, every micro-batch's in order; none past the caps."""
