@@ -326,6 +326,26 @@ def test_a_jump_across_the_restart_that_is_the_straight_runs_own_passes() -> Non
     assert not check_loss(legs, 1, exact=False, straight=same).ok  # not exact: the band alone
 
 
+def test_a_resume_too_early_for_a_band_is_judged_by_the_exact_straight_run() -> None:
+    """A resume 2 steps into the run has no band to measure (a drill's `mid-epoch` on 4-step epochs
+    failed so, every step exact): with an exact straight run the losses either side of the restart
+    are compared to it, and a wrong one still fails; without one the check cannot pass."""
+    from launcher.checks.resume import check_loss
+
+    losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7}
+    legs = [
+        leg(0, step(1, loss=5.0), step(2, loss=4.9)),
+        leg(1, {"event": "resume", "from_step": 2}, step(3, loss=4.8)),
+    ]
+    same = leg(9, *(step(s, loss=v) for s, v in losses.items()))
+    passed = check_loss(legs, 1, exact=True, straight=same)
+    assert passed.ok and "equal the straight-through run's exactly" in passed.detail, passed.detail
+    other = leg(9, *(step(s, loss=4.7 if s == 3 else v) for s, v in losses.items()))
+    assert not check_loss(legs, 1, exact=True, straight=other).ok
+    assert not check_loss(legs, 1, exact=True).ok  # no straight run: nothing to measure
+    assert not check_loss(legs, 1, exact=False, straight=same).ok  # not exact: no band, no comparison
+
+
 def test_a_first_batch_from_further_on_is_a_moved_position_and_an_unknown_one_is_not() -> None:
     """The first batch after the resume is the straight run's batch of a later step: the
     position moved (skipped twice), by how many batches. One found nowhere in the straight run
