@@ -161,6 +161,16 @@ class RunConfig(RungConfig):
 
 
 @dataclass(frozen=True)
+class DrillConfig(RungConfig):
+    """`launcher drill cold-resume`: steps the run trains in all, budget per leg."""
+
+    fresh_oracle: bool = False
+    """A CPU drill runs its own straight-through leg even where the ledger holds one that is
+    provably the same run (launcher.rungs.oracle: the rehearsal's, when the drill's steps are
+    the rehearsal's), which it otherwise reuses as its oracle."""
+
+
+@dataclass(frozen=True)
 class RungsConfig:
     """Per-rung budgets. `static` needs none: it runs on the host in seconds."""
 
@@ -169,7 +179,7 @@ class RungsConfig:
     probe: RungConfig = field(default_factory=lambda: RungConfig(steps=2000, budget_minutes=90))
     run: RunConfig = field(default_factory=lambda: RunConfig(steps=100_000, budget_minutes=24 * 60))
     """The run: `steps` in all; `budget_minutes` per leg (and `quota.session_hours`)."""
-    drill: RungConfig = field(default_factory=lambda: RungConfig(steps=40, budget_minutes=10))
+    drill: DrillConfig = field(default_factory=lambda: DrillConfig(steps=40, budget_minutes=10))
     """`launcher drill cold-resume`: steps the run trains in all, budget per leg."""
 
 

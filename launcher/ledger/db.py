@@ -294,6 +294,27 @@ class Ledger(Spending):
         leg["nodes"] = json_or_none(leg.get("nodes"))
         return leg
 
+    def straight_legs(self, project: str, limit: int = 20) -> list[tuple[RunRow, LegRow]]:
+        """The project's straight-through legs that ended, newest first, each with its run (legs and
+        checks left out, its files in): the candidates a CPU drill may reuse as its oracle
+        (launcher.rungs.oracle decides which, if any, is provably its own straight run)."""
+        rows = self._db.execute(
+            "SELECT l.* FROM legs l JOIN runs r ON r.id = l.run_id WHERE r.project=? AND l.role='straight'"
+            f" AND l.ended_at IS NOT NULL ORDER BY l.started_at DESC LIMIT {int(limit)}",
+            (project,),
+        ).fetchall()
+        out = []
+        for leg in rows:
+            run = self._db.execute("SELECT * FROM runs WHERE id=?", (leg["run_id"],)).fetchone()
+            files = self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=?", (leg["run_id"],))
+            found = clean(dict(run), RUN_NUMBERS, {}) | {
+                "files": {str(p): str(h) for p, h in files},
+                "legs": [],
+                "checks": [],
+            }
+            out.append((found, self._leg_row(dict(leg))))
+        return out
+
     def leg_records(self, run_id: str) -> list[LegRow]:
         """The run's legs, read as `runs` reads them."""
         return [self._leg_row(dict(r)) for r in self._db.execute("SELECT * FROM legs WHERE run_id=?", (run_id,))]

@@ -120,7 +120,17 @@ def load_run(row: dict[str, Any]) -> RunData:
     def read(role: str | None) -> list[LegEvents]:
         return [LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in row["legs"] if leg.get("role") == role]
 
-    return RunData(row, read(None), read("straight"))
+    return RunData(row, read(None), read("straight") or reused_oracle(row))
+
+
+def reused_oracle(row: dict[str, Any]) -> list[LegEvents]:
+    """A drill judged against an earlier run's straight-through leg (launcher.rungs.oracle): that
+    leg's events, read as the drill read them (its check's leg and log); [] for any other run."""
+    for c in find(row.get("checks", []), Kind.STRAIGHT_FINISHED):
+        facts = c.get("facts") or {}
+        if "reused_run" in facts and "disagreed" not in facts and isinstance(c.get("leg"), int):
+            return [LegEvents.read(c["leg"], Path(str(facts.get("log"))))]
+    return []
 
 
 def run_exact(run: RunData, cfg: Config) -> bool:

@@ -50,6 +50,7 @@ from launcher.checks.readback import StateReader, check_leg_store
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.drill_moments import NODE_LOST, Planned, Unplaced, kill_predicate, planned_kills, step_predicate
+from launcher.rungs.oracle import find_oracle, judge
 from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
@@ -83,11 +84,12 @@ def _drill(
     outs: list[LegOutcome] = []
     record: list[Kill] = []
     placed: list[Check] = []  # each epoch moment's leg stopped where it was planned
-    straight = None
-    if ctx.rung.straight_leg:  # the oracle: the same trainer straight through, on its own empty store
+    straight, oracle = None, find_oracle(ctx, kills + 1, steps)  # one the ledger proves the drill's own: rungs.oracle
+    if ctx.rung.straight_leg and oracle is None:  # the oracle: the same trainer straight through, on an empty store
         straight = run_leg(ctx, kills + 1, steps, ending=Ending(straight=True))
+    first = oracle or straight
     try:
-        plan = planned_kills(kills, moments, kills_at, steps, straight.events if straight else None, rng)
+        plan = planned_kills(kills, moments, kills_at, steps, first.events if first else None, rng)
     except Unplaced as err:  # an epoch moment the straight run has no place for: no leg runs
         return [not_placed(str(err))]
     if len(plan) < kills:  # --at auto: no step left between the first checkpoint and the run's end
@@ -116,11 +118,14 @@ def _drill(
             return _missed(outs, leg, chosen)
     from launcher.rungs.resume_legs import exact_checks, under_torchrun
 
-    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + placed
+    legs, said = [o.events for o in outs], list[Check]()
+    if oracle is not None:  # judged against the reused oracle, or (a check failed there) a fresh straight leg
+        said, straight = judge(ctx, oracle, legs, steps)
+    checks = drill_checks(outs, record, steps, straight, under_torchrun(ctx)) + placed + said
     checks.append(check_leg_store(store, outs[-1].events))
-    return checks + exact_checks(
-        ctx, [o.events for o in outs], straight.events if straight else None, bool(ctx.gpu_count), steps
-    )
+    if oracle is not None and straight is None:
+        return checks
+    return checks + exact_checks(ctx, legs, straight.events if straight else None, bool(ctx.gpu_count), steps)
 
 
 def _killed_leg(ctx: RunContext, leg: int, steps: int, planned: Planned, record: list[Kill]) -> LegOutcome:
