@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, fail_lines, failed, run_cli
+from tests.helpers import check, edit_config, fail_lines, failed, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REPO = EXAMPLES.parent
@@ -62,12 +63,22 @@ def copy_example(name: str, dest: Path, original: bool = False) -> Path:
 
 
 def drill_and_report(root: Path, nodes: list[str] | None = None) -> Any:
-    """`drill cold-resume --kills 2 --at mid-push` passes (`nodes`: its `--nodes N` too), then the
-    report: proofs 1-4 and 6-8 PASS, 5 MISSING (no GPU rung here), exit 0. The drill's result."""
+    """`drill cold-resume --kills 2 --at mid-push` passes (`nodes`: its `--nodes N` too), judged
+    against the rehearsal's straight-through leg, reused (launcher.rungs.oracle: the drill's steps
+    made the rehearsal's where they differ, on one node; a leg of several nodes needs launcher.yaml
+    as the rehearsal ran it), then the report: proofs 1-4 and 6-8 PASS, 5 MISSING (no GPU rung
+    here), exit 0. The drill's result."""
+    rungs = yaml.safe_load((root / "launcher.yaml").read_text())["rungs"]
+    if rungs["drill"]["steps"] != rungs["rehearsal"]["steps"]:
+        assert not nodes, f"the example's drill steps must be its rehearsal's: {rungs}"
+        edit_config(root, rungs__drill=rungs["drill"] | {"steps": rungs["rehearsal"]["steps"]})
     drill = run_cli(
         ["drill", "cold-resume", *(nodes or []), "--kills", "2", "--at", "mid-push", "--json"], cwd=root, timeout=900
     )
     assert drill.code == 0, failed(drill)
+    oracle = check(drill, Kind.STRAIGHT_FINISHED).get("facts", {})  # no straight leg ran: the rehearsal's served
+    assert "reused_run" in oracle and "disagreed" not in oracle, check(drill, Kind.STRAIGHT_FINISHED)
+    assert run_cli(["ledger", oracle["reused_run"], "--json"], cwd=root).json()[0]["rung"] == "rehearsal", oracle
     report = run_cli(["report", "--json"], cwd=root, timeout=600)
     status = {p["number"]: p["status"] for p in report.json()["proofs"]}
     assert status == {1: "PASS", 2: "PASS", 3: "PASS", 4: "PASS", 5: "MISSING", 6: "PASS", 7: "PASS", 8: "PASS"}, {
