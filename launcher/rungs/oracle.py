@@ -28,7 +28,7 @@ The host's own environment is not recorded and a trainer may read it: no key pro
 the ledger holds. So a reused oracle never fails a drill on its own: where any check against
 it fails, the drill runs a fresh straight leg then and is judged against that one, by the
 rehearsal's own path (launcher.rungs.resume_legs.exact_checks: a trainer that does not
-reproduce itself is still found there). `--fresh-oracle` runs the straight leg regardless.
+reproduce itself is still found there). `rungs.drill.fresh_oracle: true` runs the straight leg regardless.
 """
 
 from __future__ import annotations
