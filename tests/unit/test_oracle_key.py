@@ -182,3 +182,44 @@ def test_fresh_oracle_and_the_drills_own_run_never_reuse(tmp_path: Path, ledger:
     on_gpu = dataclasses.replace(ctx, run_id="p-drill-1", rung=dataclasses.replace(ctx.rung, needs_gpu=True))
     assert find_oracle(on_gpu, AS_LEG, STEPS) is None  # a GPU drill runs no straight leg at all
     assert find_oracle(dataclasses.replace(on_gpu, rung=ctx.rung), AS_LEG, STEPS) is not None
+
+
+def _events(n: int, losses: dict[int, float], resumed_at: int | None = None) -> Any:
+    from launcher.checks.evidence import LegEvents
+
+    head = [{"event": "resume", "from_step": resumed_at}] if resumed_at is not None else []
+    body = [{"event": "step", "step": s, "loss": v, "lr": 0.1, "batch_hash": f"b{s}"} for s, v in losses.items()]
+    done = [{"event": "done", "step": max(losses)}]
+    return LegEvents(
+        n, Path(f"leg-{n}.log"), [(i + 1, {"rank": 0, "t": 0.0, **e}) for i, e in enumerate(head + body + done)]
+    )
+
+
+def test_a_reused_oracle_that_disagrees_costs_a_fresh_straight_leg_never_a_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """judge(): where every check holds against the reused oracle, its line and the checks, no leg
+    run; where one fails, the line that says so (ok, naming the check) and a fresh straight leg run
+    as the oracle's leg number, which the drill then judges by (the climbs' drills reuse, at leg
+    level: tests/legs/test_examples.py drill_and_report)."""
+    from launcher.rungs import oracle as oracle_mod
+
+    ctx = _context(tmp_path, Ledger(tmp_path / "ledger.db"))
+    losses = {s: 5.0 - s / 10 for s in range(1, 9)}
+    legs = [_events(0, {s: losses[s] for s in range(1, 5)}), _events(1, {s: losses[s] for s in range(5, 9)}, 4)]
+    ran: list[tuple[int, int, Any]] = []
+
+    def fake_run_leg(ctx: Any, leg: int, steps: int, ending: Any = None) -> Any:
+        ran.append((leg, steps, ending))
+        return dataclasses.make_dataclass("Out", ["events"])(_events(leg, losses))
+
+    monkeypatch.setattr(oracle_mod, "run_leg", fake_run_leg)
+    same = oracle_mod.Oracle("p-rehearsal-1", 3, _events(AS_LEG, losses))
+    checks, fresh = oracle_mod.judge(ctx, same, legs, 8)
+    assert fresh is None and not ran and all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert checks[0].kind == Kind.STRAIGHT_FINISHED and "disagreed" not in checks[0].facts
+    moved = oracle_mod.Oracle("p-rehearsal-1", 3, _events(AS_LEG, losses | {6: losses[6] + 1.0}))
+    checks, fresh = oracle_mod.judge(ctx, moved, legs, 8)
+    assert [(leg, steps, ending.straight) for leg, steps, ending in ran] == [(AS_LEG, 8, True)]
+    assert fresh is not None and fresh.events.leg == AS_LEG
+    assert len(checks) == 1 and checks[0].ok and checks[0].facts["disagreed"], checks
