@@ -4,8 +4,8 @@ each answered no by a named per-rank check (launcher.checks.ranks) and a FAILed 
 1. the sampler's epoch lost on resume (a resumed epoch >= 1 replays epoch 0's order): here,
    Kind.RANK_SAMPLES, proof 2;
 2. one rank's RNG restored on all: tests/legs/test_rank_proofs.py, Kind.RANK_STATE, proof 3;
-3. samples seen twice and never (a rank's cursor not restored): tests/legs/test_nodes.py
-   (2 nodes x 1 rank), Kind.RANK_SAMPLES and Kind.RANK_DATA;
+3. samples seen twice and never (a rank's cursor not restored): here (1 node x 2 ranks),
+   Kind.RANK_SAMPLES and Kind.RANK_DATA, proof 2;
 4. gradient accumulation across a resume: tests/legs/test_planted_accumulation.py,
    Kind.ACCUMULATION naming both ranks, proof 3;
 5. rank-0-only files with no shared disk (2 nodes x 1 rank: node 1 resumes without its file):
@@ -72,6 +72,31 @@ def test_a_resumed_epoch_that_replays_epoch_0s_order_is_named(project: Path) -> 
     assert "the first batch after the resume at step 6" in leg2 and "already consumed at step 1 (leg 0)" in leg2
     status = report(project)
     assert status[2]["status"] == "FAIL" and status[3]["status"] == "PASS", (status[2], status[3])
+
+
+def test_one_rank_whose_cursor_was_not_restored_is_named(project: Path) -> None:
+    """The planted bug: after the resume rank 1 starts its shard over (1 node x 2 ranks; on 2 nodes
+    x 1, in tests/legs/test_nodes.py until session 21, the same answer 15 s dearer). Rank 0's data
+    checks cannot see it (the straight-through comparison sees the loss move, naming no rank); the
+    per-rank checks answer no and name the rank."""
+    edit_config(project, trainer__command=TORCHRUN)
+    train = project / "train.py"
+    assert RESUME in train.read_text()
+    planted = "    if world.rank == 1:\n        data = Position(order, tokens, world.rank)  # planted\n"
+    train.write_text(train.read_text().replace(RESUME, RESUME + planted, 1))
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "rehearsal", "--steps", "12", "--json"], cwd=project, timeout=900)
+    assert res.code == 1, res.out + res.err
+    bad = failed(res)
+    assert sorted(c["kind"] for c in bad) == [Kind.RANK_DATA, Kind.RANK_SAMPLES, Kind.TIMELINE], bad
+    ranks = check(bad, Kind.RANK_DATA)
+    assert ranks["detail"].startswith("rank 1: ") and "re-read data" in ranks["detail"], ranks
+    assert ranks["facts"] == {"rank": 1, "ranks": 2}
+    samples = check(bad, Kind.RANK_SAMPLES)  # each resume (at 4 and 8) re-read its first 4 steps: 8 steps' never
+    said = "rank 1: 64 samples seen twice, 64 never seen, 0 out of order of 96; across the ranks: 64 samples"
+    assert samples["detail"].startswith(said), samples["detail"]
+    assert (samples["facts"]["rank"], samples["facts"]["step"]) == (1, 5), samples
+    assert report(project)[2]["status"] == "FAIL"
 
 
 RANK_FILES = '''
