@@ -1,5 +1,6 @@
-"""Two CPU processes with gloo under torchrun: resume on both ranks at the same cursor,
-memory MAX across ranks, rank-tagged diagnostics."""
+"""Two CPU processes with gloo under torchrun: memory MAX across ranks, a barrier's timeout, the
+world's close. Resume on both ranks at the same cursor, rank 0 alone pushing, and each window's memory
+MAX, through the launcher: tests/legs/test_drill.py::test_the_resume_matrix_moments_on_two_ranks_resume_where_planned."""
 
 from __future__ import annotations
 
@@ -31,45 +32,6 @@ def torchrun(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list
             events.append(json.loads(line[start:]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.returncode, events
-
-
-def leg(tmp_path: Path, name: str, max_steps: int) -> tuple[int, list[dict]]:
-    work = tmp_path / name
-    work.mkdir()
-    env = {
-        "LAUNCHER_RUN_ID": "ddp",
-        "LAUNCHER_STORE": (tmp_path / "store").as_uri(),
-        "LAUNCHER_MAX_STEPS": str(max_steps),
-    }
-    return torchrun(
-        ["-m", "runtime.reference.trainer", "--ckpt-every", "3", "--data-tokens", "20000", "--metrics-every", "3"],
-        work,
-        env,
-    )
-
-
-def test_two_ranks_resume_at_the_same_cursor(tmp_path: Path) -> None:
-    code0, first = leg(tmp_path, "leg0", 6)
-    assert code0 == 0, first[-3:]
-    code1, second = leg(tmp_path, "leg1", 9)
-    assert code1 == 0, second[-3:]
-    resumes = {e["rank"]: e for e in second if e["event"] == "resume"}
-    assert set(resumes) == {0, 1}  # every rank says where it resumed, in its own line
-    keys = ("from_step", "checkpoint", "sample_index", "batch_hash", "lr")
-    assert {k: resumes[0][k] for k in keys} == {k: resumes[1][k] for k in keys}
-    assert resumes[0]["from_step"] == 6 and resumes[0]["sample_index"] == 6 * 16  # 2 ranks x batch 8
-    assert resumes[1]["rank_sample_index"] - resumes[0]["rank_sample_index"] == 8
-    # Each rank read its own slice; together they read every sample once.
-    read = sorted(e["sample_index"] + k for e in first + second if e["event"] == "step" for k in range(8))
-    assert read == list(range(9 * 16))
-    # Only rank 0 pushes; both ranks finish with the same verdict.
-    assert {e["rank"] for e in first + second if e["event"] == "push"} == {0}
-    assert [e["final_checkpoint_verified"] for e in second if e["event"] == "done"] == [True, True]
-    memory = [e for e in second if e["event"] == "memory"]
-    assert {e["rank"] for e in memory} == {0, 1}
-    for step in {e["step"] for e in memory}:
-        at = [e for e in memory if e["step"] == step]
-        assert len({e["peak_max"] for e in at}) == 1 and at[0]["peak_max"] == max(e["peak"] for e in at)
 
 
 BALLAST = r"""

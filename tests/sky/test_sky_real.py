@@ -33,13 +33,25 @@ ENV = {
 EXPECTED = {"T4:2": "n1-highmem-8", "A100:8": "a2-highgpu-8g", "H100:8": "a3-highgpu-8g"}
 
 
-@pytest.mark.parametrize("rung", ["rehearsal", "smoke", "probe", "run"])
-@pytest.mark.parametrize("gpus, nodes", [("T4:2", 1), ("A100:8", 1), ("H100:8", 2)])
+# sky/smoke.yaml and sky/probe.yaml differ in their name alone, and the rehearsal asks for no GPU
+# (`cpus: 4+`), so the shape changes nothing of it but its nodes: the CPU rehearsal on 1 and 2
+# nodes, then each shape under one GPU rung. The run (`resources.ordered`, `job_recovery`) goes
+# through the managed job's dry run, not this one: test_the_run_as_a_managed_job_passes_... below.
+@pytest.mark.parametrize(
+    "rung, gpus, nodes",
+    [
+        ("rehearsal", None, 1),
+        ("rehearsal", None, 2),
+        ("smoke", "T4:2", 1),
+        ("probe", "A100:8", 1),
+        ("smoke", "H100:8", 2),
+    ],
+)
 def test_every_rung_and_shape_passes_skypilots_own_dry_run_with_a_pick_and_a_price(
-    project: Path, tmp_path: Path, rung: str, gpus: str, nodes: int
+    project: Path, tmp_path: Path, rung: str, gpus: str | None, nodes: int
 ) -> None:
     cfg = load_config(project / "launcher.yaml")
-    spec = None if rung == "rehearsal" else parse_gpus(gpus)
+    spec = None if gpus is None else parse_gpus(gpus)
     backend = SkyBackend(cfg, REF, nodes, sky=sky)
     leg = LegSpec("r", 0, rung, tuple(cfg.trainer.command), ENV, {"HF_TOKEN": "hf_not_a_real_token"}, gpus=spec)
     task, pick, why = backend.dry_launch(leg, tmp_path / "leg-0.sky.yaml")  # sky.launch(..., dryrun=True)
