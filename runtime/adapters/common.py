@@ -15,6 +15,7 @@ rank resumed another RNG stream, unnamed."""
 from __future__ import annotations
 
 import atexit
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +35,14 @@ SHAPE_KEYS = ("world_size", "accumulation", "per_rank_batch")
 """The run's shape, saved in every pushed manifest's meta: a checkpoint means something only to a
 leg of the same shape (per-rank RNG files, a loader position counted in per-rank batches, an
 accumulation window counted in micro-batches)."""
+
+
+def epoch_of_step(progress: float | None) -> int:
+    """The epoch a step trained in, from the HF Trainer's `state.epoch` after it: the epoch plus
+    the share of it done, so an epoch's last step reads the next epoch's whole number (16 steps an
+    epoch: step 16 reads 1.0, step 17 1.0625). `int()` of it put each epoch's last step in the next
+    epoch, and `--at epoch-end` stopped a step before the boundary (resume-matrix, 2026-12-06)."""
+    return max(0, math.ceil(progress or 0) - 1)
 
 
 class LegAdapter:

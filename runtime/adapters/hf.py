@@ -48,7 +48,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from runtime import contract, events
-from runtime.adapters.common import LegAdapter, check_windows
+from runtime.adapters.common import LegAdapter, check_windows, epoch_of_step
 from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
 from runtime.session.batches import FedInputs
@@ -165,7 +165,7 @@ class Preflight(TrainerCallback, LegAdapter):
             loss=float(logs["loss"]),
             lr=float(logs.get("learning_rate", 0.0)),
             step_s=round(self._step_s, 4),
-            epoch=int(state.epoch or 0),
+            epoch=epoch_of_step(state.epoch),
             **({"opt_steps": self._opt_steps} if self._opt_steps is not None else {}),
             **fields,
         )
