@@ -73,6 +73,25 @@ def test_the_hf_example_climbs_on_one_node_of_two_ranks_with_two_loader_workers(
     assert run_cli(["review"], cwd=root).code == 0
     took = climb(root, [])
     print(f"1 node x 2 ranks, 2 workers: climbed in {took:.0f} s")
+    epoch_end_lands_on_the_boundary(root)
+
+
+def epoch_end_lands_on_the_boundary(root: Path) -> None:
+    """`drill cold-resume --at epoch-end` after the climb (its oracle the rehearsal's straight leg,
+    reused: 2 legs): 256 samples, 16 steps of 2 ranks x 8 an epoch, two loader workers a rank. The
+    leg stops after step 16 and both ranks resume there, step 17 epoch 1. The Trainer's
+    `state.epoch` after an epoch's last step is the next whole number; the step events printed
+    int() of it, so that step read as the next epoch and the stop came a step early, at 15
+    (scripts/resume-matrix.py found it; runtime.adapters.common.epoch_of_step)."""
+    drill = run_cli(["drill", "cold-resume", "--at", "epoch-end", "--json"], cwd=root, timeout=900)
+    assert drill.code == 0, failed(drill)
+    placed = check(drill, Kind.KILL_MOMENT, leg=0)
+    assert placed["ok"] and "stopped at step 16," in placed["detail"], placed
+    assert check(drill, Kind.STRAIGHT_FINISHED)["facts"].get("reused_run"), "the rehearsal's straight leg"
+    legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
+    resumed = [e for e in leg_events(legs[1]) if e["event"] == "resume"]
+    assert sorted((e["rank"], e["from_step"]) for e in resumed) == [(0, 16), (1, 16)], resumed
+    assert {e["epoch"] for e in leg_events(legs[1]) if e["event"] == "step" and e["step"] == 17} == {1}
 
 
 def test_the_hf_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, leg_tmp: Path) -> None:
@@ -118,26 +137,3 @@ def test_a_leg_of_one_rank_refuses_the_checkpoint_two_ranks_saved_with_one_line(
     assert one.returncode == 3 and [s["reason"] for s in stops] == ["shape_changed"], one.stderr[-2000:]
     assert "saved by 2 ranks, this leg has 1" in stops[0]["error"] and "\n" not in stops[0]["error"]
     assert not [e for e in events if e["event"] in ("start", "step")]  # refused before anything trains
-
-
-def test_epoch_end_stops_the_hf_example_at_its_epochs_last_step(tmp_path: Path, leg_tmp: Path) -> None:
-    """`--at epoch-end` on 2 ranks, 96 samples (6 steps of 16 an epoch) over 10 steps: the leg
-    stops after step 6 and both ranks resume there, the first step of epoch 1 next. The Trainer's
-    `state.epoch` after an epoch's last step is the next whole number; the step events printed
-    int() of it, so that step read as the next epoch and the stop came a step early, at 5 (32
-    steps: 15 of 16; scripts/resume-matrix.py found it; runtime.adapters.common.epoch_of_step)."""
-    root = copy_example("hf_trainer", tmp_path)
-    train = root / "train.py"
-    train.write_text(train.read_text().replace("train_dataset=Tokens(256,", "train_dataset=Tokens(96,"))
-    torchrun = Path(hf_python()).with_name("torchrun")
-    command = f"{torchrun} --standalone --nproc_per_node 2 train.py --save-steps 5"
-    edit_config(root, trainer__command=command, rungs__drill={"steps": 10, "budget_minutes": 5})
-    assert run_cli(["review"], cwd=root).code == 0
-    drill = run_cli(["drill", "cold-resume", "--at", "epoch-end", "--json"], cwd=root, timeout=900)
-    assert drill.code == 0, failed(drill)
-    placed = check(drill, Kind.KILL_MOMENT, leg=0)
-    assert placed["ok"] and "stopped at step 6," in placed["detail"], placed
-    legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
-    resumed = [e for e in leg_events(legs[1]) if e["event"] == "resume"]
-    assert sorted((e["rank"], e["from_step"]) for e in resumed) == [(0, 6), (1, 6)], resumed
-    assert {e["epoch"] for e in leg_events(legs[1]) if e["event"] == "step" and e["step"] == 7} == {1}
