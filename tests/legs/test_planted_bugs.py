@@ -308,13 +308,25 @@ def test_no_final_push_on_sigterm_in_the_examples(example: str, after: str, tmp_
 
 
 def test_the_hf_trainer_told_to_ignore_its_data_skip_re_reads_the_epoch(tmp_path: Path, leg_tmp: Path) -> None:
-    """transformers' own knob: with ignore_data_skip a resumed Trainer starts the epoch over."""
+    """transformers' own knob: with ignore_data_skip a resumed Trainer starts the epoch over. The
+    example's one process otherwise resumes clean: the failed checks are the re-read's and its
+    consequences only (the SIGTERM and deadline stops, the LR, optimizer, RNG and store read all
+    hold), the one-process control since the example's clean climb went (session 21); its clean
+    climbs on two ranks are tests/legs/test_multirank_hf.py's."""
     root = copy_example("hf_trainer", tmp_path)
     plant(root, "dataloader_num_workers=0,", "dataloader_num_workers=0, ignore_data_skip=True,")
     code, checks = rehearse(root)
     bad = failed(checks)
     assert code == 1 and "already consumed" in details(bad, Kind.DATA_POSITION, leg=1), bad
-    report_fails(root, 2)
+    assert sorted((c["kind"], c.get("leg") or 0) for c in bad) == [
+        (Kind.DATA_POSITION, 1),
+        (Kind.DATA_POSITION, 1),
+        (Kind.DATA_POSITION, 2),
+        (Kind.LOSS_CONTINUITY, 1),
+        (Kind.NO_REPEAT, 0),
+        (Kind.TIMELINE, 0),
+    ], bad
+    assert sorted(report_fails(root, 2)) == [2, 4, 8]
 
 
 @pytest.mark.parametrize("example", ["flat_gpt", "plain_loop", "hf_trainer"])
