@@ -307,43 +307,42 @@ def test_a_reader_that_cannot_run_says_why_on_each_read(tmp_path: Path) -> None:
             reader.close()
 
 
-def test_a_jump_across_the_restart_that_is_the_straight_runs_own_passes() -> None:
-    """Exact CPU: a loss jump beyond the band passes only when the straight-through run made the
-    very same jump at those steps (a rank's local loss can), and says so; any other jump fails."""
+@pytest.mark.parametrize(
+    ("losses", "resumed_at", "moved", "said"),
+    [
+        # a loss jump beyond the band passes only as the straight-through run's own jump (a rank's
+        # local loss can jump so), and says so; any other jump fails
+        (
+            {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5, 7: 4.0, 8: 3.9},
+            6,
+            (7, 4.45),
+            "the straight-through run's own jump at steps 6-7, exactly",
+        ),
+        # a resume 2 steps into the run has no band to measure (a drill's `mid-epoch` on 4-step
+        # epochs failed so, every step exact): the losses either side are compared to the straight run
+        ({1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7}, 2, (3, 4.7), "equal the straight-through run's exactly"),
+    ],
+)
+def test_a_restart_the_band_cannot_judge_is_judged_by_the_exact_straight_run(
+    losses: dict[int, float], resumed_at: int, moved: tuple[int, float], said: str
+) -> None:
+    """Exact CPU: where the band fails or cannot be measured, the straight-through run's losses
+    at the same steps decide, and a wrong one still fails; without a straight run, or not exact,
+    the check cannot pass."""
     from launcher.checks.resume import check_loss
 
-    losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5, 7: 4.0, 8: 3.9}
+    after = [s for s in losses if s > resumed_at][:2]
     legs = [
-        leg(0, *(step(s, loss=losses[s]) for s in range(1, 7))),
-        leg(1, {"event": "resume", "from_step": 6}, step(7, loss=4.0), step(8, loss=3.9)),
+        leg(0, *(step(s, loss=losses[s]) for s in losses if s <= resumed_at)),
+        leg(1, {"event": "resume", "from_step": resumed_at}, *(step(s, loss=losses[s]) for s in after)),
     ]
     same = leg(9, *(step(s, loss=v) for s, v in losses.items()))
     passed = check_loss(legs, 1, exact=True, straight=same)
-    assert passed.ok and "the straight-through run's own jump at steps 6-7, exactly" in passed.detail, passed.detail
-    other = leg(9, *(step(s, loss=4.45 if s == 7 else v) for s, v in losses.items()))
+    assert passed.ok and said in passed.detail, passed.detail
+    other = leg(9, *(step(s, loss=moved[1] if s == moved[0] else v) for s, v in losses.items()))
     assert not check_loss(legs, 1, exact=True, straight=other).ok
-    assert not check_loss(legs, 1, exact=True).ok  # no straight run: the band alone
+    assert not check_loss(legs, 1, exact=True).ok  # no straight run: the band alone, or nothing
     assert not check_loss(legs, 1, exact=False, straight=same).ok  # not exact: the band alone
-
-
-def test_a_resume_too_early_for_a_band_is_judged_by_the_exact_straight_run() -> None:
-    """A resume 2 steps into the run has no band to measure (a drill's `mid-epoch` on 4-step epochs
-    failed so, every step exact): with an exact straight run the losses either side of the restart
-    are compared to it, and a wrong one still fails; without one the check cannot pass."""
-    from launcher.checks.resume import check_loss
-
-    losses = {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7}
-    legs = [
-        leg(0, step(1, loss=5.0), step(2, loss=4.9)),
-        leg(1, {"event": "resume", "from_step": 2}, step(3, loss=4.8)),
-    ]
-    same = leg(9, *(step(s, loss=v) for s, v in losses.items()))
-    passed = check_loss(legs, 1, exact=True, straight=same)
-    assert passed.ok and "equal the straight-through run's exactly" in passed.detail, passed.detail
-    other = leg(9, *(step(s, loss=4.7 if s == 3 else v) for s, v in losses.items()))
-    assert not check_loss(legs, 1, exact=True, straight=other).ok
-    assert not check_loss(legs, 1, exact=True).ok  # no straight run: nothing to measure
-    assert not check_loss(legs, 1, exact=False, straight=same).ok  # not exact: no band, no comparison
 
 
 def test_a_first_batch_from_further_on_is_a_moved_position_and_an_unknown_one_is_not() -> None:
