@@ -121,13 +121,23 @@ def lr_turns(ev: LegEvents, after: int) -> int | None:
     return None
 
 
+def epoch_spans(straight: LegEvents) -> list[tuple[object, int, int]]:
+    """(epoch, first step, last step) of each epoch rank 0's steps printed, in run order."""
+    spans: list[tuple[object, int, int]] = []
+    for _, e in straight.all("step"):
+        if "epoch" not in e:
+            continue
+        step, epoch = int(e["step"]), e["epoch"]
+        if spans and spans[-1][0] == epoch:
+            spans[-1] = (epoch, spans[-1][1], step)
+        else:
+            spans.append((epoch, step, step))
+    return spans
+
+
 def epoch_starts(ev: LegEvents, after: int) -> int | None:
     """The first step after `after` whose printed `epoch` is not the step before's."""
-    epochs = [(int(e["step"]), e["epoch"]) for _, e in ev.all("step") if "epoch" in e]
-    for (_, a), (s, b) in zip(epochs, epochs[1:]):
-        if s > after and a != b:
-            return s
-    return None
+    return next((first for _, first, _ in epoch_spans(ev)[1:] if first > after), None)
 
 
 def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planned]:
@@ -160,20 +170,6 @@ def auto_plan(kills: int, steps: int, straight: LegEvents | None) -> list[Planne
 
 class Unplaced(ValueError):
     """An epoch moment the straight-through run has no place for (its message says why)."""
-
-
-def epoch_spans(straight: LegEvents) -> list[tuple[object, int, int]]:
-    """(epoch, first step, last step) of each epoch rank 0's steps printed, in run order."""
-    spans: list[tuple[object, int, int]] = []
-    for _, e in straight.all("step"):
-        if "epoch" not in e:
-            continue
-        step, epoch = int(e["step"]), e["epoch"]
-        if spans and spans[-1][0] == epoch:
-            spans[-1] = (epoch, spans[-1][1], step)
-        else:
-            spans.append((epoch, step, step))
-    return spans
 
 
 def place_epoch(moment: str, straight: LegEvents | None) -> Planned:
