@@ -268,13 +268,8 @@ class Ledger(Spending):
             sql += f" LIMIT {int(limit)}"
         out = []
         for row in self._db.execute(sql, args).fetchall():
-            run = clean(dict(row), RUN_NUMBERS, {})
-            run["preflight"] = json_or_none(run.get("preflight"))
+            run = self._run_head(row)
             rid = row["id"]
-            run["files"] = {
-                str(r["path"]): str(r["sha256"])
-                for r in self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (rid,))
-            }
             run["legs"] = [
                 self._leg_row(dict(r))
                 for r in self._db.execute("SELECT * FROM legs WHERE run_id=? ORDER BY leg", (rid,))
@@ -285,6 +280,14 @@ class Ledger(Spending):
             ]
             out.append(run)
         return out
+
+    def _run_head(self, row: Any) -> dict[str, Any]:
+        """A run row read as `runs` reads it, with its files; its legs and checks left to the caller."""
+        run = clean(dict(row), RUN_NUMBERS, {})
+        run["preflight"] = json_or_none(run.get("preflight"))
+        files = self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=? ORDER BY path", (row["id"],))
+        run["files"] = {str(r["path"]): str(r["sha256"]) for r in files}
+        return run
 
     @staticmethod
     def _leg_row(row: dict[str, Any]) -> LegRow:
@@ -305,14 +308,8 @@ class Ledger(Spending):
         ).fetchall()
         out = []
         for leg in rows:
-            run = self._db.execute("SELECT * FROM runs WHERE id=?", (leg["run_id"],)).fetchone()
-            files = self._db.execute("SELECT path, sha256 FROM run_files WHERE run_id=?", (leg["run_id"],))
-            found = clean(dict(run), RUN_NUMBERS, {}) | {
-                "files": {str(p): str(h) for p, h in files},
-                "legs": [],
-                "checks": [],
-            }
-            out.append((found, self._leg_row(dict(leg))))
+            run = self._run_head(self._db.execute("SELECT * FROM runs WHERE id=?", (leg["run_id"],)).fetchone())
+            out.append((run | {"legs": [], "checks": []}, self._leg_row(dict(leg))))
         return out
 
     def leg_records(self, run_id: str) -> list[LegRow]:
