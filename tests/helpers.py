@@ -212,6 +212,17 @@ class Rehearsed(Done):
     shown_at: float
 
 
+def leg_events(leg: dict) -> list[dict]:
+    """Every event of a ledger leg's log, of every rank (each node's log where it ran on several)."""
+    logs = [Path(n["log"]) for n in leg.get("nodes") or []] or [Path(leg["log_path"])]
+    return [
+        json.loads(line[line.find('{"event": ') :])
+        for log in logs
+        for line in log.read_text().splitlines()
+        if '{"event": ' in line
+    ]
+
+
 def fail_lines(out: str) -> list[str]:
     """The FAIL entries of a rung's human output, each whole: the CLI wraps a long one within the
     terminal with a hanging indent (launcher.cli.render.print_wrapped), and its continuation lines

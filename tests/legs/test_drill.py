@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, checks_of, edit_config, failed, run_cli
+from tests.helpers import check, checks_of, edit_config, failed, leg_events, run_cli
 
 
 def drill(project: Path, *args: str) -> tuple[int, list[dict], dict]:
@@ -179,9 +178,3 @@ def test_the_resume_matrix_moments_on_two_ranks_resume_where_planned(project: Pa
         assert {e["rank"] for e in memory} == {0, 1}, memory
         for at in ([e for e in memory if e["step"] == s] for s in {e["step"] for e in memory}):
             assert len({e["peak_max"] for e in at}) == 1 and at[0]["peak_max"] == max(e["peak"] for e in at)
-
-
-def leg_events(leg: dict) -> list[dict]:
-    """Every event line of a leg's log, of every rank."""
-    lines = Path(leg["log_path"]).read_text().splitlines()
-    return [json.loads(line[line.find('{"event": ') :]) for line in lines if '{"event": ' in line]

@@ -14,19 +14,8 @@ import time
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, edit_config, failed, run_cli
+from tests.helpers import check, edit_config, failed, leg_events, run_cli
 from tests.legs.test_examples import copy_example, drill_and_report, hf_python
-
-
-def leg_events(leg: dict) -> list[dict]:
-    """Every event of a leg's log (each node's log where it ran on several)."""
-    logs = [Path(n["log"]) for n in leg.get("nodes") or []] or [Path(leg["log_path"])]
-    return [
-        json.loads(line[line.find('{"event": ') :])
-        for log in logs
-        for line in log.read_text().splitlines()
-        if '{"event": ' in line
-    ]
 
 
 def every_rank_stepped_and_resumed_together(root: Path, run_id: str) -> None:
