@@ -22,16 +22,22 @@ TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast lint bench clean
 
-# The venvs are built by uv, pinned: it unpacks torch once into its cache and links it into
-# all three venvs, and byte-compiles in parallel (this machine sets PYTHONDONTWRITEBYTECODE, so a
-# venv left uncompiled would compile torch and transformers again in every leg). Measured on a
-# clean clone (docs/benchmarks.md, "The venvs stage"): pip took 78-212 s, uv about 70.
+# The venvs are built by uv, pinned: it unpacks torch once into its cache and links it into all
+# three venvs. Nothing is byte-compiled at install: compiling every module of three venvs was most
+# of the stage (about 60 s of its 65 on a clean clone; uv alone links the three in under 5 s).
+# Instead Python writes the bytecode of what is imported, once, as it does on any machine where
+# PYTHONDONTWRITEBYTECODE is not set: this machine sets it, and make unsets it for everything it
+# runs (below), else every leg would compile torch again. Each venv's recipe ends by importing
+# what every leg imports (torch, and torch._dynamo through an optimizer), so the suite's first
+# legs do not all compile torch at once. docs/benchmarks.md, "The venvs stage", has the figures.
 # uv reads no pip.conf: the find-links pip is configured with (where the CPU build of torch lies on
 # this machine) are passed on; without them torch==2.13.0 would come from PyPI.
 UV_VENV ?= .venv-uv
 UV       = $(UV_VENV)/bin/uv
 UV_PIN   = uv==0.13.9
-export UV_COMPILE_BYTECODE = 1
+unexport PYTHONDONTWRITEBYTECODE
+# What every leg imports first, imported once per venv so that its bytecode is written then.
+WARM = import torch; torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()); import torch.distributed.run
 FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 ifneq ($(FIND_LINKS),)
 export UV_FIND_LINKS = $(FIND_LINKS)
@@ -49,18 +55,21 @@ $(STAMP): pyproject.toml Makefile $(UV)
 	# [sky]: skypilot 0.14.1, whose task-YAML parser validates every rendered leg. [torch]: the
 	# local backend runs a leg's trainer in this interpreter (the CLI alone needs no torch).
 	$(UV) pip install -q -p $(PY) -e '.[dev,sky,torch]' --config-setting editable_mode=compat
+	$(PY) -c '$(WARM)'
 	touch $(STAMP)
 
 $(HF_STAMP): pyproject.toml Makefile $(UV)
 	$(UV) venv -q --seed --allow-existing -p $(PYTHON) $(HF_VENV)
 	$(UV) pip install -q -p $(HF_VENV)/bin/python torch==2.13.0 transformers==5.15.1 accelerate==1.15.0 datasets==5.2.0 torchdata==0.11.0
 	$(UV) pip install -q -p $(HF_VENV)/bin/python --no-deps -e . --config-setting editable_mode=compat
+	$(HF_VENV)/bin/python -c '$(WARM); from transformers import Trainer; import accelerate'
 	touch $(HF_STAMP)
 
 $(PL_STAMP): pyproject.toml Makefile $(UV)
 	$(UV) venv -q --seed --allow-existing -p $(PYTHON) $(PL_VENV)
 	$(UV) pip install -q -p $(PL_VENV)/bin/python torch==2.13.0 lightning==2.6.6 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3 torchdata==0.11.0
 	$(UV) pip install -q -p $(PL_VENV)/bin/python --no-deps -e . --config-setting editable_mode=compat
+	$(PL_VENV)/bin/python -c '$(WARM); import lightning'
 	touch $(PL_STAMP)
 
 demo: $(STAMP)

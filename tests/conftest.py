@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,11 +149,17 @@ SKY_FIXTURE = "sky_api"
 SkyPilot's API server (a `--backend sky` dry run renders and prices through it)."""
 
 
+def _needs_sky(item: pytest.Item) -> bool:
+    return item.get_closest_marker("sky") is not None or SKY_FIXTURE in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """SkyPilot's own API server, started in this process (each xdist worker) only when a
-    collected item needs it: one in tests/sky, or one asking for `sky_api`. Starting it costs
-    about 20 s of a worker (`make test-fast`, one module of tests/legs, tests/unit/test_docs.py
-    start none). Without it, a client that went looking for one (a test that needs it and does
+    collected item needs it: one in tests/sky, or one asking for `sky_api`. It starts in the
+    background (about 20 s, most of it waiting on the server): the worker runs the tests that
+    need no server meanwhile, and the first item that needs it waits for it in its setup
+    (`pytest_runtest_setup`). `make test-fast`, one module of tests/legs, tests/unit/test_docs.py
+    start none. Without it, a client that went looking for one (a test that needs it and does
     not say so) is pointed at a closed port and fails at once, where it would otherwise start a
     server of its own in the real HOME. Every test and every launcher subprocess talks to this one."""
     from tests.fakes import sky_server
@@ -160,12 +167,35 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     planned, started = session.config.stash.get(_SKY_SERVER, (None, None))
     if planned is None or session.config.option.collectonly:
         return
-    if not any(item.get_closest_marker("sky") or SKY_FIXTURE in item.fixturenames for item in session.items):
+    if not any(_needs_sky(item) for item in session.items):
         os.environ["SKYPILOT_API_SERVER_ENDPOINT"] = f"http://127.0.0.1:{sky_server.free_port()}"
         return
-    server = sky_server.start(planned.home, server=planned)
-    started.append(server)
-    sky_server.SESSION.append(server)
+    outcome: list[BaseException] = []
+    planned.base_env = dict(os.environ)  # before any test changes it
+
+    def start() -> None:
+        try:
+            server = sky_server.start(planned.home, server=planned)
+        except BaseException as err:  # noqa: BLE001 - handed to the first test that needs the server
+            outcome.append(err)
+            return
+        started.append(server)
+        sky_server.SESSION.append(server)
+
+    thread = threading.Thread(target=start, name="sky-api-start", daemon=True)
+    thread.start()
+    session.config.stash[_SKY_STARTING] = (thread, outcome)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """An item that needs SkyPilot's API server waits here until the background start is done."""
+    starting = item.config.stash.get(_SKY_STARTING, None)
+    if starting is None or not _needs_sky(item):
+        return
+    thread, outcome = starting
+    thread.join()
+    if outcome:
+        raise RuntimeError(f"SkyPilot's API server did not start: {outcome[0]}")
 
 
 @pytest.fixture(scope="session")
@@ -186,6 +216,9 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    starting = config.stash.get(_SKY_STARTING, None)
+    if starting is not None:
+        starting[0].join()  # a server still starting is stopped once it is up
     planned, started = config.stash.get(_SKY_SERVER, (None, []))
     for server in started:
         server.stop()
@@ -194,3 +227,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _SKY_SERVER = pytest.StashKey()
+_SKY_STARTING = pytest.StashKey()

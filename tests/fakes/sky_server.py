@@ -48,6 +48,10 @@ class SkyServer:
     home: Path
     port: int
     _allowed: list[str] | None = None
+    base_env: dict[str, str] | None = None
+    """The environment the server starts under, where not the process's own at the time: one
+    started in the background takes a copy first, so that a test's monkeypatched variables
+    (a TMPDIR of its own, deleted after it) never reach the server."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -60,7 +64,7 @@ class SkyServer:
         )
 
     def _server_env(self) -> dict[str, str]:
-        return {**os.environ, **self.env, "HOME": str(self.home)}
+        return {**(os.environ if self.base_env is None else self.base_env), **self.env, "HOME": str(self.home)}
 
     def set_enabled(self, clouds: list[str]) -> None:
         """SkyPilot's cache of `sky check`'s answer (what the optimizer may choose from), with

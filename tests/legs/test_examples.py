@@ -226,24 +226,14 @@ def each_node_pushed_its_own_shards(leg: dict) -> None:
     assert [e["final_checkpoint_verified"] for e in events if e["event"] == "done"] == [True] * 4
 
 
-def test_the_stateful_loader_example_climbs_the_ladder(tmp_path: Path, leg_tmp: Path) -> None:
-    """examples/stateful_loader: torchdata's StatefulDataLoader with 2 worker processes (not
-    persistent), tracked by the Session: two resumes inside one epoch (the rehearsal's SIGTERM
-    leg and its deadline leg), every batch the straight-through run's. The SIGTERM leg is also
-    the one whose workers once died of the leg's group SIGTERM (runtime.session.workers). Its
-    ladder.diff's size: test_the_examples_ladder_diff_is_small."""
-    root = copy_example("stateful_loader", tmp_path)
-    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
-    rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
-    assert rehearsal.code == 0, failed(rehearsal)
-    assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
-    stopped = check(rehearsal, Kind.STOPPED_AS_ASKED, leg=0)
-    assert stopped["facts"]["want"] == "sigterm" and "sigterm" in stopped["detail"], stopped
-
-
 def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path, leg_tmp: Path) -> None:
-    """The same script under torchrun on 2 ranks, a DistributedSampler each, persistent workers:
-    both resumes exact on every rank."""
+    """examples/stateful_loader: torchdata's StatefulDataLoader with 2 worker processes, tracked
+    by the Session, here under torchrun on 2 ranks, a DistributedSampler each, persistent workers
+    (the example's own command is one process; the shapes meet in the same code): rung 0, then
+    two resumes inside one epoch (the rehearsal's SIGTERM leg and its deadline leg), both exact
+    on every rank, every batch the straight-through run's. The SIGTERM leg is also the one whose
+    workers once died of the leg's group SIGTERM (runtime.session.workers). Its ladder.diff's
+    size: test_the_examples_ladder_diff_is_small."""
     root = copy_example("stateful_loader", tmp_path)
     cfg = root / "launcher.yaml"
     cfg.write_text(
@@ -252,9 +242,12 @@ def test_the_stateful_loader_on_two_ranks_with_persistent_workers(tmp_path: Path
         .replace("--workers 2", "--workers 2 --persistent-workers")
     )
     assert run_cli(["review"], cwd=root).code == 0
+    assert run_cli(["up", "static", "--json"], cwd=root).code == 0
     rehearsal = run_cli(["up", "rehearsal", "--json"], cwd=root, timeout=900)
     assert rehearsal.code == 0, failed(rehearsal)
     assert "identical at every step" in check(rehearsal, Kind.TIMELINE)["detail"]
+    stopped = check(rehearsal, Kind.STOPPED_AS_ASKED, leg=0)
+    assert stopped["facts"]["want"] == "sigterm" and "sigterm" in stopped["detail"], stopped
     assert check(rehearsal, Kind.RANK_DATA)["ok"]
     samples, state = check(rehearsal, Kind.RANK_SAMPLES), check(rehearsal, Kind.RANK_STATE)
     assert samples["ok"] and samples["facts"]["unit"] == "samples" and state["ok"], (samples, state)

@@ -171,7 +171,9 @@ def test_a_crash_loop_stops_after_max_restarts_naming_the_newest_verified_checkp
 
 def test_a_quota_that_runs_out_mid_run_stops_with_a_verified_final_checkpoint(project: Path, gpu_host) -> None:
     gpu_host("Tesla T4", 1)
-    configure(project, steps=100_000, command="python train.py --ckpt-every 50", quota=0.01)  # 36 s of T4:1
+    # 36 s of T4:1; each batch waits 0.1 s for its data, so that the leg waits out its quota
+    # instead of spending it on the CPU the other tests share (25 CPU-s without the wait)
+    configure(project, steps=100_000, command="python train.py --ckpt-every 20 --data-delay 0.1", quota=0.01)
     assert run_cli(["review"], cwd=project).code == 0
     res = run_cli(["up", "run", "--gpus", "T4:1", "--skip-preflight", "quota test"], cwd=project)
     assert_one_line_error(res, 3, "quota:", "GPU-h left in the period", "verified in the store")
