@@ -91,7 +91,7 @@ test:
 	@bash scripts/stage.sh sky-host bash scripts/sky-host.sh
 	@bash scripts/stage.sh c-compiler bash scripts/c-compiler.sh
 	@if [ "$$PREFLIGHT_SKIP_DOCKER" != 1 ]; then bash scripts/stage.sh engine bash scripts/docker-engine.sh && bash scripts/stage.sh base-image bash scripts/make-base-image.sh; fi
-	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python PREFLIGHT_PL_PYTHON=$(CURDIR)/$(PL_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
+	@rc=0; bash scripts/stage.sh pytest env PREFLIGHT_HF_PYTHON=$(CURDIR)/$(HF_VENV)/bin/python PREFLIGHT_PL_PYTHON=$(CURDIR)/$(PL_VENV)/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 --junitxml=$(CURDIR)/.test-times.xml --basetemp=$(CURDIR)/.pytest-tmp || rc=$$?; bash scripts/stage.sh --summary; exit $$rc
 
 # The unit tier, for the inner loop (under 2 minutes): tests marked `unit` start no leg,
 # no SkyPilot server and no Docker engine. `make test` runs them too, with everything else.

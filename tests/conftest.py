@@ -114,15 +114,68 @@ os.environ["COLUMNS"] = "10000"
 TIERS = ("unit", "legs", "install", "docker", "sky")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test's tier is its folder (tests/unit, tests/legs, ...): the folder marks it, so `-m`
-    selects by what a test starts, and a test cannot sit in one tier and claim another."""
+    selects by what a test starts, and a test cannot sit in one tier and claim another. Under
+    pytest-xdist the items are then put in the order the workers should take them (`spread_waits`)."""
     here = Path(__file__).resolve().parent
     for item in items:
         folder = Path(str(item.path)).resolve().relative_to(here).parts[0]
         if folder not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test lives in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, folder))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup (its own dist is "no")
+        items[:] = spread_waits(items)
+
+
+WAITING_TIERS = ("sky", "install")
+"""Tiers whose tests mostly wait (on SkyPilot's API server and the stand-in's clusters, on pip)
+while one core or none is busy; tests/legs keeps both cores busy with its legs' processes."""
+
+
+def spread_waits(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order `make test`'s two workers take the tests in (with --no-loadscope-reorder, which
+    keeps it): docker's module first (it waits on the engine and its image, beside the legs the
+    other worker takes), then the legs' modules with each waiting module set among them, evenly,
+    and the unit tier last (34 s of in-process tests, a filler for whichever worker is free). Each
+    waiting module runs on one worker (an xdist_group of its own, or the one it has), so that its
+    waits overlap the other worker's legs, never the other worker's waits. With pytest-xdist's
+    default (the largest groups first) both workers began on the stand-in's and docker's groups and
+    ended on SkyPilot's tests, with a core idle: 5 % of the run's CPU."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(Path(str(item.path)), []).append(item)
+    by_tier: dict[str, list[list[pytest.Item]]] = {tier: [] for tier in TIERS}
+    for path, module in modules.items():
+        by_tier[next(m.name for m in module[0].iter_markers() if m.name in TIERS)].append(module)
+    waiting: list[list[pytest.Item]] = []
+    groups: dict[str, list[pytest.Item]] = {}
+    for module in [m for tier in WAITING_TIERS for m in by_tier[tier]]:
+        group = module[0].get_closest_marker("xdist_group")
+        if group is None:
+            for item in module:
+                item.add_marker(pytest.mark.xdist_group(f"one-worker-{Path(str(item.path)).stem}"))
+            waiting.append(module)
+        elif group.args[0] in groups:
+            groups[group.args[0]].extend(module)  # the stand-in's two modules: one unit
+        else:
+            groups[group.args[0]] = list(module)
+            waiting.append(groups[group.args[0]])
+    # the largest in the middle of the run: not beside docker's module at the start, nor last
+    waiting.sort(key=len)
+    waiting.insert(len(waiting) // 2, waiting.pop())
+    legs = by_tier["legs"]
+    step = max(1, len(legs) // (len(waiting) + 1))
+    order: list[pytest.Item] = [item for module in by_tier["docker"] for item in module]
+    for i, module in enumerate(legs):
+        order.extend(module)
+        if (i + 1) % step == 0 and waiting:
+            order.extend(waiting.pop(0))
+    order.extend(item for module in waiting for item in module)
+    order.extend(item for module in by_tier["unit"] for item in module)
+    assert sorted(map(id, order)) == sorted(map(id, items)), "spread_waits lost or doubled a test"
+    return order
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal plugin's: its reporter exists
