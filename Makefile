@@ -81,10 +81,10 @@ demo: $(STAMP)
 # The real-SkyPilot tier starts SkyPilot's own API server (offline); its host needs rsync.
 test:
 	@rm -f .stage-times
-	@# The venvs at once: pip's installs wait on the disk and unpacking as much as on the CPU.
+	@# The venvs at once: uv's installs wait on the disk and unpacking as much as on the CPU.
 	@bash scripts/stage.sh venvs $(MAKE) --no-print-directory -j3 $(STAMP) $(HF_STAMP) $(PL_STAMP)
-	@# The project's own modules as bytecode, once: with PYTHONDONTWRITEBYTECODE set (as on this
-	@# machine) every leg and every launcher process would compile them again (pip compiled the rest).
+	@# The project's own modules as bytecode, once, before two workers' first legs would each
+	@# compile them at the same moment (the venvs' modules are written as they are first imported).
 	@bash scripts/stage.sh bytecode $(PY) -m compileall -q -x '/assets/' launcher runtime tests
 	@# How fast this machine starts a leg (torch + torch._dynamo): read the wall time against it.
 	@bash scripts/stage.sh calibrate $(PY) scripts/calibrate.py
