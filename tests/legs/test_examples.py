@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, edit_config, fail_lines, failed, run_cli
+from tests.helpers import check, edit_config, fail_lines, failed, leg_events, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REPO = EXAMPLES.parent
@@ -211,13 +211,7 @@ def each_node_pushed_its_own_shards(leg: dict) -> None:
     """One leg of 2 nodes x 2 ranks resumed on every rank from one step, pushed each node's own
     shards from that node's disk (each node's first rank deleted its local copy once verified),
     rank 0 sealed each checkpoint as verified over both nodes, and every rank ended verified."""
-    import json
-
-    events = [
-        json.loads(line[line.find('{"event": ') :])
-        for line in Path(leg["log_path"]).read_text().splitlines()
-        if '{"event": ' in line
-    ]
+    events = leg_events(leg)
     resumed = [e for e in events if e["event"] == "resume"]
     assert sorted(e["rank"] for e in resumed) == [0, 1, 2, 3] and len({e["from_step"] for e in resumed}) == 1
     verify = [e for e in events if e["event"] == "verify"]

@@ -7,12 +7,11 @@ torchrun's static rendezvous across them and gloo between the ranks
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import yaml
 
-from tests.helpers import edit_config, run_cli
+from tests.helpers import edit_config, leg_events, run_cli
 
 
 def two_by_one(project: Path) -> None:
@@ -43,11 +42,7 @@ def each_node_ran_the_sky_script(project: Path, run_id: str, planned: dict, step
         assert [n["node"] for n in leg["nodes"]] == [0, 1] and leg["command"][:2] == ["bash", "-c"]
         assert leg["command"][2] == script  # the bytes SkyPilot would run, executed
         for node in leg["nodes"]:
-            events = [
-                json.loads(line[line.find('{"event": ') :])
-                for line in Path(node["log"]).read_text().splitlines()
-                if '{"event": ' in line
-            ]
+            events = leg_events({"log_path": node["log"]})
             assert events and {e["node"] for e in events} == {node["node"]}, node
             ranks = {e["rank"] for e in events if e["event"] != "log"}  # the watcher beside them is no rank
             assert ranks == {2 * node["node"], 2 * node["node"] + 1}
@@ -57,8 +52,7 @@ def each_node_ran_the_sky_script(project: Path, run_id: str, planned: dict, step
     # the memory MAX is over every rank of every node: each rank prints the same peak_max, the largest peak
     windows = 0
     for leg in run["legs"]:
-        log = Path(leg["log_path"]).read_text().splitlines()
-        memory = [json.loads(line[line.find('{"event": ') :]) for line in log if '{"event": "memory"' in line]
+        memory = [e for e in leg_events(leg) if e["event"] == "memory"]
         for step in {e["step"] for e in memory}:
             at = [e for e in memory if e["step"] == step]
             assert {e["rank"] for e in at} == {0, 1, 2, 3} and {e["peak_max"] for e in at} == {

@@ -6,11 +6,10 @@ Passing torchrun rehearsals: tests/legs/test_multirank_*.py and tests/legs/test_
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
-from tests.helpers import check, edit_config, failed, run_cli
+from tests.helpers import check, edit_config, failed, leg_events, run_cli
 
 SEEDED = """    random.seed(args.seed)
     np.random.seed(args.seed)
@@ -47,11 +46,7 @@ def test_a_rank_that_resumed_another_ranks_rng_is_named(project: Path) -> None:
     assert "): rng." in check(bad, Kind.STATE_STRAIGHT)["detail"], bad  # its first difference: an RNG's state
     assert "stride 16" in check(res, Kind.SAMPLE_INDEX)["detail"]  # 2 ranks x 8
     leg1 = run_cli(["ledger", "--json"], cwd=project).json()[0]["legs"][1]
-    ranks = {
-        json.loads(line[line.find('{"event": ') :])["rank"]
-        for line in Path(leg1["log_path"]).read_text().splitlines()
-        if '"event": "resume"' in line
-    }
+    ranks = {e["rank"] for e in leg_events(leg1) if e["event"] == "resume"}
     assert ranks == {0, 1}
     state = check(bad, Kind.RANK_STATE)
     assert state["detail"].startswith("rank 1 resumed rank 0's RNG: its global RNG at step "), state
