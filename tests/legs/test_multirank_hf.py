@@ -78,9 +78,10 @@ def epoch_end_lands_on_the_boundary(root: Path) -> None:
     assert placed["ok"] and "stopped at step 16," in placed["detail"], placed
     assert check(drill, Kind.STRAIGHT_FINISHED)["facts"].get("reused_run"), "the rehearsal's straight leg"
     legs = run_cli(["ledger", drill.json()["run_id"], "--json"], cwd=root).json()[0]["legs"]
-    resumed = [e for e in leg_events(legs[1]) if e["event"] == "resume"]
+    events = leg_events(legs[1])
+    resumed = [e for e in events if e["event"] == "resume"]
     assert sorted((e["rank"], e["from_step"]) for e in resumed) == [(0, 16), (1, 16)], resumed
-    assert {e["epoch"] for e in leg_events(legs[1]) if e["event"] == "step" and e["step"] == 17} == {1}
+    assert {e["epoch"] for e in events if e["event"] == "step" and e["step"] == 17} == {1}
 
 
 def test_the_hf_example_climbs_on_two_nodes_of_one_rank(tmp_path: Path, leg_tmp: Path) -> None:
