@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,7 @@ def pytest_configure(config: pytest.Config) -> None:
         reporter._tw.fullwidth = reporter._screen_width = PYTEST_WIDTH
     if _xdist_controller(config):
         return  # under pytest-xdist each worker runs tests, and starts a server of its own
+    _RUNS_TESTS.append(True)
     planned = sky_server.plan(Path(tempfile.mkdtemp(prefix="preflight-skyhome-")))
     os.environ.update(planned.env)
     config.stash[_SKY_SERVER] = (planned, [])
@@ -259,6 +261,30 @@ def sky_api():  # noqa: ANN201 - tests.fakes.sky_server.SkyServer
 
     assert SESSION, "no SkyPilot API server was started for this session"
     return sky_server_of()
+
+
+TEST_TIMES = "PREFLIGHT_TEST_TIMES"
+"""A file each process that runs tests appends its tests' start and end to (pid, S/E, time,
+node id): `scripts/suite-profile.sh` sets it, and `scripts/suite_profile.py` charges each
+process of the run to the test its worker was running when the process started."""
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:  # noqa: ARG001 - pytest's signature
+    _test_time("S", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:  # noqa: ARG001 - pytest's signature
+    _test_time("E", nodeid)
+
+
+def _test_time(kind: str, nodeid: str) -> None:
+    path = os.environ.get(TEST_TIMES)
+    if path and _RUNS_TESTS:  # not pytest-xdist's controller: it hears of every worker's tests too
+        with open(path, "a") as out:
+            out.write(f"{os.getpid()} {kind} {time.time():.3f} {nodeid}\n")
+
+
+_RUNS_TESTS: list[bool] = []
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
