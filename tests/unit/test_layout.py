@@ -175,7 +175,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the rungs and the report", ("launcher.rungs", "launcher.report")),
     ("the operations", ("launcher.ops",)),
     ("the checks", ("launcher.checks", "launcher.efficiency")),
-    ("the leg", ("launcher.legs",)),
+    ("the leg", ("launcher.legs", "launcher.checks.watchdog")),
     ("the backends", ("launcher.backends", "launcher.image")),
     ("what a leg is given", ("launcher.manifest", "launcher.leg_env", "launcher.storekey")),
     (
@@ -187,8 +187,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """launcher/'s floors, top first: a module imports from its own floor or the floors below it,
 never from one above (docs/design.md, "Structure: a picture in words"). A module is on the floor
 of the longest name here that holds it: launcher.checks.evidence (Check, Kind, LegEvents, read by
-the legs, the backends and the errors alike) sits at the bottom, the rest of launcher.checks on
-the checks' floor. The errors share the ledger's floor: their table names who holds a locked one."""
+the legs, the backends and the errors alike) sits at the bottom, launcher.checks.watchdog (the
+policy a live leg is watched by) on the leg's floor, the rest of launcher.checks on the checks'
+floor. The errors share the ledger's floor: their table names who holds a locked one."""
 
 
 def holds(member: str, name: str) -> bool:

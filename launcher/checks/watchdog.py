@@ -1,0 +1,142 @@
+"""A leg watched, not trusted: each rank's events against the leg's own rhythm (docs/watchdog.md).
+
+Every rank that prints events is followed on its own. A rank is *silent* from its last event of
+any kind (a step, a save, a push, a log line of the contract); its silence is judged against a
+limit that depends on what the rank was doing:
+
+- before its first step in the leg (start-up: imports, the restore, the first batch):
+  `first_step_s`;
+- while it steps: `multiple` x the 99th percentile of the gaps between its own events in this
+  leg so far, never under `floor_s` (with fewer than `min_gaps` gaps: the largest of them; after
+  its first step, before any gap: `first_step_s` still, the second step may be warming up);
+- after a `stop` event (the final checkpoint and its cycle): `finish_s`;
+- after a `hold` (the launcher placed it) or `done`: not judged.
+
+A rank silent past its limit is a *suspect*, with the numbers that made it one. This module
+decides nothing else: what a suspect leg's processes are doing (stopped, waiting in a
+collective, computing) is read from them before anything ends the leg. Pure: times are passed
+in, so the same code judges a live leg and a recorded log (scripts/watchdog_replay.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+STEPPING, STARTING, FINISHING, QUIET = "stepping", "starting", "finishing", "quiet"
+
+
+@dataclass(frozen=True)
+class Policy:
+    multiple: float = 10.0
+    floor_s: float = 15.0
+    first_step_s: float = 900.0
+    finish_s: float = 900.0
+    min_gaps: int = 5
+
+    def describe(self) -> str:
+        return (
+            f"a rank is suspect when silent past {self.multiple:g} x the 99th percentile of its own gaps "
+            f"between events (at least {self.floor_s:g} s), {self.first_step_s:g} s before its first step, "
+            f"{self.finish_s:g} s after its `stop`"
+        )
+
+
+@dataclass(frozen=True)
+class Suspect:
+    rank: int
+    silent_s: float
+    limit_s: float
+    phase: str
+    last_event: str
+    last_step: int | None
+
+    def line(self) -> str:
+        at = f" after step {self.last_step}" if self.last_step is not None else ""
+        return (
+            f"rank {self.rank} silent {self.silent_s:.1f} s{at} (its last event `{self.last_event}`; "
+            f"limit {self.limit_s:.1f} s while {self.phase})"
+        )
+
+
+@dataclass
+class Rhythm:
+    """One rank's events so far in this leg."""
+
+    rank: int
+    since: float
+    last_t: float | None = None
+    last_event: str = ""
+    last_step: int | None = None
+    phase: str = STARTING
+    gaps: list[float] = field(default_factory=list)
+
+    def hear(self, t: float, event: dict[str, Any]) -> None:
+        name = str(event.get("event"))
+        if self.phase == STEPPING and self.last_t is not None and t >= self.last_t:
+            self.gaps.append(t - self.last_t)
+        if name == "step":
+            self.phase = STEPPING if self.phase in (STARTING, STEPPING) else self.phase
+            step = event.get("step")
+            self.last_step = step if isinstance(step, int) else self.last_step
+        elif name == "stop":
+            self.phase = FINISHING
+        elif name in ("hold", "done"):
+            self.phase = QUIET
+        self.last_t, self.last_event = t, name
+
+    def limit(self, policy: Policy) -> float | None:
+        """Seconds of silence allowed now (None: not judged)."""
+        if self.phase == STARTING:
+            return policy.first_step_s
+        if self.phase == FINISHING:
+            return policy.finish_s
+        if self.phase == QUIET:
+            return None
+        if not self.gaps:  # one step so far: the next can still be warming up (compiling, the loader's workers)
+            return policy.first_step_s
+        return max(policy.floor_s, policy.multiple * p99(self.gaps, policy.min_gaps))
+
+    def suspect(self, now: float, policy: Policy) -> Suspect | None:
+        limit = self.limit(policy)
+        silent = now - (self.last_t if self.last_t is not None else self.since)
+        if limit is None or silent <= limit:
+            return None
+        return Suspect(self.rank, silent, limit, self.phase, self.last_event or "none", self.last_step)
+
+
+def p99(gaps: list[float], min_gaps: int) -> float:
+    """The 99th percentile of the gaps (nearest rank); the largest while there are fewer than `min_gaps`."""
+    ordered = sorted(gaps)
+    if len(ordered) < min_gaps:
+        return ordered[-1]
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+class Watchdog:
+    """Every rank of one leg: `hear` each event as it arrives, `suspects` at any moment."""
+
+    def __init__(self, policy: Policy, began: float) -> None:
+        self.policy, self.began = policy, began
+        self.ranks: dict[int, Rhythm] = {}
+
+    def hear(self, t: float, event: dict[str, Any]) -> None:
+        rank = event.get("rank", 0)
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            return
+        rhythm = self.ranks.setdefault(rank, Rhythm(rank, self.began))
+        rhythm.hear(t, event)
+
+    def suspects(self, now: float) -> list[Suspect]:
+        found = [r.suspect(now, self.policy) for r in self.ranks.values()]
+        return sorted((s for s in found if s is not None), key=lambda s: -s.silent_s / s.limit_s)
+
+    def closest(self, now: float) -> float:
+        """The largest silence / limit over the ranks now (1.0 and above: a suspect)."""
+        ratios = [
+            (now - (r.last_t if r.last_t is not None else r.since)) / limit
+            for r in self.ranks.values()
+            if (limit := r.limit(self.policy)) is not None
+        ]
+        return max(ratios, default=0.0)

@@ -1,0 +1,128 @@
+"""The watchdog's policy (launcher.checks.watchdog): each rank's silence against limits from its own
+rhythm, and the replay of recorded legs through it (scripts/watchdog_replay.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.checks.watchdog import Policy, Watchdog, p99
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = 1_800_000_000.0
+POLICY = Policy()
+
+
+def stepped(gaps: list[float], rank: int = 0, dog: Watchdog | None = None, first_at: float = 10.0) -> Watchdog:
+    """A leg whose rank printed `start`, then steps 1, 2, ... with these gaps after the first."""
+    dog = dog or Watchdog(POLICY, T0)
+    t = T0 + first_at
+    dog.hear(T0 + 1, {"event": "start", "rank": rank})
+    dog.hear(t, {"event": "step", "rank": rank, "step": 1})
+    for i, gap in enumerate(gaps, start=2):
+        t += gap
+        dog.hear(t, {"event": "step", "rank": rank, "step": i})
+    return dog
+
+
+def last_t(dog: Watchdog, rank: int = 0) -> float:
+    t = dog.ranks[rank].last_t
+    assert t is not None
+    return t
+
+
+def test_fast_steps_are_judged_against_the_floor() -> None:
+    dog = stepped([0.1] * 20)
+    end = last_t(dog)
+    assert dog.suspects(end + 14.9) == []
+    [suspect] = dog.suspects(end + 15.5)
+    assert (suspect.rank, suspect.last_step, suspect.limit_s, suspect.phase) == (0, 21, 15.0, "stepping")
+    assert suspect.line() == "rank 0 silent 15.5 s after step 21 (its last event `step`; limit 15.0 s while stepping)"
+
+
+def test_slow_steps_are_judged_against_ten_times_their_own_p99() -> None:
+    dog = stepped([2.0] * 10 + [2.5])
+    end = last_t(dog)
+    assert dog.ranks[0].limit(POLICY) == 25.0
+    assert dog.suspects(end + 24.0) == []
+    assert [s.rank for s in dog.suspects(end + 26.0)] == [0]
+    assert 0.95 < dog.closest(end + 24.0) < 1.0
+
+
+def test_the_p99_leaves_out_the_slowest_percent() -> None:
+    gaps = [1.0] * 198 + [30.0, 40.0]  # two checkpoint writes in 200 gaps: 1 %
+    assert p99(gaps, 5) == 1.0
+    assert p99([1.0, 1.0, 9.0], 5) == 9.0  # too few gaps: the largest
+    assert stepped(gaps).ranks[0].limit(POLICY) == 15.0
+
+
+def test_start_up_and_the_first_gap_get_the_first_step_allowance() -> None:
+    dog = Watchdog(POLICY, T0)
+    dog.hear(T0 + 2, {"event": "start", "rank": 0})
+    assert dog.suspects(T0 + 899) == []
+    [late] = dog.suspects(T0 + 905)
+    assert late.phase == "starting" and late.limit_s == 900.0 and late.last_step is None
+    one = stepped([])  # one step: the next may still be warming up
+    assert one.ranks[0].limit(POLICY) == 900.0
+    silent = Watchdog(POLICY, T0)  # a rank that has printed nothing is not known to the watchdog
+    assert silent.suspects(T0 + 10_000) == [] and silent.closest(T0 + 10_000) == 0.0
+
+
+def test_the_final_checkpoint_gets_the_finish_allowance_and_a_hold_is_not_judged() -> None:
+    dog = stepped([0.1] * 10)
+    dog.hear(last_t(dog) + 0.1, {"event": "stop", "rank": 0, "reason": "max_steps"})
+    assert dog.suspects(last_t(dog) + 600) == []
+    assert dog.suspects(last_t(dog) + 901)[0].phase == "finishing"
+    held = stepped([0.1] * 10)
+    held.hear(last_t(held) + 0.1, {"event": "hold", "rank": 0, "step": 11})
+    assert held.suspects(last_t(held) + 10_000) == []
+    done = stepped([0.1] * 10)
+    done.hear(last_t(done) + 0.1, {"event": "done", "rank": 0})
+    assert done.suspects(last_t(done) + 10_000) == []
+
+
+def test_each_rank_is_judged_on_its_own_rhythm_and_the_most_overdue_comes_first() -> None:
+    dog = stepped([2.0] * 10, rank=0)
+    stepped([0.1] * 10, rank=1, dog=dog, first_at=27.0)  # rank 1 fast, and stopped at T0 + 28
+    now = T0 + 40.0  # rank 0 last stepped at T0 + 30: 10 s of its 20; rank 1 12 s of its 15
+    assert dog.suspects(now) == []
+    later = dog.suspects(T0 + 52.0)  # rank 1: 24 s of 15; rank 0: 22 s of 20
+    assert [s.rank for s in later] == [1, 0]
+
+
+def test_a_rank_that_is_not_a_number_is_not_followed() -> None:
+    dog = Watchdog(POLICY, T0)
+    for rank in (True, "1", None, 1.0):
+        dog.hear(T0 + 1, {"event": "step", "rank": rank, "step": 1})
+    assert dog.ranks == {}
+    dog.hear(T0 + 1, {"event": "step", "step": 1})  # no rank: rank 0, as every reader takes it
+    assert list(dog.ranks) == [0]
+
+
+def write_leg(folder: Path, gaps: list[float], t0: float = T0) -> Path:
+    folder.mkdir(parents=True)
+    lines, t = [], t0
+    for step, gap in enumerate(gaps, start=1):
+        t += gap
+        lines.append(json.dumps({"event": "step", "t": round(t, 3), "rank": 0, "step": step, "loss": 1.0, "lr": 0.1}))
+    (folder / "leg-0.log").write_text("some progress bar\n" + "\n".join(lines) + "\n")
+    return folder / "leg-0.log"
+
+
+def test_the_replay_finds_a_long_gap_and_skips_made_up_times(tmp_path: Path) -> None:
+    write_leg(tmp_path / "steady", [1.0] * 12)
+    write_leg(tmp_path / "gap", [1.0] * 12 + [40.0, 1.0])
+    write_leg(tmp_path / "unit", [1.0] * 3, t0=100.0)
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "watchdog_replay.py"), str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = json.loads(res.stdout)
+    assert (out["legs"], out["skipped"], out["suspects"]) == (2, 1, 1)
+    worst = out["closest"][0]
+    assert worst["log"].endswith("gap/leg-0.log") and worst["ratio"] == round(40.0 / 15.0, 3), worst
+    assert "40.00 s of 15.00 before `step` (after step 12)" in worst["where"]
