@@ -6,6 +6,7 @@ launcher.leg_env's.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import LegEvents
+from launcher.checks.watchdog import LiveWatch, Policy
 from launcher.config.schema import Config, GpuSpec
 from launcher.errors import LauncherError, RunStopped
 from launcher.ladder import Rung
@@ -27,6 +29,8 @@ GRACE_FRACTION = 0.1
 MIN_GRACE_SECONDS = 60.0
 NODE_LOST_WAIT_S = 60.0
 """After a drill lost one node, how long the rest of the cluster gets to end before it is killed."""
+WATCH_EVERY_S = 1.0
+"""How often a waiting leg's ranks are judged by its watchdog (launcher.checks.watchdog)."""
 
 
 @dataclass
@@ -159,15 +163,18 @@ class _Watch:
         self.sent: set[str] = set()
         self.acted_at: float | None = None
         self.kill_reason: str | None = None
+        self.live = LiveWatch(Policy())
 
     def on_line(self, line: str) -> None:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg
         ctx.show(leg, line)
+        self.live.hear_line(line, time.time())
         # A `log` event may come from beside the trainer (a sky leg's notice watcher): it is no
         # sign that the trainer speaks the contract.
         if not self.spoke.is_set() and '{"event": ' in line and '{"event": "log"' not in line:
             self.spoke.set()
         if self.kill_when is not None and not self.trigger.is_set() and self.kill_when(line):
+            self.live.pause()
             if self.started and ctx.backend.can_freeze:
                 ctx.backend.freeze(self.started[0])  # stop it right at this line: the kill lands here
             self.trigger.set()
@@ -185,6 +192,7 @@ class _Watch:
             held = _rank0_event(line, "hold")  # line first (an adapter's step event can come after)
             step = None if held is None else int(held["step"])
         if step is not None and step >= ending.sigterm_at:
+            self.live.pause()
             self.sent.add("term")
             self.acted_at = time.time()
             if ending.notice_s == 0:  # preempted with no notice: the kill lands at this line
@@ -216,6 +224,7 @@ class _Watch:
         """The instance exists: its ledger row, before anything can bill unrecorded."""
         ctx, spec = self.ctx, self.spec
         self.started.append(handle)
+        self.live.begin(handle.started_at)
         ctx.ledger.begin_leg(
             {
                 "run_id": ctx.run_id,
@@ -250,7 +259,9 @@ class _Watch:
             if notice_ends is not None and time.time() >= notice_ends:
                 return ctx.backend.kill(handle, reason=f"preempted: the {self.ending.notice_s:g} s notice ran out")
             watching = self.kill_when is not None or self.ending.notice_s is not None  # a kill may come any moment
-            step = 0.1 if watching else 1.0 if not self.spoke.is_set() else max(0.0, give_up - time.time())
+            step = 0.1 if watching else WATCH_EVERY_S
+            for suspect in self.live.judge(time.time()):
+                ctx.show(self.spec.leg, f"launcher: watchdog: {suspect.line()} (observed only: the leg goes on)\n")
             notes = handle.new_notes()
             if notes:
                 ctx.ledger.note_leg(ctx.run_id, self.spec.leg, **notes)
@@ -313,6 +324,7 @@ def run_leg(
             result = ctx.backend.kill(handle, reason="launcher interrupted")
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
+        ctx.ledger.note_leg(ctx.run_id, leg, watchdog=json.dumps(watch.live.record()))
         record_end(ctx, leg, result)
     here = trainer_python(ctx.cfg.trainer.command) if ctx.backend.name == "local" else None
     return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at, here)

@@ -294,6 +294,54 @@ def _xdist_controller(config: pytest.Config) -> bool:
     return getattr(config, "workerinput", None) is None and config.getoption("dist", "no") != "no"
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001 - pytest's reporter
+    """Every leg the run launched was watched (launcher.checks.watchdog, observed only so far):
+    how many, the suspects among them (a false alarm each: no test hangs a leg yet), the
+    closest call. Read from the ledgers under --basetemp, in the process that reports."""
+    if _xdist_worker(config) or not config.option.basetemp:
+        return
+    legs = suspects = spoke = 0
+    closest = 0.0
+    for db in Path(config.option.basetemp).rglob("ledger.db"):
+        for record in _watchdog_records(db):
+            legs += 1
+            suspects += len(record.get("suspects", []))
+            spoke += sum(1 for s in record.get("suspects", []) if s.get("spoke_again"))
+            closest = max(closest, float(record.get("closest", 0.0)))
+    if legs:
+        terminalreporter.write_line(
+            f"watchdog (observed only): {legs} legs watched, {suspects} suspects ({spoke} of them spoke again), "
+            f"closest call {closest:.3f} of a limit"
+        )
+
+
+def _watchdog_records(db: Path) -> list[dict]:
+    import json
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT watchdog FROM legs WHERE watchdog IS NOT NULL").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []  # a ledger a test damaged, or one from before the column
+    records = []
+    for (text,) in rows:
+        try:
+            record = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     starting = config.stash.get(_SKY_STARTING, None)
     if starting is not None:

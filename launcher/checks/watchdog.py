@@ -21,8 +21,11 @@ in, so the same code judges a live leg and a recorded log (scripts/watchdog_repl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import threading
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from runtime.events import MARKER, parse_line
 
 STEPPING, STARTING, FINISHING, QUIET = "stepping", "starting", "finishing", "quiet"
 
@@ -51,6 +54,8 @@ class Suspect:
     phase: str
     last_event: str
     last_step: int | None
+    since: float = 0.0
+    """When its silence began (its last event, or the leg's start)."""
 
     def line(self) -> str:
         at = f" after step {self.last_step}" if self.last_step is not None else ""
@@ -100,10 +105,10 @@ class Rhythm:
 
     def suspect(self, now: float, policy: Policy) -> Suspect | None:
         limit = self.limit(policy)
-        silent = now - (self.last_t if self.last_t is not None else self.since)
-        if limit is None or silent <= limit:
+        began = self.last_t if self.last_t is not None else self.since
+        if limit is None or now - began <= limit:
             return None
-        return Suspect(self.rank, silent, limit, self.phase, self.last_event or "none", self.last_step)
+        return Suspect(self.rank, now - began, limit, self.phase, self.last_event or "none", self.last_step, began)
 
 
 def p99(gaps: list[float], min_gaps: int) -> float:
@@ -140,3 +145,60 @@ class Watchdog:
             if (limit := r.limit(self.policy)) is not None
         ]
         return max(ratios, default=0.0)
+
+
+class LiveWatch:
+    """A running leg's watchdog: lines heard on the thread that pumps them, judged on the one
+    that waits for the leg. Observed only for now: a suspect is shown and recorded with the
+    leg, and the leg goes on (docs/watchdog.md)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.lock = threading.Lock()
+        self.dog: Watchdog | None = None
+        self.paused = False
+        self.found: list[Suspect] = []
+        self.closest = 0.0
+
+    def begin(self, t: float) -> None:
+        with self.lock:
+            self.dog = Watchdog(self.policy, t)
+
+    def hear_line(self, line: str, t: float) -> None:
+        if MARKER not in line:
+            return
+        event = parse_line(line)
+        if event is None or event.get("event") == "damaged":
+            return
+        with self.lock:
+            if self.dog is not None:
+                self.dog.hear(t, event)
+
+    def pause(self) -> None:
+        """The launcher is ending the leg itself (a drill's freeze, a SIGTERM, a notice): its
+        silence from here on is the launcher's doing, not the trainer's."""
+        with self.lock:
+            self.paused = True
+
+    def judge(self, now: float) -> list[Suspect]:
+        """The ranks that became suspects since the last call."""
+        with self.lock:
+            if self.dog is None or self.paused:
+                return []
+            self.closest = max(self.closest, self.dog.closest(now))
+            named = {s.rank for s in self.found}
+            new = [s for s in self.dog.suspects(now) if s.rank not in named]
+            self.found.extend(new)
+            return new
+
+    def record(self) -> dict[str, Any]:
+        """For the ledger: the policy, the closest call (silence / limit at a judgment), each
+        suspect and whether its rank spoke again afterwards (a false alarm, had it been acted on)."""
+        with self.lock:
+            ranks = self.dog.ranks if self.dog is not None else {}
+            suspects = []
+            for s in self.found:
+                last = ranks[s.rank].last_t if s.rank in ranks else None
+                spoke = last is not None and last > s.since
+                suspects.append({**asdict(s), "silent_s": round(s.silent_s, 2), "spoke_again": spoke})
+            return {"policy": asdict(self.policy), "closest": round(self.closest, 4), "suspects": suspects}

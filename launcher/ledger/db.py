@@ -164,11 +164,11 @@ class Ledger(Spending):
         with self.transaction() as db:
             db.execute(f"INSERT INTO legs ({cols}) VALUES ({marks})", tuple(row.values()))
 
-    NOTED = ("request_id", "instance", "hourly_usd", "cost_source")
+    NOTED = ("request_id", "instance", "hourly_usd", "cost_source", "watchdog")
 
     def note_leg(self, run_id: str, leg: int, **fields: Any) -> None:
         """What a leg learned after it began: its request's id, the managed job's id as its
-        instance, the price of the resources it landed on."""
+        instance, the price of the resources it landed on, what its watchdog saw."""
         if not fields or not set(fields) <= set(self.NOTED):
             raise ValueError(f"note_leg: only {self.NOTED}, got {sorted(fields)}")
         sets = ", ".join(f"{k}=?" for k in fields)
@@ -295,6 +295,7 @@ class Ledger(Spending):
         leg["killed"] = bool(leg["killed"])
         leg["placement"] = json_or_none(leg.get("placement"))
         leg["nodes"] = json_or_none(leg.get("nodes"))
+        leg["watchdog"] = json_or_none(leg.get("watchdog"))
         return leg
 
     def straight_legs(self, project: str, limit: int = 20) -> list[tuple[RunRow, LegRow]]:

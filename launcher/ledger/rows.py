@@ -64,6 +64,8 @@ class LegRow(TypedDict):
     """A leg of several nodes: each node's record (node, instance, pid, exit_code, log)."""
     request_id: str | None
     """sky: the id of the leg's launch (or managed job's submit) request on SkyPilot's API server."""
+    watchdog: dict[str, Any] | None
+    """What watched the leg's ranks saw (launcher.checks.watchdog.LiveWatch.record)."""
     damaged: NotRequired[list[str]]
 
 

@@ -126,3 +126,41 @@ def test_the_replay_finds_a_long_gap_and_skips_made_up_times(tmp_path: Path) -> 
     worst = out["closest"][0]
     assert worst["log"].endswith("gap/leg-0.log") and worst["ratio"] == round(40.0 / 15.0, 3), worst
     assert "40.00 s of 15.00 before `step` (after step 12)" in worst["where"]
+
+
+def step_line(t: float, step: int, rank: int = 0) -> str:
+    return json.dumps({"event": "step", "t": t, "rank": rank, "step": step, "loss": 1.0, "lr": 0.1})
+
+
+def test_a_live_leg_names_each_suspect_once_and_records_whether_it_spoke_again() -> None:
+    from launcher.checks.watchdog import LiveWatch
+
+    live = LiveWatch(POLICY)
+    live.hear_line(step_line(T0, 1), T0)  # before the leg's record: nothing to hear it yet
+    live.begin(T0)
+    live.hear_line(" 40%|####      | 4/10 " + step_line(T0 + 1, 1), T0 + 1)  # after a progress bar, as tqdm leaves it
+    live.hear_line('{"event": "step", "rank": 0, "step": "two"}', T0 + 1.2)  # damaged: not heard
+    live.hear_line("a line of the trainer's own", T0 + 1.3)
+    for i in range(2, 12):
+        live.hear_line(step_line(T0 + i, i), T0 + i)
+    assert live.judge(T0 + 20) == [] and abs(live.closest - 9 / 15) < 1e-9  # 9 s of 15
+    [late] = live.judge(T0 + 27)
+    assert (late.rank, late.last_step, late.since) == (0, 11, T0 + 11)
+    assert live.judge(T0 + 40) == []  # named once
+    live.hear_line(step_line(T0 + 41, 12), T0 + 41)  # it was only slow: a false alarm, had it been acted on
+    record = live.record()
+    assert record["policy"]["floor_s"] == 15.0 and record["closest"] >= 1.0
+    [suspect] = record["suspects"]
+    assert suspect["rank"] == 0 and suspect["silent_s"] == 16.0 and suspect["spoke_again"] is True
+    json.dumps(record)
+
+
+def test_a_leg_the_launcher_is_ending_is_not_judged() -> None:
+    from launcher.checks.watchdog import LiveWatch
+
+    live = LiveWatch(POLICY)
+    live.begin(T0)
+    for i in range(1, 10):
+        live.hear_line(step_line(T0 + i, i), T0 + i)
+    live.pause()  # a drill froze it, or the launcher sent its SIGTERM
+    assert live.judge(T0 + 1000) == [] and live.record()["suspects"] == []
