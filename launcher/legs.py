@@ -16,7 +16,7 @@ from typing import Any, Callable
 from launcher.backends.base import Backend, LegHandle, LegResult, LegSpec, StagedFile
 from launcher.backends.local import trainer_python
 from launcher.checks.evidence import LegEvents
-from launcher.checks.watchdog import LiveWatch, Policy
+from launcher.checks.watchdog import LiveWatch, Policy, Suspect
 from launcher.config.schema import Config, GpuSpec
 from launcher.errors import LauncherError, RunStopped
 from launcher.ladder import Rung
@@ -203,6 +203,20 @@ class _Watch:
                 return
             ctx.backend.terminate(self.started[0])
 
+    def suspected(self, handle: LegHandle, suspect: Suspect) -> None:
+        """Observed only, for now: the suspect and what each process of the leg was doing (its
+        threads' stacks beside the leg's log) are shown and kept; the leg goes on."""
+        from launcher.backends.looks import look
+
+        seen = look(self.ctx.backend.pids(handle))
+        stacks = self.spec.log_path.with_name(f"{self.spec.log_path.stem}.stacks-{len(self.live.looks)}.txt")
+        if seen:
+            stacks.write_text("".join(f"== {p.line()}\n{p.stack or p.note}\n" for p in seen))
+        self.live.looked(suspect, [p.line() for p in seen], str(stacks) if seen else None)
+        self.ctx.show(self.spec.leg, f"launcher: watchdog: {suspect.line()} (observed only: the leg goes on)\n")
+        for process in seen:
+            self.ctx.show(self.spec.leg, f"launcher: watchdog:   {process.line()}\n")
+
     def notice_ends(self) -> float | None:
         """A preemption's kill time, once its SIGTERM went (None: no preemption under way)."""
         notice = self.ending.notice_s
@@ -261,7 +275,7 @@ class _Watch:
             watching = self.kill_when is not None or self.ending.notice_s is not None  # a kill may come any moment
             step = 0.1 if watching else WATCH_EVERY_S
             for suspect in self.live.judge(time.time()):
-                ctx.show(self.spec.leg, f"launcher: watchdog: {suspect.line()} (observed only: the leg goes on)\n")
+                self.suspected(handle, suspect)
             notes = handle.new_notes()
             if notes:
                 ctx.ledger.note_leg(ctx.run_id, self.spec.leg, **notes)

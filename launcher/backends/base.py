@@ -166,6 +166,11 @@ class Backend:
         """The trainer's graceful stop: SIGTERM to the leg (only where `can_terminate`)."""
         raise CannotDo(f"the {self.name} backend cannot send a leg SIGTERM")
 
+    def pids(self, handle: LegHandle) -> list[int]:
+        """The leg's live processes on this host, for the watchdog's look at a suspect leg
+        (launcher.backends.looks); [] where the backend cannot reach them (sky's machines)."""
+        return []
+
     def lose_node(self, handle: LegHandle, node: int) -> None:
         """Kill node `node` of a leg of several, and only it (only where `can_lose_node`): the
         others go on until the cluster's job ends them, as when a machine of a cluster is lost."""

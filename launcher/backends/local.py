@@ -275,6 +275,10 @@ class LocalBackend(Backend):
             return None
         return self._finish(handle, rc, False, "exited")
 
+    def pids(self, handle: LegHandle) -> list[int]:
+        assert isinstance(handle, _LocalHandle)
+        return leg_pids(handle.token, handle.proc.pid if handle.proc is not None else None)
+
     def freeze(self, handle: LegHandle) -> None:
         """SIGSTOP every process of the leg: it stops at this instant (a drill kills it next)."""
         assert isinstance(handle, _LocalHandle)

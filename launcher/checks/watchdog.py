@@ -158,6 +158,7 @@ class LiveWatch:
         self.dog: Watchdog | None = None
         self.paused = False
         self.found: list[Suspect] = []
+        self.looks: list[dict[str, Any]] = []
         self.closest = 0.0
 
     def begin(self, t: float) -> None:
@@ -191,6 +192,12 @@ class LiveWatch:
             self.found.extend(new)
             return new
 
+    def looked(self, suspect: Suspect, processes: list[str], stacks: str | None) -> None:
+        """What the leg's processes were doing when `suspect` was named (launcher.backends.looks),
+        and where their full stacks were written."""
+        with self.lock:
+            self.looks.append({"rank": suspect.rank, "processes": processes, "stacks": stacks})
+
     def record(self) -> dict[str, Any]:
         """For the ledger: the policy, the closest call (silence / limit at a judgment), each
         suspect and whether its rank spoke again afterwards (a false alarm, had it been acted on)."""
@@ -201,4 +208,9 @@ class LiveWatch:
                 last = ranks[s.rank].last_t if s.rank in ranks else None
                 spoke = last is not None and last > s.since
                 suspects.append({**asdict(s), "silent_s": round(s.silent_s, 2), "spoke_again": spoke})
-            return {"policy": asdict(self.policy), "closest": round(self.closest, 4), "suspects": suspects}
+            return {
+                "policy": asdict(self.policy),
+                "closest": round(self.closest, 4),
+                "suspects": suspects,
+                "looks": list(self.looks),
+            }
