@@ -163,7 +163,7 @@ class _Watch:
         self.sent: set[str] = set()
         self.acted_at: float | None = None
         self.kill_reason: str | None = None
-        self.live = LiveWatch(Policy())
+        self.live = LiveWatch(Policy.of(ctx.cfg.trainer.watchdog))
 
     def on_line(self, line: str) -> None:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg

@@ -25,6 +25,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from launcher.config.schema import WatchdogConfig
 from runtime.events import MARKER, parse_line
 
 STEPPING, STARTING, FINISHING, QUIET = "stepping", "starting", "finishing", "quiet"
@@ -37,6 +38,11 @@ class Policy:
     first_step_s: float = 900.0
     finish_s: float = 900.0
     min_gaps: int = 5
+
+    @classmethod
+    def of(cls, cfg: WatchdogConfig) -> Policy:
+        """The policy launcher.yaml's `trainer.watchdog` sets."""
+        return cls(multiple=cfg.multiple, floor_s=cfg.floor_s, first_step_s=cfg.first_step_s, finish_s=cfg.finish_s)
 
     def describe(self) -> str:
         return (

@@ -68,6 +68,31 @@ def parse_gpus(text: str, key: str = "--gpus") -> GpuSpec:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    """When a rank's silence makes it a suspect (launcher.checks.watchdog; docs/watchdog.md)."""
+
+    multiple: float = 10.0
+    """x the 99th percentile of the rank's own gaps between events in the leg (2 to 1000)."""
+    floor_s: float = 15.0
+    """Never sooner than this, in seconds, while the rank steps (1 to 86400)."""
+    first_step_s: float = 900.0
+    """Before the rank's first step, and until its second: start-up, the restore (1 to 86400)."""
+    finish_s: float = 900.0
+    """After its `stop` event: the final checkpoint and its storage cycle (1 to 86400)."""
+
+    def __post_init__(self) -> None:
+        for key, low, high in (
+            ("multiple", 2, 1000),
+            ("floor_s", 1, 86_400),
+            ("first_step_s", 1, 86_400),
+            ("finish_s", 1, 86_400),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ConfigError(f"trainer.watchdog.{key}", f"must be {low} to {high}, got {value!r}")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """How a leg starts the trainer."""
 
@@ -94,6 +119,9 @@ class TrainerConfig:
     """Whether the trainer is bit-reproducible on a CPU (same seed, same steps -> the same
     losses). CPU rungs then require a resumed run to equal the straight-through run
     exactly; `false` compares within the loss band instead, and says so."""
+
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """When a silent rank becomes a suspect (docs/watchdog.md)."""
 
     def __post_init__(self) -> None:
         if (

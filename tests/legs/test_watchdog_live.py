@@ -10,13 +10,10 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from launcher import legs
 from launcher.backends.base import StagedFile
 from launcher.backends.local import LocalBackend
-from launcher.checks.watchdog import Policy
-from launcher.config.schema import Config, RungConfig, RungsConfig, TrainerConfig
+from launcher.config.schema import Config, RungConfig, RungsConfig, TrainerConfig, WatchdogConfig
 from launcher.ladder import rung_named
 from launcher.ledger.db import Ledger
 
@@ -41,15 +38,14 @@ emit("done", step=12, final_checkpoint_verified=True)
 """
 
 
-def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(legs, "Policy", lambda: Policy(floor_s=1.0, first_step_s=60.0))
+def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAINER)
     cfg = Config(
         project="t",
-        trainer=TrainerConfig(command=[sys.executable, "train.py"]),
+        trainer=TrainerConfig(
+            command=[sys.executable, "train.py"], watchdog=WatchdogConfig(floor_s=1.0, first_step_s=60.0)
+        ),
         reviewed=["train.py"],
         rungs=RungsConfig(rehearsal=RungConfig(steps=12, budget_minutes=2)),
         root=tmp_path,
