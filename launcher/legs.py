@@ -203,19 +203,16 @@ class _Watch:
                 return
             ctx.backend.terminate(self.started[0])
 
-    def suspected(self, handle: LegHandle, suspect: Suspect) -> None:
-        """Observed only, for now: the suspect and what each process of the leg was doing (its
-        threads' stacks beside the leg's log) are shown and kept; the leg goes on."""
-        from launcher.backends.looks import look
-
-        seen = look(self.ctx.backend.pids(handle))
-        stacks = self.spec.log_path.with_name(f"{self.spec.log_path.stem}.stacks-{len(self.live.looks)}.txt")
-        if seen:
-            stacks.write_text("".join(f"== {p.line()}\n{p.stack or p.note}\n" for p in seen))
-        self.live.looked(suspect, [p.line() for p in seen], str(stacks) if seen else None)
-        self.ctx.show(self.spec.leg, f"launcher: watchdog: {suspect.line()} (observed only: the leg goes on)\n")
+    def suspected(self, handle: LegHandle, suspect: Suspect) -> str | None:
+        """A suspect shown with the look at every process of the leg (launcher.checks.watchdog);
+        the reason to end the leg where the look shows it hung and the policy acts, else None."""
+        seen, hung = self.live.second_look(suspect, self.ctx.backend.pids(handle), self.spec.log_path)
+        acting = hung is not None and self.live.policy.act
+        after = f"hung: {hung}; the leg is ended" if acting else "observed: the leg goes on"
+        self.ctx.show(self.spec.leg, f"launcher: watchdog: {suspect.line()}; {after}\n")
         for process in seen:
             self.ctx.show(self.spec.leg, f"launcher: watchdog:   {process.line()}\n")
+        return f"hung: {suspect.line()}; {hung}" if acting else None
 
     def notice_ends(self) -> float | None:
         """A preemption's kill time, once its SIGTERM went (None: no preemption under way)."""
@@ -275,7 +272,8 @@ class _Watch:
             watching = self.kill_when is not None or self.ending.notice_s is not None  # a kill may come any moment
             step = 0.1 if watching else WATCH_EVERY_S
             for suspect in self.live.judge(time.time()):
-                self.suspected(handle, suspect)
+                if (hung := self.suspected(handle, suspect)) is not None:
+                    return ctx.backend.kill(handle, reason=hung)
             notes = handle.new_notes()
             if notes:
                 ctx.ledger.note_leg(ctx.run_id, self.spec.leg, **notes)

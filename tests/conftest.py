@@ -296,10 +296,11 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001 - pytest's reporter
-    """Every leg the run launched was watched (launcher.checks.watchdog, observed only so far):
-    how many, the suspects among those watched with the default policy (a false alarm each: no
-    test hangs a leg under it; tests/legs/test_watchdog_live.py quiets one under a 1 s floor),
-    the closest call. Read from the ledgers under --basetemp, in the process that reports."""
+    """Every leg the run launched was watched (launcher.checks.watchdog): how many, the suspects
+    among those watched with the default policy and those of them called hung (a false alarm
+    each: no test hangs a leg under it; tests/legs/test_watchdog_live.py quiets and stops legs
+    under a 1 s floor), the closest call. Read from the ledgers under --basetemp, in the process
+    that reports."""
     from dataclasses import asdict
 
     from launcher.checks.watchdog import Policy
@@ -307,7 +308,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
     if _xdist_worker(config) or not config.option.basetemp:
         return
     default = json.loads(json.dumps(asdict(Policy())))
-    legs = watched = suspects = spoke = 0
+    legs = watched = suspects = spoke = hung = 0
     closest = 0.0
     for db in Path(config.option.basetemp).rglob("ledger.db"):
         for record in _watchdog_records(db):
@@ -317,11 +318,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
             watched += 1
             suspects += len(record.get("suspects", []))
             spoke += sum(1 for s in record.get("suspects", []) if s.get("spoke_again"))
+            hung += sum(1 for look in record.get("looks", []) if look.get("hung"))
             closest = max(closest, float(record.get("closest", 0.0)))
     if legs:
         terminalreporter.write_line(
-            f"watchdog (observed only): {legs} legs watched, {watched} under the default policy: "
-            f"{suspects} suspects ({spoke} of them spoke again), closest call {closest:.3f} of a limit"
+            f"watchdog: {legs} legs watched, {watched} under the default policy: {suspects} suspects "
+            f"({spoke} of them spoke again, {hung} called hung), closest call {closest:.3f} of a limit"
         )
 
 

@@ -205,6 +205,12 @@ class DockerBackend(Backend):
             return None
         return self._finish(handle, rc, False, "exited")
 
+    def pids(self, handle: LegHandle) -> list[int]:
+        """The container(s)' processes as this host numbers them (`docker top`): the engine runs
+        here, so /proc and py-spy reach them as they reach a local leg's."""
+        assert isinstance(handle, _DockerHandle)
+        return container_pids(handle.containers)
+
     def freeze(self, handle: LegHandle) -> None:
         """Pause every process of the container(s) (cgroup freezer): it stops at this instant."""
         assert isinstance(handle, _DockerHandle)
@@ -277,3 +283,13 @@ def remove_network(network: str, containers: list[str]) -> None:
     if containers:
         docker("rm", "-f", *containers, check=False)
     docker("network", "rm", network, check=False)
+
+
+def container_pids(containers: list[str]) -> list[int]:
+    """The host's pids of every process of these containers (`docker top`; none for one gone)."""
+    found: list[int] = []
+    for container in containers:
+        listed = docker("top", container, "-eo", "pid", check=False)
+        if listed.returncode == 0:
+            found += [int(word) for word in listed.stdout.split() if word.isdigit()]
+    return found

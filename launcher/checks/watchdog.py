@@ -12,10 +12,10 @@ limit that depends on what the rank was doing:
 - after a `stop` event (the final checkpoint and its cycle): `finish_s`;
 - after a `hold` (the launcher placed it) or `done`: not judged.
 
-A rank silent past its limit is a *suspect*, with the numbers that made it one. This module
-decides nothing else: what a suspect leg's processes are doing (stopped, waiting in a
-collective, computing) is read from them before anything ends the leg. Pure: times are passed
-in, so the same code judges a live leg and a recorded log (scripts/watchdog_replay.py).
+A rank silent past its limit is a *suspect*, with the numbers that made it one. What a suspect
+leg's processes are doing is then read from them (`LiveWatch.second_look`), and only a leg that
+look shows hung (`confirm`) is ended. The policy is pure: times are passed in, so the same code
+judges a live leg and a recorded log (scripts/watchdog_replay.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from launcher.backends.looks import Look, collective_in, look
 from launcher.config.schema import WatchdogConfig
 from runtime.events import MARKER, parse_line
 
@@ -38,11 +40,13 @@ class Policy:
     first_step_s: float = 900.0
     finish_s: float = 900.0
     min_gaps: int = 5
+    act: bool = True
+    """End a leg the look shows hung (False: show and record it, and let the leg go on)."""
 
     @classmethod
     def of(cls, cfg: WatchdogConfig) -> Policy:
         """The policy launcher.yaml's `trainer.watchdog` sets."""
-        return cls(multiple=cfg.multiple, floor_s=cfg.floor_s, first_step_s=cfg.first_step_s, finish_s=cfg.finish_s)
+        return cls(cfg.multiple, cfg.floor_s, cfg.first_step_s, cfg.finish_s, act=cfg.act)
 
     def describe(self) -> str:
         return (
@@ -155,8 +159,8 @@ class Watchdog:
 
 class LiveWatch:
     """A running leg's watchdog: lines heard on the thread that pumps them, judged on the one
-    that waits for the leg. Observed only for now: a suspect is shown and recorded with the
-    leg, and the leg goes on (docs/watchdog.md)."""
+    that waits for the leg; a suspect is looked at (`second_look`), shown and recorded with the
+    leg (docs/watchdog.md)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -198,11 +202,25 @@ class LiveWatch:
             self.found.extend(new)
             return new
 
-    def looked(self, suspect: Suspect, processes: list[str], stacks: str | None) -> None:
-        """What the leg's processes were doing when `suspect` was named (launcher.backends.looks),
-        and where their full stacks were written."""
+    def second_look(self, suspect: Suspect, pids: list[int], beside: Path) -> tuple[list[Look], str | None]:
+        """What each of the leg's processes is doing now (launcher.backends.looks), their stacks
+        written beside the leg's log, kept with the suspect; and why the leg is hung, where the
+        look shows it (`confirm`), else None."""
+        seen = look(pids)
+        stacks = beside.with_name(f"{beside.stem}.stacks-{len(self.looks)}.txt") if seen else None
+        if stacks is not None:
+            stacks.write_text("".join(f"== {p.line()}\n{p.stack or p.note}\n" for p in seen))
+        hung = confirm(seen)
         with self.lock:
-            self.looks.append({"rank": suspect.rank, "processes": processes, "stacks": stacks})
+            self.looks.append(
+                {
+                    "rank": suspect.rank,
+                    "processes": [p.line() for p in seen],
+                    "stacks": str(stacks) if stacks else None,
+                    "hung": hung,
+                }
+            )
+        return seen, hung
 
     def record(self) -> dict[str, Any]:
         """For the ledger: the policy, the closest call (silence / limit at a judgment), each
@@ -220,3 +238,18 @@ class LiveWatch:
                 "suspects": suspects,
                 "looks": list(self.looks),
             }
+
+
+def confirm(seen: list[Look]) -> str | None:
+    """Why a suspect leg is hung, from the look at its processes; None where the look does not
+    show it. Hung: a process of the leg is stopped (SIGSTOP or a debugger: it will not go on by
+    itself), or every rank waits in a collective (none is left to answer). A rank that computes,
+    reads, sleeps or waits on a store is not called hung: a rank-0-only evaluation or save keeps
+    the others waiting in a barrier, and that is healthy."""
+    stopped = [p for p in seen if p.state in ("T", "t")]
+    if stopped:
+        return "; ".join(p.line() for p in stopped)
+    ranks = [p for p in seen if p.rank is not None]
+    if ranks and all(collective_in(p.stack) for p in ranks):
+        return "every rank waits in a collective: " + "; ".join(p.line() for p in ranks)
+    return None

@@ -79,6 +79,8 @@ class WatchdogConfig:
     """Before the rank's first step, and until its second: start-up, the restore (1 to 86400)."""
     finish_s: float = 900.0
     """After its `stop` event: the final checkpoint and its storage cycle (1 to 86400)."""
+    act: bool = True
+    """End a leg whose look shows it hung: a process stopped, or every rank in a collective."""
 
     def __post_init__(self) -> None:
         for key, low, high in (
@@ -90,6 +92,8 @@ class WatchdogConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ConfigError(f"trainer.watchdog.{key}", f"must be {low} to {high}, got {value!r}")
+        if not isinstance(self.act, bool):
+            raise ConfigError("trainer.watchdog.act", f"must be true or false, got {self.act!r}")
 
 
 @dataclass(frozen=True)

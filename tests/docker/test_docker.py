@@ -201,6 +201,12 @@ def test_status_and_graceful_stop_of_a_containerized_leg(built: Path, tmp_path: 
         assert s["leg"]["step"] >= 12 and s["checkpoints"]["newest_verified"]["step"] >= 5
         assert s["health"]["ram_total_bytes"] > 0  # read inside the container
         assert containers(f"preflight-{run_id}") == [s["leg"]["instance"]]
+        # the watchdog's look reaches a container's processes from this host (launcher.backends.looks)
+        from launcher.backends.docker import container_pids
+        from launcher.backends.looks import look
+
+        seen = look(container_pids([s["leg"]["instance"]]))
+        assert any("train.py" in p.stack for p in seen), [(p.line(), p.note) for p in seen]
         res = run_cli(["stop", run_id, "--timeout", "120", "--json"], cwd=root)
         st = res.json()
         assert res.code == 0 and st["clean"] is True and st["loadable"]["ok"] is True, st

@@ -278,6 +278,7 @@ BAD_VALUES[("hub", "files_per_commit")] = RAW_INTS[:3]
 for _key, _bad in (("multiple", [1, 1.5, 1001]), ("floor_s", [0.5, 86_401]), ("first_step_s", [0]), ("finish_s", [-1])):
     BAD_VALUES[("trainer", "watchdog", _key)] = [*_bad, NAN, INF, "10", True, None, []]
 BAD_VALUES[("trainer", "watchdog")] = ["loose", 3, [], {"floor": 15}]
+BAD_VALUES[("trainer", "watchdog", "act")] = ["yes", 1, None, [], "true"]
 for _float_key in (("rungs", "smoke", "budget_minutes"), ("quota", "gpu_hours"), ("trainer", "events_grace_s")):
     BAD_VALUES.setdefault(_float_key, []).extend(RAW_FLOATS)
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone

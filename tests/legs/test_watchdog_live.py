@@ -1,13 +1,15 @@
-"""The watchdog on a live leg (launcher.legs, launcher.checks.watchdog, launcher.backends.looks),
-observed only: a rank that goes quiet past its limit is named while the leg runs, with what each
-process of the leg was doing and its threads' stacks; the leg goes on and the ledger keeps it all.
-A trainer of the contract alone (no torch): the watchdog reads the events, not the framework."""
+"""The watchdog on a live leg (launcher.legs, launcher.checks.watchdog, launcher.backends.looks):
+a rank that goes quiet past its limit is named while the leg runs, with what each process of the
+leg was doing and its threads' stacks. One asleep in its own code is not called hung: the leg goes
+on. One stopped is: the leg is ended, with why. Trainers of the contract alone (no torch): the
+watchdog reads the events and the processes, not the framework."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 from launcher import legs
@@ -38,20 +40,16 @@ emit("done", step=12, final_checkpoint_verified=True)
 """
 
 
-def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(TRAINER)
+def run_one_leg(tmp_path: Path, command: list[str], script: Path, shown: list[str]) -> tuple[legs.LegOutcome, dict]:
+    """One leg on the local backend under a 1 s floor; (its outcome, its ledger row's watchdog)."""
     cfg = Config(
         project="t",
-        trainer=TrainerConfig(
-            command=[sys.executable, "train.py"], watchdog=WatchdogConfig(floor_s=1.0, first_step_s=60.0)
-        ),
-        reviewed=["train.py"],
+        trainer=TrainerConfig(command=command, watchdog=WatchdogConfig(floor_s=1.0, first_step_s=60.0)),
+        reviewed=[script.name],
         rungs=RungsConfig(rehearsal=RungConfig(steps=12, budget_minutes=2)),
         root=tmp_path,
     )
     ledger = Ledger(tmp_path / "ledger.db")
-    shown: list[str] = []
     ctx = legs.RunContext(
         cfg,
         rung_named("rehearsal"),
@@ -59,22 +57,70 @@ def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on
         ledger,
         "wd-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10],
         "file:///s",
-        {"train.py": StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
+        {script.name: StagedFile(script, hashlib.sha256(script.read_bytes()).hexdigest())},
         None,
         lambda leg, line: shown.append(line),
     )
     ledger.begin_run(legs.ledger_run_row(ctx, None, "d", "c"), {})
     out = legs.run_leg(ctx, 0, max_steps=12)
+    return out, ledger.runs()[0]["legs"][0]["watchdog"]
+
+
+def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    shown: list[str] = []
+    out, record = run_one_leg(tmp_path, [sys.executable, "train.py"], script, shown)
     assert out.result.exit_code == 0 and not out.result.killed, out.result
     said = [line for line in shown if line.startswith("launcher: watchdog:")]
     assert said[0].startswith("launcher: watchdog: rank 0 silent ") and f"after step {QUIET_AT}" in said[0], said
-    assert "limit 1.0 s while stepping) (observed only: the leg goes on)" in said[0], said
+    assert "limit 1.0 s while stepping); observed: the leg goes on" in said[0], said
     assert any("a process without a rank" in line and "asleep" in line and "quiet_a_while" in line for line in said)
-    record = ledger.runs()[0]["legs"][0]["watchdog"]
     [suspect] = record["suspects"]
     assert (suspect["rank"], suspect["last_step"], suspect["spoke_again"]) == (0, QUIET_AT, True), suspect
     assert record["closest"] >= 1.0 and record["policy"]["floor_s"] == 1.0
     [looked] = record["looks"]
+    assert looked["hung"] is None  # asleep in its own code: not shown hung, so not ended
     stacks = Path(looked["stacks"]).read_text()
     assert "quiet_a_while (train.py:" in stacks and str(script.name) in stacks, stacks
     json.dumps(record)
+
+
+TWO_RANKS = """
+import json, os, signal, sys, time
+
+RANK = int(os.environ["RANK"])
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, "t": round(time.time(), 3), "rank": RANK, **fields}), flush=True)
+
+emit("start", world_size=2)
+for step in range(1, 13):
+    time.sleep(0.05)
+    emit("step", step=step, loss=1.0 / step, lr=0.1)
+    if step == 6 and RANK == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 1 stops here, as a debugger or a drill would stop it
+    if step == 6 and RANK == 0:
+        time.sleep(120)  # rank 0 waits for rank 1, as its next collective would
+"""
+
+
+def test_a_stopped_rank_is_called_hung_and_its_leg_ended_with_why(tmp_path: Path) -> None:
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    both = f"RANK=0 {sys.executable} two.py & RANK=1 {sys.executable} two.py & wait"
+    shown: list[str] = []
+    began = time.monotonic()
+    out, record = run_one_leg(tmp_path, ["bash", "-c", both], script, shown)
+    took = time.monotonic() - began
+    assert out.result.killed and out.result.end_reason.startswith("hung: rank "), out.result
+    assert "after step 6" in out.result.end_reason and "stopped (SIGSTOP or a debugger)" in out.result.end_reason
+    assert took < 30, took  # a 1 s floor and a second look, not the 2-minute budget
+    said = [line for line in shown if line.startswith("launcher: watchdog:")]
+    assert "; the leg is ended" in said[0] and any(
+        line.startswith("launcher: watchdog:   rank 1 (pid ") for line in said
+    )
+    hung = [looked for looked in record["looks"] if looked["hung"]]
+    assert hung and "rank 1 (pid" in hung[0]["hung"], record["looks"]
+    stacks = Path(hung[0]["stacks"]).read_text()
+    assert "(two.py:" in stacks, stacks

@@ -164,3 +164,27 @@ def test_a_leg_the_launcher_is_ending_is_not_judged() -> None:
         live.hear_line(step_line(T0 + i, i), T0 + i)
     live.pause()  # a drill froze it, or the launcher sent its SIGTERM
     assert live.judge(T0 + 1000) == [] and live.record()["suspects"] == []
+
+
+def test_a_leg_is_called_hung_only_where_the_look_shows_it() -> None:
+    from launcher.backends.looks import Look
+    from launcher.checks.watchdog import confirm
+
+    def dump(frame: str) -> str:
+        return f'Thread 1 (idle): "MainThread"\n    {frame}\n    <module> (train.py:9)\n'
+
+    in_all_reduce = dump("all_reduce (/v/site-packages/torch/distributed/distributed_c10d.py:2806)")
+    in_barrier = dump("barrier (/v/site-packages/torch/distributed/distributed_c10d.py:4700)")
+    evaluating = dump("evaluate (train.py:40)")
+    stopped = Look(11, 1, "T", 3.0, dump("step (train.py:20)"))
+    waiting = Look(10, 0, "S", 3.0, in_all_reduce)
+    assert confirm([waiting, stopped]) == stopped.line()
+    both = confirm([waiting, Look(11, 1, "S", 3.0, in_barrier)])
+    assert both is not None and both.startswith(
+        "every rank waits in a collective: rank 0 (pid 10): waiting in all_reduce"
+    )
+    # rank 0 evaluates alone while rank 1 waits in a barrier: healthy, not hung
+    assert confirm([Look(10, 0, "R", 9.0, evaluating), Look(11, 1, "S", 3.0, in_barrier)]) is None
+    assert confirm([Look(12, None, "S", 1.0, evaluating)]) is None  # no rank to wait on
+    assert confirm([Look(13, None, "S", 1.0, in_all_reduce)]) is None  # torchrun's agent, not a rank
+    assert confirm([]) is None  # nothing to look at (sky's machines): never ended on silence alone
