@@ -35,7 +35,7 @@ STEPPING, STARTING, FINISHING, QUIET = "stepping", "starting", "finishing", "qui
 
 @dataclass(frozen=True)
 class Policy:
-    multiple: float = 10.0
+    multiple: float = 5.0
     floor_s: float = 15.0
     first_step_s: float = 900.0
     finish_s: float = 900.0
@@ -169,6 +169,8 @@ class LiveWatch:
         self.paused = False
         self.found: list[Suspect] = []
         self.looks: list[dict[str, Any]] = []
+        self.looked_at: dict[int, tuple[float, float]] = {}
+        """rank -> (when its present silence began, when it was last looked at)."""
         self.closest = 0.0
 
     def begin(self, t: float) -> None:
@@ -192,15 +194,23 @@ class LiveWatch:
             self.paused = True
 
     def judge(self, now: float) -> list[Suspect]:
-        """The ranks that became suspects since the last call."""
+        """The suspects to look at now: each rank that fell silent past its limit since the last
+        call, and each still silent one last looked at a limit ago or more (what its look found
+        can change: another rank may stop meanwhile)."""
         with self.lock:
             if self.dog is None or self.paused:
                 return []
             self.closest = max(self.closest, self.dog.closest(now))
-            named = {s.rank for s in self.found}
-            new = [s for s in self.dog.suspects(now) if s.rank not in named]
-            self.found.extend(new)
-            return new
+            due = []
+            for suspect in self.dog.suspects(now):
+                since, looked = self.looked_at.get(suspect.rank, (None, 0.0))
+                if since != suspect.since:  # a silence not named before
+                    self.found.append(suspect)
+                elif now - looked < suspect.limit_s:
+                    continue
+                self.looked_at[suspect.rank] = (suspect.since, now)
+                due.append(suspect)
+            return due
 
     def second_look(self, suspect: Suspect, pids: list[int], beside: Path) -> tuple[list[Look], str | None]:
         """What each of the leg's processes is doing now (launcher.backends.looks), their stacks

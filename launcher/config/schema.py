@@ -71,7 +71,7 @@ def parse_gpus(text: str, key: str = "--gpus") -> GpuSpec:
 class WatchdogConfig:
     """When a rank's silence makes it a suspect (launcher.checks.watchdog; docs/watchdog.md)."""
 
-    multiple: float = 10.0
+    multiple: float = 5.0
     """x the 99th percentile of the rank's own gaps between events in the leg (2 to 1000)."""
     floor_s: float = 15.0
     """Never sooner than this, in seconds, while the rank steps (1 to 86400)."""

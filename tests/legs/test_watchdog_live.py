@@ -79,8 +79,8 @@ def test_a_rank_quiet_past_its_limit_is_named_with_its_stack_and_the_leg_goes_on
     [suspect] = record["suspects"]
     assert (suspect["rank"], suspect["last_step"], suspect["spoke_again"]) == (0, QUIET_AT, True), suspect
     assert record["closest"] >= 1.0 and record["policy"]["floor_s"] == 1.0
-    [looked] = record["looks"]
-    assert looked["hung"] is None  # asleep in its own code: not shown hung, so not ended
+    looked = record["looks"][0]  # looked at again each limit (1 s) while it stayed quiet
+    assert all(each["hung"] is None for each in record["looks"])  # asleep in its own code: not ended
     stacks = Path(looked["stacks"]).read_text()
     assert "quiet_a_while (train.py:" in stacks and str(script.name) in stacks, stacks
     json.dumps(record)
@@ -113,13 +113,16 @@ def test_a_stopped_rank_is_called_hung_and_its_leg_ended_with_why(tmp_path: Path
     began = time.monotonic()
     out, record = run_one_leg(tmp_path, ["bash", "-c", both], script, shown)
     took = time.monotonic() - began
-    assert out.result.killed and out.result.end_reason.startswith("hung: rank "), out.result
-    assert "after step 6" in out.result.end_reason and "stopped (SIGSTOP or a debugger)" in out.result.end_reason
+    # The reason names the suspect looked at (either rank: both fall silent after step 6; under
+    # load rank 1 can lag, rank 0 be named first, look "asleep" and be left alone until a look a
+    # limit later) and what the look found: rank 1 stopped.
+    reason = out.result.end_reason
+    assert out.result.killed and reason.startswith("hung: rank ") and "after step " in reason, out.result
+    assert "rank 1 (pid " in reason and "stopped (SIGSTOP or a debugger)" in reason, reason
     assert took < 30, took  # a 1 s floor and a second look, not the 2-minute budget
     said = [line for line in shown if line.startswith("launcher: watchdog:")]
-    assert "; the leg is ended" in said[0] and any(
-        line.startswith("launcher: watchdog:   rank 1 (pid ") for line in said
-    )
+    assert [line for line in said if "; the leg is ended" in line], said
+    assert any(line.startswith("launcher: watchdog:   rank 1 (pid ") for line in said), said
     hung = [looked for looked in record["looks"] if looked["hung"]]
     assert hung and "rank 1 (pid" in hung[0]["hung"], record["looks"]
     stacks = Path(hung[0]["stacks"]).read_text()

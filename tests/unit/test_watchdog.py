@@ -42,8 +42,8 @@ def test_fast_steps_are_judged_against_the_floor() -> None:
     assert suspect.line() == "rank 0 silent 15.5 s after step 21 (its last event `step`; limit 15.0 s while stepping)"
 
 
-def test_slow_steps_are_judged_against_ten_times_their_own_p99() -> None:
-    dog = stepped([2.0] * 10 + [2.5])
+def test_slow_steps_are_judged_against_five_times_their_own_p99() -> None:
+    dog = stepped([4.0] * 10 + [5.0])
     end = last_t(dog)
     assert dog.ranks[0].limit(POLICY) == 25.0
     assert dog.suspects(end + 24.0) == []
@@ -188,3 +188,20 @@ def test_a_leg_is_called_hung_only_where_the_look_shows_it() -> None:
     assert confirm([Look(12, None, "S", 1.0, evaluating)]) is None  # no rank to wait on
     assert confirm([Look(13, None, "S", 1.0, in_all_reduce)]) is None  # torchrun's agent, not a rank
     assert confirm([]) is None  # nothing to look at (sky's machines): never ended on silence alone
+
+
+def test_a_rank_still_silent_is_looked_at_again_a_limit_later_and_a_new_silence_is_a_new_suspect() -> None:
+    from launcher.checks.watchdog import LiveWatch
+
+    live = LiveWatch(POLICY)
+    live.begin(T0)
+    for i in range(1, 10):
+        live.hear_line(step_line(T0 + i, i), T0 + i)
+    assert [s.rank for s in live.judge(T0 + 25)] == [0]  # 16 s of 15: named, looked at
+    assert live.judge(T0 + 30) == []  # looked at 5 s ago: not yet again
+    [again] = live.judge(T0 + 40.5)  # a limit (15 s) after the last look: looked at again
+    assert again.since == T0 + 9 and len(live.found) == 1  # the same silence: one suspect
+    live.hear_line(step_line(T0 + 41, 10), T0 + 41)  # it spoke again: its 32 s gap is now its p99
+    assert live.judge(T0 + 57) == []  # 16 s: under 5 x 32 s
+    [fresh] = live.judge(T0 + 202)  # silent again past 160 s: a second suspect
+    assert fresh.last_step == 10 and fresh.limit_s == 160.0 and len(live.found) == 2
