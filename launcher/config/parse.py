@@ -126,6 +126,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(key, f"key {show(k)} is not a plain string")
             out[k] = coerce(v, args[1], f"{key}.{k}")
         return out
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {show(value)}")
+        return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"must be a number, got {show(value)}")

@@ -279,6 +279,7 @@ for _key, _bad in (("multiple", [1, 1.5, 1001]), ("floor_s", [0.5, 86_401]), ("f
     BAD_VALUES[("trainer", "watchdog", _key)] = [*_bad, NAN, INF, "10", True, None, []]
 BAD_VALUES[("trainer", "watchdog")] = ["loose", 3, [], {"floor": 15}]
 BAD_VALUES[("trainer", "watchdog", "act")] = ["yes", 1, None, [], "true"]
+BAD_VALUES[("trainer", "deterministic")] = ["yes", 0, None, [], "false"]  # the first bool key: refused, never a crash
 for _float_key in (("rungs", "smoke", "budget_minutes"), ("quota", "gpu_hours"), ("trainer", "events_grace_s")):
     BAD_VALUES.setdefault(_float_key, []).extend(RAW_FLOATS)
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone

@@ -166,6 +166,7 @@ def test_the_runtimes_own_lines_are_no_sign_that_the_trainer_speaks(tmp_path: Pa
     from types import SimpleNamespace
 
     from launcher.checks.evidence import LegEvents, silent
+    from launcher.config.schema import Config
     from launcher.legs import _Watch
 
     said = {"event": "log", "t": 1.0, "rank": 0, "level": "info", "source": "setup", "message": "torch 2.13.0+cpu"}
@@ -173,7 +174,7 @@ def test_the_runtimes_own_lines_are_no_sign_that_the_trainer_speaks(tmp_path: Pa
     log.write_text(f"(worker1, rank=1, pid=7, ip=127.0.0.1) {json.dumps(said)}\nTraceback (most recent call last):\n")
     assert silent(LegEvents.read(0, log))
     watch = _Watch(
-        SimpleNamespace(show=lambda leg, line: None),  # type: ignore[arg-type]
+        SimpleNamespace(show=lambda leg, line: None, cfg=Config(project="t")),  # type: ignore[arg-type]
         SimpleNamespace(leg=0),  # type: ignore[arg-type]
         0.0,
         SimpleNamespace(hold_at=None, sigterm_at=None),  # type: ignore[arg-type]
