@@ -126,6 +126,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(key, f"key {show(k)} is not a plain string")
             out[k] = coerce(v, args[1], f"{key}.{k}")
         return out
+    return scalar(value, tp, key)
+
+
+def scalar(value: Any, tp: Any, key: str) -> Any:
+    """`value` checked against a scalar annotation (bool, float, int, str)."""
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, f"must be true or false, got {show(value)}")
