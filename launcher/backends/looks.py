@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.backends.leash import proc_stat
+
 STATES = {"R": "running", "S": "asleep", "D": "in uninterruptible I/O", "T": "stopped", "t": "stopped", "Z": "ended"}
 COLLECTIVES = re.compile(
     r"\b(all_reduce|allreduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|"
@@ -122,13 +124,10 @@ def _main_thread(stack: str) -> list[str]:
 
 def _stat(pid: int) -> tuple[str, float] | None:
     """(state letter, user + system CPU seconds) of a live process, None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return None
-    fields = text.rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return fields[0], (int(fields[11]) + int(fields[12])) / ticks
+    return fields[0].decode(), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rank(pid: int) -> int | None:

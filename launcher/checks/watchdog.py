@@ -101,6 +101,10 @@ class Rhythm:
             self.phase = QUIET
         self.last_t, self.last_event = t, name
 
+    def silent_since(self) -> float:
+        """When its present silence began: its last event, or the leg's start."""
+        return self.last_t if self.last_t is not None else self.since
+
     def limit(self, policy: Policy) -> float | None:
         """Seconds of silence allowed now (None: not judged)."""
         if self.phase == STARTING:
@@ -115,7 +119,7 @@ class Rhythm:
 
     def suspect(self, now: float, policy: Policy) -> Suspect | None:
         limit = self.limit(policy)
-        began = self.last_t if self.last_t is not None else self.since
+        began = self.silent_since()
         if limit is None or now - began <= limit:
             return None
         return Suspect(self.rank, now - began, limit, self.phase, self.last_event or "none", self.last_step, began)
@@ -150,9 +154,7 @@ class Watchdog:
     def closest(self, now: float) -> float:
         """The largest silence / limit over the ranks now (1.0 and above: a suspect)."""
         ratios = [
-            (now - (r.last_t if r.last_t is not None else r.since)) / limit
-            for r in self.ranks.values()
-            if (limit := r.limit(self.policy)) is not None
+            (now - r.silent_since()) / limit for r in self.ranks.values() if (limit := r.limit(self.policy)) is not None
         ]
         return max(ratios, default=0.0)
 
