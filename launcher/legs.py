@@ -139,6 +139,8 @@ class LegOutcome:
     """When the launcher sent the leg's planned stop (the SIGTERM, or the freeze of a hold)."""
     python: str | None = None
     """The interpreter that ran the trainer where it ran on this host (the local backend), else None."""
+    watchdog: dict[str, Any] | None = None
+    """Its watchdog's record, as the ledger keeps it (launcher.checks.watchdog.LiveWatch.record)."""
 
 
 class _Watch:
@@ -153,8 +155,11 @@ class _Watch:
         ending: Ending,
         kill_when: Callable[[str], bool] | None,
         lose_node: int | None = None,
+        tap: Callable[[str, LegHandle], None] | None = None,
     ) -> None:
         self.ctx, self.spec, self.deadline, self.ending, self.kill_when = ctx, spec, deadline, ending, kill_when
+        self.tap = tap
+        """Hears every line with the leg's handle (a drill's hand on the running leg: drill hang)."""
         self.lose_node = lose_node
         """On `kill_when`'s line, lose this node alone rather than kill the leg (a drill's node-lost)."""
         self.trigger = threading.Event()
@@ -169,6 +174,8 @@ class _Watch:
         ctx, ending, leg = self.ctx, self.ending, self.spec.leg
         ctx.show(leg, line)
         self.live.hear_line(line, time.time())
+        if self.tap is not None and self.started:
+            self.tap(line, self.started[0])
         # A `log` event may come from beside the trainer (a sky leg's notice watcher): it is no
         # sign that the trainer speaks the contract.
         if not self.spoke.is_set() and '{"event": ' in line and '{"event": "log"' not in line:
@@ -292,6 +299,7 @@ def run_leg(
     at_kill: Callable[[], str] | None = None,
     ending: Ending = Ending(),
     lose_node: int | None = None,
+    tap: Callable[[str, LegHandle], None] | None = None,
 ) -> LegOutcome:
     """Launch one leg on a fresh instance, wait within its budget, record it.
 
@@ -317,7 +325,7 @@ def run_leg(
         log_path,
         ctx.gpus,
     )
-    watch = _Watch(ctx, spec, deadline, ending, kill_when, lose_node)
+    watch = _Watch(ctx, spec, deadline, ending, kill_when, lose_node, tap)
     try:
         handle = ctx.backend.launch(spec, on_line=watch.on_line, on_instance=watch.record)
     except BaseException:
@@ -336,10 +344,11 @@ def run_leg(
             result = ctx.backend.kill(handle, reason="launcher interrupted")
         if result.killed:
             ctx.show(leg, f"launcher: leg {leg} killed ({result.end_reason})\n")
-        ctx.ledger.note_leg(ctx.run_id, leg, watchdog=json.dumps(watch.live.record()))
+        watched = watch.live.record()
+        ctx.ledger.note_leg(ctx.run_id, leg, watchdog=json.dumps(watched))
         record_end(ctx, leg, result)
     here = trainer_python(ctx.cfg.trainer.command) if ctx.backend.name == "local" else None
-    return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at, here)
+    return LegOutcome(result, LegEvents.read(leg, log_path), watch.acted_at, here, watched)
 
 
 def record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:

@@ -298,8 +298,8 @@ def _xdist_controller(config: pytest.Config) -> bool:
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001 - pytest's reporter
     """Every leg the run launched was watched (launcher.checks.watchdog): how many, the suspects
     among those watched with the default policy and those of them called hung (a false alarm
-    each: no test hangs a leg under it; tests/legs/test_watchdog_live.py quiets and stops legs
-    under a 1 s floor), the closest call. Read from the ledgers under --basetemp, in the process
+    each: no test hangs a leg under it but `drill hang`'s, counted apart; tests/legs/test_watchdog_live.py
+    quiets and stops legs under a 1 s floor), the closest call. Read from the ledgers under --basetemp, in the process
     that reports."""
     from dataclasses import asdict
 
@@ -308,11 +308,15 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
     if _xdist_worker(config) or not config.option.basetemp:
         return
     default = json.loads(json.dumps(asdict(Policy())))
-    legs = watched = suspects = spoke = hung = 0
+    legs = watched = suspects = spoke = hung = drilled = found = 0
     closest = 0.0
     for db in Path(config.option.basetemp).rglob("ledger.db"):
         for record in _watchdog_records(db):
             legs += 1
+            if record.get("drilled"):  # `drill hang` stopped a rank of it: a hang to find, not an alarm
+                drilled += 1
+                found += any(look.get("hung") for look in record.get("looks", []))
+                continue
             if record.get("policy") != default:
                 continue
             watched += 1
@@ -323,7 +327,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
     if legs:
         terminalreporter.write_line(
             f"watchdog: {legs} legs watched, {watched} under the default policy: {suspects} suspects "
-            f"({spoke} of them spoke again, {hung} called hung), closest call {closest:.3f} of a limit"
+            f"({spoke} of them spoke again, {hung} called hung), closest call {closest:.3f} of a limit; "
+            f"{found} of {drilled} drilled hangs found"
         )
 
 

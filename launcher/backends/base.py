@@ -132,6 +132,8 @@ class Backend:
     """`terminate` works: the leg gets the trainer's graceful stop (SIGTERM)."""
     can_lose_node: bool = False
     """`lose_node` works on a leg of several nodes: one node dies alone, as a lost machine does."""
+    can_look: bool = False
+    """`pids` reaches the leg's processes on this host (the watchdog's look, `drill hang`'s SIGSTOP)."""
     sigterm_deletes: bool = False
     """`signal_leg(SIGTERM)` deletes the leg's machine right after the signal, without waiting for the
     trainer's final push (sky: SkyPilot's graceful cancel): `launcher stop` first waits for a

@@ -86,6 +86,7 @@ class DockerBackend(Backend):
     can_freeze = True
     can_terminate = True
     can_lose_node = True
+    can_look = True
 
     def __init__(self, image: str, network: str = "host", cfg: Config | None = None, nodes: int = 1) -> None:
         self.image = image

@@ -151,6 +151,7 @@ class LocalBackend(Backend):
     can_freeze = True
     can_terminate = True
     can_lose_node = True
+    can_look = True
 
     def __init__(
         self, root: Path | None = None, keep_dirs: bool | None = None, cfg: Config | None = None, nodes: int = 1

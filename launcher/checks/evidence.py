@@ -59,7 +59,11 @@ class Kind(StrEnum):
     PREEMPT_NOTICE = "preempt_notice"
     """A preempted leg's final checkpoint verified inside its notice (`leg`; facts: the timeline)."""
     WORK_LOST = "work_lost"
-    """The steps and seconds a preemption lost (`leg`; facts: steps, seconds, resumed_at)."""
+    """The steps and seconds a preemption or a hang lost (`leg`; facts: steps, seconds, resumed_at)."""
+    # launcher/rungs/drill_hang.py
+    HANG_FOUND = "hang_found"
+    """The watchdog called the drill's stopped rank hung, with stacks (`leg`; facts: detected_s,
+    p99_step_s, times_p99, limit_s, stacks)."""
     # launcher/rungs/resume_legs.py, launcher/rungs/run.py, launcher/checks/leg.py, launcher/up.py
     STOPPED_AS_ASKED = "stopped_as_asked"
     """A leg the launcher ended by SIGTERM or its deadline stopped on it (`leg`; facts: want, got)."""

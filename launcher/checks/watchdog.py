@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,7 @@ class LiveWatch:
             self.looks.append(
                 {
                     "rank": suspect.rank,
+                    "t": round(time.time(), 3),
                     "processes": [p.line() for p in seen],
                     "stacks": str(stacks) if stacks else None,
                     "hung": hung,

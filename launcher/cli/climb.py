@@ -159,7 +159,7 @@ def drill_cold_resume(
     json_out: bool = JSON,
 ) -> None:
     """Kill the instance at a chosen moment, relaunch on an empty disk, check the resume; N times."""
-    from launcher.up import drill as run_drill
+    from launcher.cli.drills import drill as run_drill
 
     cfg = load(config)
     with leg_view(verbose, json_out) as view:
@@ -187,9 +187,31 @@ def drill_preempt(
     json_out: bool = JSON,
 ) -> None:
     """A spot preemption: SIGTERM at a step, the kill N seconds later; then a fresh leg resumes."""
-    from launcher.up import preempt
+    from launcher.cli.drills import preempt
 
     cfg = load(config)
     with leg_view(verbose, json_out) as view:
         outcome = preempt(cfg, config, backend, notice, at_step, view, allow_overdraft)
     show_outcome(outcome, "drill preempt", verbose, json_out, None)
+
+
+@drill_app.command("hang")
+def drill_hang(
+    rank: int = typer.Option(1, "--rank", click_type=WHOLE, help="The rank to stop (its RANK; default 1)."),
+    at_step: Optional[int] = typer.Option(
+        None, "--at-step", click_type=WHOLE, help="The step it stops at (default: half way)."
+    ),
+    backend: str = typer.Option("local", "--backend", help="local | docker"),
+    nodes: int = typer.Option(1, "--nodes", click_type=WHOLE, help="Nodes per leg (local, docker)."),
+    allow_overdraft: bool = OVERDRAFT,
+    verbose: bool = VERBOSE,
+    config: Path = CONFIG,
+    json_out: bool = JSON,
+) -> None:
+    """A hung rank: SIGSTOP to one rank at a step; the watchdog must find it and end the leg, then a fresh leg resumes."""
+    from launcher.cli.drills import hang
+
+    cfg = load(config)
+    with leg_view(verbose, json_out) as view:
+        outcome = hang(cfg, config, backend, rank, at_step, nodes, view, allow_overdraft)
+    show_outcome(outcome, "drill hang", verbose, json_out, None)

@@ -134,6 +134,8 @@ def _write(
         for run in runs:  # every leg log of every run reported: the whole record, not only cited lines
             for ev in run.legs:
                 cite.logs.setdefault(f"evidence/{run.id}/leg-{ev.leg}.log", ev.log)
+            for stacks in watchdog_stacks(run.row):
+                cite.logs.setdefault(f"evidence/{run.id}/{stacks.name}", stacks)
         for rel, src in sorted(cite.logs.items()):
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -225,3 +227,12 @@ def check(folder: Path) -> list[str]:
     if _digest(signed) != digest:
         problems.append(f"{SIGNATURE}: the file list does not match its digest")
     return problems
+
+
+def watchdog_stacks(row: dict[str, Any]) -> list[Path]:
+    """The stacks each leg's watchdog took at a suspect (launcher.checks.watchdog), from the ledger."""
+    found = []
+    for leg in row["legs"]:
+        record = leg.get("watchdog") or {}
+        found += [Path(look["stacks"]) for look in record.get("looks", []) if isinstance(look.get("stacks"), str)]
+    return found

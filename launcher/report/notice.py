@@ -17,6 +17,7 @@ between interruptions): `spot.mtbf_hours` when configured, else a published figu
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from launcher.cadence import NOTICE_S, compare, fits_notice, goodput
@@ -228,6 +229,31 @@ def preempt_drills(runs: list[RunData]) -> list[dict[str, Any]]:
                     "lost_seconds": facts.get("seconds"),
                     "resumed_at": facts.get("resumed_at"),
                     "lost": lost[0]["detail"],
+                }
+            )
+    return out
+
+
+def hang_drills(runs: list[RunData]) -> list[dict[str, Any]]:
+    """Each reported `drill hang`: the watchdog's detection (launcher.rungs.drill_hang) and the
+    stacks it took, cited in the report's evidence."""
+    out = []
+    for run in runs:
+        checks = run.row.get("checks", [])
+        found, lost = find(checks, Kind.HANG_FOUND), find(checks, Kind.WORK_LOST)
+        if found:
+            facts = found[0].get("facts") or {}
+            stacks = facts.get("stacks")
+            out.append(
+                {
+                    "run": run.id,
+                    "ok": bool(found[0]["ok"]),
+                    "found": found[0]["detail"],
+                    "detected_s": facts.get("detected_s"),
+                    "p99_step_s": facts.get("p99_step_s"),
+                    "limit_s": facts.get("limit_s"),
+                    "stacks": f"evidence/{run.id}/{Path(stacks).name}" if stacks else None,
+                    "lost": lost[0]["detail"] if lost else None,
                 }
             )
     return out

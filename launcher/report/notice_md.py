@@ -10,6 +10,11 @@ def notice_lines(p: dict[str, Any]) -> list[str]:
     lines = _fits(p.get("notice")) + _cadence(p.get("cadence"))
     for d in p.get("drills", []):
         lines.append(f"- **Preemption drill** ({d['run']}): {d['notice']}; work lost: {d['lost']}.")
+    for h in p.get("hangs", []):
+        verdict = "" if h["ok"] else "**FAIL**: "
+        lines.append(f"- **Hang drill** ({h['run']}): {verdict}{h['found']}; work lost: {h['lost']}.")
+        if h["stacks"]:
+            lines.append(f"  - evidence (every process's stacks at the call): `{h['stacks']}`")
     return lines
 
 

@@ -107,13 +107,21 @@ def select_runs(ledger: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
     if not every:
         raise BadInput("nothing to report: the ledger has no runs yet (start with `launcher up static`)")
     digest = every[0]["files_digest"]
-    newest: dict[tuple[str, bool, bool], dict[str, Any]] = {}
+    newest: dict[tuple[str, bool, str], dict[str, Any]] = {}
     for row in every:  # newest first; a GPU run is kept beside a newer CPU dress rehearsal of its rung,
-        # and a `drill preempt` beside the kill drill (its question is the notice, not the kills)
+        # and a `drill preempt` or `drill hang` beside the kill drill (its question is not the kills)
         if row["files_digest"] == digest and row["ended_at"] is not None:
-            preempt = bool(find(row.get("checks", []), Kind.PREEMPT_NOTICE))
-            newest.setdefault((row["rung"], bool(row["gpu_count"]), preempt), row)
-    return [newest[(r, g, p)] for r in RUNG_ORDER for g in (True, False) for p in (False, True) if (r, g, p) in newest]
+            newest.setdefault((row["rung"], bool(row["gpu_count"]), drill_question(row)), row)
+    return [newest[k] for r in RUNG_ORDER for g in (True, False) for q in QUESTIONS if (k := (r, g, q)) in newest]
+
+
+QUESTIONS = ("kills", "preempt", "hang")
+
+
+def drill_question(row: dict[str, Any]) -> str:
+    """What a drill asked: its kills (cold-resume), a notice (preempt) or a hung rank (hang)."""
+    checks = row.get("checks", [])
+    return "preempt" if find(checks, Kind.PREEMPT_NOTICE) else "hang" if find(checks, Kind.HANG_FOUND) else "kills"
 
 
 def load_run(row: dict[str, Any]) -> RunData:

@@ -138,21 +138,31 @@ def check_notice(out: LegOutcome, notice_s: float, at_step: int, expected: int |
     )
 
 
-def check_work_lost(killed: LegEvents, resumed: LegEvents, notice_s: float) -> Check:
-    """The steps the preempted leg trained past the checkpoint the next one resumed from, and
-    the seconds they took: what the preemption cost (a statement; the notice check judges)."""
+def check_work_lost(
+    killed: LegEvents,
+    resumed: LegEvents,
+    notice_s: float | None,
+    cause: str = "the preemption",
+    end: float | None = None,
+) -> Check:
+    """The steps the lost leg trained past the checkpoint the next one resumed from, and the
+    seconds they took (to `end`, the leg's end, where the time after its last step was lost too,
+    as a hung rank's is): what the loss cost (a statement; the drill's other checks judge)."""
     trained = {int(e["step"]): float(e.get("t", 0.0)) for _, e in killed.all("step")}
     resume = resumed.first("resume")
     at = int(resume[1]["from_step"]) if resume else 0
     last = max(trained, default=0)
     lost = max(0, last - at)
     start = trained.get(at) if at in trained else (min(trained.values()) if trained else None)
-    seconds = round(trained[last] - start, 2) if lost and start is not None else 0.0
+    until = end if end is not None else trained.get(last)
+    seconds = round(until - start, 2) if (lost or end is not None) and start is not None and until else 0.0
+    how = "" if notice_s is None else f" ({notice_s:g} s of notice)" if notice_s else " (no notice)"
+    spent = "of training" if end is None else "from that checkpoint's step to the leg's end"
     return Check(
-        f"leg {killed.leg}: work lost to the preemption",
+        f"leg {killed.leg}: work lost to {cause}",
         True,
-        f"{lost} steps ({seconds} s of training): leg {killed.leg} trained to step {last}, leg "
-        f"{resumed.leg} resumed at step {at}" + (f" ({notice_s:g} s of notice)" if notice_s else " (no notice)"),
+        f"{lost} steps ({seconds} s {spent}): leg {killed.leg} trained to step {last}, leg "
+        f"{resumed.leg} resumed at step {at}{how}",
         kind=Kind.WORK_LOST,
         leg=killed.leg,
         facts={"steps": lost, "seconds": seconds, "resumed_at": at},

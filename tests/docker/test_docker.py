@@ -302,3 +302,27 @@ def test_two_nodes_in_containers_survive_a_node_lost_mid_push(built: Path) -> No
     assert containers(f"preflight-{res.json()['run_id']}") == []
     networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
     assert not [n for n in networks.stdout.split() if res.json()["run_id"] in n]
+
+
+def test_a_hung_rank_in_a_container_is_found_and_the_run_resumes(built: Path) -> None:
+    """`drill hang --backend docker --nodes 2`: rank 1, alone in node 1's container, is stopped
+    from this host at step 4; the leg's watchdog finds it by its silence, reads every process of
+    both containers from the host (RANK, state, py-spy's stacks), ends the leg, and two fresh
+    containers resume from the store. The same checks as the local drill's
+    (tests/legs/test_drill_hang.py)."""
+    from tests.legs.test_drill_hang import SLOW_STEPS, check_hang
+
+    before = (built / "launcher.yaml").read_text()
+    edit_config(built, trainer__command=f"python {SLOW_STEPS}", rungs__drill={"steps": 8, "budget_minutes": 5})
+    try:
+        assert run_cli(["review"], cwd=built).code == 0
+        res = run_cli(
+            ["drill", "hang", "--backend", "docker", "--nodes", "2", "--at-step", "4", "--json"], cwd=built, timeout=900
+        )
+        assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+        run = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=built).json()[0]
+        check_hang(res.json()["checks"], run, rank=1)
+        assert containers(f"preflight-{res.json()['run_id']}") == []
+    finally:
+        (built / "launcher.yaml").write_text(before)
+        assert run_cli(["review"], cwd=built).code == 0

@@ -1,0 +1,78 @@
+"""`launcher drill hang` on the local backend: one of two ranks stopped at a step is found by the
+leg's own watchdog under the default policy, its stacks taken, the leg ended, and the run resumed
+from the store to its end (launcher.rungs.drill_hang). The docker backend's:
+tests/docker/test_docker.py::test_a_hung_rank_in_a_container_is_found_and_the_run_resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.checks.evidence import Kind
+from tests.helpers import assert_one_line_error, check, edit_config, failed, run_cli
+
+SLOW_STEPS = "train.py --ckpt-every 2 --data-delay 2.5"
+"""Steps of about 2.5 s (a sleep in the trainer's data read): the detection time (the default
+policy's 15 s floor, then a look) falls under 10 x the leg's p99 step time. At the suite's usual
+0.1 s steps the floor is 150 x it; docs/watchdog.md says why the floor is there."""
+
+
+def check_hang(checks: list[dict], run: dict, rank: int) -> dict:
+    """The drill's checks all PASS, the hang was found within 10 x p99 and 30 s, and the leg's
+    ledger row and stacks name the stopped rank. Returns the hang's facts."""
+    assert not failed(checks), failed(checks)
+    facts = check(checks, Kind.HANG_FOUND, leg=0)["facts"]
+    assert 0 < facts["detected_s"] < min(30.0, 10 * facts["p99_step_s"]), facts
+    assert facts["limit_s"] == 15.0 and facts["p99_step_s"] > 2.0, facts  # the floor: 5 x p99 is under it
+    leg0 = run["legs"][0]
+    # The suspect named first may be a peer (it falls silent too, waiting for the stopped rank, and
+    # can be the one furthest past its limit); the look names the rank that is stopped.
+    reason = leg0["end_reason"]
+    assert leg0["killed"] and reason.startswith("hung: rank ") and f"; rank {rank} (pid " in reason, reason
+    assert "stopped (SIGSTOP or a debugger)" in reason, reason
+    [hung] = [each for each in leg0["watchdog"]["looks"] if each["hung"]]
+    stacks = Path(hung["stacks"]).read_text()
+    assert f"== rank {rank} (pid {facts['pids'][0]}): stopped (SIGSTOP or a debugger)" in stacks, stacks
+    assert "(train.py:" in stacks, stacks  # its Python frames, read while it was stopped
+    assert check(checks, Kind.RESUMED_NEWEST, leg=1)["facts"]["resumed_at"] == 4
+    assert not run["legs"][1]["killed"] and run["legs"][1]["exit_code"] == 0
+    return facts
+
+
+def test_a_stopped_rank_is_found_in_seconds_and_the_run_resumes(project: Path) -> None:
+    edit_config(
+        project,
+        trainer__command=f"torchrun --standalone --nproc_per_node=2 {SLOW_STEPS}",
+        rungs__drill={"steps": 8, "budget_minutes": 5},
+    )
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["drill", "hang", "--at-step", "4", "--json"], cwd=project, timeout=600)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    out = res.json()
+    run = run_cli(["ledger", out["run_id"], "--json"], cwd=project).json()[0]
+    facts = check_hang(out["checks"], run, rank=1)
+    # The report states the figure and carries the stacks in its evidence.
+    folder = project / "report"
+    assert run_cli(["report", "--out", str(folder)], cwd=project).code == 0
+    md = (folder / "preflight.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- **Hang drill**"))
+    assert f"called hung {facts['detected_s']:.1f} s later" in line, line
+    cited = f"evidence/{out['run_id']}/{Path(facts['stacks']).name}"
+    assert f"`{cited}`" in md and "stopped (SIGSTOP" in (folder / cited).read_text()
+    assert json.loads((folder / "preflight.json").read_text())["plan"]["hangs"][0]["detected_s"] == facts["detected_s"]
+    assert run_cli(["report", "--check", str(folder)], cwd=project).code == 0
+
+
+def test_drill_hang_refuses_what_it_cannot_drill(project: Path) -> None:
+    """Bad input in one line, exit 2, before anything is recorded."""
+    for args, said in (
+        (["--backend", "sky"], "cannot reach a leg's processes"),
+        (["--at-step", "1"], "--at-step must lie in 2..39"),
+        (["--at-step", "40"], "--at-step must lie in 2..39"),
+        (["--backend", "nowhere"], "unknown backend"),
+    ):
+        res = run_cli(["drill", "hang", *args], cwd=project)
+        assert_one_line_error(res, 2, said)
+    edit_config(project, trainer__watchdog={"act": False})
+    assert_one_line_error(run_cli(["drill", "hang"], cwd=project), 2, "needs trainer.watchdog.act: true")
+    assert not (project / ".launcher" / "ledger.db").exists() or not run_cli(["ledger", "--json"], cwd=project).json()
