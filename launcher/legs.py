@@ -102,19 +102,19 @@ class RunContext:
 
         return open_store(self.store_uri, f"runs/{self.run_id}", key=self.store_key)
 
-    def billed(self, result: LegResult) -> tuple[float, float | None, str]:
-        """(GPU-hours, USD, cost source) of a leg: instance-seconds x GPUs per node; priced per
-        instance-hour where the backend knows the instance's price (host VM included), else
-        per GPU-hour from the config's prices."""
+    def billed(self, result: LegResult) -> tuple[float, float, float | None, str]:
+        """(instance-seconds, GPU-hours, USD, cost source) of a leg: GPU-hours are instance-seconds
+        x GPUs per node; priced per instance-hour where the backend knows the instance's price
+        (host VM included), else per GPU-hour from the config's prices."""
         seconds = result.billed_seconds if result.billed_seconds is not None else result.wall_seconds
         gpu_per_instance = self.gpus.count if self.gpus else 0
         hours = seconds / 3600.0 * gpu_per_instance
         if result.instance_hourly_usd is not None:
-            return hours, seconds / 3600.0 * result.instance_hourly_usd, result.cost_source or "backend"
+            return seconds, hours, seconds / 3600.0 * result.instance_hourly_usd, result.cost_source or "backend"
         price = self.cfg.prices.get(self.gpus.name) if self.gpus else None
         if price is not None:
-            return hours, hours * price, "config prices"
-        return hours, (0.0 if gpu_per_instance == 0 and self.backend.name != "sky" else None), "none"
+            return seconds, hours, hours * price, "config prices"
+        return seconds, hours, (0.0 if gpu_per_instance == 0 and self.backend.name != "sky" else None), "none"
 
 
 def _rank0_event(line: str, name: str) -> dict | None:
@@ -124,11 +124,6 @@ def _rank0_event(line: str, name: str) -> dict | None:
     if event is None or event["event"] != name or event.get("rank", 0) != 0:
         return None
     return event
-
-
-def _step_of(line: str) -> int | None:
-    event = _rank0_event(line, "step")
-    return None if event is None else int(event["step"])
 
 
 @dataclass
@@ -194,7 +189,7 @@ class _Watch:
             self.acted_at = float(held.get("t") or time.time())  # the `hold` event itself is shown as it comes
         if ending.sigterm_at is None or not self.started or "term" in self.sent:
             return
-        step = _step_of(line)
+        step = None if (stepped := _rank0_event(line, "step")) is None else int(stepped["step"])
         if step is None and ending.hold_at is not None:  # a leg holding for its SIGTERM may print no step
             held = _rank0_event(line, "hold")  # line first (an adapter's step event can come after)
             step = None if held is None else int(held["step"])
@@ -365,9 +360,10 @@ def record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:
             end_reason="launch interrupted before it started",
             billed_gpu_hours=0.0,
             cost_usd=0.0,
+            billed_s=0.0,
         )
         return
-    hours, cost, source = ctx.billed(result)
+    seconds, hours, cost, source = ctx.billed(result)
     ctx.ledger.end_leg(
         ctx.run_id,
         leg,
@@ -380,6 +376,7 @@ def record_end(ctx: RunContext, leg: int, result: LegResult | None) -> None:
         cost_source=source,
         placement=result.placement,
         nodes=result.nodes,
+        billed_s=seconds,
     )
 
 

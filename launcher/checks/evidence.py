@@ -60,6 +60,9 @@ class Kind(StrEnum):
     """A preempted leg's final checkpoint verified inside its notice (`leg`; facts: the timeline)."""
     WORK_LOST = "work_lost"
     """The steps and seconds a preemption or a hang lost (`leg`; facts: steps, seconds, resumed_at)."""
+    # launcher/checks/hours.py
+    HOURS = "hours"
+    """A run's billed time split into productive steps and each loss, summing to the bill (facts: goodput, off)."""
     # launcher/rungs/drill_hang.py
     HANG_FOUND = "hang_found"
     """The watchdog called the drill's stopped rank hung, with stacks (`leg`; facts: detected_s,

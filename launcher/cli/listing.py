@@ -28,10 +28,12 @@ def show_ledger(config: Path, run_id: str | None, limit: int, json_out: bool) ->
             db.close()
     if run_id and not runs:
         raise BadInput(f"no run {run_id!r} in the ledger", hint="`launcher ledger` lists the runs")
+    from launcher.checks.hours import account, describe_hours
+
     if json_out:
         from launcher.cli.render import print_json
 
-        print_json(runs)
+        print_json([{**run, "hours": account(run)} for run in runs])  # where the billed time went
         return
     from launcher.cli.render import console, print_ledger
 
@@ -39,3 +41,5 @@ def show_ledger(config: Path, run_id: str | None, limit: int, json_out: bool) ->
         console.print(f"no runs recorded yet (ledger: {cfg.state_path / 'ledger.db'})")
     else:
         print_ledger(console, runs)
+    if run_id:
+        console.print(f"hours: {describe_hours(account(runs[0]))}", markup=False)

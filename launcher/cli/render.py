@@ -345,6 +345,10 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         out.print(f"  step time: {escape(b['summary'])}")
     if s.get("efficiency"):
         out.print(f"  efficiency: {escape(s['efficiency']['summary'])}")
+    if s.get("hours"):
+        from launcher.checks.hours import describe_hours
+
+        out.print(f"  hours so far: {escape(describe_hours(s['hours']))}")
     if s.get("gpu_idle"):
         out.print(f"  GPU utilisation: {escape(s['gpu_idle']['summary'])}")
     _print_log_findings(out, s)

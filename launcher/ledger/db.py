@@ -189,11 +189,12 @@ class Ledger(Spending):
         cost_source: str | None = None,
         placement: dict[str, str] | None = None,
         nodes: list[dict[str, Any]] | None = None,
+        billed_s: float | None = None,
     ) -> None:
         with self.transaction() as db:
             db.execute(
                 "UPDATE legs SET ended_at=?, exit_code=?, killed=?, end_reason=?, billed_gpu_hours=?, cost_usd=?,"
-                " cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement),"
+                " billed_s=?, cost_source=COALESCE(?, cost_source), placement=COALESCE(?, placement),"
                 " nodes=COALESCE(?, nodes) WHERE run_id=? AND leg=?",
                 (
                     ended_at,
@@ -202,6 +203,7 @@ class Ledger(Spending):
                     end_reason,
                     billed_gpu_hours,
                     cost_usd,
+                    billed_s,
                     cost_source,
                     json.dumps(placement, sort_keys=True) if placement else None,
                     json.dumps(nodes) if nodes else None,

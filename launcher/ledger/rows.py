@@ -51,6 +51,8 @@ class LegRow(TypedDict):
     killed: bool
     end_reason: str | None
     billed_gpu_hours: float | None
+    billed_s: float | None
+    """Instance-seconds billed: every node, the provider's rounding included (None: before schema 13)."""
     cost_usd: float | None
     task_sha256: str | None
     pid: int | None
@@ -185,6 +187,7 @@ LEG_NUMBERS = (
     "ended_at",
     "exit_code",
     "billed_gpu_hours",
+    "billed_s",
     "cost_usd",
     "pid",
     "killed",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 # Forward migrations, applied in order to ledgers written by older versions.
 MIGRATIONS = {
     2: ["ALTER TABLE runs ADD COLUMN image TEXT"],
@@ -28,6 +28,7 @@ MIGRATIONS = {
     10: ["ALTER TABLE legs ADD COLUMN run_sha256 TEXT", "ALTER TABLE legs ADD COLUMN nodes TEXT"],
     11: ["ALTER TABLE legs ADD COLUMN request_id TEXT"],
     12: ["ALTER TABLE legs ADD COLUMN watchdog TEXT"],
+    13: ["ALTER TABLE legs ADD COLUMN billed_s REAL"],
 }
 
 SCHEMA = """
@@ -120,6 +121,7 @@ CREATE TABLE IF NOT EXISTS legs (
     nodes       TEXT,                      -- JSON [{node, instance, pid, exit_code, log}]: a leg of several nodes
     request_id  TEXT,                      -- sky: the launch / jobs.launch request on SkyPilot's API server
     watchdog    TEXT,                      -- JSON {policy, closest, suspects}: the leg's ranks watched (launcher.checks.watchdog)
+    billed_s    REAL,                      -- instance-seconds billed, every node, the provider's rounding included
     PRIMARY KEY (run_id, leg)
 );
 CREATE TABLE IF NOT EXISTS stops (

@@ -150,14 +150,21 @@ class Spending:
         return None if row is None else dict(row)
 
     def rebill_leg(
-        self, run_id: str, leg: int, ended_at: float, gpu_hours: float, usd: float | None, reason: str
+        self,
+        run_id: str,
+        leg: int,
+        ended_at: float,
+        gpu_hours: float,
+        usd: float | None,
+        reason: str,
+        billed_s: float | None = None,
     ) -> tuple[float, float | None]:
         """Bill a leg to `ended_at` and the run to the sum of its legs; returns (GPU-h, USD) of the run."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE legs SET ended_at=?, billed_gpu_hours=?, cost_usd=COALESCE(?, cost_usd), "
-                "end_reason=? WHERE run_id=? AND leg=?",
-                (ended_at, gpu_hours, usd, reason, run_id, leg),
+                "billed_s=?, end_reason=? WHERE run_id=? AND leg=?",
+                (ended_at, gpu_hours, usd, billed_s, reason, run_id, leg),
             )
             billed, cost = db.execute(
                 "SELECT COALESCE(SUM(billed_gpu_hours), 0), SUM(cost_usd) FROM legs WHERE run_id=?", (run_id,)

@@ -154,7 +154,9 @@ def settle_leg(
         )
         hours = seconds / 3600.0 * row["gpu_count"]
         usd = None if row["hourly_usd"] is None else seconds / 3600.0 * row["hourly_usd"]
-        billed, cost = ledger.rebill_leg(run_id, leg, ended_at, hours, usd if not nothing_billed else 0.0, reason)
+        billed, cost = ledger.rebill_leg(
+            run_id, leg, ended_at, hours, usd if not nothing_billed else 0.0, reason, seconds
+        )
         ledger.settle_run_reservations(
             run_id, billed, cost or 0.0, "reconciled (launcher died; billed to the cluster's end)"
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.checks.evidence import LegEvents
+from launcher.checks.hours import account
 from launcher.checks.measure import describe_breakdown, step_breakdown
 from launcher.config.schema import Config
 from launcher.efficiency import describe as describe_efficiency
@@ -141,6 +142,7 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         out["run_progress"] = watch(run, legs, left, cfg.prices.get(run["gpu_name"]) if run["gpu_name"] else None)
     row, ev = run["legs"][-1], legs[-1]
     out["leg"] = _leg_state(row, ev)
+    out["hours"] = account(run)
     if ev.items:
         n, e = ev.items[-1]
         out["last_event"] = {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher import __version__
+from launcher.checks.hours import account, check_hours
 from launcher.config.schema import Config
 from launcher.errors import BadInput
 from launcher.ledger.db import Ledger
@@ -78,7 +79,10 @@ def _report_json(
 
 
 def _run_json(r: RunData) -> dict[str, Any]:
+    hours = account(r.row, now=r.row["ended_at"] or time.time())
+    summed = check_hours(hours)
     return {
+        "hours": {**hours, "sums": {"ok": summed.ok, "detail": summed.detail}},
         "id": r.id,
         "rung": r.rung,
         "backend": r.row["backend"],

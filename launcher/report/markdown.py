@@ -72,6 +72,7 @@ def _runs_section(r: dict[str, Any]) -> list[str]:
             f"| {run['id']} | {run['rung']} | {run['backend']} | {run['gpus']} | {run['verdict']} | "
             f"{_num(run['billed_gpu_hours'], 4)} | {_num(run['cost_usd'], 4)} | {run['image'] or '-'} |"
         )
+    out += _hours_table(r["runs"])
     out += [
         "",
         "Legs: "
@@ -270,3 +271,28 @@ def _cell(text: str) -> str:
 
 def _num(value: Any, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _hours_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Where each run's billed time went (launcher.checks.hours), in seconds of instance time."""
+    from launcher.checks.hours import BILLED, LABELS
+
+    out = [
+        "",
+        "Where each run's billed time went, in instance-seconds (docs/hours.md); the time between legs "
+        "is wall-clock time no instance billed:",
+        "",
+        "| run | billed | goodput | " + " | ".join(LABELS[k] for k in BILLED) + " | between legs |",
+        "|---|" + "---|" * (len(BILLED) + 3),
+    ]
+    for run in runs:
+        h = run["hours"]
+        goodput = "-" if h["goodput"] is None else f"{100 * h['goodput']:.1f} %"
+        cells = " | ".join(f"{h['parts'][k]:,.1f}" for k in BILLED)
+        out.append(f"| {run['id']} | {h['billed_s']:,.1f} | {goodput} | {cells} | {h['gap_s']:,.1f} |")
+    out.append("")
+    out += [
+        f"- {run['id']}: {'' if run['hours']['sums']['ok'] else '**FAIL**: '}{run['hours']['sums']['detail']}"
+        for run in runs
+    ]
+    return out

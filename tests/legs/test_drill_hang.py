@@ -36,6 +36,8 @@ def check_hang(checks: list[dict], run: dict, rank: int) -> dict:
     assert "(train.py:" in stacks, stacks  # its Python frames, read while it was stopped
     assert check(checks, Kind.RESUMED_NEWEST, leg=1)["facts"]["resumed_at"] == 4
     assert not run["legs"][1]["killed"] and run["legs"][1]["exit_code"] == 0
+    hung = run["hours"]["legs"][0]["parts"]["hang"]  # the account: leg 0 from its last step to its end
+    assert facts["detected_s"] - 3 < hung < facts["detected_s"] + 5, (hung, facts)
     return facts
 
 
