@@ -34,7 +34,10 @@ def check_hang(checks: list[dict], run: dict, rank: int) -> dict:
     stacks = Path(hung["stacks"]).read_text()
     assert f"== rank {rank} (pid {facts['pids'][0]}): stopped (SIGSTOP or a debugger)" in stacks, stacks
     assert "(train.py:" in stacks, stacks  # its Python frames, read while it was stopped
-    assert check(checks, Kind.RESUMED_NEWEST, leg=1)["facts"]["resumed_at"] == 4
+    # Step 4's checkpoint gathers every rank's state: if the stop lands before rank 1 gave its
+    # part, that checkpoint never completes and the newest verified is step 2's.
+    resumed = check(checks, Kind.RESUMED_NEWEST, leg=1)["facts"]
+    assert resumed["resumed_at"] == resumed["expected"] in (2, 4), resumed
     assert not run["legs"][1]["killed"] and run["legs"][1]["exit_code"] == 0
     hung = run["hours"]["legs"][0]["parts"]["hang"]  # the account: leg 0 from its last step to its end
     assert facts["detected_s"] - 3 < hung < facts["detected_s"] + 5, (hung, facts)

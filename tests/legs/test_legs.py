@@ -74,7 +74,7 @@ def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> N
         parse_gpus("T4:2"),
         lambda leg, line: None,
     )
-    hours, cost, source = ctx.billed(ran(1800.0))
+    _, hours, cost, source = ctx.billed(ran(1800.0))
     assert hours == pytest.approx(1.0) and cost == pytest.approx(0.35) and source == "config prices"
     cpu = legs.RunContext(
         cfg,
@@ -87,7 +87,7 @@ def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> N
         None,
         lambda leg, line: None,
     )
-    assert cpu.billed(ran(1800.0)) == (0.0, 0.0, "none")
+    assert cpu.billed(ran(1800.0)) == (1800.0, 0.0, 0.0, "none")
     unpriced = legs.RunContext(
         cfg,
         rung_named("smoke"),
@@ -99,10 +99,10 @@ def test_billing_is_wall_time_times_gpus_priced_from_config(tmp_path: Path) -> N
         parse_gpus("H200:1"),
         lambda leg, line: None,
     )
-    assert unpriced.billed(ran(3600.0)) == (1.0, None, "none")  # unknown price: no made-up cost
+    assert unpriced.billed(ran(3600.0)) == (3600.0, 1.0, None, "none")  # unknown price: no made-up cost
     # Where the backend priced the whole instance (sky: SkyPilot's optimizer, host VM included),
     # the cost is instance-hours at that price, not GPU-hours at the config's.
-    hours, cost, source = ctx.billed(
+    _, hours, cost, source = ctx.billed(
         ran(1800.0, billed_seconds=1800.0, instance_hourly_usd=1.17, cost_source="skypilot optimizer")
     )
     assert hours == pytest.approx(1.0) and cost == pytest.approx(0.585) and source == "skypilot optimizer"
