@@ -205,3 +205,22 @@ def test_a_rank_still_silent_is_looked_at_again_a_limit_later_and_a_new_silence_
     assert live.judge(T0 + 57) == []  # 16 s: under 5 x 32 s
     [fresh] = live.judge(T0 + 202)  # silent again past 160 s: a second suspect
     assert fresh.last_step == 10 and fresh.limit_s == 160.0 and len(live.found) == 2
+
+
+def test_a_long_legs_gaps_are_binned_and_their_p99_stays_within_one_percent_above() -> None:
+    """Past Gaps.EXACT gaps a rank's are counted in 1 % bins (bounded memory, a p99 in time
+    independent of the leg's length): never under the exact p99, at most 1 % over it."""
+    import random
+
+    from launcher.checks.watchdog import Gaps
+
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-2.0, 0.6) for _ in range(20_000)] + [40.0] * 150  # 0.75 % slow saves
+    gaps = Gaps()
+    for i, value in enumerate(values, start=1):
+        gaps.append(value)
+        if i in (100, Gaps.EXACT, Gaps.EXACT + 1, 10_000, len(values)):
+            exact = p99(values[:i], 5)
+            got = gaps.p99(5)
+            assert (got == exact) if i <= Gaps.EXACT else (exact <= got <= exact * 1.01), (i, exact, got)
+    assert gaps.exact is None and len(gaps) == len(values) and len(gaps.bins) < 700
