@@ -60,6 +60,10 @@ class Kind(StrEnum):
     """A preempted leg's final checkpoint verified inside its notice (`leg`; facts: the timeline)."""
     WORK_LOST = "work_lost"
     """The steps and seconds a preemption or a hang lost (`leg`; facts: steps, seconds, resumed_at)."""
+    # launcher/checks/stragglers.py
+    STRAGGLER = "straggler"
+    """A statement: the rank whose own work the others wait for every step, or none (`leg`; facts:
+    rank, own_s, others_s, excess_s, step_s)."""
     # launcher/checks/hours.py
     HOURS = "hours"
     """A run's billed time split into productive steps and each loss, summing to the bill (facts: goodput, off)."""

@@ -345,6 +345,8 @@ def print_status(out: Console, s: dict[str, Any]) -> None:
         out.print(f"  step time: {escape(b['summary'])}")
     if s.get("efficiency"):
         out.print(f"  efficiency: {escape(s['efficiency']['summary'])}")
+    if s.get("stragglers"):
+        out.print(f"  stragglers: {escape(s['stragglers']['summary'])}")
     if s.get("hours"):
         from launcher.checks.hours import describe_hours
 

@@ -18,6 +18,7 @@ from typing import Any
 from launcher.checks.evidence import LegEvents
 from launcher.checks.hours import account
 from launcher.checks.measure import describe_breakdown, step_breakdown
+from launcher.checks.stragglers import describe_stragglers, stragglers
 from launcher.config.schema import Config
 from launcher.efficiency import describe as describe_efficiency
 from launcher.efficiency import describe_idle, efficiency, idle_breakdown
@@ -143,6 +144,9 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
     row, ev = run["legs"][-1], legs[-1]
     out["leg"] = _leg_state(row, ev)
     out["hours"] = account(run)
+    found = stragglers(ev)
+    if found is not None:
+        out["stragglers"] = {**found, "summary": describe_stragglers(found)}
     if ev.items:
         n, e = ev.items[-1]
         out["last_event"] = {

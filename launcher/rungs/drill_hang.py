@@ -108,7 +108,7 @@ def step_p99(ev: LegEvents, before: float | None) -> float | None:
     up to `before`: the leg's own step time, every rank counted."""
     last: dict[int, float] = {}
     gaps: list[float] = []
-    for _, e in ev.all("step"):
+    for _, e in ev.all("step", rank=None):
         t, r = float(e.get("t", 0.0)), e.get("rank", 0)
         if before is not None and t > before:
             continue

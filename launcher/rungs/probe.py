@@ -15,6 +15,7 @@ from launcher.checks.evidence import Check, silent
 from launcher.checks.leg import check_device, check_leg_exit
 from launcher.checks.measure import check_breakdown, check_cadence, check_memory, check_sustained
 from launcher.checks.resume import check_pushed, check_resumed
+from launcher.checks.stragglers import check_stragglers
 from launcher.efficiency import check_efficiency, check_utilisation
 from launcher.ladder import leg_steps
 from launcher.legs import LegOutcome, RunContext, run_leg
@@ -40,6 +41,7 @@ def run_probe(ctx: RunContext, steps: int, need_gpu: bool) -> list[Check]:
         check_breakdown(first.events),
         check_efficiency(first.events, gpu_name, gpu_total, run_steps),
         check_utilisation(first.events),
+        check_stragglers(first.events),
     ):
         if extra is not None:
             checks.append(extra)

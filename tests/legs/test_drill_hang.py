@@ -81,3 +81,27 @@ def test_drill_hang_refuses_what_it_cannot_drill(project: Path) -> None:
     edit_config(project, trainer__watchdog={"act": False})
     assert_one_line_error(run_cli(["drill", "hang"], cwd=project), 2, "needs trainer.watchdog.act: true")
     assert not (project / ".launcher" / "ledger.db").exists() or not run_cli(["ledger", "--json"], cwd=project).json()
+
+
+def test_a_rank_slower_than_its_peers_is_named_a_straggler_by_the_probe_and_status(project: Path) -> None:
+    """Rank 1 alone reads its batches 50 ms slower: the probe names it, with what the other rank
+    waits for it each step, and so does `status` on the same run. The same trainer with every
+    rank as slow is named by neither: tests/unit/test_stragglers.py holds the rule's edges."""
+    from tests.legs.test_planted_bugs import plant
+
+    plant(
+        project,
+        "            time.sleep(args.data_delay)",
+        '            time.sleep(args.data_delay if os.environ.get("RANK") == "1" else 0.0)',
+    )
+    plant(project, "import argparse\n", "import argparse\nimport os\n")
+    edit_config(
+        project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5 --data-delay 0.05"
+    )
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=project, timeout=600)
+    named = check(res.json()["checks"], Kind.STRAGGLER, leg=0)
+    assert named["facts"]["rank"] == 1 and named["facts"]["excess_s"] > 0.04, named
+    assert named["detail"].startswith("rank 1 is a straggler (steps "), named
+    status = run_cli(["status", res.json()["run_id"], "--json"], cwd=project).json()
+    assert status["stragglers"]["rank"] == 1 and status["stragglers"]["summary"].startswith("rank 1 is a straggler")
