@@ -102,6 +102,9 @@ class Ending:
     notice_s: float | None = None
     """With `sigterm_at`: a preemption. The instance is killed this many seconds after the SIGTERM
     unless the leg has ended; 0 kills it at that step with no SIGTERM at all."""
+    stray_at: tuple[int, int] | None = None
+    """(rank, step): that rank blocks in a collective no peer joins after that step
+    (LAUNCHER_DRILL_HANG; `drill hang --how collective`)."""
 
 
 HOLD_DEADLINE_S = 0.25
@@ -113,6 +116,8 @@ counted from the resume had to leave seconds for the steps before it."""
 def ending_env(ending: Ending) -> dict[str, str]:
     """What an ending adds to the leg's environment: a hold at a step, until its deadline or,
     with a SIGTERM planned there, until the SIGTERM comes (the dry run shows leg 0's too)."""
+    if ending.stray_at is not None:
+        return {contract.DRILL_HANG: f"{ending.stray_at[0]}:{ending.stray_at[1]}"}
     if ending.hold_at is None:
         return {}
     held = {contract.HOLD_AT: str(ending.hold_at)}

@@ -50,6 +50,11 @@ its hold step the leg places its deadline this long plus its stop margin ahead, 
 sooner than the deadline it has, so the hold waits this long for a real deadline. Without it the
 hold waited out the slack that a deadline placed from the resume must leave for the steps before
 the hold on a loaded machine: about 2 s of every rehearsal, 176 s of the test suite's worker time."""
+DRILL_HANG = "LAUNCHER_DRILL_HANG"
+"""`RANK:STEP` (optional; `launcher drill hang --how collective`): after printing that step, that
+rank waits for a message no rank sends, inside torch.distributed: a rank blocked in a collective
+its peers never join, as a mismatched collective blocks one. Its peers go on to their next
+collective and wait there. The launcher's watchdog must find the leg hung by looking at it."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 DETERMINISTIC = "LAUNCHER_DETERMINISTIC"

@@ -23,6 +23,14 @@ COLLECTIVES = re.compile(
     r"all_to_all\w*|send|recv|irecv|isend|wait)\b"
 )
 """A frame of torch.distributed by one of these names: the rank waits on the others."""
+COMMS = re.compile(r"(c10d::|gloo::|nccl|c10d_)")
+"""A native frame of torch's communication libraries (c10d, gloo, NCCL)."""
+WAITING = re.compile(
+    r"^(pthread_cond_\w*wait|__?futex\w*|futex\w*|syscall|poll|epoll_wait|__poll|nanosleep|"
+    r"clock_nanosleep|sched_yield|std::condition_variable::\w+|std::__condition_variable::\w+|"
+    r"__pthread_\w+|std::this_thread::\w+|c10::\w*::wait\w*)$"
+)
+"""Native frames that only wait: the frame under them is what the thread waits in."""
 DUMP_TIMEOUT_S = 10.0
 
 
@@ -62,18 +70,25 @@ def look(pids: list[int], stacks: bool = True) -> list[Look]:
         state, cpu = stat
         rank = _rank(pid)
         stack, note = py_spy_dump(pid) if stacks and state not in ("Z",) else ("", "")
+        if stack and rank is not None and state == "S" and not collective_in(stack):
+            # asleep in a call into torch's C++ (DDP's backward waits there for the gradients'
+            # all-reduce): where it sleeps shows only in the native frames. Read pausing it for
+            # a moment (py-spy reads native stacks only so); never a stopped process.
+            native, _ = py_spy_dump(pid, native=True)
+            stack = native or stack
         found.append(Look(pid, rank, state, cpu, stack, note))
     return found
 
 
-def py_spy_dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> tuple[str, str]:
-    """(py-spy's dump of the process's threads, "") or ("", why there is none)."""
+def py_spy_dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S, native: bool = False) -> tuple[str, str]:
+    """(py-spy's dump of the process's threads, "") or ("", why there is none). `native`: with
+    the C/C++ frames, which py-spy reads only by pausing the process for the dump."""
     exe = py_spy()
     if exe is None:
         return "", "py-spy is not installed"
     try:
         res = subprocess.run(
-            [exe, "dump", "--nonblocking", "--pid", str(pid)],
+            [exe, "dump", "--native" if native else "--nonblocking", "--pid", str(pid)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -94,11 +109,18 @@ def py_spy() -> str | None:
 
 def collective_in(stack: str) -> str | None:
     """The collective a dump's main thread waits in, named with its file ("all_reduce
-    (torch/distributed/distributed_c10d.py)"), or None."""
-    for frame in _main_thread(stack):
+    (torch/distributed/distributed_c10d.py)"), or, in a native dump, the communication library's
+    frame it is blocked in right under the wait ("c10d::Reducer::finalize_backward"); or None."""
+    frames = _main_thread(stack)
+    for frame in frames:
         name, _, where = frame.partition(" (")
         if "torch/distributed" in where and COLLECTIVES.fullmatch(name.strip()):
             return f"{name.strip()} ({where.split(':')[0].split('site-packages/')[-1]})"
+    for frame in frames:  # innermost first: past the waiting primitives, the first frame of code
+        name = frame.partition(" (")[0].strip()
+        if name.startswith("0x") or WAITING.search(name):
+            continue
+        return f"{name} (native)" if COMMS.match(name) else None
     return None
 
 

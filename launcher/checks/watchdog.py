@@ -233,6 +233,8 @@ class LiveWatch:
         self.looked_at: dict[int, tuple[float, float]] = {}
         """rank -> (when its present silence began, when it was last looked at)."""
         self.closest = 0.0
+        self.waiting: dict[int, float] = {}
+        """rank -> the silence (its start) in which a look last found every rank waiting."""
 
     def begin(self, t: float) -> None:
         with self.lock:
@@ -283,6 +285,12 @@ class LiveWatch:
             stacks.write_text("".join(f"== {p.line()}\n{p.stack or p.note}\n" for p in seen))
         hung = confirm(seen)
         with self.lock:
+            if hung is not None and hung.startswith(WAITING_ALL):
+                # every rank waiting could still be one long transfer: hung only when the look a
+                # limit later, in the same silence, finds them all still waiting
+                before, self.waiting[suspect.rank] = self.waiting.get(suspect.rank), suspect.since
+                if before != suspect.since:
+                    hung = None
             self.looks.append(
                 {
                     "rank": suspect.rank,
@@ -315,7 +323,8 @@ class LiveWatch:
 def confirm(seen: list[Look]) -> str | None:
     """Why a suspect leg is hung, from the look at its processes; None where the look does not
     show it. Hung: a process of the leg is stopped (SIGSTOP or a debugger: it will not go on by
-    itself), or every rank waits in a collective (none is left to answer). A rank that computes,
+    itself), or every rank waits in a collective (none is left to answer; acted on only when a
+    second look, a limit later in the same silence, finds the same). A rank that computes,
     reads, sleeps or waits on a store is not called hung: a rank-0-only evaluation or save keeps
     the others waiting in a barrier, and that is healthy."""
     stopped = [p for p in seen if p.state in ("T", "t")]
@@ -323,5 +332,8 @@ def confirm(seen: list[Look]) -> str | None:
         return "; ".join(p.line() for p in stopped)
     ranks = [p for p in seen if p.rank is not None]
     if ranks and all(collective_in(p.stack) for p in ranks):
-        return "every rank waits in a collective: " + "; ".join(p.line() for p in ranks)
+        return f"{WAITING_ALL}: " + "; ".join(p.line() for p in ranks)
     return None
+
+
+WAITING_ALL = "every rank waits in a collective"

@@ -201,6 +201,12 @@ def drill_hang(
     at_step: Optional[int] = typer.Option(
         None, "--at-step", click_type=WHOLE, help="The step it stops at (default: half way)."
     ),
+    how: str = typer.Option(
+        "stop",
+        "--how",
+        help="stop: SIGSTOP to the rank | collective: the rank blocks in a receive no rank sends "
+        "(the runtime's Session does it: LAUNCHER_DRILL_HANG).",
+    ),
     backend: str = typer.Option("local", "--backend", help="local | docker"),
     nodes: int = typer.Option(1, "--nodes", click_type=WHOLE, help="Nodes per leg (local, docker)."),
     allow_overdraft: bool = OVERDRAFT,
@@ -213,5 +219,5 @@ def drill_hang(
 
     cfg = load(config)
     with leg_view(verbose, json_out) as view:
-        outcome = hang(cfg, config, backend, rank, at_step, nodes, view, allow_overdraft)
+        outcome = hang(cfg, config, backend, rank, at_step, nodes, view, allow_overdraft, how)
     show_outcome(outcome, "drill hang", verbose, json_out, None)

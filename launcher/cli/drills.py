@@ -132,10 +132,14 @@ def hang(
     nodes: int,
     show: Callable[[int, str], None],
     allow_overdraft: bool = False,
+    how: str = "stop",
 ) -> Outcome:
     """`launcher drill hang`: checked as bad input first (exit 2), then recorded and run like
     every drill (launcher.up.execute)."""
-    from launcher.rungs.drill_hang import climb
+    from launcher.rungs.drill_hang import HOWS, climb
+
+    if how not in HOWS:
+        raise BadInput(f"--how takes {' or '.join(HOWS)}, got {how!r}")
 
     if backend_name not in BACKENDS:
         raise BadInput(f"unknown backend {backend_name!r} (backends: {', '.join(BACKENDS)})")
@@ -162,5 +166,5 @@ def hang(
         config_path,
         Request(rung, backend_name, None, nodes, allow_overdraft),
         show,
-        lambda ctx, cmp: climb(ctx, steps, rank, at),
+        lambda ctx, cmp: climb(ctx, steps, rank, at, how),
     )

@@ -27,20 +27,25 @@ from launcher.checks.evidence import Check, Kind, LegEvents
 from launcher.checks.kills import Kill, check_resumed_newest, check_store_after_kill, read_states
 from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader
-from launcher.checks.watchdog import p99
+from launcher.checks.watchdog import WAITING_ALL, p99
+from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.drill_preempt import check_work_lost
 from runtime.events import MARKER, parse_line
 from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
+STOP, COLLECTIVE = "stop", "collective"
+HOWS = (STOP, COLLECTIVE)
+
 
 class Stopper:
     """Heard on every line of the leg: on rank `rank`'s step `step` (or the first after it), every
-    process of that rank is stopped, once."""
+    process of that rank is stopped, once (`how` stop); or (`how` collective) only the moment is
+    noted: the runtime blocks that rank itself (LAUNCHER_DRILL_HANG)."""
 
-    def __init__(self, ctx: RunContext, rank: int, step: int) -> None:
-        self.ctx, self.rank, self.step = ctx, rank, step
+    def __init__(self, ctx: RunContext, rank: int, step: int, how: str = STOP) -> None:
+        self.ctx, self.rank, self.step, self.how = ctx, rank, step, how
         self.at: float | None = None
         self.pids: list[int] = []
         self.missing: str | None = None
@@ -57,6 +62,9 @@ class Stopper:
         if not ours:
             self.missing = f"no process of the leg carries RANK={self.rank} (its launcher sets none)"
             return
+        if self.how == COLLECTIVE:
+            self.at, self.pids = time.time(), ours
+            return
         for pid in ours:
             try:
                 os.kill(pid, signal.SIGSTOP)
@@ -66,22 +74,28 @@ class Stopper:
         self.ctx.show(0, f"launcher: drill: rank {self.rank} stopped at step {event['step']} (SIGSTOP to pid {ours})\n")
 
 
-def climb(ctx: RunContext, steps: int, rank: int, at_step: int) -> list[Check]:
-    """Leg 0's rank `rank` stopped at `at_step`; leg 1 resumes from the store and finishes."""
+def climb(ctx: RunContext, steps: int, rank: int, at_step: int, how: str = STOP) -> list[Check]:
+    """Leg 0's rank `rank` stopped (or blocked in a collective) at `at_step`; leg 1 resumes from
+    the store and finishes."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV} | ctx.secrets()
     reader = StateReader(trainer_python(ctx.cfg.trainer.command), ctx.store_uri, f"runs/{ctx.run_id}", env)
-    stopper = Stopper(ctx, rank, at_step)
+    stopper = Stopper(ctx, rank, at_step, how)
     try:
         store = ctx.open_store()
-        first = run_leg(ctx, 0, steps, tap=stopper)
+        stray = Ending(stray_at=(rank, at_step)) if how == COLLECTIVE else Ending()
+        first = run_leg(ctx, 0, steps, tap=stopper, ending=stray)
         if stopper.at is not None and first.watchdog is not None:  # a hang the launcher made, not a false alarm
-            first.watchdog["drilled"] = {"rank": rank, "step": at_step, "pids": stopper.pids, "at": stopper.at}
+            first.watchdog["drilled"] = {
+                "rank": rank,
+                "step": at_step,
+                "how": how,
+                "pids": stopper.pids,
+                "at": stopper.at,
+            }
             ctx.ledger.note_leg(ctx.run_id, 0, watchdog=json.dumps(first.watchdog))
         newest = newest_verified(store)
         expected = newest.step if newest else None
-        kill = Kill(
-            0, f"rank {rank} stopped", "", expected, check_store_after_kill(store, [first], expected, "the hang")
-        )
+        kill = Kill(0, f"rank {rank} hung", "", expected, check_store_after_kill(store, [first], expected, "the hang"))
         kill.reads = read_states(reader, store, [first], expected)
         last = run_leg(ctx, 1, steps)
     finally:
@@ -142,27 +156,31 @@ def hang_facts(out: LegOutcome, stopper: Stopper) -> dict[str, Any]:
 
 
 def check_hang_found(out: LegOutcome, stopper: Stopper) -> Check:
-    """The watchdog ended the leg as hung, its look naming the stopped rank, with stacks taken:
-    the detection time stated against the leg's p99 step time."""
+    """The watchdog ended the leg as hung, its look naming the hung rank (stopped; or, blocked in
+    a collective, every rank waiting), with stacks taken: the detection time stated against the
+    leg's p99 step time."""
     leg, facts = out.events.leg, hang_facts(out, stopper)
-    name = f"leg {leg}: the watchdog found rank {stopper.rank} stopped"
+    what = "stopped" if stopper.how == STOP else "blocked in a collective"
+    name = f"leg {leg}: the watchdog found rank {stopper.rank} {what}"
     if stopper.at is None:
         why = stopper.missing or f"rank {stopper.rank} never printed step {stopper.step}"
-        detail = f"the drill stopped no rank: {why}; the leg ended ({out.result.end_reason})"
+        detail = f"the drill hung no rank: {why}; the leg ended ({out.result.end_reason})"
         return Check(name, False, detail, kind=Kind.HANG_FOUND, leg=leg, facts=facts)
-    named = f"rank {stopper.rank} (pid " in (facts["hung"] or "") and "stopped" in (facts["hung"] or "")
+    said = facts["hung"] or ""
+    mine = f"rank {stopper.rank} (pid " in said
+    named = mine and ("stopped" in said if stopper.how == STOP else said.startswith(WAITING_ALL))
     took = out.result.ended_at - stopper.at
     if not (out.result.killed and out.result.end_reason.startswith("hung: ") and named and facts["stacks"]):
         detail = (
-            f"rank {stopper.rank} stopped at step {stopper.step}; the leg ended {took:.1f} s later "
+            f"rank {stopper.rank} {what} at step {stopper.step}; the leg ended {took:.1f} s later "
             f"({out.result.end_reason}) without the watchdog calling it hung with rank {stopper.rank} named"
         )
         return Check(name, False, detail, kind=Kind.HANG_FOUND, leg=leg, facts=facts)
     p = facts["p99_step_s"]
     against = f"{facts['times_p99']:g} x the leg's p99 step time ({p:g} s)" if p else "no step time measured"
     detail = (
-        f"rank {stopper.rank} stopped at step {stopper.step}; called hung {facts['detected_s']:.1f} s later "
+        f"rank {stopper.rank} {what} at step {stopper.step}; called hung {facts['detected_s']:.1f} s later "
         f"({against}; its limit {facts['limit_s']:g} s), stacks of every process taken "
-        f"({os.path.basename(facts['stacks'])}), the leg ended {took:.1f} s after the stop"
+        f"({os.path.basename(facts['stacks'])}), the leg ended {took:.1f} s after"
     )
-    return Check(name, True, detail, kind=Kind.HANG_FOUND, leg=leg, facts=facts)
+    return Check(name, True, detail, kind=Kind.HANG_FOUND, leg=leg, facts={**facts, "how": stopper.how})

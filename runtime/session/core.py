@@ -52,7 +52,7 @@ from runtime.session import resume as session_resume
 from runtime.session import sharded as sharded_session
 from runtime.session.resume import Parts, Resumed, tracked_lr
 from runtime.session.rng import rng_state
-from runtime.session.rules import DEFAULT_MAX_STEPS, LegEnd, local_stop, stale_code_refused
+from runtime.session.rules import DEFAULT_MAX_STEPS, LegEnd, local_stop, stale_code_refused, stray
 from runtime.session.saver import AtStep, StateSaver
 from runtime.session.step_evidence import StepEvidence
 from runtime.session.workers import quiet_sigchld, shield_workers
@@ -297,6 +297,7 @@ class Session:
             **fields,
         )
         self._ckpt_s = 0.0
+        stray(step, self.world)  # only in `drill hang --how collective`: this rank blocks here
         if step % self.ckpt_every == 0:
             began = time.perf_counter()
             self.checkpoint()

@@ -20,6 +20,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from runtime import contract, events
 from runtime.hashing import sha256_file
@@ -123,3 +124,19 @@ def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] =
     end = time.time() + wait
     while not sigterm and time.time() < end:
         time.sleep(0.01)
+
+
+def stray(step: int, world: Any) -> None:
+    """At LAUNCHER_DRILL_HANG's rank and step (a drill's, once): block in a collective no peer
+    joins, a receive from the next rank, which never sends (until the process group's timeout)."""
+    try:
+        rank, at = (int(part) for part in os.environ.get(contract.DRILL_HANG, "").split(":"))
+    except ValueError:
+        return
+    if world.rank != rank or step != at or not world.distributed:
+        return
+    import torch
+    import torch.distributed as tdist
+
+    events.log(events.INFO, f"drill: rank {rank} blocks in a receive no rank sends", source="drill")
+    tdist.recv(torch.zeros(1), src=(rank + 1) % world.world_size, group=world.ctrl)

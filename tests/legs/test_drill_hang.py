@@ -68,6 +68,32 @@ def test_a_stopped_rank_is_found_in_seconds_and_the_run_resumes(project: Path) -
     assert run_cli(["report", "--check", str(folder)], cwd=project).code == 0
 
 
+def test_a_rank_blocked_in_a_collective_is_found_by_two_looks_and_the_run_resumes(project: Path) -> None:
+    """`--how collective`: after step 3 rank 1 waits in a receive no rank sends (the runtime does
+    it, LAUNCHER_DRILL_HANG) and rank 0 waits in its next collective. Nothing is stopped: the
+    look finds every rank waiting, and the look a limit later, in the same silence, finds the
+    same, so the leg is hung at about twice the limit."""
+    edit_config(
+        project,
+        trainer__command=f"torchrun --standalone --nproc_per_node=2 {SLOW_STEPS}",
+        rungs__drill={"steps": 8, "budget_minutes": 5},
+    )
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["drill", "hang", "--how", "collective", "--at-step", "3", "--json"], cwd=project, timeout=600)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    checks = res.json()["checks"]
+    found = check(checks, Kind.HANG_FOUND, leg=0)
+    facts = found["facts"]
+    assert found["name"] == "leg 0: the watchdog found rank 1 blocked in a collective"
+    assert 2 * facts["limit_s"] < facts["detected_s"] < 2 * facts["limit_s"] + 10, facts
+    assert facts["hung"].startswith("every rank waits in a collective: rank 0 (pid "), facts
+    assert "rank 1 (pid " in facts["hung"] and "waiting in recv (torch/distributed" in facts["hung"]
+    [run] = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=project).json()
+    looks = run["legs"][0]["watchdog"]["looks"]
+    assert [bool(each["hung"]) for each in looks if each["rank"] == looks[-1]["rank"]][-2:] == [False, True]
+    assert check(checks, Kind.RESUMED_NEWEST, leg=1)["facts"]["resumed_at"] == 2 and not failed(checks)
+
+
 def test_drill_hang_refuses_what_it_cannot_drill(project: Path) -> None:
     """Bad input in one line, exit 2, before anything is recorded."""
     for args, said in (
@@ -75,6 +101,7 @@ def test_drill_hang_refuses_what_it_cannot_drill(project: Path) -> None:
         (["--at-step", "1"], "--at-step must lie in 2..39"),
         (["--at-step", "40"], "--at-step must lie in 2..39"),
         (["--backend", "nowhere"], "unknown backend"),
+        (["--how", "sideways"], "--how takes stop or collective"),
     ):
         res = run_cli(["drill", "hang", *args], cwd=project)
         assert_one_line_error(res, 2, said)

@@ -127,3 +127,58 @@ def test_a_stopped_rank_is_called_hung_and_its_leg_ended_with_why(tmp_path: Path
     assert hung and "rank 1 (pid" in hung[0]["hung"], record["looks"]
     stacks = Path(hung[0]["stacks"]).read_text()
     assert "(two.py:" in stacks, stacks
+
+
+DDP = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+for step in range(1, 6):
+    if rank == 1 and step == 3:
+        print("blocked", flush=True)
+        dist.recv(torch.zeros(1), src=0)  # a collective rank 0 never joins
+    model(torch.randn(4, 16)).sum().backward()
+"""
+
+
+def test_a_rank_waiting_in_ddps_backward_is_seen_waiting_by_its_native_frames(tmp_path: Path) -> None:
+    """Rank 1 blocks in a receive; rank 0 goes on into its backward and waits there for rank 1's
+    gradients, in C++: its Python stack says `_engine_run_backward`, its native frames say
+    DDP's reducer waits. The look reads both ranks as waiting in a collective (real gloo DDP)."""
+    import os
+    import subprocess
+
+    from launcher.backends.leash import proc_stat
+    from launcher.backends.looks import look
+    from launcher.checks.watchdog import confirm
+
+    (tmp_path / "ddp.py").write_text(DDP)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")} | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "ddp.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "blocked\n"
+        deadline = time.time() + 60
+        while True:
+            parents = {int(d): int((proc_stat(int(d)) or [b"", b"0"])[1]) for d in os.listdir("/proc") if d.isdigit()}
+            ours = [pid for pid, parent in parents.items() if parent == proc.pid]  # torchrun's workers
+            seen = {p.rank: p for p in look(ours) if p.rank is not None}
+            if len(seen) == 2 and all(p.doing().startswith("waiting in") for p in seen.values()):
+                break
+            assert time.time() < deadline, {r: p.line() for r, p in seen.items()}
+            time.sleep(0.5)
+        assert seen[0].doing() == "waiting in c10d::Reducer::finalize_backward (native)", seen[0].stack
+        assert "_engine_run_backward" in seen[0].stack and seen[1].doing().startswith("waiting in recv")
+        assert (confirm(list(seen.values())) or "").startswith("every rank waits in a collective: rank 0 (pid ")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

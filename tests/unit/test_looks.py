@@ -71,6 +71,33 @@ def test_the_collective_a_rank_waits_in_is_read_from_its_main_thread() -> None:
     assert looks.collective_in("") is None and looks.innermost("") == ""
 
 
+NATIVE = """Thread 115647 (idle): "MainThread"
+    0x7f81db4a3f16 (libc.so.6)
+    pthread_cond_wait (libc.so.6)
+    std::condition_variable::wait (libstdc++.so.6.0.30)
+    c10d::Reducer::finalize_backward (libtorch_cpu.so)
+    torch::autograd::GraphTask::exec_post_processing (libtorch_cpu.so)
+    torch::autograd::Engine::execute (libtorch_cpu.so)
+    THPEngine_run_backward (libtorch_python.so)
+    _engine_run_backward (torch/autograd/graph.py:979)
+    backward (torch/autograd/__init__.py:395)
+    <module> (ddp.py:11)
+"""
+"""py-spy --native on a rank of a 2-rank gloo DDP whose peer never joined the gradients' all-reduce
+(recorded here, torch 2.13): its Python frames say only `_engine_run_backward`."""
+
+
+def test_a_rank_waiting_in_ddps_backward_all_reduce_is_read_from_its_native_frames() -> None:
+    assert looks.collective_in(NATIVE) == "c10d::Reducer::finalize_backward (native)"
+    computing = NATIVE.replace(
+        "    pthread_cond_wait (libc.so.6)\n    std::condition_variable::wait (libstdc++.so.6.0.30)\n",
+        "    at::native::cpublas::gemm (libtorch_cpu.so)\n",
+    )
+    assert looks.collective_in(computing) is None  # busy in a kernel, not waiting on a peer
+    sleeping = 'Thread 1 (idle): "MainThread"\n    clock_nanosleep (libc.so.6)\n    pysleep (libpython3.11.so)\n    wait_here (train.py:3)\n'
+    assert looks.collective_in(sleeping) is None  # asleep in its own code
+
+
 def test_without_py_spy_the_look_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(looks, "py_spy", lambda: None)
     assert looks.py_spy_dump(os.getpid()) == ("", "py-spy is not installed")

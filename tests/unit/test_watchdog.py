@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher.checks.watchdog import Policy, Watchdog, p99
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,3 +226,35 @@ def test_a_long_legs_gaps_are_binned_and_their_p99_stays_within_one_percent_abov
             got = gaps.p99(5)
             assert (got == exact) if i <= Gaps.EXACT else (exact <= got <= exact * 1.01), (i, exact, got)
     assert gaps.exact is None and len(gaps) == len(values) and len(gaps.bins) < 700
+
+
+def test_every_rank_waiting_is_hung_only_when_a_second_look_in_the_same_silence_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All ranks waiting in a collective could be one long transfer: the first look shows it and
+    the leg goes on; the look a limit later in the same silence calls it hung. A stopped rank is
+    hung at the first look."""
+    from launcher.backends.looks import Look
+    from launcher.checks import watchdog
+    from launcher.checks.watchdog import LiveWatch
+
+    dump = 'Thread 1 (idle): "MainThread"\n    recv (/v/site-packages/torch/distributed/distributed_c10d.py:2799)\n'
+    seen = [Look(10, 0, "S", 3.0, dump), Look(11, 1, "S", 3.0, dump)]
+    monkeypatch.setattr(watchdog, "look", lambda pids: seen)
+    live = LiveWatch(POLICY)
+    live.begin(T0)
+    for i in range(1, 10):
+        live.hear_line(step_line(T0 + i, i), T0 + i)
+    log = tmp_path / "leg-0.log"
+    [first] = live.judge(T0 + 25)
+    assert live.second_look(first, [10, 11], log)[1] is None  # shown, looked at again later
+    [again] = live.judge(T0 + 40.5)
+    hung = live.second_look(again, [10, 11], log)[1]
+    assert hung is not None and hung.startswith("every rank waits in a collective: rank 0 (pid 10): waiting in recv")
+    assert [each["hung"] is not None for each in live.record()["looks"]] == [False, True]
+    live.hear_line(step_line(T0 + 41, 10), T0 + 41)  # had it spoken meanwhile, a new silence starts over
+    [fresh] = live.judge(T0 + 202)
+    assert live.second_look(fresh, [10, 11], log)[1] is None
+    seen[1] = Look(11, 1, "T", 3.0, dump)  # stopped: no second look needed
+    [stopped] = live.judge(T0 + 202 + 161)
+    assert "stopped (SIGSTOP or a debugger)" in (live.second_look(stopped, [10, 11], log)[1] or "")
