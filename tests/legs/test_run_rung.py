@@ -261,3 +261,40 @@ def test_status_warns_when_the_rate_falls_under_the_probes_or_the_projection_cro
     assert any("crosses what the quota leaves this run (5.00 GPU-h)" in x for x in w["warnings"])
     log.write_text("\n".join(_step_events(100, 1.0, 950.0)) + "\n")  # 5 % under: within the band
     assert watch(run, [LegEvents.read(0, log)], quota_for_run=None)["warnings"] == []
+
+
+STEP_AT = "        sess.step(loss=loss, batch=x, tokens=tokens_per_step, sample_index=first_sample)\n"
+STOPS_ITSELF = (
+    '        if os.environ.get("LAUNCHER_LEG") == "0" and os.environ.get("RANK") == "1" and sess.step_count == 12:\n'
+    "            os.kill(os.getpid(), signal.SIGSTOP)  # planted: rank 1 of leg 0 hangs after step 12\n"
+)
+
+
+def test_a_run_whose_leg_hangs_is_ended_by_the_watchdog_and_relaunched_from_the_store(project: Path) -> None:
+    """`up run` on 2 ranks: rank 1 of the first leg stops itself after step 12. The watchdog (a
+    3 s floor: the policy in launcher.yaml) ends the leg as hung; the run relaunches from the
+    newest verified checkpoint, step 10, and finishes; every resume check holds; the account has
+    the hang in it."""
+    train = project / "train.py"
+    text = train.read_text()
+    assert STEP_AT in text and "\nimport argparse\n" in text
+    train.write_text(
+        text.replace(STEP_AT, STEP_AT + STOPS_ITSELF).replace(
+            "\nimport argparse\n", "\nimport argparse\nimport os\nimport signal\n"
+        )
+    )
+    configure(
+        project, steps=24, command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5 --data-delay 0.03"
+    )
+    edit_config(project, trainer__watchdog={"floor_s": 3.0})
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "run", "--cpu", "--skip-preflight", "the hang's own test", "--json"], cwd=project, timeout=600)
+    assert res.code == 0, res.out[-3000:] + res.err[-3000:]
+    run = run_cli(["ledger", res.json()["run_id"], "--json"], cwd=project).json()[0]
+    assert run["verdict"] == "pass" and len(run["legs"]) == 2, [(leg["end_reason"]) for leg in run["legs"]]
+    hung = run["legs"][0]
+    assert hung["killed"] and hung["end_reason"].startswith("hung: ") and "rank 1 (pid " in hung["end_reason"]
+    assert "stopped (SIGSTOP or a debugger)" in hung["end_reason"], hung["end_reason"]
+    resumed = next(e for e in events(Path(run["legs"][1]["log_path"])) if e["event"] == "resume")
+    assert resumed["from_step"] == 10 and all(c["ok"] for c in run["checks"]), failed(run)
+    assert run["hours"]["legs"][0]["parts"]["hang"] > 3.0 and run["hours"]["parts"]["lost"] > 0
