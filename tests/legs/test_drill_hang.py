@@ -72,10 +72,13 @@ def test_a_rank_blocked_in_a_collective_is_found_by_two_looks_and_the_run_resume
     """`--how collective`: after step 3 rank 1 waits in a receive no rank sends (the runtime does
     it, LAUNCHER_DRILL_HANG) and rank 0 waits in its next collective. Nothing is stopped: the
     look finds every rank waiting, and the look a limit later, in the same silence, finds the
-    same, so the leg is hung at about twice the limit."""
+    same, so the leg is hung at about twice the limit. Under a 3 s floor (launcher.yaml's policy)
+    and 0.3 s steps, so that it takes seconds: under the default policy it took 30.6 s
+    (docs/drills.md)."""
     edit_config(
         project,
-        trainer__command=f"torchrun --standalone --nproc_per_node=2 {SLOW_STEPS}",
+        trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 2 --data-delay 0.3",
+        trainer__watchdog={"floor_s": 3.0},
         rungs__drill={"steps": 8, "budget_minutes": 5},
     )
     assert run_cli(["review"], cwd=project).code == 0
