@@ -55,8 +55,9 @@ def leg_parts(started: float, ended: float, ev: LegEvents, next_from: int | None
         return parts
     begin = at(float(steps[0]["t"]) - float(steps[0].get("step_s") or 0.0))
     start, resume = _rank0(ev, "start"), _rank0(ev, "resume")
-    if start and resume and at(start[0]["t"]) <= at(resume[0]["t"]) <= begin:
-        parts["restore"] = at(resume[0]["t"]) - at(start[0]["t"])
+    if start and resume:  # the resume's time may read a millisecond past the first step's start
+        restored = min(at(resume[0]["t"]), begin)
+        parts["restore"] = max(0.0, restored - at(start[0]["t"]))
     parts["startup"] = begin - started - parts["restore"]
     prev = begin
     for e in steps:
@@ -92,44 +93,32 @@ def account(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     gpus = int(run.get("gpu_count") or 0)
     legs = sorted(
-        (
-            leg
-            for leg in run.get("legs", [])
-            if isinstance(leg.get("started_at"), float) and isinstance(leg.get("leg"), int)
-        ),
+        (leg for leg in run.get("legs", []) if _number(leg.get("started_at")) and isinstance(leg.get("leg"), int)),
         key=lambda leg: (leg["started_at"], leg["leg"]),
     )  # a row damaged by hand (its start unreadable) is left out
     events = {leg["leg"]: LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in legs}
     main = [leg for leg in legs if leg.get("role") != "straight"]
     resumed = {a["leg"]: _resumed_from(events[b["leg"]]) for a, b in zip(main, main[1:])}
-    out_legs, gap = [], 0.0
+    out_legs, gap, billed = [], 0.0, 0.0
+    total = dict.fromkeys(BILLED, 0.0)
     for i, leg in enumerate(legs):
-        ended = float(leg["ended_at"]) if leg.get("ended_at") is not None else now
+        ended = float(leg["ended_at"]) if _number(leg.get("ended_at")) else now
         wall = max(0.0, ended - float(leg["started_at"]))
         if leg.get("role") == "straight":
             parts = dict.fromkeys(PARTS, 0.0) | {"reference": wall}
         else:
-            nxt = resumed.get(leg["leg"], None)
-            last = leg["leg"] not in resumed
-            parts = leg_parts(
-                float(leg["started_at"]),
-                ended,
-                events[leg["leg"]],
-                None if last else nxt,
-                _how(leg, events[leg["leg"]]),
-            )
+            ev = events[leg["leg"]]
+            parts = leg_parts(float(leg["started_at"]), ended, ev, resumed.get(leg["leg"]), _how(leg, ev))
         instances = int(run.get("nodes") or 1) if run.get("backend") == "sky" else 1
-        billed = _billed_s(leg, wall, instances)
+        leg_billed = _billed_s(leg, wall, instances)
         parts = {k: v * instances for k, v in parts.items()}
-        parts["rounding"] = max(0.0, billed - wall * instances)
+        parts["rounding"] = max(0.0, leg_billed - wall * instances)
         if i + 1 < len(legs):
             gap += max(0.0, float(legs[i + 1]["started_at"]) - ended)
-        out_legs.append(_priced(leg["leg"], parts, billed, leg.get("cost_usd"), gpus))
-    total = dict.fromkeys(BILLED, 0.0)
-    for leg in out_legs:
+        billed += leg_billed
         for k in BILLED:
-            total[k] += leg["parts"][k]
-    billed = sum(leg["billed_s"] for leg in out_legs)
+            total[k] += parts[k]
+        out_legs.append(_priced(leg["leg"], parts, leg_billed, leg.get("cost_usd"), gpus))
     usd = (
         sum(leg["usd"] for leg in out_legs if leg["usd"] is not None)
         if any(leg["usd"] is not None for leg in out_legs)
@@ -145,6 +134,10 @@ def account(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
         "usd": None if usd is None else {k: round(usd * v / billed, 4) if billed else 0.0 for k, v in total.items()},
         "legs": out_legs,
     }
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _resumed_from(ev: LegEvents) -> int | None:

@@ -310,10 +310,15 @@ def test_a_hung_rank_in_a_container_is_found_and_the_run_resumes(built: Path) ->
     both containers from the host (RANK, state, py-spy's stacks), ends the leg, and two fresh
     containers resume from the store. The same checks as the local drill's
     (tests/legs/test_drill_hang.py)."""
-    from tests.legs.test_drill_hang import SLOW_STEPS, check_hang
+    from tests.legs.test_drill_hang import POLICY, SLOW_STEPS, check_hang
 
     before = (built / "launcher.yaml").read_text()
-    edit_config(built, trainer__command=f"python {SLOW_STEPS}", rungs__drill={"steps": 8, "budget_minutes": 5})
+    edit_config(
+        built,
+        trainer__command=f"python {SLOW_STEPS}",
+        trainer__watchdog=POLICY,
+        rungs__drill={"steps": 8, "budget_minutes": 5},
+    )
     try:
         assert run_cli(["review"], cwd=built).code == 0
         res = run_cli(

@@ -11,10 +11,13 @@ from pathlib import Path
 from launcher.checks.evidence import Kind
 from tests.helpers import assert_one_line_error, check, edit_config, failed, run_cli
 
-SLOW_STEPS = "train.py --ckpt-every 2 --data-delay 2.5"
-"""Steps of about 2.5 s (a sleep in the trainer's data read): the detection time (the default
-policy's 15 s floor, then a look) falls under 10 x the leg's p99 step time. At the suite's usual
-0.1 s steps the floor is 150 x it; docs/watchdog.md says why the floor is there."""
+SLOW_STEPS = "train.py --ckpt-every 2 --data-delay 1.2"
+"""Steps of about 1.2 s (a sleep in the trainer's data read), watched under a 5 s floor (the
+policy in launcher.yaml: POLICY): the rank's limit is 5 x its p99, about 6 s, and the detection
+(that, the judging second, the look) falls under 10 x the leg's p99 step time. Under the default
+15 s floor, with 2.5 s steps, it took 15.2 s locally and 15.8 s in containers (docs/drills.md); at
+the suite's usual 0.1 s steps that floor is 150 x p99, and docs/watchdog.md says why it is there."""
+POLICY = {"floor_s": 5.0}
 
 
 def check_hang(checks: list[dict], run: dict, rank: int) -> dict:
@@ -23,7 +26,7 @@ def check_hang(checks: list[dict], run: dict, rank: int) -> dict:
     assert not failed(checks), failed(checks)
     facts = check(checks, Kind.HANG_FOUND, leg=0)["facts"]
     assert 0 < facts["detected_s"] < min(30.0, 10 * facts["p99_step_s"]), facts
-    assert facts["limit_s"] == 15.0 and facts["p99_step_s"] > 2.0, facts  # the floor: 5 x p99 is under it
+    assert facts["limit_s"] >= 5.0 and facts["p99_step_s"] > 1.0, facts
     leg0 = run["legs"][0]
     # The suspect named first may be a peer (it falls silent too, waiting for the stopped rank, and
     # can be the one furthest past its limit); the look names the rank that is stopped.
@@ -48,6 +51,7 @@ def test_a_stopped_rank_is_found_in_seconds_and_the_run_resumes(project: Path) -
     edit_config(
         project,
         trainer__command=f"torchrun --standalone --nproc_per_node=2 {SLOW_STEPS}",
+        trainer__watchdog=POLICY,
         rungs__drill={"steps": 8, "budget_minutes": 5},
     )
     assert run_cli(["review"], cwd=project).code == 0
@@ -129,7 +133,7 @@ def test_a_rank_slower_than_its_peers_is_named_a_straggler_by_the_probe_and_stat
         project, trainer__command="torchrun --standalone --nproc_per_node=2 train.py --ckpt-every 5 --data-delay 0.05"
     )
     assert run_cli(["review"], cwd=project).code == 0
-    res = run_cli(["up", "probe", "--cpu", "--steps", "30", "--json"], cwd=project, timeout=600)
+    res = run_cli(["up", "probe", "--cpu", "--steps", "20", "--json"], cwd=project, timeout=600)
     named = check(res.json()["checks"], Kind.STRAGGLER, leg=0)
     assert named["facts"]["rank"] == 1 and named["facts"]["excess_s"] > 0.04, named
     assert named["detail"].startswith("rank 1 is a straggler (steps "), named
