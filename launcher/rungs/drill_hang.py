@@ -31,6 +31,7 @@ from launcher.checks.watchdog import WAITING_ALL, p99
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
 from launcher.rungs.drill_preempt import check_work_lost
+from launcher.rungs.resume_legs import check_run_length
 from runtime.events import MARKER, parse_line
 from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
@@ -100,20 +101,13 @@ def climb(ctx: RunContext, steps: int, rank: int, at_step: int, how: str = STOP)
         last = run_leg(ctx, 1, steps)
     finally:
         reader.close()
-    done = last.events.last("done")
     return [
         check_hang_found(first, stopper),
         *([kill.store_check] if kill.store_check else []),
         check_resumed_newest(last.events, kill),
         check_work_lost(first.events, last.events, None, "the hang", end=first.result.ended_at),
         check_leg_exit(last),
-        Check(
-            "the run ended at exactly its step count",
-            bool(done and done[1]["step"] == steps),
-            f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
-            last.events.pointer(done),
-            kind=Kind.RUN_LENGTH,
-        ),
+        check_run_length(last, steps),
     ]
 
 

@@ -22,6 +22,7 @@ from launcher.checks.leg import check_leg_exit
 from launcher.checks.readback import StateReader
 from launcher.leg_env import Ending
 from launcher.legs import LegOutcome, RunContext, run_leg
+from launcher.rungs.resume_legs import check_run_length
 from runtime.store.base import newest_verified
 from runtime.store.seal import KEY_ENV
 
@@ -46,20 +47,13 @@ def climb(ctx: RunContext, steps: int, notice_s: float, at_step: int) -> list[Ch
         last = run_leg(ctx, 1, steps)
     finally:
         reader.close()
-    done = last.events.last("done")
     return [
         check_notice(first, notice_s, at_step, expected),
         *([kill.store_check] if kill.store_check else []),
         check_resumed_newest(last.events, kill),
         check_work_lost(first.events, last.events, notice_s),
         check_leg_exit(last),
-        Check(
-            "the run ended at exactly its step count",
-            bool(done and done[1]["step"] == steps),
-            f"last leg finished at step {done[1]['step'] if done else None} of {steps}",
-            last.events.pointer(done),
-            kind=Kind.RUN_LENGTH,
-        ),
+        check_run_length(last, steps),
     ]
 
 
