@@ -18,6 +18,7 @@ from launcher.report.runs import (
     RunData,
     all_resumes,
     never_resumed,
+    nothing_to_resume,
     readback_of,
 )
 
@@ -122,47 +123,28 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
     drills = [r for r in runs if r.rung == "drill"]
     if not drills:
         return Proof(6, MISSING, "no cold-resume drill in the runs reported (run `launcher drill cold-resume`)")
-    kills, bad, evidence = [], [], []
+    kills, bad, evidence, early = [], [], [], 0
     for run in drills:
         legs = {leg["leg"]: leg for leg in run.row["legs"]}
         for i, leg in legs.items():
             if not leg["killed"] or i + 1 not in legs:  # a leg killed and relaunched: a cold resume to judge
                 continue
-            after = run.legs[i + 1]
-            resume = after.first("resume")
-            logged = [int(e["step"]) for ev in run.legs[: i + 1] for _, e in ev.all("verify") if e.get("ok")]
-            newest_logged = max(logged) if logged else None
-            store_check = next(iter(find(run.row["checks"], Kind.RESUMED_NEWEST, leg=i + 1)), None)
-            got = int(resume[1]["from_step"]) if resume else None
-            fresh = legs[i + 1]["instance"] != leg["instance"]
-            read = readback_of(run, i)
-            ok = (
-                resume is not None
-                and fresh
-                and store_check is not None
-                and store_check["ok"]
-                and read is not None
-                and read["ok"]
-                and (newest_logged is None or got >= newest_logged)
-            )
-            kills.append(
-                {
-                    "run": run.id,
-                    "killed_leg": i,
-                    "how": leg["end_reason"],
-                    "resumed_at": got,
-                    "next_leg_exit": legs[i + 1]["exit_code"],
-                    "newest_verified_in_logs": newest_logged,
-                    "fresh_instance": fresh,
-                    # the drill read the store after the kill; its check says what it found
-                    "store_read_at_kill": _at_kill(store_check),
-                    "launcher_read": read["detail"] if read else "the launcher did not read the store back",
-                }
-            )
+            if nothing_to_resume(run, i + 1):  # killed before its first checkpoint verified
+                early += 1
+                continue
+            kill, ok, pointer = _cold_resume(run, legs, i)
+            kills.append(kill)
             if not ok:
-                bad.append(kills[-1])
-            evidence += cite.cite(run, after.pointer(resume))
+                bad.append(kill)
+            evidence += cite.cite(run, pointer)
     if not kills:
+        if early:
+            return Proof(
+                6,
+                MISSING,
+                f"{early} kill(s), each before the first checkpoint verified: the next leg rightly started "
+                "fresh, and nothing was recovered to prove it (run the drill again, or kill later)",
+            )
         return Proof(6, MISSING, "the drill runs reported killed no leg")
     status = FAIL if bad else PASS
     k = bad[0] if bad else kills[-1]  # a failure is told by the first kill that failed
@@ -173,6 +155,41 @@ def proof_6(runs: list[RunData], cite: Evidence, cfg: Config | None = None) -> P
         f"(newest verified in the logs: {k['newest_verified_in_logs']}; {k['store_read_at_kill']})"
     )
     return Proof(6, status, summary, {"kills": kills, "failed": len(bad)}, evidence[-4:])
+
+
+def _cold_resume(run: RunData, legs: dict[int, dict[str, Any]], i: int) -> tuple[dict[str, Any], bool, Any]:
+    """(the record of leg i's kill and the next leg's resume, whether it recovered from the store
+    alone on a fresh instance, the resume's pointer)."""
+    leg, after = legs[i], run.legs[i + 1]
+    resume = after.first("resume")
+    logged = [int(e["step"]) for ev in run.legs[: i + 1] for _, e in ev.all("verify") if e.get("ok")]
+    newest_logged = max(logged) if logged else None
+    store_check = next(iter(find(run.row["checks"], Kind.RESUMED_NEWEST, leg=i + 1)), None)
+    got = int(resume[1]["from_step"]) if resume else None
+    fresh = legs[i + 1]["instance"] != leg["instance"]
+    read = readback_of(run, i)
+    ok = (
+        resume is not None
+        and fresh
+        and store_check is not None
+        and store_check["ok"]
+        and read is not None
+        and read["ok"]
+        and (newest_logged is None or got >= newest_logged)
+    )
+    kill = {
+        "run": run.id,
+        "killed_leg": i,
+        "how": leg["end_reason"],
+        "resumed_at": got,
+        "next_leg_exit": legs[i + 1]["exit_code"],
+        "newest_verified_in_logs": newest_logged,
+        "fresh_instance": fresh,
+        # the drill read the store after the kill; its check says what it found
+        "store_read_at_kill": _at_kill(store_check),
+        "launcher_read": read["detail"] if read else "the launcher did not read the store back",
+    }
+    return kill, ok, after.pointer(resume)
 
 
 def _at_kill(check: dict[str, Any] | None) -> str | None:

@@ -204,7 +204,23 @@ class NoResume:
 
 def failed_resumes(run: RunData) -> list[NoResume]:
     codes = {leg["leg"]: leg["exit_code"] for leg in run.row["legs"]}
-    return [NoResume(run, ev, codes.get(ev.leg)) for ev in run.legs[1:] if ev.first("resume") is None]
+    return [
+        NoResume(run, ev, codes.get(ev.leg))
+        for ev in run.legs[1:]
+        if ev.first("resume") is None and not nothing_to_resume(run, ev.leg)
+    ]
+
+
+def nothing_to_resume(run: RunData, leg: int) -> bool:
+    """The launcher read the store before leg `leg` and found no verified checkpoint there, and
+    the leg rightly started fresh: no resume to judge, neither a failure nor a proof (a kill
+    that came before the first checkpoint verified; under load, a slow push). From the rung's
+    own check (RESUMED_NEWEST: expected and resumed_at both None)."""
+    for c in find(run.row.get("checks", []), Kind.RESUMED_NEWEST, leg=leg, ok=True):
+        facts = c.get("facts") or {}
+        if "expected" in facts and facts["expected"] is None and facts.get("resumed_at") is None:
+            return True
+    return False
 
 
 def resumes(run: RunData) -> list[Resume]:

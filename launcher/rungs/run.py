@@ -98,6 +98,7 @@ def check_resume_point(ev: LegEvents, expected: int | None) -> Check:
         ev.pointer(resume),
         kind=Kind.RESUMED_NEWEST,
         leg=ev.leg,
+        facts={"resumed_at": got, "expected": expected},
     )
 
 
