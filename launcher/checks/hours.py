@@ -37,7 +37,8 @@ TOLERANCE = 0.01
 
 
 def _rank0(ev: LegEvents, kind: str) -> list[dict[str, Any]]:
-    return [e for _, e in ev.all(kind) if e.get("rank", 0) == 0 and isinstance(e.get("t"), (int, float))]
+    """Rank 0's `kind` events (LegEvents.all's default rank) that carry their time."""
+    return [e for _, e in ev.all(kind) if isinstance(e.get("t"), (int, float))]
 
 
 def leg_parts(started: float, ended: float, ev: LegEvents, next_from: int | None, how: str) -> dict[str, float]:
@@ -87,16 +88,22 @@ def _how(leg: dict[str, Any], ev: LegEvents) -> str:
     return "killed" if leg.get("killed") else "done"
 
 
-def account(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+def account(run: dict[str, Any], now: float | None = None, read: dict[int, LegEvents] | None = None) -> dict[str, Any]:
     """The run's hours: per leg and summed, in seconds, GPU-hours and USD, with goodput. A leg
-    still running is counted to `now`."""
+    still running is counted to `now`. `read`: the legs' events the caller has already read, by
+    leg (the rest are read here; a straight-through leg's are not needed)."""
     now = time.time() if now is None else now
     gpus = int(run.get("gpu_count") or 0)
     legs = sorted(
         (leg for leg in run.get("legs", []) if _number(leg.get("started_at")) and isinstance(leg.get("leg"), int)),
         key=lambda leg: (leg["started_at"], leg["leg"]),
     )  # a row damaged by hand (its start unreadable) is left out
-    events = {leg["leg"]: LegEvents.read(leg["leg"], Path(leg["log_path"])) for leg in legs}
+    read = read or {}
+    events = {
+        leg["leg"]: read.get(leg["leg"]) or LegEvents.read(leg["leg"], Path(leg["log_path"]))
+        for leg in legs
+        if leg.get("role") != "straight"
+    }
     main = [leg for leg in legs if leg.get("role") != "straight"]
     resumed = {a["leg"]: _resumed_from(events[b["leg"]]) for a, b in zip(main, main[1:])}
     out_legs, gap, billed = [], 0.0, 0.0

@@ -32,6 +32,8 @@ from launcher.config.schema import WatchdogConfig
 from runtime.events import MARKER, parse_line
 
 STEPPING, STARTING, FINISHING, QUIET = "stepping", "starting", "finishing", "quiet"
+WAITING_ALL = "every rank waits in a collective"
+"""How `confirm` begins where no process is stopped but every rank waits (a second look must agree)."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,3 @@ def confirm(seen: list[Look]) -> str | None:
     if ranks and all(collective_in(p.stack) for p in ranks):
         return f"{WAITING_ALL}: " + "; ".join(p.line() for p in ranks)
     return None
-
-
-WAITING_ALL = "every rank waits in a collective"

@@ -143,7 +143,7 @@ def status(cfg: Config, run_id: str | None) -> dict[str, Any]:
         out["run_progress"] = watch(run, legs, left, cfg.prices.get(run["gpu_name"]) if run["gpu_name"] else None)
     row, ev = run["legs"][-1], legs[-1]
     out["leg"] = _leg_state(row, ev)
-    out["hours"] = account(run)
+    out["hours"] = account(run, read={ev.leg: ev for ev in legs})
     found = stragglers(ev)
     if found is not None:
         out["stragglers"] = {**found, "summary": describe_stragglers(found)}

@@ -79,7 +79,7 @@ def _report_json(
 
 
 def _run_json(r: RunData) -> dict[str, Any]:
-    hours = account(r.row, now=r.row["ended_at"] or time.time())
+    hours = account(r.row, now=r.row["ended_at"] or time.time(), read={ev.leg: ev for ev in r.legs})
     summed = check_hours(hours)
     return {
         "hours": {**hours, "sums": {"ok": summed.ok, "detail": summed.detail}},

@@ -63,16 +63,16 @@ class Stopper:
         if not ours:
             self.missing = f"no process of the leg carries RANK={self.rank} (its launcher sets none)"
             return
-        if self.how == COLLECTIVE:
-            self.at, self.pids = time.time(), ours
-            return
-        for pid in ours:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                continue
-        self.at, self.pids = time.time(), ours
-        self.ctx.show(0, f"launcher: drill: rank {self.rank} stopped at step {event['step']} (SIGSTOP to pid {ours})\n")
+        if self.how == STOP:
+            for pid in ours:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+            self.ctx.show(
+                0, f"launcher: drill: rank {self.rank} stopped at step {event['step']} (SIGSTOP to pid {ours})\n"
+            )
+        self.at, self.pids = time.time(), ours  # collective: the runtime blocks the rank itself
 
 
 def climb(ctx: RunContext, steps: int, rank: int, at_step: int, how: str = STOP) -> list[Check]:
@@ -136,6 +136,7 @@ def hang_facts(out: LegOutcome, stopper: Stopper) -> dict[str, Any]:
     found_s = round(hung["t"] - stopper.at, 2) if hung and stopper.at is not None and "t" in hung else None
     return {
         "rank": stopper.rank,
+        "how": stopper.how,
         "pids": stopper.pids,
         "stopped_at": stopper.at,
         "detected_s": found_s,
@@ -177,4 +178,4 @@ def check_hang_found(out: LegOutcome, stopper: Stopper) -> Check:
         f"({against}; its limit {facts['limit_s']:g} s), stacks of every process taken "
         f"({os.path.basename(facts['stacks'])}), the leg ended {took:.1f} s after"
     )
-    return Check(name, True, detail, kind=Kind.HANG_FOUND, leg=leg, facts={**facts, "how": stopper.how})
+    return Check(name, True, detail, kind=Kind.HANG_FOUND, leg=leg, facts=facts)

@@ -129,8 +129,11 @@ def hold(step: int, deadline: float, margin: float, sigterm: bool | list[bool] =
 def stray(step: int, world: Any) -> None:
     """At LAUNCHER_DRILL_HANG's rank and step (a drill's, once): block in a collective no peer
     joins, a receive from the next rank, which never sends (until the process group's timeout)."""
+    asked = os.environ.get(contract.DRILL_HANG)
+    if not asked:  # every step of every leg passes here: no drill, nothing to parse
+        return
     try:
-        rank, at = (int(part) for part in os.environ.get(contract.DRILL_HANG, "").split(":"))
+        rank, at = (int(part) for part in asked.split(":"))
     except ValueError:
         return
     if world.rank != rank or step != at or not world.distributed:
