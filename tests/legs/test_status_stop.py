@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from launcher.checks.evidence import Kind
+from runtime.events import parse_line
 from tests.helpers import LAUNCHER, Done, assert_one_line_error, check, run_cli
 
 WRAPPER = '''"""Test trainer: the reference trainer, plus an early warning line."""
@@ -75,8 +76,9 @@ def wait_for_step(root: Path, step: int, timeout: float = 180) -> tuple[str, Pat
     until = time.time() + timeout
     while time.time() < until:
         for log in (root / ".launcher" / "runs").glob("*/leg-0.log"):
-            for line in log.read_text().splitlines():
-                if line.startswith('{"event": "step"') and json.loads(line)["step"] >= step:
+            for line in log.read_text().splitlines():  # the last line may be half written yet:
+                event = parse_line(line) if line.startswith('{"event": "step"') else None  # a cut one reads None
+                if event is not None and event.get("event") == "step" and event["step"] >= step:
                     return log.parent.name, log
         time.sleep(0.2)
     raise AssertionError(f"leg 0 never reached step {step}")
