@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from launcher.backends import HOST, Backend, backend_class, make_backend
 from launcher.cadence import notice_warning
+from launcher.config.hub import store_answers
 from launcher.config.schema import Config, GpuSpec, store_uri
 from launcher.errors import BadInput, LauncherError, Refused
 from launcher.ladder import Rung, leg_steps
@@ -40,6 +41,7 @@ GUARDS: dict[str, str] = {
     "image": "the image the legs run: docker, built from the reviewed files (exit 3); sky, pushed (exit 3), "
     "with a store a cloud can reach (exit 2)",
     "preflight": "the run launches only past a passing report, or with a recorded reason (exit 3)",
+    "memory": "every rank's predicted peak plus its allowance fits the GPU asked for (a GPU rung; exit 3)",
     "quota": "used + reserved + this rung within the GPU-hour quota and the USD budget (exit 3)",
 }
 """Every guard a launch passes, in the order it meets them: the one list the launch, the dry
@@ -114,6 +116,8 @@ class Plan:
     """USD per GPU-hour the quota guard reserves at: the pick's, spread over its GPUs, else the config's."""
     projection: Projection | None = None
     quota: QuotaDecision | None = None
+    memory: Any = None
+    """The memory guard's decision (launcher.ops.memory.MemoryDecision): each rank's predicted peak on the GPU."""
     run_sha256: str | None = None
     """The `run:` script each node executes, where the legs run one (sky; local with --nodes N)."""
     store: str | None = None
@@ -164,6 +168,7 @@ class Plan:
             "image": self.image,
             "usd_per_gpu_hour": self.price,
             "quota": self.quota.arithmetic if self.quota else None,
+            "memory": self.memory.to_json() if self.memory is not None else None,
             "guards": [
                 {"guard": d.guard, "ok": d.refusal is None, "refusal": d.refusal.message if d.refusal else None}
                 for d in self.decisions
@@ -231,6 +236,10 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     plan.backend = _backend(plan, dry_run)
     if rung.name == "run" and plan.ledger is not None and plan.cmp is not None:
         plan.preflight = decide("preflight", lambda: _gate(plan))
+    if rung.legs and request.gpus is not None and plan.cmp is not None:
+        from launcher.ops.memory import guard as memory_guard
+
+        plan.memory = decide("memory", lambda: memory_guard(cfg, request, plan.reviewed))
     plan.pick = plan.backend.quote(rung.name, request.gpus) if rung.legs and request.gpus else None
     plan.price = _gpu_hour_price(plan)
     plan.projection = project(cfg, plan.ledger, rung, request.gpus, request.nodes)
@@ -266,37 +275,6 @@ def _dry_run_env(plan: Plan) -> dict[str, str]:
 def _raise(err: LauncherError | None) -> None:
     if err is not None:
         raise err
-
-
-STORE_TIMEOUT_S = 20.0
-"""How long the store guard waits for a Hub store's one listing."""
-
-
-def store_answers(uri: str) -> str:
-    """The store guard: a Hub store lists its checkpoints once, with the token the legs will get
-    (a repo that is not there yet is fine: the first push creates it); a refused token or no
-    answer is refused here rather than on a leg's first push, billed. The launcher reads the
-    store after every leg, so this host must reach it too. A file:// store: the config's check."""
-    if not uri.startswith("hf://"):
-        return uri
-    from runtime.store import StoreAuthError, StoreError
-    from runtime.store.hub import HubStore
-    from runtime.store.retry import RetryPolicy
-
-    store = HubStore(uri, "runs", timeout_s=STORE_TIMEOUT_S, retry=RetryPolicy(attempts=1), key=None)
-    try:
-        store.scan()
-    except StoreAuthError as err:
-        raise BadInput(
-            f"store {uri} refuses this token: {err}",
-            hint="set HF_TOKEN to a token that can write the repo (legs get it through `secrets:`)",
-        ) from None
-    except (StoreError, OSError) as err:
-        raise BadInput(
-            f"store {uri} does not answer: {err}",
-            hint=f"check HF_ENDPOINT ({store.endpoint}) and the network, or use a file:// store",
-        ) from None
-    return uri
 
 
 PLACEHOLDER_RUN = "dry-run"

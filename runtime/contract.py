@@ -55,6 +55,10 @@ DRILL_HANG = "LAUNCHER_DRILL_HANG"
 rank waits for a message no rank sends, inside torch.distributed: a rank blocked in a collective
 its peers never join, as a mismatched collective blocks one. Its peers go on to their next
 collective and wait there. The launcher's watchdog must find the leg hung by looking at it."""
+MEMORY = "LAUNCHER_MEMORY"
+"""`predict` or `measure` (set by `runtime.programs.memory`, never on a leg): the trainer's script
+runs its first optimizer steps to learn its peak memory, on fake tensors or for real, and the
+Session and the framework adapters stand aside (no store, no checkpoint, no evidence): runtime.memory."""
 FILES_SHA256 = "LAUNCHER_FILES_SHA256"
 """The reviewed files' sha256 (JSON): the runtime refuses to run other bytes."""
 DETERMINISTIC = "LAUNCHER_DETERMINISTIC"

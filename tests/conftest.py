@@ -104,6 +104,12 @@ def sky_project(project: Path, hub_server, monkeypatch: pytest.MonkeyPatch):  # 
 # the suite is between runs under this same setting (a leg and its straight-through run, two ranks).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Memory predictions (launcher.ops.memory) are kept by what they are a function of (the files, the
+# command, the interpreter, the world size, the rank): one cache for the whole session (xdist's
+# workers inherit the controller's), so the projects made from `launcher init`'s template share one
+# prediction per world size instead of paying seconds each. Never the user's ~/.cache.
+os.environ.setdefault("PREFLIGHT_CACHE_DIR", tempfile.mkdtemp(prefix="preflight-cache-"))
+
 # The CLI wraps its lines within the terminal (launcher.cli.render.terminal_width: COLUMNS, else
 # the terminal, else 160 when piped) and every word is kept; a test that looks for a phrase in a
 # command's output must not depend on where a line happened to break. The suite's terminal is

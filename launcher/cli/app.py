@@ -115,6 +115,30 @@ def spend(
 
 
 @app.command()
+def memory(
+    gpus: str = typer.Option("T4:1", "--gpus", help="The GPUs each node would get, e.g. T4:2."),
+    nodes: int = typer.Option(1, "--nodes", click_type=WHOLE),
+    config: Path = CONFIG,
+    json_out: bool = JSON,
+) -> None:
+    """Will it fit? Each rank's peak GPU memory, predicted on this CPU from the trainer's own script
+    (exit 3 where a rank would not fit)."""
+    from launcher.cli.render import console, print_json
+    from launcher.ops.memory import ask
+    from launcher.up import check_nodes
+
+    check_nodes(nodes)
+    decision = ask(load(config), gpus, nodes)
+    if json_out:
+        print_json(decision.to_json())
+    else:
+        for line in decision.lines():
+            console.print(line, markup=False, highlight=False)
+    if any(f.fits is False for f in decision.fits):
+        raise typer.Exit(Exit.REFUSED)
+
+
+@app.command()
 def ledger(
     run_id: Optional[str] = typer.Argument(None, click_type=RUN_ID, help="Show one run."),
     limit: int = typer.Option(20, "--limit", click_type=WholeNumber(1, 100_000), help="Newest N runs."),

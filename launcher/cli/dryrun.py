@@ -74,6 +74,8 @@ def describe(plan: Plan) -> str:
             f"{', '.join(map(str, gate['proofs']))} PASS)"
         )
     out += plan.warnings()
+    if plan.memory is not None:
+        out += plan.memory.lines()
     out.append("quota: " + plan.projection.describe())
     if plan.price is not None:
         source = "the provider's price" if plan.pick is not None else "launcher.yaml prices"

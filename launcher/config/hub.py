@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.errors import ConfigError
+from launcher.errors import BadInput, ConfigError
 from runtime import contract
 from runtime.store.hub_limits import (
     GB,
@@ -76,3 +76,34 @@ class HubConfig:
             contract.HUB_FILES_PER_COMMIT: str(self.files_per_commit),
             contract.HUB_COMMITS_PER_HOUR: str(self.commits_per_hour),
         }
+
+
+STORE_TIMEOUT_S = 20.0
+"""How long the store guard waits for a Hub store's one listing."""
+
+
+def store_answers(uri: str) -> str:
+    """The store guard: a Hub store lists its checkpoints once, with the token the legs will get
+    (a repo that is not there yet is fine: the first push creates it); a refused token or no
+    answer is refused here rather than on a leg's first push, billed. The launcher reads the
+    store after every leg, so this host must reach it too. A file:// store: the config's check."""
+    if not uri.startswith("hf://"):
+        return uri
+    from runtime.store import StoreAuthError, StoreError
+    from runtime.store.hub import HubStore
+    from runtime.store.retry import RetryPolicy
+
+    store = HubStore(uri, "runs", timeout_s=STORE_TIMEOUT_S, retry=RetryPolicy(attempts=1), key=None)
+    try:
+        store.scan()
+    except StoreAuthError as err:
+        raise BadInput(
+            f"store {uri} refuses this token: {err}",
+            hint="set HF_TOKEN to a token that can write the repo (legs get it through `secrets:`)",
+        ) from None
+    except (StoreError, OSError) as err:
+        raise BadInput(
+            f"store {uri} does not answer: {err}",
+            hint=f"check HF_ENDPOINT ({store.endpoint}) and the network, or use a file:// store",
+        ) from None
+    return uri

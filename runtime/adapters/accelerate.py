@@ -74,6 +74,8 @@ from runtime.adapters.accelerate_rng import AfterLoad, rng_digests
 from runtime.adapters.common import LegAdapter, check_windows
 from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
+from runtime.memory import mode as memory_mode
+from runtime.memory.stand_in import standing_aside
 from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
 from runtime.session.step_evidence import state_digest
@@ -83,6 +85,9 @@ from runtime.store.base import checkpoint_name
 
 class Preflight(LegAdapter):
     """The leg contract around a prepared `accelerate.Accelerator`. See the module docstring."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # runtime.memory: it stands aside
+        return standing_aside(object) if memory_mode() is not None else super().__new__(cls)
 
     def __init__(self, accelerator: Any, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         env = os.environ

@@ -51,6 +51,8 @@ from runtime import contract, events
 from runtime.adapters.common import LegAdapter, check_windows, epoch_of_step
 from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, EXIT_OK, STOP_CODES
+from runtime.memory import mode as memory_mode
+from runtime.memory.stand_in import standing_aside
 from runtime.session.batches import FedInputs
 from runtime.session.rules import LegEnd, local_stop
 from runtime.session.workers import quiet_sigchld, shield_workers
@@ -59,6 +61,9 @@ from runtime.store.base import checkpoint_name
 
 class Preflight(TrainerCallback, LegAdapter):
     """The leg contract for a `transformers.Trainer`. See the module docstring."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # runtime.memory: it stands aside
+        return standing_aside(TrainerCallback) if memory_mode() is not None else super().__new__(cls)
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         self.read_leg(workdir, "transformers")

@@ -97,6 +97,8 @@ from runtime.adapters.lightning_state import (
 )
 from runtime.checkpoint.disk import tensor_bytes
 from runtime.contract import EXIT_FAILED, STOP_CODES
+from runtime.memory import mode as memory_mode
+from runtime.memory.stand_in import standing_aside
 from runtime.session.batches import FedInputs, batch_digest
 from runtime.session.rules import LegEnd, local_stop
 from runtime.session.workers import quiet_sigchld
@@ -135,6 +137,9 @@ def _first_rank_guess() -> None:
 
 class Preflight(Callback, LegAdapter):
     """The leg contract for a Lightning Trainer. See the module docstring."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # runtime.memory: it stands aside
+        return standing_aside(Callback) if memory_mode() is not None else super().__new__(cls)
 
     def __init__(self, workdir: str | Path = ".", keep: int = 2, verify_bytes: int = 2 << 20) -> None:
         _first_rank_guess()

@@ -13,20 +13,18 @@
 
 What it does for the trainer (docs/design.md's leg contract):
 - refuses stale code: the reviewed files' sha256 (LAUNCHER_FILES_SHA256) must match (exit 3; runtime.session.rules);
-- restores everything tracked (anything with `state_dict`/`load_state_dict`), every RNG
-  stream per rank, the step and the tokens, from the newest verified checkpoint that fetches,
-  checks and loads (damaged ones skipped with `resume_skip`); an FSDP2 model's state goes
-  through torch.distributed.checkpoint, every rank its part (runtime.checkpoint.dcp);
-- `step()` prints the `step` event with the hash of the inputs the tracked model was fed
-  (runtime.session.step_evidence), snapshots the state on the cadence and runs the storage cycle in the
-  background (write, push, verify by reading back, delete the local copy, prune);
+- restores everything tracked (anything with `state_dict`/`load_state_dict`), every RNG stream per rank,
+  the step and the tokens, from the newest verified checkpoint that fetches, checks and loads (damaged ones
+  skipped with `resume_skip`); FSDP2 state through torch.distributed.checkpoint (runtime.checkpoint.dcp);
+- `step()` prints the `step` event with the hash of the inputs the tracked model was fed (step_evidence),
+  snapshots the state on the cadence and runs the storage cycle in the background;
 - counts the first step's FLOPs, times each step's phases without a device sync (runtime.measure.steptime):
   `flops`, `gpu_phases` on `step`, per window `memory` and `rate` with MFU (runtime.measure.window);
-- stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS
-  (counted across legs) and a non-finite loss (never pushed; exit 1), one decision for
-  every rank under torchrun; `finish()` pushes the final checkpoint, waits for it to
-  verify and prints `done`.
+- stops on LAUNCHER_DEADLINE (with room for one more push), SIGTERM, LAUNCHER_MAX_STEPS (counted across
+  legs) and a non-finite loss (never pushed; exit 1), one decision for every rank under torchrun;
+  `finish()` pushes the final checkpoint, waits for it to verify and prints `done`.
 Loader workers leave SIGTERM to the leg (runtime.session.workers). Cost per step: bench/session_overhead.py.
+Under runtime.programs.memory (LAUNCHER_MEMORY) `Session(...)` is a stand-in that does none of this.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from runtime.contract import EXIT_FAILED, EXIT_REFUSED, STOP_CODES
 from runtime.measure.health import Health
 from runtime.measure.steptime import FlopProbe, StepClock
 from runtime.measure.window import emit_memory, emit_rate
+from runtime.memory import mode as memory_mode
 from runtime.session import resume as session_resume
 from runtime.session import sharded as sharded_session
 from runtime.session.resume import Parts, Resumed, tracked_lr
@@ -64,6 +63,11 @@ _no_step_hook: Callable[[], None] = lambda: None  # noqa: E731 - an object with 
 
 class Session:
     """One leg of a run, from the trainer's side. See the module docstring."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # runtime.memory: the Session stands aside
+        from runtime.memory.stand_in import MemorySession
+
+        return MemorySession(**kwargs) if memory_mode() is not None and cls is Session else super().__new__(cls)
 
     def __init__(
         self,
@@ -242,9 +246,8 @@ class Session:
         return True
 
     def lap(self, phase: str) -> None:
-        """Charge the time since the previous lap (or the step's start) to `phase`
-        (data, compute, optimizer...): the step event's breakdown. Never syncs the device
-        (runtime.measure.steptime)."""
+        """Charge the time since the previous lap (or the step's start) to `phase` (data, compute,
+        optimizer...): the step event's breakdown. Never syncs the device (runtime.measure.steptime)."""
         self.clock.lap(phase)
 
     def step(
@@ -334,9 +337,8 @@ class Session:
             extra["lr_expected"] = float(self.lr_schedule(step - 1))
 
     def checkpoint(self) -> None:
-        """Snapshot the state now (on the critical path: the state at one step), then hand the
-        rest to the background pusher (runtime.session.saver: async or sync, `async_save`).
-        Sharded state: every rank writes its part here (runtime.session.sharded)."""
+        """Snapshot the state now (on the critical path), then hand the rest to the background pusher
+        (runtime.session.saver: async or sync). Sharded state: every rank writes its part here."""
         began = time.perf_counter()
         rngs = self.world.gather(rng_state())  # collective: every rank reaches this at the same step
         self.pushed_at = step = self.step_count

@@ -55,6 +55,15 @@ def _usd_budget(root: Path) -> dict[str, str]:
     return _t4_host(root)
 
 
+def _past_a_t4(root: Path) -> dict[str, str]:
+    """The template's trainer at 4.8B parameters (24 layers of width 4096): 78 GiB predicted on
+    this CPU in seconds, none of it allocated (tests/unit/test_memory_predict.py measures that)."""
+    big = "python train.py --ckpt-every 5 --n-layer 24 --n-embd 4096 --n-head 32 --block 256 --batch 4"
+    edit_config(root, trainer__command=big)
+    assert run_cli(["review"], cwd=root).code == 0
+    return _t4_host(root)
+
+
 def _hub_away(root: Path) -> dict[str, str]:
     edit_config(root, store="hf://tester/ckpts")
     assert run_cli(["review"], cwd=root).code == 0
@@ -75,6 +84,7 @@ CASES: dict[str, tuple[Callable[[Path], dict[str, str]], list[str], int, str]] =
     "store": (_hub_away, ["rehearsal"], 2, "store hf://tester/ckpts does not answer"),
     "image": (_nothing, ["rehearsal", "--backend", "docker"], 3, "no image has been built for this project"),
     "preflight": (_t4_host, ["run", "--gpus", "T4:1"], 3, "no signed preflight report for exactly these files"),
+    "memory": (_past_a_t4, ["smoke", "--gpus", "T4:1"], 3, "it would not fit on a T4"),
     "quota": (_usd_budget, ["smoke", "--gpus", "T4:1"], 3, "> budget $0.01"),
 }
 

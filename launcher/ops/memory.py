@@ -1,0 +1,245 @@
+"""A run's peak memory per rank, predicted on this host before a GPU is rented: the trainer's
+own command, on its reviewed files, through runtime.programs.memory (fake tensors, torch's fake
+process group), in the trainer's interpreter.
+
+A prediction is a function of its inputs: the reviewed files' bytes, the command, the world size,
+the rank and the interpreter (its torch). It is kept under that key in this host's cache
+($PREFLIGHT_CACHE_DIR, else $XDG_CACHE_HOME/preflight-launcher, else ~/.cache/preflight-launcher),
+so one prediction serves the dry run, the launch, the next rung and `launcher memory`; any byte
+changed is another key.
+
+Which ranks: every rank of a world of up to 4; past that rank 0 and the last (ranks of DDP hold
+the same; FSDP2's differ where the shards are uneven, and the last rank holds the remainder).
+Rank 0 runs first and alone, in the folder the others then share: a script whose local rank 0
+prepares something (a corpus file) before a barrier has it there for them, as on a node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.backends.local import resolve_command, trainer_python
+from launcher.checks.memfit import GPU_MEMORY_MIB
+from launcher.config.schema import Config
+from launcher.manifest import reviewed_paths, stage_files
+from runtime.hashing import digest_lines
+
+GPU_NAMES = tuple(GPU_MEMORY_MIB)
+PREDICT_TIMEOUT_S = 300.0
+CACHE_VERSION = 1
+"""Part of every cache key: a launcher whose prediction changes what it records bumps it."""
+EVERY_RANK_UP_TO = 4
+PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the prediction found for one world size: a result per rank predicted (ranks whose
+    script failed carry `ended: error`), and how it was had."""
+
+    world_size: int
+    results: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if r.get("ended") == "error" or "peak_bytes" not in r]
+
+    @property
+    def ok(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if r not in self.failures]
+
+
+def ranks_of(world_size: int) -> list[int]:
+    if world_size <= EVERY_RANK_UP_TO:
+        return list(range(world_size))
+    return [0, world_size - 1]
+
+
+def cache_dir() -> Path:
+    env = os.environ
+    if env.get("PREFLIGHT_CACHE_DIR"):
+        return Path(env["PREFLIGHT_CACHE_DIR"]) / "memory"
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "preflight-launcher" / "memory"
+
+
+def _key(reviewed: dict[str, str], command: list[str], python: str, world_size: int, rank: int) -> str:
+    facts = {"v": CACHE_VERSION, "files": digest_lines(reviewed), "command": command, "python": python}
+    facts |= {"world": world_size, "rank": rank}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _cached(key: str) -> dict[str, Any] | None:
+    try:
+        result = json.loads((cache_dir() / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and "peak_bytes" in result and result.get("ended") != "error" else None
+
+
+def _keep(key: str, result: dict[str, Any]) -> None:
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(result, sort_keys=True))
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:
+        pass  # a cache that cannot be written costs a prediction next time, nothing more
+
+
+def predict(cfg: Config, reviewed: dict[str, str], world_size: int) -> Prediction:
+    """The prediction for `world_size` ranks: from this host's cache where the same files, command
+    and interpreter were predicted at this size, else made now (and kept)."""
+    command = list(cfg.trainer.command)
+    python = trainer_python(cfg.trainer.command)
+    keys = {r: _key(reviewed, command, python, world_size, r) for r in ranks_of(world_size)}
+    known = {r: hit for r, k in keys.items() if (hit := _cached(k)) is not None}
+    todo = [r for r in keys if r not in known]
+    if not todo:
+        return Prediction(world_size, [known[r] for r in keys], cached=True)
+    began = time.perf_counter()
+    made = {int(r["rank"]): r for r in _run(cfg, reviewed, world_size, todo)}
+    for rank, result in made.items():
+        if result.get("ended") != "error" and "peak_bytes" in result:
+            _keep(keys[rank], result)
+    by_rank = {**known, **made}
+    return Prediction(world_size, [by_rank[r] for r in keys], time.perf_counter() - began)
+
+
+def _run(cfg: Config, reviewed: dict[str, str], world_size: int, ranks: list[int]) -> list[dict[str, Any]]:
+    """Each rank's prediction, PARALLEL at a time, in a folder holding only the reviewed files."""
+    leg_argv = resolve_command(cfg.trainer.command)
+    python = trainer_python(cfg.trainer.command)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")}
+    env.update(cfg.leg_env)
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="launcher-memory-") as tmp:
+        root = Path(tmp)
+        stage_files({rel: p for rel, p in reviewed_paths(cfg).items() if rel in reviewed}, reviewed, root)
+        first = [r for r in ranks if r == 0]
+        pending = [r for r in ranks if r != 0]
+        while first or pending:
+            if first:
+                batch, first = first, []
+            else:
+                batch, pending = pending[:PARALLEL], pending[PARALLEL:]
+            procs = []
+            for rank in batch:
+                result, said = root / ".memory" / f"rank-{rank}.json", root / ".memory" / f"rank-{rank}.err"
+                said.parent.mkdir(exist_ok=True)
+                argv = [python, "-m", "runtime.programs.memory", "predict", "--world", str(world_size)]
+                argv += ["--rank", str(rank), "--out", str(result), "--timeout", str(PREDICT_TIMEOUT_S), "--"]
+                with said.open("w") as err:
+                    proc = subprocess.Popen(
+                        argv + leg_argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                        stdin=subprocess.DEVNULL,
+                    )  # fmt: skip
+                procs.append((rank, result, said, proc))
+            for rank, result, said, proc in procs:
+                try:
+                    proc.wait(timeout=PREDICT_TIMEOUT_S + 30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                out.append(_read(rank, world_size, result, proc.returncode, said))
+    return out
+
+
+def _read(rank: int, world_size: int, path: Path, code: int | None, said: Path) -> dict[str, Any]:
+    try:
+        result = json.loads(path.read_text())
+        if isinstance(result, dict) and "ended" in result:
+            return result
+    except (OSError, json.JSONDecodeError):
+        pass
+    err = said.read_text(errors="replace") if said.exists() else ""
+    tail = err.strip().splitlines()[-1:] or [f"exit {code}, no result"]
+    return {"rank": rank, "world_size": world_size, "ended": "error", "error": tail[0][:300]}
+
+
+@dataclass(frozen=True)
+class MemoryDecision:
+    """The memory guard's reading: the prediction, each predicted rank against the GPU, and the
+    world size it was predicted at (and where that came from)."""
+
+    prediction: Prediction
+    fits: list[Any]
+    world_from: str
+
+    def lines(self) -> list[str]:
+        p = self.prediction
+        head = f"memory: {p.world_size} ranks ({self.world_from}), " + (
+            "as predicted before for these files and this command" if p.cached else f"predicted in {p.seconds:.1f} s"
+        )
+        out = [head] + [f"  {fit.line()}" for fit in self.fits]
+        out += [f"  rank {r['rank']}: no prediction ({r.get('error')})" for r in p.failures]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.prediction.world_size,
+            "world_from": self.world_from,
+            "cached": self.prediction.cached,
+            "ranks": [
+                {"rank": f.rank, "gpu": f.gpu, "capacity": f.capacity, "peak": f.peak, "categories": f.categories,
+                 "allowance": f.allowance.parts, "needed": f.needed, "fits": f.fits}
+                for f in self.fits
+            ] + [{"rank": r["rank"], "error": r.get("error")} for r in self.prediction.failures],
+        }  # fmt: skip
+
+
+def guard(cfg: Config, request: Any, reviewed: dict[str, str]) -> MemoryDecision:
+    """The memory guard of a GPU rung: refused (exit 3, the numbers in one line) where a rank's
+    predicted peak plus its allowance exceeds the GPU asked for. A script the prediction cannot
+    run is not refused: the decision says why there is no prediction."""
+    from launcher.checks.memfit import fits
+    from launcher.errors import Refused
+    from launcher.ops.shape import planned_shape
+
+    gpus = request.gpus
+    shape = planned_shape(cfg, request.rung.name, request.backend, request.nodes, gpus)
+    world = shape.world_size or request.gpus_total
+    world_from = shape.world_from if shape.world_size else f"one per GPU of {request.nodes} x {gpus}"
+    prediction = predict(cfg, reviewed, world)
+    judged = fits(gpus.name, prediction.ok)
+    decision = MemoryDecision(prediction, judged, world_from)
+    over = [f for f in judged if f.fits is False]
+    if over:
+        worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
+        raise Refused(
+            f"it would not fit on a {worst.gpu}: {worst.line()}",
+            hint="`launcher memory --gpus ...` shows every rank; a smaller micro-batch, activation checkpointing, "
+            "sharding (FSDP2) or a larger GPU would bring it under",
+        )
+    return decision
+
+
+def ask(cfg: Config, gpus: str, nodes: int) -> MemoryDecision:
+    """`launcher memory`: the memory guard's reading for `gpus` per node on `nodes` nodes (checked
+    by the caller), on the files as they are now (no review needed: nothing is launched)."""
+    from launcher.checks.memfit import fits
+    from launcher.config.schema import parse_gpus
+    from launcher.errors import BadInput
+    from launcher.manifest import hash_reviewed
+    from launcher.ops.shape import planned_shape
+
+    spec = parse_gpus(gpus)
+    if spec.name.upper() not in GPU_NAMES:
+        raise BadInput(f"no memory is listed for GPU type {spec.name!r} (listed: {', '.join(GPU_NAMES)})")
+    backend = "sky" if nodes > 1 else "local"
+    shape = planned_shape(cfg, "probe", backend, nodes, spec)
+    world = shape.world_size or spec.count * nodes
+    world_from = shape.world_from if shape.world_size else f"one per GPU of {nodes} x {spec}"
+    prediction = predict(cfg, hash_reviewed(cfg), world)
+    return MemoryDecision(prediction, fits(spec.name, prediction.ok), world_from)

@@ -1,0 +1,64 @@
+"""Will it fit: the memory guard of a GPU rung and `launcher memory` (launcher.ops.memory,
+launcher.checks.memfit), on `launcher init`'s trainer predicted on this CPU.
+
+A model far past a T4 is refused before anything is recorded, the numbers in one line; the
+default trainer fits and the dry run lists every rank; a script the prediction cannot run is not
+refused on that account (no prediction is no evidence that it does not fit)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.gpuhost import gpu_host_env
+from tests.helpers import assert_one_line_error, edit_config, run_cli, run_rows
+
+BIG = "python train.py --ckpt-every 5 --n-layer 24 --n-embd 4096 --n-head 32 --block 256 --batch 4"
+
+
+def test_a_model_past_a_t4_is_refused_with_its_numbers_in_seconds(project: Path) -> None:
+    edit_config(project, trainer__command=BIG)
+    assert run_cli(["review"], cwd=project).code == 0
+    began = time.perf_counter()
+    res = run_cli(["up", "smoke", "--gpus", "T4:1"], cwd=project, env=gpu_host_env("Tesla T4"))
+    took = time.perf_counter() - began
+    assert_one_line_error(res, 3, "it would not fit on a T4", "predicted peak", "against T4's 15.00 GiB")
+    line = res.err.strip().splitlines()[0]
+    for part in ("parameters 18.01 GiB", "gradients 18.01 GiB", "optimizer 36.03 GiB", "CUDA context 512.0 MiB"):
+        assert part in line, (part, line)  # 4.83B fp32 weights: 4 bytes each, AdamW's two moments twice that
+    assert took < 120, took  # seconds on 2 cores (about 6 s unloaded), never the 78 GiB it predicts
+    assert run_rows(project) == 0  # refused before anything was recorded
+    mem = run_cli(["memory", "--gpus", "A100-80GB:1", "--json"], cwd=project)  # the cache answers
+    assert mem.code == 3, mem.err
+    ranks = json.loads(mem.out)["ranks"]
+    assert [r["fits"] for r in ranks] == [False] and ranks[0]["needed"] > 80 * 2**30
+    assert json.loads(mem.out)["cached"] is True
+
+
+def test_the_default_trainer_fits_and_the_dry_run_shows_every_rank(project: Path) -> None:
+    env = gpu_host_env("Tesla T4", "Tesla T4")
+    res = run_cli(["up", "smoke", "--gpus", "T4:2", "--dry-run"], cwd=project, env=env)
+    assert res.code == 0, res.err
+    lines = [ln for ln in res.out.splitlines() if ln.strip().startswith(("memory:", "rank "))]
+    assert lines[0].startswith("memory: 2 ranks"), lines
+    assert [ln.strip()[:11] for ln in lines[1:]] == ["rank 0 of 2", "rank 1 of 2"]
+    assert all(ln.endswith("against T4's 15.00 GiB: fits") for ln in lines[1:]), lines
+    assert "NCCL buffers 256.0 MiB" in lines[1]  # two ranks: NCCL's own buffers in the allowance
+    env = gpu_host_env("Tesla T4", "Tesla T4")
+    plan = json.loads(run_cli(["up", "smoke", "--gpus", "T4:2", "--dry-run", "--json"], cwd=project, env=env).out)[
+        "plan"
+    ]
+    assert [g["guard"] for g in plan["guards"]][-2:] == ["memory", "quota"]
+    assert plan["memory"]["world_size"] == 2 and all(r["fits"] for r in plan["memory"]["ranks"])
+
+
+def test_a_script_the_prediction_cannot_run_is_not_refused_for_it(project: Path) -> None:
+    train = project / "train.py"
+    refusing = "import os\nif os.environ.get('LAUNCHER_MEMORY'):\n    raise SystemExit('no fakes here')\n\n\ndef main("
+    train.write_text(train.read_text().replace("def main(", refusing, 1))
+    assert "LAUNCHER_MEMORY" in train.read_text()
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=gpu_host_env("Tesla T4"))
+    assert res.code == 0, res.err
+    assert "rank 0: no prediction (SystemExit: no fakes here" in res.out, res.out
