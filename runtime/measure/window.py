@@ -1,8 +1,8 @@
 """What the session prints once per metrics window (every `metrics_every` steps),
 beside the per-step line:
 
-- `memory`: this rank's allocated, reserved and peak bytes since the last window
-  (CUDA's allocator, or the host RSS on a CPU), and their MAX across ranks;
+- `memory`: this rank's allocated, reserved, peak allocated and peak reserved bytes since the last
+  window (CUDA's allocator, or the host RSS on a CPU), and their MAX across ranks;
 - `rate`: the sustained rate over the steps so far (runtime.metrics), the ETA to
   `total_steps`, and, once the leg's first step's FLOPs were counted, FLOP/s and
   MFU against the device's dense peak (runtime.peaks).
@@ -24,17 +24,28 @@ from runtime.session.world import World
 
 def device_memory(device: str) -> tuple[int, int, int]:
     """(allocated, reserved, peak since the last call): a window, not a lifetime peak."""
+    return device_memory_peaks(device)[:3]
+
+
+def device_memory_peaks(device: str) -> tuple[int, int, int, int]:
+    """(allocated, reserved, peak allocated, peak reserved) since the last call: the caching
+    allocator's two peaks, what a memory prediction is scored against (docs/memory.md)."""
     if device.startswith("cuda"):
-        out = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated())
+        out = (
+            torch.cuda.memory_allocated(),
+            torch.cuda.memory_reserved(),
+            torch.cuda.max_memory_allocated(),
+            torch.cuda.max_memory_reserved(),
+        )
         torch.cuda.reset_peak_memory_stats()
         return out
     rss = host_rss_bytes()
-    return rss, rss, rss
+    return rss, rss, rss, rss
 
 
 def emit_memory(world: World, device: str, step: int) -> float:
     """The `memory` event (a collective: every rank calls it at the same step); the peak's MAX across ranks."""
-    allocated, reserved, peak = device_memory(device)
+    allocated, reserved, peak, peak_reserved = device_memory_peaks(device)
     peak_max = world.max(peak)
     events.emit(
         "memory",
@@ -46,6 +57,8 @@ def emit_memory(world: World, device: str, step: int) -> float:
         allocated_max=world.max(allocated),
         reserved_max=world.max(reserved),
         peak_max=peak_max,
+        peak_reserved=peak_reserved,
+        peak_reserved_max=world.max(peak_reserved),
     )
     return peak_max
 

@@ -12,7 +12,8 @@ reference dies (a weak reference's callback, as the caching allocator frees a bl
 
 The peak is the largest total any device held, with the categories at that moment. A CUDA
 block is counted as the caching allocator rounds it (512 bytes); a CPU one exactly. What no op
-returns is not seen: a kernel's private workspace (cuBLAS, cuDNN, oneDNN), the CUDA context,
+returns is not seen (but for the kernels runtime.memory.opaque measures: oneDNN's RNN layer): a
+kernel's private workspace (cuBLAS, cuDNN), the CUDA context,
 NCCL's buffers, the allocator's reserve: the launcher adds those as a stated allowance
 (launcher.checks.memfit).
 
@@ -37,6 +38,9 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass_type,
 )
 from torch.utils._pytree import tree_leaves
+
+from runtime.memory.opaque import OPAQUE
+from runtime.memory.opaque import extra as opaque_extra
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries", "other")
 CUDA_BLOCK = 512
@@ -148,7 +152,17 @@ class Account(TorchDispatchMode):
         category = self._category()
         for t in _plain(out):
             self._add(t.untyped_storage(), category, t.device)
+        if func in OPAQUE:  # what the real kernel held beyond its outputs while it ran (runtime.memory.opaque)
+            self._transient(opaque_extra(func, args, kwargs), out)
         return out
+
+    def _transient(self, nbytes: int, out: Any) -> None:
+        tensors = _plain(out)
+        if nbytes <= 0 or not tensors:
+            return
+        held = _Held(nbytes, "temporaries", str(tensors[0].device))
+        self._move(held, nbytes, held.category)
+        self._move(held, -nbytes, held.category)
 
     # --- hooks: what a storage turns out to be -------------------------------------------------
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:

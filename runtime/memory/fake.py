@@ -9,6 +9,10 @@
   and any framework's, finds it joined. Python objects sent between ranks (a log dir, a seed)
   stay this rank's own: a pickled object's bytes would be a fake tensor's. DDP's gradient
   all-reduce leaves each bucket as it is (the memory a reduced bucket holds).
+- DataLoaders are read in the process (no workers): a worker is a fork, fake mode and all, and a
+  fake tensor cannot be pickled back to the parent.
+- A kernel whose fake misstates its memory (oneDNN's RNN layer: runtime.memory.opaque) returns
+  its outputs at the sizes the real kernel makes, measured once per shape.
 - A deep copy of a fake is a new fake (torch's own copy refuses a FakeTensor: torchmetrics copies
   its states' defaults so).
 - `torch.save` writes nothing: a fake tensor has no bytes, and a save copies to the host anyway.
@@ -36,8 +40,13 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_leaves
 
+from runtime.memory.opaque import OPAQUE, measured
+
 _scalar = torch.ops.aten._local_scalar_dense.default
 
+
+SEEN: set[str] = set()
+"""What the script built that the result reports: "ddp" once a model was wrapped in DDP."""
 
 REAL_INDEX_NUMEL = 1 << 20
 """An integer or bool result of at most this many elements, made from real inputs only, is computed
@@ -79,10 +88,20 @@ class Valueless(FakeTensorMode):
                 with unset_fake_temporarily():
                     return func(*args, **kwargs)
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func in OPAQUE and all(t.device.type == "cpu" for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+            return _as_measured(func, args, kwargs, out)
         if _fakes((args, kwargs)) or not _small_integers(out):
             return out
         with unset_fake_temporarily():  # a factory of indices (randint, arange): made for real
             return func(*args, **kwargs)
+
+
+def _as_measured(func: Any, args: Any, kwargs: Any, out: Any) -> Any:
+    """A kernel whose fake misstates its outputs (runtime.memory.opaque): its outputs as the real
+    kernel makes them at these shapes."""
+    with unset_fake_temporarily():
+        shapes, _ = measured(func, args, kwargs)
+    return type(out)(o.new_empty(shape) if tuple(o.shape) != shape else o for o, shape in zip(out, shapes))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -195,7 +214,7 @@ def fake_world(rank: int, world_size: int) -> None:
     def ddp_without_peers(self: Any, *args: Any, **kwargs: Any) -> None:
         ddp_init(self, *args, **kwargs)
         self.register_comm_hook(None, _bucket_as_reduced)
-        os.environ["LAUNCHER_MEMORY_DDP"] = "1"  # the result says so: its allowance holds a gradients' copy
+        SEEN.add("ddp")  # the result says so: a DDP rank's allowance holds a copy of its gradients
 
     def broadcast_objects(objects: list[Any], *args: Any, **kwargs: Any) -> None:
         return None  # every rank keeps its own: the objects are this rank's (a log dir, a seed)

@@ -61,9 +61,15 @@ def _result(mode: str, began: float, **facts: Any) -> dict[str, Any]:
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "torch": torch.__version__,
         "seconds": round(time.time() - began, 3),
-        "ddp": os.environ.get("LAUNCHER_MEMORY_DDP") == "1",
+        "ddp": "ddp" in _seen(),
         **facts,
     }
+
+
+def _seen() -> set[str]:
+    from runtime.memory.fake import SEEN
+
+    return SEEN
 
 
 def _write(out: str | None, result: dict[str, Any]) -> None:

@@ -1,0 +1,37 @@
+"""Will it fit (launcher.checks.memfit): a prediction plus its allowance against a GPU's memory."""
+
+from __future__ import annotations
+
+from launcher.checks.memfit import GIB, MIB, allowance, fits, gpu_memory
+
+
+def _rank(peak: int, world: int = 1, ddp: bool = False, rank: int = 0) -> dict:
+    cats = {"parameters": peak // 4, "gradients": peak // 4, "optimizer": peak // 2}
+    return {"rank": rank, "world_size": world, "peak_bytes": peak, "categories": cats, "ddp": ddp}
+
+
+def test_the_allowance_names_each_part_and_grows_with_the_world() -> None:
+    one = allowance(10 * GIB, 1)
+    assert one.parts == {"CUDA context": 512 * MIB, "allocator reserve 10%": GIB}
+    two = allowance(10 * GIB, 2, margin=0.05, ddp_gradients=3 * GIB)
+    assert two.parts["NCCL buffers"] == 256 * MIB and two.parts["DDP's gradients in flight"] == 3 * GIB
+    assert two.parts["largest GPU error so far 5%"] == GIB // 2
+    assert two.total == sum(two.parts.values()) > one.total
+
+
+def test_a_rank_past_the_card_does_not_fit_and_the_line_says_by_how_much() -> None:
+    assert gpu_memory("t4") == 15360 * MIB and gpu_memory("A100-80GB") == 81920 * MIB
+    assert gpu_memory("T44") is None
+    small, big = fits("T4", [_rank(4 * GIB), _rank(14 * GIB, rank=1)])
+    assert small.fits is True and big.fits is False  # 14 GiB + 0.5 + 1.4 > 15 GiB
+    line = big.line()
+    assert line.startswith("the one rank: predicted peak 14.00 GiB (optimizer 7.00 GiB, parameters 3.50 GiB, ")
+    assert line.endswith("against T4's 15.00 GiB: does not fit")
+    (unknown,) = fits("X9", [_rank(GIB)])
+    assert unknown.fits is None and "cannot be judged" in unknown.line()
+
+
+def test_ddp_ranks_hold_their_gradients_once_more_and_fsdp_ranks_do_not() -> None:
+    (ddp,) = fits("T4", [_rank(8 * GIB, world=2, ddp=True)])
+    (fsdp,) = fits("T4", [_rank(8 * GIB, world=2, ddp=False)])
+    assert ddp.allowance.total - fsdp.allowance.total == 2 * GIB  # the gradients: a quarter of 8 GiB
