@@ -54,9 +54,10 @@ and peer, allocated by NCCL itself). Not measured here."""
 
 
 DDP_IN_FLIGHT = (
-    "DDP on several ranks: one more copy of the gradients at the peak, in some runs and not others "
-    "(gloo on this CPU: 2 of 6 runs of examples/lightning_ddp, 1 of 3 of the reference trainer; the "
-    "prediction equals the runs without it, to the byte)"
+    "DDP on several ranks: a buffer the size of the parameters held past its use in some runs "
+    "(gloo on this CPU: the flattened copy DDP broadcasts its parameters from at construction, "
+    "never freed in 2 of 6 runs of examples/lightning_ddp; the prediction equals the other runs to "
+    "the byte). Whether NCCL holds it too is unmeasured: kept until a GPU says"
 )
 """Why a DDP rank's allowance holds its gradients' size once more."""
 
