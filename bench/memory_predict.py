@@ -51,10 +51,6 @@ def _ref(size: str, layers: int, embd: int, heads: int, block: int, *extra: str,
     return Case(REF, size, V, (*args, "--batch", "8", "--data-tokens", "200000", *extra), world=world)
 
 
-def _dims(old: str, new: str) -> dict[str, str]:
-    return {old: new}
-
-
 CASES = [
     _ref("S", 2, 128, 4, 64),
     _ref("M", 4, 256, 4, 128),
@@ -75,10 +71,11 @@ CASES = [
             s,
             V,
             ("--batch", n, "--seq", q),
-            _dims(
-                "nn.Embedding(256, 64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 256)",
-                f"nn.Embedding(256, {d}), nn.Linear({d}, {2 * d}), nn.GELU(), nn.Linear({2 * d}, 256)",
-            ),
+            {
+                "nn.Embedding(256, 64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 256)": (
+                    f"nn.Embedding(256, {d}), nn.Linear({d}, {2 * d}), nn.GELU(), nn.Linear({2 * d}, 256)"
+                )
+            },
             world=2,
             sharded=True,
         )
@@ -90,10 +87,11 @@ CASES = [
             s,
             V,
             ("--batch", n, "--seq", q, "--workers", "2"),
-            _dims(
-                "nn.Embedding(256, 32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 256)",
-                f"nn.Embedding(256, {d}), nn.Linear({d}, {2 * d}), nn.GELU(), nn.Linear({2 * d}, 256)",
-            ),
+            {
+                "nn.Embedding(256, 32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 256)": (
+                    f"nn.Embedding(256, {d}), nn.Linear({d}, {2 * d}), nn.GELU(), nn.Linear({2 * d}, 256)"
+                )
+            },
         )
         for s, d, n, q in (("S", 32, "4", "16"), ("M", 256, "32", "32"), ("L", 1024, "64", "64"))
     ],

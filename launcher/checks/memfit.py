@@ -139,21 +139,18 @@ def fits(gpu: str, results: list[dict[str, Any]], margin: float = 0.0) -> list[F
     capacity = gpu_memory(gpu)
     out = []
     for r in results:
-        peak = int(r["peak_bytes"])
+        peak, world = int(r["peak_bytes"]), int(r["world_size"])
+        categories = {k: int(v) for k, v in r.get("categories", {}).items()}
+        ddp_gradients = categories.get("gradients", 0) if r.get("ddp") else 0
         out.append(
             Fit(
                 gpu.upper(),
                 capacity,
                 int(r["rank"]),
-                int(r["world_size"]),
+                world,
                 peak,
-                {k: int(v) for k, v in r.get("categories", {}).items()},
-                allowance(
-                    peak,
-                    int(r["world_size"]),
-                    margin,
-                    int(r.get("categories", {}).get("gradients", 0)) if r.get("ddp") else 0,
-                ),
+                categories,
+                allowance(peak, world, margin, ddp_gradients),
             )
         )
     return out

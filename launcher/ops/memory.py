@@ -52,11 +52,16 @@ class Prediction:
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        return [r for r in self.results if r.get("ended") == "error" or "peak_bytes" not in r]
+        return [r for r in self.results if not _made(r)]
 
     @property
     def ok(self) -> list[dict[str, Any]]:
-        return [r for r in self.results if r not in self.failures]
+        return [r for r in self.results if _made(r)]
+
+
+def _made(result: dict[str, Any]) -> bool:
+    """A rank's result that holds a prediction (not a script's failure)."""
+    return result.get("ended") != "error" and "peak_bytes" in result
 
 
 def ranks_of(world_size: int) -> list[int]:
@@ -84,7 +89,7 @@ def _cached(key: str) -> dict[str, Any] | None:
         result = json.loads((cache_dir() / f"{key}.json").read_text())
     except (OSError, ValueError):
         return None
-    return result if isinstance(result, dict) and "peak_bytes" in result and result.get("ended") != "error" else None
+    return result if isinstance(result, dict) and _made(result) else None
 
 
 def _keep(key: str, result: dict[str, Any]) -> None:
@@ -109,31 +114,27 @@ def predict(cfg: Config, reviewed: dict[str, str], world_size: int) -> Predictio
     if not todo:
         return Prediction(world_size, [known[r] for r in keys], cached=True)
     began = time.perf_counter()
-    made = {int(r["rank"]): r for r in _run(cfg, reviewed, world_size, todo)}
+    made = {int(r["rank"]): r for r in _run(cfg, python, reviewed, world_size, todo)}
     for rank, result in made.items():
-        if result.get("ended") != "error" and "peak_bytes" in result:
+        if _made(result):
             _keep(keys[rank], result)
     by_rank = {**known, **made}
     return Prediction(world_size, [by_rank[r] for r in keys], time.perf_counter() - began)
 
 
-def _run(cfg: Config, reviewed: dict[str, str], world_size: int, ranks: list[int]) -> list[dict[str, Any]]:
-    """Each rank's prediction, PARALLEL at a time, in a folder holding only the reviewed files."""
+def _run(cfg: Config, python: str, reviewed: dict[str, str], world_size: int, ranks: list[int]) -> list[dict[str, Any]]:
+    """Each rank's prediction, rank 0 first and alone, then PARALLEL at a time, in a folder holding
+    only the reviewed files."""
     leg_argv = resolve_command(cfg.trainer.command)
-    python = trainer_python(cfg.trainer.command)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")}
     env.update(cfg.leg_env)
+    rest = [r for r in ranks if r != 0]
+    batches = ([[0]] if 0 in ranks else []) + [rest[i : i + PARALLEL] for i in range(0, len(rest), PARALLEL)]
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="launcher-memory-") as tmp:
         root = Path(tmp)
         stage_files({rel: p for rel, p in reviewed_paths(cfg).items() if rel in reviewed}, reviewed, root)
-        first = [r for r in ranks if r == 0]
-        pending = [r for r in ranks if r != 0]
-        while first or pending:
-            if first:
-                batch, first = first, []
-            else:
-                batch, pending = pending[:PARALLEL], pending[PARALLEL:]
+        for batch in batches:
             procs = []
             for rank in batch:
                 result, said = root / ".memory" / f"rank-{rank}.json", root / ".memory" / f"rank-{rank}.err"
@@ -199,22 +200,27 @@ class MemoryDecision:
         }  # fmt: skip
 
 
+def _reading(cfg: Config, rung: str, backend: str, nodes: int, gpus: Any, reviewed: dict[str, str]) -> MemoryDecision:
+    """Each rank of the world the plan would launch (its shape, else one rank per GPU) predicted and
+    set against `gpus`' card."""
+    from launcher.checks.memfit import fits
+    from launcher.ops.shape import planned_shape
+
+    shape = planned_shape(cfg, rung, backend, nodes, gpus)
+    world = shape.world_size or gpus.count * nodes
+    world_from = shape.world_from if shape.world_size else f"one per GPU of {nodes} x {gpus}"
+    prediction = predict(cfg, reviewed, world)
+    return MemoryDecision(prediction, fits(gpus.name, prediction.ok), world_from)
+
+
 def guard(cfg: Config, request: Any, reviewed: dict[str, str]) -> MemoryDecision:
     """The memory guard of a GPU rung: refused (exit 3, the numbers in one line) where a rank's
     predicted peak plus its allowance exceeds the GPU asked for. A script the prediction cannot
     run is not refused: the decision says why there is no prediction."""
-    from launcher.checks.memfit import fits
     from launcher.errors import Refused
-    from launcher.ops.shape import planned_shape
 
-    gpus = request.gpus
-    shape = planned_shape(cfg, request.rung.name, request.backend, request.nodes, gpus)
-    world = shape.world_size or request.gpus_total
-    world_from = shape.world_from if shape.world_size else f"one per GPU of {request.nodes} x {gpus}"
-    prediction = predict(cfg, reviewed, world)
-    judged = fits(gpus.name, prediction.ok)
-    decision = MemoryDecision(prediction, judged, world_from)
-    over = [f for f in judged if f.fits is False]
+    decision = _reading(cfg, request.rung.name, request.backend, request.nodes, request.gpus, reviewed)
+    over = [f for f in decision.fits if f.fits is False]
     if over:
         worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
         raise Refused(
@@ -228,18 +234,11 @@ def guard(cfg: Config, request: Any, reviewed: dict[str, str]) -> MemoryDecision
 def ask(cfg: Config, gpus: str, nodes: int) -> MemoryDecision:
     """`launcher memory`: the memory guard's reading for `gpus` per node on `nodes` nodes (checked
     by the caller), on the files as they are now (no review needed: nothing is launched)."""
-    from launcher.checks.memfit import fits
     from launcher.config.schema import parse_gpus
     from launcher.errors import BadInput
     from launcher.manifest import hash_reviewed
-    from launcher.ops.shape import planned_shape
 
     spec = parse_gpus(gpus)
     if spec.name.upper() not in GPU_NAMES:
         raise BadInput(f"no memory is listed for GPU type {spec.name!r} (listed: {', '.join(GPU_NAMES)})")
-    backend = "sky" if nodes > 1 else "local"
-    shape = planned_shape(cfg, "probe", backend, nodes, spec)
-    world = shape.world_size or spec.count * nodes
-    world_from = shape.world_from if shape.world_size else f"one per GPU of {nodes} x {spec}"
-    prediction = predict(cfg, hash_reviewed(cfg), world)
-    return MemoryDecision(prediction, fits(spec.name, prediction.ok), world_from)
+    return _reading(cfg, "probe", "sky" if nodes > 1 else "local", nodes, spec, hash_reviewed(cfg))

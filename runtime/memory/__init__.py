@@ -28,6 +28,7 @@ the same on every loop, framework or not.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from runtime import contract
 
@@ -42,3 +43,15 @@ def mode() -> str | None:
     """`predict` or `measure` under runtime.programs.memory; None on a leg."""
     value = os.environ.get(contract.MEMORY, "")
     return value if value in MODES else None
+
+
+def profiled_peak(prof: Any) -> tuple[int, int]:
+    """(peak bytes, allocations) from a torch profiler's memory events (`profile_memory=True`): every
+    CPU allocation and free c10 made while it ran, in time order, summed from where it started."""
+    mem = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    mem = sorted((e for e in mem if str(e.device_type()).endswith("CPU")), key=lambda e: e.start_ns())
+    now = peak = 0
+    for e in mem:
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak, sum(1 for e in mem if e.nbytes() > 0)

@@ -95,13 +95,10 @@ class Account(TorchDispatchMode):
             return
         held = _Held(_bytes(st, device), category, str(device))
         self.held[key] = held
-        held.ref = weakref.ref(st, functools.partial(self._dropped, key))
+        held.ref = weakref.ref(st, functools.partial(self._drop, key))
         self._move(held, held.bytes, category)
 
-    def _dropped(self, key: int, ref: Any) -> None:
-        self._drop(key)
-
-    def _drop(self, key: int) -> None:
+    def _drop(self, key: int, ref: Any = None) -> None:  # a weak reference's callback (`ref`: the dead one)
         held = self.held.pop(key, None)
         if held is not None:
             self._move(held, -held.bytes, held.category)

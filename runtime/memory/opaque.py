@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from runtime.memory import profiled_peak
+
 _aten = torch.ops.aten
 OPAQUE = frozenset({_aten.mkldnn_rnn_layer.default, _aten.mkldnn_rnn_layer_backward.default})
 
@@ -58,12 +60,6 @@ def _run(func: Any, args: Any, kwargs: Any) -> tuple[list[tuple[int, ...]], int]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = func(*real_args, **real_kwargs)
     outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
-    )
-    now = peak = 0
-    for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
+    peak, _ = profiled_peak(prof)
     held = sum(t.untyped_storage().nbytes() for t in outs)
     return [tuple(t.shape) for t in outs], max(0, peak - held)

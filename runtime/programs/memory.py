@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from runtime import contract
-from runtime.memory import MEASURE, MODES, OPTIMIZER_STEPS, PREDICT
+from runtime.memory import MEASURE, MODES, OPTIMIZER_STEPS, PREDICT, profiled_peak
 
 
 class Steps:
@@ -83,19 +83,6 @@ def _write(out: str | None, result: dict[str, Any]) -> None:
     stdout = sys.__stdout__ or sys.stdout
     stdout.write(line + "\n")
     stdout.flush()
-
-
-def _measured_peak(prof: Any) -> tuple[int, int]:
-    """(peak bytes, allocations) from the profiler's memory events: every CPU allocation and free
-    c10 made while it ran, in time order, summed."""
-    mem = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    mem = [e for e in mem if str(e.device_type()).endswith("CPU")]
-    mem.sort(key=lambda e: e.start_ns())
-    now = peak = 0
-    for e in mem:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return peak, sum(1 for e in mem if e.nbytes() > 0)
 
 
 def run(mode: str, command: list[str], out: str | None, world: int, rank: int, timeout_s: float) -> int:
@@ -161,7 +148,7 @@ def _measuring(collect: list[Callable[[], dict[str, Any]]]) -> Iterator[None]:
 
     def peak() -> dict[str, Any]:
         prof.stop()
-        total, allocations = _measured_peak(prof)
+        total, allocations = profiled_peak(prof)
         return {"device": "cpu", "peak_bytes": total, "categories": {}, "allocations": allocations}
 
     collect.append(peak)
