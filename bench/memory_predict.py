@@ -56,6 +56,7 @@ CASES = [
     _ref("M", 4, 256, 4, 128),
     _ref("L", 8, 512, 8, 256),
     _ref("M bf16 autocast", 4, 256, 4, 128, "--dtype", "bf16"),
+    _ref("L activation checkpointing", 8, 512, 8, 256, "--activation-checkpointing"),
     _ref("M DDP 2 ranks", 4, 256, 4, 128, world=2),
     *[
         Case("flat_gpt", s, V, ("--n_embd", e, "--block_size", b, "--batch_size", n))

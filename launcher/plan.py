@@ -136,7 +136,8 @@ class Plan:
 
     def warnings(self) -> list[str]:
         """What the launch goes ahead despite, shown by the dry run and at the launch alike."""
-        return notice_warning(self.request, self.preflight, self.pick) + shape_warnings(self.cfg, self.request)
+        memory = self.memory.warnings() if self.memory is not None else []
+        return notice_warning(self.request, self.preflight, self.pick) + shape_warnings(self.cfg, self.request) + memory
 
     def refusal(self, dry_run: bool = False) -> LauncherError | None:
         """The first refusal (None: it launches); the dry run's names every reason."""
@@ -239,7 +240,7 @@ def _decide_all(plan: Plan, dry_run: bool) -> None:
     if rung.legs and request.gpus is not None and plan.cmp is not None:
         from launcher.ops.memory import guard as memory_guard
 
-        plan.memory = decide("memory", lambda: memory_guard(cfg, request, plan.reviewed))
+        plan.memory = decide("memory", lambda: memory_guard(cfg, request, plan.reviewed, plan.ledger))
     plan.pick = plan.backend.quote(rung.name, request.gpus) if rung.legs and request.gpus else None
     plan.price = _gpu_hour_price(plan)
     plan.projection = project(cfg, plan.ledger, rung, request.gpus, request.nodes)

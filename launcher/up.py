@@ -214,7 +214,8 @@ def execute(
             ),
             cmp.current,
         )
-        return _run_recorded(ctx, runner, cmp, reservation)
+        memory = plan.memory.to_json() if plan.memory is not None else None
+        return _run_recorded(ctx, runner, cmp, reservation, memory)
     finally:
         plan.close()
 
@@ -244,10 +245,16 @@ def _reserve(ctx: RunContext, plan: Plan) -> int:
 
 
 def _run_recorded(
-    ctx: RunContext, runner: Callable[[RunContext, Any], list[Check]], cmp: Any, reservation: int
+    ctx: RunContext,
+    runner: Callable[[RunContext, Any], list[Check]],
+    cmp: Any,
+    reservation: int,
+    memory: dict[str, Any] | None = None,
 ) -> Outcome:
     """Run `runner` on the recorded run; its checks, end and verdict are written, and its
-    quota reservation settled, however it ends (an interrupt included)."""
+    quota reservation settled, however it ends (an interrupt included). `memory`: the memory
+    guard's decision (a GPU rung), scored against the legs' measured peak when the run ends."""
+    from launcher.checks.memscore import score_run
     from launcher.ops.spend import settle
 
     ledger = ctx.ledger
@@ -262,6 +269,8 @@ def _run_recorded(
         except RunStopped as stopped:
             checks.append(Check("ran to its end", False, str(stopped), kind=Kind.RAN_TO_END))
             verdict = "stopped"
+        score = score_run(memory, ledger.leg_records(ctx.run_id))
+        checks += [score] if score else []  # a statement (always ok): the exit code does not move
         outcome = Outcome(ctx.run_id, ctx.rung.name, checks, time.time() - began)
         exit_code = outcome.exit_code
         if verdict != "stopped":
@@ -275,6 +284,8 @@ def _run_recorded(
         verdict, exit_code = "interrupted", int(Exit.INTERRUPTED)
         raise
     finally:
+        if memory is not None and not any(c.kind == Kind.MEMORY_SCORED for c in checks):
+            checks += [c for c in [score_run(memory, ledger.leg_records(ctx.run_id))] if c]
         ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
         gpus = ctx.gpus
         source = "config prices" if gpus and gpus.name in ctx.cfg.prices else "none"

@@ -3,7 +3,9 @@
 # trainer's GPT-2-small-shaped model (85.6M parameters, block 512, batch 16) in
 # fp32 eager, then in bf16 autocast + torch.compile, each followed by its report;
 # prints MFU, tok/s and the ETA of rungs.run.steps for both, from the reports'
-# preflight.json. From a checkout, no install (the machine's python3 and torch).
+# preflight.json, and the memory guard's predicted peak against the probe's measured
+# max_memory_allocated/max_memory_reserved (MEMORY lines: docs/memory.md). From a
+# checkout, no install (the machine's python3 and torch).
 #
 #   scripts/gpu-efficiency.sh [WORK_DIR]    GPUS=H200:1 to name the GPUs yourself
 set -uo pipefail
@@ -36,6 +38,12 @@ print(f"RESULT {sys.argv[2]}: {plan.get('tok_s', 0):,.0f} tok/s; "
       f"at a reachable {100 * r.get('mfu', 0):.0f} %: {r.get('eta_hours', 0):,.2f} h; "
       f"idle {(e.get('idle') or {}).get('summary', '-')}")
 print("levers:", "; ".join(e.get("levers") or []))
+for m in (plan.get("memory_scores") or {}).get("rows", []):  # the memory guard's prediction, scored
+    err = m.get("error")
+    print(f"MEMORY {sys.argv[2]} {m['rung']} on {m['on']}: predicted {(m.get('predicted') or 0) / 2**20:,.1f} MiB "
+          f"(with allowance {(m.get('needed') or 0) / 2**20:,.1f}); measured allocated "
+          f"{(m.get('allocated') or 0) / 2**20:,.1f} MiB, reserved {(m.get('reserved') or 0) / 2**20:,.1f} MiB; "
+          f"error {'MISSING' if err is None else f'{100 * err:+.1f} %'}")
 PY
 done
 echo "steps that said no: $failed"

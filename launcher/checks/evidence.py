@@ -169,6 +169,10 @@ class Kind(StrEnum):
     """A leg's FLOPs and MFU (`leg`)."""
     GPU_UTILISATION = "gpu_utilisation"
     """A leg's GPU utilisation and idle time (`leg`)."""
+    # launcher/checks/memscore.py
+    MEMORY_SCORED = "memory_scored"
+    """A statement: a GPU rung's predicted peak memory beside its legs' measured one (facts:
+    predicted, needed, allocated, reserved, error; allocated None where no leg measured a GPU)."""
 
 
 @dataclass(frozen=True)

@@ -53,15 +53,6 @@ NCCL_MIB = 256
 and peer, allocated by NCCL itself). Not measured here."""
 
 
-DDP_IN_FLIGHT = (
-    "DDP on several ranks: a buffer the size of the parameters held past its use in some runs "
-    "(gloo on this CPU: the flattened copy DDP broadcasts its parameters from at construction, "
-    "never freed in 2 of 6 runs of examples/lightning_ddp; the prediction equals the other runs to "
-    "the byte). Whether NCCL holds it too is unmeasured: kept until a GPU says"
-)
-"""Why a DDP rank's allowance holds its gradients' size once more."""
-
-
 @dataclass(frozen=True)
 class Allowance:
     """What the prediction cannot see, in bytes, each part named."""
@@ -76,15 +67,13 @@ class Allowance:
         return ", ".join(f"{name} {gib(b)}" for name, b in self.parts.items() if b)
 
 
-def allowance(peak: int, world_size: int, margin: float = 0.0, ddp_gradients: int = 0) -> Allowance:
+def allowance(peak: int, world_size: int, margin: float = 0.0) -> Allowance:
     """The allowance for a rank predicted at `peak` bytes in a world of `world_size`; `margin`: the
-    largest under-prediction measured on a GPU in this project so far (0.1 = 10 %); `ddp_gradients`:
-    the gradients' bytes where the model is wrapped in DDP (see DDP_IN_FLIGHT)."""
+    largest under-prediction measured on a GPU in this project so far (0.1 = 10 %)."""
     parts = {
         "CUDA context": CONTEXT_MIB * MIB,
         f"allocator reserve {RESERVE:.0%}": int(peak * RESERVE),
         "NCCL buffers": NCCL_MIB * MIB if world_size > 1 else 0,
-        "DDP's gradients in flight": ddp_gradients if world_size > 1 else 0,
         f"largest GPU error so far {margin:.0%}": int(peak * margin),
     }
     return Allowance({k: v for k, v in parts.items() if v})
@@ -141,16 +130,5 @@ def fits(gpu: str, results: list[dict[str, Any]], margin: float = 0.0) -> list[F
     for r in results:
         peak, world = int(r["peak_bytes"]), int(r["world_size"])
         categories = {k: int(v) for k, v in r.get("categories", {}).items()}
-        ddp_gradients = categories.get("gradients", 0) if r.get("ddp") else 0
-        out.append(
-            Fit(
-                gpu.upper(),
-                capacity,
-                int(r["rank"]),
-                world,
-                peak,
-                categories,
-                allowance(peak, world, margin, ddp_gradients),
-            )
-        )
+        out.append(Fit(gpu.upper(), capacity, int(r["rank"]), world, peak, categories, allowance(peak, world, margin)))
     return out

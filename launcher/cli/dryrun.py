@@ -76,6 +76,8 @@ def describe(plan: Plan) -> str:
     out += plan.warnings()
     if plan.memory is not None:
         out += plan.memory.lines()
+    elif plan.request.gpus is not None and plan.request.rung.legs and plan.cfg.memory.guard == "off":
+        out.append("memory: not predicted (memory.guard: off in launcher.yaml)")
     out.append("quota: " + plan.projection.describe())
     if plan.price is not None:
         source = "the provider's price" if plan.pick is not None else "launcher.yaml prices"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.cadence import SpotConfig
 from launcher.config.hub import HubConfig
+from launcher.config.memory import MemoryConfig
 from launcher.config.places import local_folder, store_uri
 from launcher.errors import ConfigError
 
@@ -300,6 +301,9 @@ class Config:
 
     hub: HubConfig = field(default_factory=HubConfig)
     """The Hugging Face Hub's limits an hf:// store keeps to: file size, files per commit, commits per hour."""
+
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """What the memory guard does with its prediction (docs/memory.md)."""
 
     spot: SpotConfig = field(default_factory=SpotConfig)
     """What the report's checkpoint-cadence arithmetic assumes about interruptions."""

@@ -33,6 +33,7 @@ from launcher.manifest import reviewed_paths, stage_files
 from runtime.hashing import digest_lines
 
 GPU_NAMES = tuple(GPU_MEMORY_MIB)
+
 PREDICT_TIMEOUT_S = 300.0
 CACHE_VERSION = 1
 """Part of every cache key: a launcher whose prediction changes what it records bumps it."""
@@ -78,9 +79,9 @@ def cache_dir() -> Path:
     return base / "preflight-launcher" / "memory"
 
 
-def _key(reviewed: dict[str, str], command: list[str], python: str, world_size: int, rank: int) -> str:
+def _key(reviewed: dict[str, str], command: list[str], python: str, world_size: int, rank: int, undo: bool) -> str:
     facts = {"v": CACHE_VERSION, "files": digest_lines(reviewed), "command": command, "python": python}
-    facts |= {"world": world_size, "rank": rank}
+    facts |= {"world": world_size, "rank": rank} | ({"no_checkpoint": True} if undo else {})
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
@@ -103,18 +104,19 @@ def _keep(key: str, result: dict[str, Any]) -> None:
         pass  # a cache that cannot be written costs a prediction next time, nothing more
 
 
-def predict(cfg: Config, reviewed: dict[str, str], world_size: int) -> Prediction:
+def predict(cfg: Config, reviewed: dict[str, str], world_size: int, undo: bool = False) -> Prediction:
     """The prediction for `world_size` ranks: from this host's cache where the same files, command
-    and interpreter were predicted at this size, else made now (and kept)."""
+    and interpreter were predicted at this size, else made now (and kept). `undo`: with activation
+    checkpointing undone (the headroom statement)."""
     command = list(cfg.trainer.command)
     python = trainer_python(cfg.trainer.command)
-    keys = {r: _key(reviewed, command, python, world_size, r) for r in ranks_of(world_size)}
+    keys = {r: _key(reviewed, command, python, world_size, r, undo) for r in ranks_of(world_size)}
     known = {r: hit for r, k in keys.items() if (hit := _cached(k)) is not None}
     todo = [r for r in keys if r not in known]
     if not todo:
         return Prediction(world_size, [known[r] for r in keys], cached=True)
     began = time.perf_counter()
-    made = {int(r["rank"]): r for r in _run(cfg, python, reviewed, world_size, todo)}
+    made = {int(r["rank"]): r for r in _run(cfg, python, reviewed, world_size, todo, undo)}
     for rank, result in made.items():
         if _made(result):
             _keep(keys[rank], result)
@@ -122,7 +124,9 @@ def predict(cfg: Config, reviewed: dict[str, str], world_size: int) -> Predictio
     return Prediction(world_size, [by_rank[r] for r in keys], time.perf_counter() - began)
 
 
-def _run(cfg: Config, python: str, reviewed: dict[str, str], world_size: int, ranks: list[int]) -> list[dict[str, Any]]:
+def _run(
+    cfg: Config, python: str, reviewed: dict[str, str], world_size: int, ranks: list[int], undo: bool
+) -> list[dict[str, Any]]:
     """Each rank's prediction, rank 0 first and alone, then PARALLEL at a time, in a folder holding
     only the reviewed files."""
     leg_argv = resolve_command(cfg.trainer.command)
@@ -140,7 +144,8 @@ def _run(cfg: Config, python: str, reviewed: dict[str, str], world_size: int, ra
                 result, said = root / ".memory" / f"rank-{rank}.json", root / ".memory" / f"rank-{rank}.err"
                 said.parent.mkdir(exist_ok=True)
                 argv = [python, "-m", "runtime.programs.memory", "predict", "--world", str(world_size)]
-                argv += ["--rank", str(rank), "--out", str(result), "--timeout", str(PREDICT_TIMEOUT_S), "--"]
+                argv += ["--rank", str(rank), "--out", str(result), "--timeout", str(PREDICT_TIMEOUT_S)]
+                argv += ["--no-checkpoint", "--"] if undo else ["--"]
                 with said.open("w") as err:
                     proc = subprocess.Popen(
                         argv + leg_argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err,
@@ -177,15 +182,28 @@ class MemoryDecision:
     prediction: Prediction
     fits: list[Any]
     world_from: str
+    guard: str = "refuse"
+    """launcher.yaml's memory.guard: `warn` launches a rank predicted not to fit (with its warning)."""
+    headroom: dict[str, Any] | None = None
+    """Where the script checkpoints activations: the same prediction with checkpointing undone."""
 
     def lines(self) -> list[str]:
         p = self.prediction
-        head = f"memory: {p.world_size} ranks ({self.world_from}), " + (
+        ranks = f"{p.world_size} rank" + ("s" if p.world_size != 1 else "")
+        head = f"memory: {ranks} ({self.world_from}), " + (
             "as predicted before for these files and this command" if p.cached else f"predicted in {p.seconds:.1f} s"
         )
         out = [head] + [f"  {fit.line()}" for fit in self.fits]
         out += [f"  rank {r['rank']}: no prediction ({r.get('error')})" for r in p.failures]
-        return out
+        return out + ([f"  {self.headroom['line']}"] if self.headroom else [])
+
+    def warnings(self) -> list[str]:
+        """A rank predicted not to fit where memory.guard is `warn`: the launch goes ahead, saying so."""
+        over = [f for f in self.fits if f.fits is False]
+        if not over or self.guard != "warn":
+            return []
+        worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
+        return [f"warning: memory.guard is warn: it would not fit on a {worst.gpu}: {worst.line()}"]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -197,12 +215,26 @@ class MemoryDecision:
                  "allowance": f.allowance.parts, "needed": f.needed, "fits": f.fits}
                 for f in self.fits
             ] + [{"rank": r["rank"], "error": r.get("error")} for r in self.prediction.failures],
+            "headroom": self.headroom,
+            "guard": self.guard,
         }  # fmt: skip
 
 
-def _reading(cfg: Config, rung: str, backend: str, nodes: int, gpus: Any, reviewed: dict[str, str]) -> MemoryDecision:
+def project_margin(cfg: Config, ledger: Any) -> float:
+    """The largest under-prediction this project's GPU rungs have measured (launcher.checks.memscore),
+    0 with no ledger or no GPU measurement yet."""
+    from launcher.checks.memscore import margin
+
+    if ledger is None:
+        return 0.0
+    return margin([run for run in ledger.runs() if run["project"] == cfg.project])
+
+
+def _reading(
+    cfg: Config, rung: str, backend: str, nodes: int, gpus: Any, reviewed: dict[str, str], margin: float
+) -> MemoryDecision:
     """Each rank of the world the plan would launch (its shape, else one rank per GPU) predicted and
-    set against `gpus`' card."""
+    set against `gpus`' card, the allowance grown by `margin`."""
     from launcher.checks.memfit import fits
     from launcher.ops.shape import planned_shape
 
@@ -210,23 +242,63 @@ def _reading(cfg: Config, rung: str, backend: str, nodes: int, gpus: Any, review
     world = shape.world_size or gpus.count * nodes
     world_from = shape.world_from if shape.world_size else f"one per GPU of {nodes} x {gpus}"
     prediction = predict(cfg, reviewed, world)
-    return MemoryDecision(prediction, fits(gpus.name, prediction.ok), world_from)
+    now = fits(gpus.name, prediction.ok, margin)
+    headroom = _headroom(cfg, reviewed, prediction, gpus.name, margin, now)
+    return MemoryDecision(prediction, now, world_from, cfg.memory.guard, headroom)
 
 
-def guard(cfg: Config, request: Any, reviewed: dict[str, str]) -> MemoryDecision:
+def _headroom(
+    cfg: Config, reviewed: dict[str, str], prediction: Prediction, gpu: str, margin: float, now: list[Any]
+) -> dict[str, Any] | None:
+    """Where the script checkpoints activations and fits with it: would it fit without? Said either
+    way (the compute it costs, or that it is needed); None where it does not checkpoint, or where it
+    does not fit even with it (the refusal says so)."""
+    from launcher.checks.memfit import fits, gib
+
+    calls = max((int(r.get("checkpointed") or 0) for r in prediction.ok), default=0)
+    if not calls or not now or any(f.fits is not True for f in now):
+        return None
+    plain = fits(gpu, predict(cfg, reviewed, prediction.world_size, undo=True).ok, margin)
+    if not plain:
+        return None
+    worst = max(plain, key=lambda f: f.needed)
+    steps = prediction.ok[0].get("optimizer_steps")
+    ok = all(f.fits for f in plain)
+    said = (
+        f"headroom: activation checkpointing is on ({calls} checkpointed calls in the first "
+        f"{steps} optimizer steps); without it rank {worst.rank} would peak at {gib(worst.peak)} "
+        f"(against {gib(max(f.peak for f in now))} with it), {gib(worst.needed)} with the allowance, against "
+        f"{worst.gpu}'s {gib(worst.capacity or 0)}: "
+    )
+    said += (
+        "it fits without checkpointing, whose only effect here is compute: each checkpointed block's forward "
+        "runs again in the backward (up to a third more of those blocks' compute per step)"
+        if ok
+        else "it is needed (the run would not fit without it)"
+    )
+    return {"calls": calls, "peak": max(f.peak for f in now), "plain_peak": worst.peak, "plain_needed": worst.needed,
+            "fits_without": ok, "line": said}  # fmt: skip
+
+
+def guard(cfg: Config, request: Any, reviewed: dict[str, str], ledger: Any = None) -> MemoryDecision | None:
     """The memory guard of a GPU rung: refused (exit 3, the numbers in one line) where a rank's
     predicted peak plus its allowance exceeds the GPU asked for. A script the prediction cannot
-    run is not refused: the decision says why there is no prediction."""
+    run is not refused: the decision says why there is no prediction. memory.guard `warn`: never
+    refused (the decision's warnings say it); `off`: nothing predicted (None)."""
     from launcher.errors import Refused
 
-    decision = _reading(cfg, request.rung.name, request.backend, request.nodes, request.gpus, reviewed)
+    if cfg.memory.guard == "off":
+        return None
+    margin = project_margin(cfg, ledger)
+    decision = _reading(cfg, request.rung.name, request.backend, request.nodes, request.gpus, reviewed, margin)
     over = [f for f in decision.fits if f.fits is False]
-    if over:
+    if over and cfg.memory.guard == "refuse":
         worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
         raise Refused(
             f"it would not fit on a {worst.gpu}: {worst.line()}",
             hint="`launcher memory --gpus ...` shows every rank; a smaller micro-batch, activation checkpointing, "
-            "sharding (FSDP2) or a larger GPU would bring it under",
+            "sharding (FSDP2) or a larger GPU would bring it under (memory.guard: warn in launcher.yaml launches "
+            "it anyway, recorded)",
         )
     return decision
 
@@ -236,9 +308,16 @@ def ask(cfg: Config, gpus: str, nodes: int) -> MemoryDecision:
     by the caller), on the files as they are now (no review needed: nothing is launched)."""
     from launcher.config.schema import parse_gpus
     from launcher.errors import BadInput
+    from launcher.ledger.db import Ledger
     from launcher.manifest import hash_reviewed
 
     spec = parse_gpus(gpus)
     if spec.name.upper() not in GPU_NAMES:
         raise BadInput(f"no memory is listed for GPU type {spec.name!r} (listed: {', '.join(GPU_NAMES)})")
-    return _reading(cfg, "probe", "sky" if nodes > 1 else "local", nodes, spec, hash_reviewed(cfg))
+    ledger = Ledger.open_existing(cfg.state_path / "ledger.db")
+    try:
+        margin = project_margin(cfg, ledger)
+    finally:
+        if ledger is not None:
+            ledger.close()
+    return _reading(cfg, "probe", "sky" if nodes > 1 else "local", nodes, spec, hash_reviewed(cfg), margin)

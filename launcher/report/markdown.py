@@ -116,9 +116,11 @@ def _what_ran(r: dict[str, Any]) -> list[str]:
 
 
 def _plan(p: dict[str, Any]) -> list[str]:
+    from launcher.report.memory import lines as memory_lines
     from launcher.report.notice_md import notice_lines
 
-    lines = _rate(p) + _quota(p) + [_actual(a) for a in p.get("actuals", [])] + _measured(p) + notice_lines(p)
+    lines = _rate(p) + _quota(p) + [_actual(a) for a in p.get("actuals", [])] + _measured(p) + memory_lines(p)
+    lines += notice_lines(p)
     lines += _efficiency(p.get("efficiency"))
     for key in ("memory", "checkpoint", "breakdown", "efficiency"):
         for e in (p.get(key) or {}).get("evidence", []):

@@ -22,6 +22,7 @@ from launcher.checks.measure import (
 )
 from launcher.config.schema import Config, GpuSpec
 from launcher.ledger.db import Ledger
+from launcher.report.memory import scores as memory_scores
 from launcher.report.notice import hang_drills, notice_plan, preempt_drills
 from launcher.report.runs import Evidence, Proof, RunData, rate_leg
 
@@ -64,6 +65,7 @@ def plan(cfg: Config, ledger: Ledger, runs: list[RunData], proofs: dict[int, Pro
         run, ev, _ = leg
         out.update(_leg_costs(cfg, run, ev, p5 if measured else None, cite))
         out.update(notice_plan(cfg, runs, run, ev, out.get("eta_hours"), cite))
+    out["memory_scores"] = memory_scores(runs)
     drills, hangs = preempt_drills(runs), hang_drills(runs)
     if drills:
         out["drills"] = drills

@@ -45,13 +45,40 @@ def mode() -> str | None:
     return value if value in MODES else None
 
 
+def count_every_thread() -> bool:
+    """Have c10's CPU memory reporter keep its running total on every thread, not only on threads
+    the profiler runs on (its `caffe2_report_cpu_memory_usage` flag, set through the C symbol; no
+    Python API sets it). Without it a free made on another thread is lost: gloo's worker thread often
+    drops the last reference to a collective's tensor, and the profiler then shows that tensor live
+    to the end of the run (DDP's flattened parameters, FSDP2's gathered buffers: the "bimodal"
+    peaks of several ranks were this). False where this torch does not export the flag."""
+    import ctypes
+
+    import torch
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def profiled_peak(prof: Any) -> tuple[int, int]:
-    """(peak bytes, allocations) from a torch profiler's memory events (`profile_memory=True`): every
-    CPU allocation and free c10 made while it ran, in time order, summed from where it started."""
-    mem = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    mem = sorted((e for e in mem if str(e.device_type()).endswith("CPU")), key=lambda e: e.start_ns())
-    now = peak = 0
-    for e in mem:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return peak, sum(1 for e in mem if e.nbytes() > 0)
+    """(peak bytes, allocations) from a torch profiler's memory events (`profile_memory=True`): the
+    highest running total of CPU bytes c10's memory reporter gave at any allocation or free the
+    profiler recorded, less what it held before the first; on every thread's frees where
+    `count_every_thread()` was called first, else on the profiled threads' only."""
+    from torch._C._profiler import _EventType
+
+    events, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        e = todo.pop()
+        todo.extend(e.children)
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated))
+    if not events:
+        return 0, 0
+    events.sort()
+    before = events[0][2] - events[0][1]
+    return max(total for _, _, total in events) - before, sum(1 for _, size, _ in events if size > 0)

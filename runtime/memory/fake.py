@@ -214,7 +214,7 @@ def fake_world(rank: int, world_size: int) -> None:
     def ddp_without_peers(self: Any, *args: Any, **kwargs: Any) -> None:
         ddp_init(self, *args, **kwargs)
         self.register_comm_hook(None, _bucket_as_reduced)
-        SEEN.add("ddp")  # the result says so: a DDP rank's allowance holds a copy of its gradients
+        SEEN.add("ddp")  # the result says so
 
     def broadcast_objects(objects: list[Any], *args: Any, **kwargs: Any) -> None:
         return None  # every rank keeps its own: the objects are this rank's (a log dir, a seed)

@@ -62,6 +62,7 @@ def _result(mode: str, began: float, **facts: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "seconds": round(time.time() - began, 3),
         "ddp": "ddp" in _seen(),
+        "checkpointed": _checkpointed(),
         **facts,
     }
 
@@ -70,6 +71,12 @@ def _seen() -> set[str]:
     from runtime.memory.fake import SEEN
 
     return SEEN
+
+
+def _checkpointed() -> int:
+    from runtime.memory.recompute import CALLS
+
+    return CALLS[0]
 
 
 def _write(out: str | None, result: dict[str, Any]) -> None:
@@ -85,16 +92,21 @@ def _write(out: str | None, result: dict[str, Any]) -> None:
     stdout.flush()
 
 
-def run(mode: str, command: list[str], out: str | None, world: int, rank: int, timeout_s: float) -> int:
+def run(
+    mode: str, command: list[str], out: str | None, world: int, rank: int, timeout_s: float, undo: bool = False
+) -> int:
     """Run the command's script as `__main__` in `mode` until its steps are done (or it ends, or
     `timeout_s` passes); write the result and leave the process (os._exit: nothing of the script's
-    teardown, no collective waiting on a peer, runs after the answer)."""
+    teardown, no collective waiting on a peer, runs after the answer). `undo`: activation
+    checkpointing runs plainly (runtime.memory.recompute)."""
+    from runtime.memory.recompute import watch
     from runtime.programs.static_check import _run_as_main
     from runtime.programs.static_command import split_command
 
     kind, target, args = split_command(command)
     began = time.time()
     os.environ[contract.MEMORY] = mode
+    watch(undo)
     import signal
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -144,12 +156,21 @@ def _measuring(collect: list[Callable[[], dict[str, Any]]]) -> Iterator[None]:
     """Real tensors, and the profiler's record of every allocation and free."""
     from torch.profiler import ProfilerActivity, profile
 
+    from runtime.memory import count_every_thread
+
+    every_thread = count_every_thread()
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
 
     def peak() -> dict[str, Any]:
         prof.stop()
         total, allocations = profiled_peak(prof)
-        return {"device": "cpu", "peak_bytes": total, "categories": {}, "allocations": allocations}
+        return {
+            "device": "cpu",
+            "peak_bytes": total,
+            "categories": {},
+            "allocations": allocations,
+            "every_thread": every_thread,
+        }
 
     collect.append(peak)
     prof.start()
@@ -174,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=0, help="predict: the rank")
     p.add_argument("--out", default=None, help="where the JSON result goes ({rank}: this rank)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before it gives up")
+    p.add_argument("--no-checkpoint", action="store_true", help="run checkpointed blocks plainly (headroom)")
     ns = p.parse_args(argv[:cut])
     if ns.mode == MEASURE and ns.world != 1:
         print("measure: run it under torchrun for several ranks", file=sys.stderr)
@@ -182,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--rank {ns.rank} is not a rank of a world of {ns.world}", file=sys.stderr)
         return 2
     try:
-        return run(ns.mode, argv[cut + 1 :], ns.out, ns.world, ns.rank, ns.timeout)
+        return run(ns.mode, argv[cut + 1 :], ns.out, ns.world, ns.rank, ns.timeout, ns.no_checkpoint)
     except ValueError as err:
         print(f"cannot read the command: {err}", file=sys.stderr)
         return 2

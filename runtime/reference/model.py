@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as GPT-2
+        self.recompute = False
+        """Activation checkpointing: each block's activations are recomputed in the backward, not kept."""
         self.apply(self._init)
 
     @staticmethod
@@ -66,6 +69,9 @@ class GPT(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for block in self.blocks:
-            x = block(x)
+            if self.recompute and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

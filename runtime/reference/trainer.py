@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
     p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each block's activations in the backward instead of keeping them (memory for compute)",
+    )
+    p.add_argument(
         "--sync-save",
         action="store_true",
         help="write each checkpoint on the critical path instead of snapshotting it and writing it in "
@@ -150,6 +155,7 @@ def train(args: argparse.Namespace, sess: Session) -> int:
     order = DataOrder(int(tokens.size), args.block, args.batch, args.seed, world.world_size)
     data = Position(order, tokens, world.rank)
     raw = GPT(GPTConfig(VOCAB, args.block, args.n_layer, args.n_head, args.n_embd)).to(device)
+    raw.recompute = args.activation_checkpointing
     model = raw
     if world.distributed:
         model = torch.nn.parallel.DistributedDataParallel(raw, device_ids=[device] if "cuda" in device else None)

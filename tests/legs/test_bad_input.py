@@ -283,6 +283,8 @@ BAD_VALUES[("trainer", "deterministic")] = ["yes", 0, None, [], "false"]  # the 
 for _float_key in (("rungs", "smoke", "budget_minutes"), ("quota", "gpu_hours"), ("trainer", "events_grace_s")):
     BAD_VALUES.setdefault(_float_key, []).extend(RAW_FLOATS)
 BAD_VALUES[("rungs", "drill", "max_restarts_on_errors")] = [3]  # the run's alone
+BAD_VALUES[("memory", "guard")] = ["", "Refuse", "skip", None, True, 0, ["warn"], {"mode": "warn"}]
+BAD_VALUES[("memory",)] = ["off", 1, [], {"gaurd": "warn"}]
 # Globs that parse but reach into the launcher's own state: refused where globs are expanded.
 BAD_GLOBS = [["**/*"], [".launcher/*"], ["train.py", ".launcher/ledger.db"], ["*", "**/*.db"], [".*/**"]]
 

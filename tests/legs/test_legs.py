@@ -189,3 +189,11 @@ def test_smoke_on_a_host_whose_t4_the_trainer_left_idle_answers_no_and_bills_the
     assert run["billed_gpu_hours"] == pytest.approx(wall / 3600, rel=1e-6)
     assert run["cost_usd"] == pytest.approx(run["billed_gpu_hours"] * 0.35, rel=1e-6)
     assert run["cost_source"] == "config prices"
+    # the memory guard's prediction was recorded beside the legs' measurement: none of a GPU here
+    score = check(res, Kind.MEMORY_SCORED)
+    assert score["ok"] and score["facts"]["predicted"] > 0 and score["facts"]["allocated"] is None
+    assert "MISSING" in score["detail"]
+    rep = run_cli(["report", "--out", str(project / "rep"), "--json"], cwd=project).json()
+    (row,) = rep["plan"]["memory_scores"]["rows"]
+    assert row["run"] == run["id"] and row["predicted"] == score["facts"]["predicted"] and row["allocated"] is None
+    assert "| MISSING | MISSING | - |" in (project / "rep" / "preflight.md").read_text()

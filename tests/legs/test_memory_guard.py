@@ -62,3 +62,48 @@ def test_a_script_the_prediction_cannot_run_is_not_refused_for_it(project: Path)
     res = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=gpu_host_env("Tesla T4"))
     assert res.code == 0, res.err
     assert "rank 0: no prediction (SystemExit: no fakes here" in res.out, res.out
+
+
+def test_headroom_says_whether_activation_checkpointing_is_needed(project: Path) -> None:
+    """A script that checkpoints activations is predicted again with checkpointing undone: where it
+    would fit without, the plan says what checkpointing costs; where it would not, that it is needed."""
+    geometry = "--n-layer 8 --n-embd 512 --n-head 8 --block 256 --batch 8"
+    answers = {}
+    for name, extra in (
+        ("spare", geometry),
+        ("needed", "--n-layer 12 --n-embd 768 --n-head 12 --block 1024 --batch 32"),
+    ):
+        edit_config(project, trainer__command=f"python train.py --ckpt-every 5 {extra} --activation-checkpointing")
+        res = run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project)
+        assert res.code == 0, res.err
+        answers[name] = json.loads(res.out)["headroom"]
+    spare, needed = answers["spare"], answers["needed"]
+    assert spare["calls"] == 16 and spare["fits_without"] is True  # 8 blocks, 2 optimizer steps
+    assert spare["plain_peak"] > 1.8 * spare["peak"]  # the blocks' activations kept: 913.6 against 476.9 MiB
+    assert "it fits without checkpointing" in spare["line"] and "compute" in spare["line"]
+    assert needed["fits_without"] is False and needed["plain_needed"] > 15 * 2**30 > needed["peak"]
+    assert needed["line"].endswith("it is needed (the run would not fit without it)")
+    edit_config(project, trainer__command=f"python train.py --ckpt-every 5 {geometry}")
+    plain = run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project)
+    assert json.loads(plain.out)["headroom"] is None  # no checkpointing, nothing to say
+    assert json.loads(plain.out)["ranks"][0]["peak"] == spare["plain_peak"]  # undone = never done, to the byte
+
+
+def test_memory_guard_warn_launches_what_refuse_refuses_and_off_predicts_nothing(project: Path) -> None:
+    """launcher.yaml's memory.guard: `warn` plans the model past a T4 with a warning where `refuse`
+    stops it (a launch then records that it went over: tests/unit/test_memscore.py); `off` predicts nothing."""
+    edit_config(project, trainer__command=BIG, memory__guard="warn")
+    assert run_cli(["review"], cwd=project).code == 0
+    env = gpu_host_env("Tesla T4")
+    res = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run", "--json"], cwd=project, env=env)
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)["plan"]
+    assert plan["memory"]["guard"] == "warn" and plan["memory"]["ranks"][0]["fits"] is False
+    text = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=env).out
+    assert "warning: memory.guard is warn: it would not fit on a T4: the one rank: predicted peak" in text
+    edit_config(project, memory__guard="off")
+    assert run_cli(["review"], cwd=project).code == 0
+    res = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run", "--json"], cwd=project, env=env)
+    assert res.code == 0 and json.loads(res.out)["plan"]["memory"] is None
+    text = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=env).out
+    assert "memory: not predicted (memory.guard: off in launcher.yaml)" in text

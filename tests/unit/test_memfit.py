@@ -13,8 +13,8 @@ def _rank(peak: int, world: int = 1, ddp: bool = False, rank: int = 0) -> dict:
 def test_the_allowance_names_each_part_and_grows_with_the_world() -> None:
     one = allowance(10 * GIB, 1)
     assert one.parts == {"CUDA context": 512 * MIB, "allocator reserve 10%": GIB}
-    two = allowance(10 * GIB, 2, margin=0.05, ddp_gradients=3 * GIB)
-    assert two.parts["NCCL buffers"] == 256 * MIB and two.parts["DDP's gradients in flight"] == 3 * GIB
+    two = allowance(10 * GIB, 2, margin=0.05)
+    assert two.parts["NCCL buffers"] == 256 * MIB
     assert two.parts["largest GPU error so far 5%"] == GIB // 2
     assert two.total == sum(two.parts.values()) > one.total
 
@@ -31,7 +31,11 @@ def test_a_rank_past_the_card_does_not_fit_and_the_line_says_by_how_much() -> No
     assert unknown.fits is None and "cannot be judged" in unknown.line()
 
 
-def test_ddp_ranks_hold_their_gradients_once_more_and_fsdp_ranks_do_not() -> None:
+def test_ddp_and_fsdp_ranks_get_the_same_allowance_for_the_same_peak() -> None:
+    """The prediction holds DDP's buckets itself (its reducer's allocations run under fake mode);
+    the "extra copy" CPU runs once showed was the profiler missing frees made on gloo's thread."""
     (ddp,) = fits("T4", [_rank(8 * GIB, world=2, ddp=True)])
     (fsdp,) = fits("T4", [_rank(8 * GIB, world=2, ddp=False)])
-    assert ddp.allowance.total - fsdp.allowance.total == 2 * GIB  # the gradients: a quarter of 8 GiB
+    assert ddp.allowance == fsdp.allowance and ddp.needed == fsdp.needed
+    (grown,) = fits("T4", [_rank(8 * GIB, world=2)], margin=0.25)
+    assert grown.needed - fsdp.needed == 2 * GIB  # the project's largest GPU error, a quarter of 8 GiB
