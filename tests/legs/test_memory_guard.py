@@ -80,13 +80,10 @@ def test_headroom_says_whether_activation_checkpointing_is_needed(project: Path)
     spare, needed = answers["spare"], answers["needed"]
     assert spare["calls"] == 16 and spare["fits_without"] is True  # 8 blocks, 2 optimizer steps
     assert spare["plain_peak"] > 1.8 * spare["peak"]  # the blocks' activations kept: 913.6 against 476.9 MiB
+    # (913.6 MiB: the reference L of bench/memory_predict.py, which runs without the flag)
     assert "it fits without checkpointing" in spare["line"] and "compute" in spare["line"]
     assert needed["fits_without"] is False and needed["plain_needed"] > 15 * 2**30 > needed["peak"]
     assert needed["line"].endswith("it is needed (the run would not fit without it)")
-    edit_config(project, trainer__command=f"python train.py --ckpt-every 5 {geometry}")
-    plain = run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project)
-    assert json.loads(plain.out)["headroom"] is None  # no checkpointing, nothing to say
-    assert json.loads(plain.out)["ranks"][0]["peak"] == spare["plain_peak"]  # undone = never done, to the byte
 
 
 def test_memory_guard_warn_launches_what_refuse_refuses_and_off_predicts_nothing(project: Path) -> None:
