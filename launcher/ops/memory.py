@@ -35,7 +35,7 @@ from runtime.hashing import digest_lines
 GPU_NAMES = tuple(GPU_MEMORY_MIB)
 
 PREDICT_TIMEOUT_S = 300.0
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Part of every cache key: a launcher whose prediction changes what it records bumps it."""
 EVERY_RANK_UP_TO = 4
 PARALLEL = 2
@@ -184,8 +184,8 @@ class MemoryDecision:
     world_from: str
     guard: str = "refuse"
     """launcher.yaml's memory.guard: `warn` launches a rank predicted not to fit (with its warning)."""
-    headroom: dict[str, Any] | None = None
-    """Where the script checkpoints activations: the same prediction with checkpointing undone."""
+    headroom: dict[str, Any] = field(default_factory=dict)
+    """What the memory would allow instead (launcher.ops.headroom): `checkpointing`, `micro_batch`."""
 
     def lines(self) -> list[str]:
         p = self.prediction
@@ -195,7 +195,7 @@ class MemoryDecision:
         )
         out = [head] + [f"  {fit.line()}" for fit in self.fits]
         out += [f"  rank {r['rank']}: no prediction ({r.get('error')})" for r in p.failures]
-        return out + ([f"  {self.headroom['line']}"] if self.headroom else [])
+        return out + [f"  {h['line']}" for h in self.headroom.values()]
 
     def warnings(self) -> list[str]:
         """A rank predicted not to fit where memory.guard is `warn`: the launch goes ahead, saying so."""
@@ -236,6 +236,7 @@ def _reading(
     """Each rank of the world the plan would launch (its shape, else one rank per GPU) predicted and
     set against `gpus`' card, the allowance grown by `margin`."""
     from launcher.checks.memfit import fits
+    from launcher.ops.headroom import headroom
     from launcher.ops.shape import planned_shape
 
     shape = planned_shape(cfg, rung, backend, nodes, gpus)
@@ -243,41 +244,8 @@ def _reading(
     world_from = shape.world_from if shape.world_size else f"one per GPU of {nodes} x {gpus}"
     prediction = predict(cfg, reviewed, world)
     now = fits(gpus.name, prediction.ok, margin)
-    headroom = _headroom(cfg, reviewed, prediction, gpus.name, margin, now)
-    return MemoryDecision(prediction, now, world_from, cfg.memory.guard, headroom)
-
-
-def _headroom(
-    cfg: Config, reviewed: dict[str, str], prediction: Prediction, gpu: str, margin: float, now: list[Any]
-) -> dict[str, Any] | None:
-    """Where the script checkpoints activations and fits with it: would it fit without? Said either
-    way (the compute it costs, or that it is needed); None where it does not checkpoint, or where it
-    does not fit even with it (the refusal says so)."""
-    from launcher.checks.memfit import fits, gib
-
-    calls = max((int(r.get("checkpointed") or 0) for r in prediction.ok), default=0)
-    if not calls or not now or any(f.fits is not True for f in now):
-        return None
-    plain = fits(gpu, predict(cfg, reviewed, prediction.world_size, undo=True).ok, margin)
-    if not plain:
-        return None
-    worst = max(plain, key=lambda f: f.needed)
-    steps = prediction.ok[0].get("optimizer_steps")
-    ok = all(f.fits for f in plain)
-    said = (
-        f"headroom: activation checkpointing is on ({calls} checkpointed calls in the first "
-        f"{steps} optimizer steps); without it rank {worst.rank} would peak at {gib(worst.peak)} "
-        f"(against {gib(max(f.peak for f in now))} with it), {gib(worst.needed)} with the allowance, against "
-        f"{worst.gpu}'s {gib(worst.capacity or 0)}: "
-    )
-    said += (
-        "it fits without checkpointing, whose only effect here is compute: each checkpointed block's forward "
-        "runs again in the backward (up to a third more of those blocks' compute per step)"
-        if ok
-        else "it is needed (the run would not fit without it)"
-    )
-    return {"calls": calls, "peak": max(f.peak for f in now), "plain_peak": worst.peak, "plain_needed": worst.needed,
-            "fits_without": ok, "line": said}  # fmt: skip
+    statements = headroom(prediction.ok, now, gpus.name, margin, lambda: predict(cfg, reviewed, world, undo=True).ok)
+    return MemoryDecision(prediction, now, world_from, cfg.memory.guard, statements)
 
 
 def guard(cfg: Config, request: Any, reviewed: dict[str, str], ledger: Any = None) -> MemoryDecision | None:

@@ -44,6 +44,9 @@ from runtime.memory.opaque import extra as opaque_extra
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries", "other")
 CUDA_BLOCK = 512
+SCALES = (2, 4, 8, 16, 32)
+"""Micro-batch multiples the peak is also kept for: at every moment, what was held with the
+activations and temporaries (what grows with the micro-batch) taken that many times over."""
 
 
 def _plain(value: Any) -> list[torch.Tensor]:
@@ -80,6 +83,7 @@ class Account(TorchDispatchMode):
         self.held: dict[int, _Held] = {}  # id(storage) -> what it holds, while the storage lives
         self.now: dict[str, dict[str, int]] = {}  # device -> category -> bytes
         self.top: dict[str, tuple[int, dict[str, int]]] = {}  # device -> (peak, categories then)
+        self.scaled: dict[str, dict[int, int]] = {}  # device -> micro-batch multiple -> peak (SCALES)
         self.seen_modules: set[int] = set()
         self.depth = 0  # modules' forwards under way
         self.in_optimizer = False
@@ -109,6 +113,11 @@ class Account(TorchDispatchMode):
         total = sum(cats.values())
         if total > self.top.get(held.device, (0, {}))[0]:
             self.top[held.device] = (total, dict(cats))
+        if nbytes > 0:  # a peak is reached at an allocation
+            grows = cats["activations"] + cats["temporaries"]
+            scaled = self.scaled.setdefault(held.device, dict.fromkeys(SCALES, 0))
+            for m in SCALES:
+                scaled[m] = max(scaled[m], total + (m - 1) * grows)
 
     def refile(self, value: Any, category: str) -> None:
         """File `value`'s storages under `category` (counted now if they were not yet)."""
@@ -242,3 +251,8 @@ class Account(TorchDispatchMode):
             return "cpu", 0, dict.fromkeys(CATEGORIES, 0)
         device, (total, cats) = max(self.top.items(), key=lambda kv: kv[1][0])
         return device, total, cats
+
+    def scaled_peaks(self, device: str) -> dict[str, int]:
+        """`device`'s peak were the micro-batch m times larger, for each m of SCALES: an estimate
+        that takes the activations and temporaries as growing in proportion to it."""
+        return {str(m): b for m, b in self.scaled.get(device, {}).items()}

@@ -1,4 +1,5 @@
-"""Activation checkpointing, counted and, on request, undone: the headroom statement.
+"""Activation checkpointing counted and, on request, undone, and backward passes counted: the
+headroom statements.
 
 A script that checkpoints activations (`torch.utils.checkpoint.checkpoint`, directly, through
 `checkpoint_sequential`, or through a framework's switch such as Hugging Face's
@@ -16,6 +17,9 @@ from typing import Any
 
 CALLS = [0]
 """Checkpointed calls the script made before the prediction ended."""
+BACKWARDS = [0]
+"""Backward passes (`torch.autograd.backward`, which `loss.backward()` calls) before it ended: more
+than one per optimizer step is gradient accumulation, the micro-batch headroom's question."""
 
 _OWN = ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop")
 """checkpoint()'s own keyword arguments, dropped when the block runs plainly."""
@@ -34,3 +38,13 @@ def watch(undo: bool) -> None:
         return real(function, *args, **kwargs)
 
     cp.checkpoint = checkpoint  # checkpoint_sequential looks the name up here at each call
+
+    import torch.autograd
+
+    backward = torch.autograd.backward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        BACKWARDS[0] += 1
+        return backward(*args, **kwargs)
+
+    torch.autograd.backward = counted  # Tensor.backward looks it up at each call

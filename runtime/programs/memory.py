@@ -63,6 +63,7 @@ def _result(mode: str, began: float, **facts: Any) -> dict[str, Any]:
         "seconds": round(time.time() - began, 3),
         "ddp": "ddp" in _seen(),
         "checkpointed": _checkpointed(),
+        "backwards": _backwards(),
         **facts,
     }
 
@@ -77,6 +78,12 @@ def _checkpointed() -> int:
     from runtime.memory.recompute import CALLS
 
     return CALLS[0]
+
+
+def _backwards() -> int:
+    from runtime.memory.recompute import BACKWARDS
+
+    return BACKWARDS[0]
 
 
 def _write(out: str | None, result: dict[str, Any]) -> None:
@@ -144,7 +151,8 @@ def _predicting(rank: int, world: int, collect: list[Callable[[], dict[str, Any]
 
     def peak() -> dict[str, Any]:
         device, total, categories = account.peak()
-        return {"device": device, "peak_bytes": total, "categories": categories}
+        scaled = account.scaled_peaks(device)
+        return {"device": device, "peak_bytes": total, "categories": categories, "scaled_peaks": scaled}
 
     collect.append(peak)
     with valueless(), account:

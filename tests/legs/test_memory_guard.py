@@ -76,7 +76,7 @@ def test_headroom_says_whether_activation_checkpointing_is_needed(project: Path)
         edit_config(project, trainer__command=f"python train.py --ckpt-every 5 {extra} --activation-checkpointing")
         res = run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project)
         assert res.code == 0, res.err
-        answers[name] = json.loads(res.out)["headroom"]
+        answers[name] = json.loads(res.out)["headroom"]["checkpointing"]
     spare, needed = answers["spare"], answers["needed"]
     assert spare["calls"] == 16 and spare["fits_without"] is True  # 8 blocks, 2 optimizer steps
     assert spare["plain_peak"] > 1.8 * spare["peak"]  # the blocks' activations kept: 913.6 against 476.9 MiB

@@ -39,3 +39,25 @@ def test_ddp_and_fsdp_ranks_get_the_same_allowance_for_the_same_peak() -> None:
     assert ddp.allowance == fsdp.allowance and ddp.needed == fsdp.needed
     (grown,) = fits("T4", [_rank(8 * GIB, world=2)], margin=0.25)
     assert grown.needed - fsdp.needed == 2 * GIB  # the project's largest GPU error, a quarter of 8 GiB
+
+
+def test_micro_batch_headroom_takes_the_largest_multiple_every_rank_fits() -> None:
+    from launcher.ops.headroom import _micro_batch
+
+    def rank(r: int, scaled: dict[int, int]) -> dict:
+        return {
+            "rank": r,
+            "world_size": 2,
+            "optimizer_steps": 2,
+            "backwards": 16,
+            "scaled_peaks": {str(k): v for k, v in scaled.items()},
+        }
+
+    # 8 micro-batches a step; rank 1 fits twice and four times the micro-batch on a T4, not eight times
+    ranks = [rank(0, {2: 3 * GIB, 4: 5 * GIB, 8: 9 * GIB}), rank(1, {2: 4 * GIB, 4: 9 * GIB, 8: 14 * GIB})]
+    said = _micro_batch(ranks, "T4", 0.0)
+    assert said is not None and (said["accumulation"], said["multiple"], said["peak"]) == (8, 4, 9 * GIB)
+    assert "4x the micro-batch and 2 accumulation step(s)" in said["line"]
+    tight = _micro_batch([rank(0, {2: 14 * GIB})], "T4", 0.0)
+    assert tight is not None and tight["multiple"] is None and tight["line"].endswith("the accumulation is needed")
+    assert _micro_batch([rank(0, {2: GIB})], "X9", 0.0) is None  # a card with no listed memory: no statement

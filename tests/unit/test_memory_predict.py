@@ -135,3 +135,23 @@ def test_an_lstm_whose_fake_kernel_hides_its_workspace_is_measured_for_that_kern
         subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=180, check=True)
         peaks[mode] = json.loads(out_file.read_text())["peak_bytes"]
     assert abs(peaks["predict"] / peaks["measure"] - 1) < 0.10, peaks
+
+
+def test_accumulation_is_counted_and_a_larger_micro_batch_estimated_from_above(tmp_path: Path) -> None:
+    """Four micro-batches of 64 a step: 8 backward passes in 2 optimizer steps, and the account's
+    estimate for a micro-batch 4x larger (its activations and temporaries taken 4 times over) is
+    not under the prediction of that micro-batch itself (256 rows, no accumulation): an accumulating
+    run holds its gradients through the later micro-batches' backward, which one larger micro-batch
+    does not, so the estimate errs on the side of saying it would not fit."""
+    from launcher.ops.headroom import _micro_batch
+
+    rc, accum = _memory("predict", tmp_path, "--width", "512", "--depth", "6", "--batch", "64", "--accum", "4")
+    assert rc == 0 and accum["backwards"] == 8 and accum["optimizer_steps"] == 2
+    rc, whole = _memory("predict", tmp_path, "--width", "512", "--depth", "6", "--batch", "256")
+    assert rc == 0 and whole["backwards"] == 2
+    estimate = accum["scaled_peaks"]["4"]
+    assert whole["peak_bytes"] <= estimate <= 1.5 * whole["peak_bytes"], (estimate, whole["peak_bytes"])
+    said = _micro_batch([accum], "T4", 0.0)
+    assert said is not None and said["accumulation"] == 4 and said["multiple"] == 4
+    assert "4x the micro-batch and 1 accumulation step(s)" in said["line"]
+    assert _micro_batch([whole], "T4", 0.0) is None  # one backward a step: nothing to say

@@ -12,6 +12,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--depth", type=int, default=4)
 p.add_argument("--batch", type=int, default=32)
+p.add_argument("--accum", type=int, default=1, help="micro-batches (backward passes) per optimizer step")
 p.add_argument("--fail", action="store_true", help="raise before the first step")
 args = p.parse_args()
 
@@ -27,9 +28,10 @@ sess.resume()
 if args.fail:
     raise RuntimeError("planted failure before the first step")
 while sess.running():
-    x = torch.randn(args.batch, args.width, device=sess.device)
-    loss = model(x).square().mean()
-    loss.backward()
+    for _ in range(args.accum):
+        x = torch.randn(args.batch, args.width, device=sess.device)
+        loss = model(x).square().mean() / args.accum
+        loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     sess.step(loss=loss, batch=x, tokens=args.batch)
