@@ -33,7 +33,6 @@ from launcher.manifest import reviewed_paths, stage_files
 from runtime.hashing import digest_lines
 
 GPU_NAMES = tuple(GPU_MEMORY_MIB)
-
 PREDICT_TIMEOUT_S = 300.0
 CACHE_VERSION = 2
 """Part of every cache key: a launcher whose prediction changes what it records bumps it."""

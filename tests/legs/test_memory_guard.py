@@ -104,3 +104,33 @@ def test_memory_guard_warn_launches_what_refuse_refuses_and_off_predicts_nothing
     assert res.code == 0 and json.loads(res.out)["plan"]["memory"] is None
     text = run_cli(["up", "smoke", "--gpus", "T4:1", "--dry-run"], cwd=project, env=env).out
     assert "memory: not predicted (memory.guard: off in launcher.yaml)" in text
+
+
+def test_the_allowance_grows_by_the_largest_gpu_error_this_project_measured(project: Path) -> None:
+    """A GPU rung of this project that measured 25 % over its prediction (a `memory_scored` check in
+    the ledger) adds 25 % of the peak to every rank's allowance from then on; another project's
+    error, or a rung that measured no GPU, adds nothing."""
+    from launcher.checks.evidence import Check, Kind
+    from launcher.ledger.db import Ledger
+
+    def scored(facts: dict) -> dict:
+        return Check("memory: predicted against measured", True, "", kind=Kind.MEMORY_SCORED, facts=facts).to_json()
+
+    before = json.loads(run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project).out)["ranks"][0]
+    with Ledger(project / ".launcher" / "ledger.db") as ledger:
+        for rid, name, facts in (
+            ("r-mine", "proj", {"predicted": 100 * 2**20, "allocated": 125 * 2**20}),
+            ("r-mine-cpu", "proj", {"predicted": 100 * 2**20, "allocated": None}),
+            ("r-other", "other", {"predicted": 100 * 2**20, "allocated": 200 * 2**20}),
+        ):
+            ledger.begin_run(
+                {"id": rid, "project": name, "rung": "probe", "backend": "sky", "gpu_name": "T4", "gpu_count": 1,
+                 "nodes": 1, "store_uri": "file:///s", "review_id": None, "files_digest": "d",
+                 "config_sha256": "c", "started_at": time.time()},
+                {},
+            )  # fmt: skip
+            ledger.add_checks(rid, [scored(facts)])
+    after = json.loads(run_cli(["memory", "--gpus", "T4:1", "--json"], cwd=project).out)["ranks"][0]
+    assert "largest GPU error so far 25%" not in before["allowance"]
+    assert after["allowance"]["largest GPU error so far 25%"] == int(after["peak"] * 0.25)
+    assert after["needed"] - before["needed"] == int(after["peak"] * 0.25)
