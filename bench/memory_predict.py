@@ -212,6 +212,32 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f}"
 
 
+ON_RECORD = REPO / "docs" / "reports" / "h200-probe" / "preflight.json"
+"""A GPU measurement on record: scripts/gpu-smoke.sh's probe on an H200 (torch 2.11+cu130, fp32), its
+`memory` events' peak allocated and reserved, max across ranks, in the report's plan section."""
+ON_RECORD_ARGS = ("--ckpt-every", "200", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--block", "512",
+                  "--batch", "16", "--total-steps", "100000", "--data-tokens", "4000000")  # fmt: skip
+"""That probe's command (scripts/gpu-smoke.sh's BIG_COMMAND default; its `start` event's 85,645,824
+parameters and 8,192 tokens a step say the same)."""
+
+
+def on_record() -> dict:
+    """The on-record GPU probe's command predicted on this CPU, against the peak the GPU measured."""
+    plan = json.loads(ON_RECORD.read_text())["plan"]["memory"]
+    work = Path(tempfile.mkdtemp(prefix="mempredict-"))
+    try:
+        out = work / "rank-0.json"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        _run([V, "-m", "runtime.programs.memory", "predict", "--out", str(out), "--", "python", "-m", REF,
+              *ON_RECORD_ARGS], work, env)  # fmt: skip
+        predicted = json.loads(out.read_text())["peak_bytes"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    allocated, reserved = int(plan["peak_bytes"]), int(plan["reserved_bytes"])
+    return {"on": plan["on"], "run": plan["run"], "predicted": predicted, "allocated": allocated,
+            "reserved": reserved, "error": predicted / allocated - 1, "reserve": reserved / allocated - 1}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=None, help="one trainer (an example's name, or 'reference')")
@@ -243,6 +269,14 @@ def main() -> int:
         )
     worst = max((abs(r["error"]) for r in rows), default=0.0)
     print(f"\n{len(rows)} cases; the largest error {100 * worst:.1f} %")
+    if not ns.only or ns.only == "reference":
+        g = on_record()
+        print(
+            f"\nOn a GPU, on record ({g['run']}, {g['on']}): predicted here {_mib(g['predicted'])} MiB, "
+            f"measured peak allocated {_mib(g['allocated'])} MiB: {100 * g['error']:+.1f} %; its reserved peak "
+            f"{_mib(g['reserved'])} MiB, {100 * g['reserve']:.1f} % over the allocated"
+        )
+        rows.append({"trainer": "on record", **g})
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))
     return 0

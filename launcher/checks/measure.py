@@ -97,7 +97,8 @@ def memory_trend(ev: LegEvents) -> dict[str, Any] | None:
     return {
         "kind": e1.get("kind", "unknown"),
         "peak_bytes": max(int(e["peak_max"]) for _, e in items),
-        "reserved_bytes": max(int(e.get("reserved_max", 0)) for _, e in items),
+        # the allocator's reserved peak (older legs' events carry only the window's end)
+        "reserved_bytes": max(int(e.get("peak_reserved_max", e.get("reserved_max", 0))) for _, e in items),
         "early_step": int(e0["step"]),
         "early_bytes": int(e0["peak_max"]),
         "late_step": int(e1["step"]),

@@ -16,15 +16,18 @@ prepares something (a corpus file) before a barrier has it there for them, as on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from launcher.backends.local import resolve_command, trainer_python
 from launcher.checks.memfit import GPU_MEMORY_MIB
@@ -115,12 +118,33 @@ def predict(cfg: Config, reviewed: dict[str, str], world_size: int, undo: bool =
     if not todo:
         return Prediction(world_size, [known[r] for r in keys], cached=True)
     began = time.perf_counter()
-    made = {int(r["rank"]): r for r in _run(cfg, python, reviewed, world_size, todo, undo)}
+    with _saying(
+        f"memory: predicting {len(todo)} of {world_size} rank(s) on this CPU, "
+        f"{'checkpointing undone, ' if undo else ''}the script's first optimizer steps on fake tensors ..."
+    ):
+        made = {int(r["rank"]): r for r in _run(cfg, python, reviewed, world_size, todo, undo)}
     for rank, result in made.items():
         if _made(result):
             _keep(keys[rank], result)
     by_rank = {**known, **made}
     return Prediction(world_size, [by_rank[r] for r in keys], time.perf_counter() - began)
+
+
+@contextlib.contextmanager
+def _saying(line: str) -> Iterator[None]:
+    """A transient line on a terminal's stderr while the prediction runs (seconds: the script's
+    imports and setup), wiped when it ends; nothing where stderr is not a terminal, so a refusal's
+    first line stays its `error:` line."""
+    tty = sys.stderr.isatty()
+    if tty:
+        sys.stderr.write(line[: shutil.get_terminal_size().columns - 1])
+        sys.stderr.flush()
+    try:
+        yield
+    finally:
+        if tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _run(
