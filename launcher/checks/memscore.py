@@ -15,6 +15,7 @@ amount does not make the run fail (the guard decides before renting, this says h
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,29 @@ def measured(legs: list[LegEvents]) -> dict[str, Any] | None:
     """The GPU peaks the legs' `memory` events give (max over windows and legs: each window's
     figure is already the max across ranks), with the event that held the allocated peak; None
     where no leg measured a GPU."""
-    cuda = [(ev, item) for ev in legs for item in ev.all("memory") if item[1].get("kind") == "cuda"]
+    cuda = [
+        (ev, item)
+        for ev in legs
+        for item in ev.all("memory")
+        if item[1].get("kind") == "cuda" and _bytes(item[1].get("peak_max")) is not None
+    ]
     if not cuda:
         return None
-    ev, top = max(cuda, key=lambda pair: int(pair[1][1]["peak_max"]))
-    reserved = [int(e["peak_reserved_max"]) for _, (_, e) in cuda if "peak_reserved_max" in e]
+    ev, top = max(cuda, key=lambda pair: _bytes(pair[1][1]["peak_max"]) or 0)
+    reserved = [b for _, (_, e) in cuda if (b := _bytes(e.get("peak_reserved_max"))) is not None]
     return {
-        "allocated": int(top[1]["peak_max"]),
+        "allocated": _bytes(top[1]["peak_max"]),
         "reserved": max(reserved) if reserved else None,
         "legs": len({ev.leg for ev, _ in cuda}),
         "evidence": ev.pointer(top),
     }
+
+
+def _bytes(value: Any) -> int | None:
+    """A byte count a leg printed, where it is one (a finite number, not negative, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
 
 
 def scored(decision: dict[str, Any], legs: list[LegEvents]) -> Check:

@@ -66,3 +66,19 @@ def test_the_report_section_states_each_rung_and_missing(tmp_path: Path) -> None
     assert "| r0 | probe | T4:2 | 6.00 GiB | 7.00 GiB | 6.29 GiB | MISSING | -4.7 % |" in text
     assert "| r1 | probe | T4:2 | 6.00 GiB | 7.00 GiB | MISSING | MISSING | - |" in text
     assert "no GPU rung was launched" in "\n".join(lines({"memory_scores": {"rows": [], "margin": 0.0}}))
+
+
+def test_a_leg_s_unusable_figures_are_never_a_measurement_nor_a_crash(tmp_path: Path) -> None:
+    """Trust no input: a `memory` event whose peak is not a byte count (text, negative, a bool)
+    is left out; a leg with only such events measured nothing."""
+    bad = _leg(
+        tmp_path,
+        0,
+        {"kind": "cuda", "peak_max": -5, "peak_reserved_max": "lots"},
+        {"kind": "cuda", "peak_max": True},
+        {"kind": "cuda", "peak_max": 4 * GIB, "peak_reserved_max": "lots"},
+    )
+    c = scored(DECISION, [bad])
+    assert c.facts["allocated"] == 4 * GIB and c.facts["reserved"] is None
+    only_bad = _leg(tmp_path, 1, {"kind": "cuda", "peak_max": "6 GiB"})
+    assert scored(DECISION, [only_bad]).facts["allocated"] is None
