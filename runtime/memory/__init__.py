@@ -7,14 +7,15 @@ store, no checkpoint, no evidence: `stand_in.MemorySession`, `LegAdapter.memory`
 
 - `predict` (`fake`): every tensor is a FakeTensor (torch's FakeTensorMode: shapes, dtypes,
   devices, no storage), so a 7B-class geometry builds and steps on a laptop's CPU in seconds,
-  allocating nothing. torch's MemTracker follows every storage the step creates and frees and
-  files it under parameters, buffers, gradients, optimizer state, activations (forward) or
-  temporaries (backward); its peak is the prediction. On several ranks each rank is predicted
+  allocating nothing. Our own account (runtime.memory.account) follows every storage the step
+  creates and frees and files it under parameters, buffers, gradients, optimizer state,
+  activations (forward) or temporaries (backward); its peak is the prediction. On several ranks each rank is predicted
   alone, as that rank, through torch's fake process group (no communication: DDP keeps full
   states on every rank, FSDP2 shards them by the world size it is told).
 - `measure` (`measure`): the same steps run for real on this host's CPU, and the CPU allocator's
-  own accounting (the profiler's memory events: every allocation and free c10 makes) gives the
-  peak: the independent measurement the prediction is scored against (bench/memory_predict.py).
+  own accounting gives the peak (c10's running total of every allocation and free, on every
+  thread, as the profiler's memory events record it: `count_every_thread`, `profiled_peak`): the
+  independent measurement the prediction is scored against (bench/memory_predict.py).
 
 The second step matters: AdamW's state is created by the first `step()`, so the first forward and
 backward run without it; the second holds parameters, optimizer state, activations and
