@@ -109,6 +109,16 @@ CASES = [
         )
         for s, e, n, h, b in (("S", 64, 2, 2, 8), ("M", 256, 4, 4, 8), ("L", 512, 6, 8, 16))
     ],
+    Case(
+        "hf_trainer",
+        "M gradient checkpointing, accumulation 4",
+        HF,
+        (),
+        {
+            "n_embd=64, n_layer=2, n_head=2": "n_embd=256, n_layer=4, n_head=4",
+            "dataloader_num_workers=0,": "dataloader_num_workers=0, gradient_checkpointing=True, gradient_accumulation_steps=4,",
+        },
+    ),
     *[
         Case("accelerate", s, HF, ("--batch-size", b), {"dim: int = 32": f"dim: int = {d}"})
         for s, d, b in (("S", 32, "8"), ("M", 256, "16"), ("L", 1024, "32"))
