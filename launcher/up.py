@@ -254,7 +254,6 @@ def _run_recorded(
     """Run `runner` on the recorded run; its checks, end and verdict are written, and its
     quota reservation settled, however it ends (an interrupt included). `memory`: the memory
     guard's decision (a GPU rung), scored against the legs' measured peak when the run ends."""
-    from launcher.checks.memscore import score_run
     from launcher.ops.spend import settle
 
     ledger = ctx.ledger
@@ -269,8 +268,7 @@ def _run_recorded(
         except RunStopped as stopped:
             checks.append(Check("ran to its end", False, str(stopped), kind=Kind.RAN_TO_END))
             verdict = "stopped"
-        score = score_run(memory, ledger.leg_records(ctx.run_id))
-        checks += [score] if score else []  # a statement (always ok): the exit code does not move
+        checks = _with_score(checks, memory, ctx)  # a statement (always ok): the exit code does not move
         outcome = Outcome(ctx.run_id, ctx.rung.name, checks, time.time() - began)
         exit_code = outcome.exit_code
         if verdict != "stopped":
@@ -284,13 +282,23 @@ def _run_recorded(
         verdict, exit_code = "interrupted", int(Exit.INTERRUPTED)
         raise
     finally:
-        if memory is not None and not any(c.kind == Kind.MEMORY_SCORED for c in checks):
-            checks += [c for c in [score_run(memory, ledger.leg_records(ctx.run_id))] if c]
+        checks = _with_score(checks, memory, ctx)  # where the run did not get as far
         ledger.add_checks(ctx.run_id, [c.to_json() for c in checks])
         gpus = ctx.gpus
         source = "config prices" if gpus and gpus.name in ctx.cfg.prices else "none"
         ledger.end_run(ctx.run_id, ended_at=time.time(), exit_code=exit_code, verdict=verdict, cost_source=source)
         settle(ledger, reservation, ctx.run_id)
+
+
+def _with_score(checks: list[Check], memory: dict[str, Any] | None, ctx: RunContext) -> list[Check]:
+    """`checks` with the memory guard's decision scored against the run's legs
+    (launcher.checks.memscore), unless they hold that score already or there was no decision."""
+    from launcher.checks.memscore import score_run
+
+    if any(c.kind == Kind.MEMORY_SCORED for c in checks):
+        return checks
+    score = score_run(memory, ctx.ledger.leg_records(ctx.run_id))
+    return checks + [score] if score else checks
 
 
 def _climb(ctx: RunContext, cmp) -> list[Check]:  # noqa: ANN001 - HashComparison

@@ -134,7 +134,7 @@ def memory(
     else:
         for line in decision.lines():
             console.print(line, markup=False, highlight=False)
-    if any(f.fits is False for f in decision.fits):
+    if decision.worst is not None:
         raise typer.Exit(Exit.REFUSED)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from launcher.checks.memfit import Fit, allowance, fits, gib, gpu_memory
+from launcher.checks.memfit import Fit, fits, gib, gpu_memory
 
 THIRD = "up to a third more of those blocks' compute per step: a forward is about a third of a forward and backward"
 
@@ -77,11 +77,12 @@ def _micro_batch(ranks: list[dict[str, Any]], gpu: str, margin: float) -> dict[s
     for m in sorted({int(k) for r in ranks for k in r.get("scaled_peaks") or {}}):
         if m > accumulation:
             break
-        peaks = [int((r.get("scaled_peaks") or {}).get(str(m), 0)) for r in ranks]
-        needed = max(p + allowance(p, int(r["world_size"]), margin).total for p, r in zip(peaks, ranks))
-        if min(peaks) <= 0 or needed > capacity:
+        larger = fits(
+            gpu, [{**r, "peak_bytes": int((r.get("scaled_peaks") or {}).get(str(m), 0))} for r in ranks], margin
+        )
+        if any(f.peak <= 0 or not f.fits for f in larger):
             break
-        best = {"multiple": m, "peak": max(peaks), "needed": needed}
+        best = {"multiple": m, "peak": max(f.peak for f in larger), "needed": max(f.needed for f in larger)}
     if best is None:
         said = (
             f"headroom: gradient accumulation of {accumulation} micro-batches a step; a micro-batch twice this "

@@ -220,12 +220,17 @@ class MemoryDecision:
         out += [f"  rank {r['rank']}: no prediction ({r.get('error')})" for r in p.failures]
         return out + [f"  {h['line']}" for h in self.headroom.values()]
 
+    @property
+    def worst(self) -> Any:
+        """The rank (memfit.Fit) furthest over its card; None where every rank fits or none is judged."""
+        over = [f for f in self.fits if f.fits is False]
+        return max(over, key=lambda f: f.needed - (f.capacity or 0)) if over else None
+
     def warnings(self) -> list[str]:
         """A rank predicted not to fit where memory.guard is `warn`: the launch goes ahead, saying so."""
-        over = [f for f in self.fits if f.fits is False]
-        if not over or self.guard != "warn":
+        worst = self.worst
+        if worst is None or self.guard != "warn":
             return []
-        worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
         return [f"warning: memory.guard is warn: it would not fit on a {worst.gpu}: {worst.line()}"]
 
     def to_json(self) -> dict[str, Any]:
@@ -282,9 +287,8 @@ def guard(cfg: Config, request: Any, reviewed: dict[str, str], ledger: Any = Non
         return None
     margin = project_margin(cfg, ledger)
     decision = _reading(cfg, request.rung.name, request.backend, request.nodes, request.gpus, reviewed, margin)
-    over = [f for f in decision.fits if f.fits is False]
-    if over and cfg.memory.guard == "refuse":
-        worst = max(over, key=lambda f: f.needed - (f.capacity or 0))
+    worst = decision.worst
+    if worst is not None and cfg.memory.guard == "refuse":
         raise Refused(
             f"it would not fit on a {worst.gpu}: {worst.line()}",
             hint="`launcher memory --gpus ...` shows every rank; a smaller micro-batch, activation checkpointing, "

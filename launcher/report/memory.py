@@ -9,7 +9,7 @@ from typing import Any
 
 from launcher.checks.evidence import Kind, find
 from launcher.checks.memfit import gib
-from launcher.checks.memscore import under_prediction
+from launcher.checks.memscore import margin
 from launcher.report.runs import RunData
 
 
@@ -20,8 +20,7 @@ def scores(runs: list[RunData]) -> dict[str, Any]:
         for c in find(list(run.row.get("checks") or []), Kind.MEMORY_SCORED):
             facts = c.get("facts") or {}
             rows.append({"run": run.id, "rung": run.rung, "on": run.gpus, **facts, "detail": c["detail"]})
-    margin = max((under_prediction({"facts": r}) for r in rows), default=0.0)
-    return {"rows": rows, "margin": margin}
+    return {"rows": rows, "margin": margin([run.row for run in runs])}
 
 
 def lines(p: dict[str, Any]) -> list[str]:

@@ -55,35 +55,20 @@ class Steps:
 def _result(mode: str, began: float, **facts: Any) -> dict[str, Any]:
     import torch
 
+    from runtime.memory.fake import SEEN
+    from runtime.memory.recompute import BACKWARDS, CALLS
+
     return {
         "mode": mode,
         "rank": int(os.environ.get("RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "torch": torch.__version__,
         "seconds": round(time.time() - began, 3),
-        "ddp": "ddp" in _seen(),
-        "checkpointed": _checkpointed(),
-        "backwards": _backwards(),
+        "ddp": "ddp" in SEEN,
+        "checkpointed": CALLS[0],
+        "backwards": BACKWARDS[0],
         **facts,
     }
-
-
-def _seen() -> set[str]:
-    from runtime.memory.fake import SEEN
-
-    return SEEN
-
-
-def _checkpointed() -> int:
-    from runtime.memory.recompute import CALLS
-
-    return CALLS[0]
-
-
-def _backwards() -> int:
-    from runtime.memory.recompute import BACKWARDS
-
-    return BACKWARDS[0]
 
 
 def _write(out: str | None, result: dict[str, Any]) -> None:
